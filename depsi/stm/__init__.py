@@ -1,0 +1,6 @@
+"""The space-time matrix data model: conventions, validation, spatial order, ``.stm`` accessor."""
+
+from depsi.stm.order import morton_key, morton_order
+from depsi.stm.schema import DIMS, STMValidationError, validate
+
+__all__ = ["DIMS", "STMValidationError", "morton_key", "morton_order", "validate"]

@@ -1,0 +1,174 @@
+"""Conventions of the space-time matrix (STM) and their validation.
+
+Every STM in depsi follows DESIGN.md §3; ``validate`` checks a Dataset against those
+conventions and raises :class:`STMValidationError` naming what is wrong before any work starts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+
+#: The dimensions of each kind of STM, in storage order.
+DIMS = {
+    "points": ("space", "time"),
+    "arcs": ("arc", "time"),
+    "raster": ("azimuth", "range", "time"),
+}
+
+#: Expected dtype kind per conventional variable ("c" complex, "f" float, "i" integer).
+VARIABLE_KINDS = {
+    "complex": "c",
+    "amplitude": "f",
+    "phase": "f",
+    "h2ph": "f",
+    "velocity": "f",
+    "height_error": "f",
+    "displacement": "f",
+    "temporal_coherence": "f",
+    "ambiguity": "i",
+}
+
+#: Coordinates whose values must be finite when present.
+FINITE_COORDS = ("azimuth", "range", "lat", "lon", "x", "y")
+
+#: Variables that are phases and need ``wavelength`` to become metres.
+PHASE_VARIABLES = ("complex", "phase")
+
+_KIND_NAMES = {"c": "complex", "f": "floating point", "i": "integer", "u": "unsigned integer"}
+
+
+class STMValidationError(ValueError):
+    """An STM does not follow depsi's conventions; the message names variable, expected, found."""
+
+
+def _fail(what: str, expected: str, found: str) -> None:
+    raise STMValidationError(f"{what}: expected {expected}, found {found}")
+
+
+def _check_dims(ds: xr.Dataset, kind: str) -> None:
+    for dim in DIMS[kind]:
+        if dim not in ds.dims:
+            _fail(f"dimension {dim!r}", f"dims {DIMS[kind]} for a {kind} STM",
+                  f"dims {tuple(ds.dims)}")
+
+
+def _check_time(ds: xr.Dataset) -> None:
+    if "time" not in ds.coords:
+        _fail("coordinate 'time'", "a time coordinate (datetime64 or integer epoch index)",
+              "no 'time' coordinate")
+    time = ds["time"].values
+    if time.dtype.kind not in "Mi u":
+        _fail("coordinate 'time'", "datetime64 (or integer epoch indices)", f"dtype {time.dtype}")
+    if time.dtype.kind == "M" and np.isnat(time).any():
+        _fail("coordinate 'time'", "valid dates", f"{int(np.isnat(time).sum())} NaT value(s)")
+    unique, counts = np.unique(time, return_counts=True)
+    if (counts > 1).any():
+        _fail("coordinate 'time'", "unique epochs",
+              f"duplicate epoch(s) {[str(t) for t in unique[counts > 1][:5]]}")
+    if time.size > 1 and not (time[1:] > time[:-1]).all():
+        first = int(np.argmax(~(time[1:] > time[:-1])))
+        _fail("coordinate 'time'", "epochs sorted in increasing order",
+              f"{time[first]} followed by {time[first + 1]} at position {first}")
+
+
+def _check_variables(ds: xr.Dataset, kind: str, require: tuple[str, ...]) -> None:
+    for name in require:
+        if name not in ds.variables:
+            _fail(f"variable {name!r}", f"present in the {kind} STM",
+                  f"variables {sorted(ds.data_vars)}")
+    for name, expected_kind in VARIABLE_KINDS.items():
+        if name not in ds.data_vars:
+            continue
+        var = ds[name]
+        found_kind = var.dtype.kind
+        ok = found_kind == expected_kind or (expected_kind == "i" and found_kind == "u")
+        if not ok:
+            _fail(f"variable {name!r}", f"{_KIND_NAMES[expected_kind]} dtype",
+                  f"dtype {var.dtype}")
+        dims = DIMS[kind]
+        lead = dims[:-1]
+        if any(d not in var.dims for d in lead):
+            _fail(f"variable {name!r}", f"dims including {lead}", f"dims {var.dims}")
+
+
+def _check_coords(ds: xr.Dataset, kind: str) -> None:
+    for name in FINITE_COORDS:
+        if name not in ds.coords:
+            continue
+        values = ds[name].values
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            _fail(f"coordinate {name!r}", "finite values",
+                  f"{int((~np.isfinite(values)).sum())} NaN/inf value(s)")
+    if kind == "arcs":
+        for name in ("source", "target"):
+            if name not in ds.coords and name not in ds.data_vars:
+                _fail(f"coordinate {name!r}", "indices into 'space' for each arc",
+                      "no such coordinate")
+            if ds[name].dtype.kind not in "iu":
+                _fail(f"coordinate {name!r}", "integer dtype", f"dtype {ds[name].dtype}")
+
+
+def _check_wavelength(ds: xr.Dataset) -> None:
+    if "wavelength" not in ds.attrs:
+        _fail("attribute 'wavelength'", "the radar wavelength in metres",
+              "no 'wavelength' attribute")
+    try:
+        wavelength = float(ds.attrs["wavelength"])
+    except (TypeError, ValueError):
+        _fail("attribute 'wavelength'", "a number in metres", repr(ds.attrs["wavelength"]))
+    if not (1e-3 < wavelength < 1.0):
+        _fail("attribute 'wavelength'", "a radar wavelength in metres (0.001 .. 1)",
+              f"{wavelength!r}")
+
+
+def validate(
+    ds: xr.Dataset,
+    kind: str = "points",
+    *,
+    require: tuple[str, ...] | list[str] = (),
+    require_wavelength: bool | None = False,
+) -> xr.Dataset:
+    """Check that ``ds`` follows the STM conventions of DESIGN.md §3.
+
+    Parameters
+    ----------
+    ds
+        The Dataset to check; it is returned unchanged.
+    kind
+        ``"points"`` (dims ``space, time``), ``"arcs"`` (``arc, time`` with ``source`` and
+        ``target``) or ``"raster"`` (``azimuth, range, time``).
+    require
+        Variables that must be present.
+    require_wavelength
+        Require the ``wavelength`` attribute (needed for any phase-to-metre conversion). ``None``
+        requires it only when a phase variable (``complex`` or ``phase``) is present.
+
+    Raises
+    ------
+    STMValidationError
+        Naming the variable, what was expected and what was found.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> ds = xr.Dataset({"phase": (("space", "time"), np.zeros((2, 3), "f4"))},
+    ...                 coords={"time": np.array(["2020-01-01", "2020-01-13", "2020-01-25"],
+    ...                                          dtype="datetime64[ns]")},
+    ...                 attrs={"wavelength": 0.0555})
+    >>> validate(ds).sizes["space"]
+    2
+    """
+    if not isinstance(ds, xr.Dataset):
+        _fail("input", "an xarray.Dataset", type(ds).__name__)
+    if kind not in DIMS:
+        _fail("argument 'kind'", f"one of {sorted(DIMS)}", repr(kind))
+    _check_dims(ds, kind)
+    _check_time(ds)
+    _check_variables(ds, kind, tuple(require))
+    _check_coords(ds, kind)
+    if require_wavelength is None:
+        require_wavelength = any(v in ds.data_vars for v in PHASE_VARIABLES)
+    if require_wavelength:
+        _check_wavelength(ds)
+    return ds

@@ -94,6 +94,18 @@ def _chunked(ds: xr.Dataset, kind: str, chunk_bytes: int) -> xr.Dataset:
     return ds.chunk(chunks)
 
 
+def _compressors(dtype: np.dtype) -> list:
+    """LZ4 at a low level behind a byte shuffle for every numeric variable.
+
+    Noisy phase compresses little whatever the codec, so speed wins: 2-3x faster than Zarr's
+    default zstd at a store within 2 % of its size (benchmarks/bench_stm.py).
+    """
+    from zarr.codecs import BloscCodec
+
+    typesize = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    return [BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=max(typesize, 1))]
+
+
 def _temporary_sibling(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}")
 
@@ -147,11 +159,13 @@ def save_stm(
     if reorder and kind == "points" and {"azimuth", "range"} <= set(ds.variables):
         ds = to_morton_order(ds)
     ds = _chunked(_clean_encoding(ds), kind, chunk_bytes)
+    encoding = {name: {"compressors": _compressors(ds[name].dtype)} for name in ds.variables
+                if ds[name].dtype.kind in "fciub"}
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_sibling(path, "writing")
     try:
-        ds.to_zarr(tmp, mode="w-", zarr_format=3, consolidated=False)
+        ds.to_zarr(tmp, mode="w-", zarr_format=3, consolidated=False, encoding=encoding)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

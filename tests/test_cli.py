@@ -1,0 +1,50 @@
+"""The depsi command line."""
+
+import subprocess
+import sys
+
+import numpy as np
+import xarray as xr
+
+from depsi.cli import main
+from depsi.io import save_stm
+
+
+def test_help_explains_the_commands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "simulate", "info"):
+        assert command in out
+
+
+def test_console_script_runs():
+    result = subprocess.run([sys.executable, "-m", "depsi.cli", "--help"], capture_output=True,
+                            text=True, check=True)
+    assert "space-time" in result.stdout
+
+
+def test_info_describes_a_store(tmp_path, capsys):
+    ds = xr.Dataset(
+        {"amplitude": (("space", "time"), np.ones((6, 2), "f4"))},
+        coords={"time": np.array(["2021-01-01", "2021-01-13"], "datetime64[ns]"),
+                "azimuth": ("space", np.arange(6)), "range": ("space", np.arange(6))},
+        attrs={"wavelength": 0.0555},
+    )
+    path = save_stm(ds, tmp_path / "ps.zarr")
+    assert main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "space=6" in out and "time=2" in out
+    assert "amplitude" in out and "float32" in out
+    assert "wavelength: 0.0555" in out
+    assert "Zarr v3" in out
+
+
+def test_info_on_a_missing_store_fails_cleanly(tmp_path, caplog):
+    assert main(["info", str(tmp_path / "missing.zarr")]) == 2
+    assert "missing.zarr" in caplog.text
+
+
+def test_info_reads_the_real_v2_store(realdata, capsys):
+    assert main(["info", str(realdata / "depsi_stm_sparse" / "stm_sparse.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "Zarr v2" in out and "space=156" in out and "complex64" in out

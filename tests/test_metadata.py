@@ -271,3 +271,15 @@ def test_stack_with_a_malformed_file_fails_on_that_file(meta_dir: Path) -> None:
     bad = doris5(meta_dir, "20180318_error_timestamp")
     with pytest.raises(MetadataError, match="20180318_error_timestamp"):
         read_metadata_stack([doris5(meta_dir, "20180306"), bad])
+
+
+def test_flat_simulated_stack_pairs_each_epoch_with_its_ifgs_file(tmp_path):
+    from depsi.simulate import write_stack_binary
+
+    info = write_stack_binary(tmp_path / "stack", shape=(32, 32), n_epochs=4, seed=3,
+                              progress=False)
+    for res, date, bperp in zip(info["res_files"], info["dates"], info["bperp"]):
+        meta = read_metadata(res)
+        assert meta["date"] == date
+        if bperp != 0:
+            assert meta["perpendicular_baseline"] == pytest.approx(bperp, abs=0.05)

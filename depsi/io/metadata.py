@@ -379,9 +379,20 @@ def _check_process_control(get: _Collector) -> None:
 
 
 def _interferogram(path: Path, driver: str) -> dict[str, Any]:
-    """Baseline geometry and interferogram size from the ``ifgs.res`` beside a DORIS v5 file."""
-    ifg_path = path.with_name("ifgs.res")
-    if driver != "doris5" or path.name == "ifgs.res" or not ifg_path.is_file():
+    """Baseline geometry and interferogram size from the ``ifgs.res`` beside a DORIS v5 file.
+
+    DORIS keeps one folder per date with ``slave.res`` and ``ifgs.res``; a flat folder of
+    ``slave_YYYYMMDD.res`` files (as ``depsi.simulate.write_stack_binary`` writes) pairs each
+    with ``ifgs_YYYYMMDD.res``.
+    """
+    if driver != "doris5" or path.name.startswith("ifgs"):
+        return {}
+    stem_date = path.stem.rsplit("_", 1)[-1]
+    candidates = [path.with_name("ifgs.res")]
+    if stem_date.isdigit():
+        candidates.insert(0, path.with_name(f"ifgs_{stem_date}.res"))
+    ifg_path = next((c for c in candidates if c.is_file()), None)
+    if ifg_path is None:
         return {}
     fields, _ = _split_sections(ifg_path.read_text(errors="replace"))
     get = _Collector(fields)

@@ -6,5 +6,15 @@ cd "$(dirname "$0")/.."
 
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
+# A one-node SLURM cluster for tests/test_slurm.py. Where it cannot start (not root, no apt-get)
+# those tests skip and print why; a SLURM that was already running is left running.
+slurm_state="${DEPSI_SLURM_DIR:-/tmp/depsi-slurm}"
+slurm_was_up=0
+if [[ -s "$slurm_state/slurmctld.pid" ]] && kill -0 "$(cat "$slurm_state/slurmctld.pid")" 2>/dev/null; then
+    slurm_was_up=1
+fi
+bash scripts/slurm-up.sh || echo "test.sh: SLURM not started; tests/test_slurm.py will say why" >&2
+trap '[[ $slurm_was_up == 1 ]] || bash scripts/slurm-down.sh || true' EXIT
+
 # GPU tests skip by themselves where no CUDA device works.
 python -m pytest -p no:cacheprovider --timeout=900 "$@"

@@ -1,0 +1,324 @@
+"""Schedulers for depsi's Dask graphs: one context manager, :func:`scheduler`, gives the
+computation inside it synchronous, threaded, multi-process, LocalCluster or SLURMCluster
+execution, and closes every pool, cluster, client and job on the way out (success, error or
+Ctrl-C). The same graph gives the same numbers on each (DESIGN.md §6).
+
+Examples
+--------
+>>> import dask.array as da
+>>> from depsi.cluster import scheduler
+>>> with scheduler({"scheduler": "synchronous"}) as running:
+...     total = da.ones((100, 100), chunks=50).sum().compute()
+>>> running.name, float(total)
+('synchronous', 10000.0)
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+
+from depsi.pipeline.config import ComputeConfig, PipelineConfig, SlurmConfig
+
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait, after closing a SLURMCluster, for its cancelled jobs to leave ``squeue``.
+SLURM_DRAIN_TIMEOUT_S = 15.0
+
+
+class SchedulerStartError(RuntimeError):
+    """The chosen scheduler could not start (e.g. workers did not come up in time)."""
+
+
+@dataclass(frozen=True)
+class RunningScheduler:
+    """What :func:`scheduler` yields: the scheduler in use and, for clusters, its client.
+
+    Attributes
+    ----------
+    name
+        One of ``synchronous``, ``threads``, ``processes``, ``local``, ``slurm``.
+    description
+        One line for logs and run summaries (workers, threads, memory, dashboard).
+    client
+        The ``distributed.Client`` for ``local`` and ``slurm``; ``None`` otherwise.
+    cluster
+        The ``LocalCluster`` or ``SLURMCluster``; ``None`` otherwise.
+    """
+
+    name: str
+    description: str
+    client: Any = None
+    cluster: Any = None
+
+
+def _as_compute_config(config: ComputeConfig | PipelineConfig | Mapping[str, Any] | None,
+                       overrides: Mapping[str, Any]) -> ComputeConfig:
+    if isinstance(config, PipelineConfig):
+        config = config.compute
+    if config is None:
+        data: dict[str, Any] = {}
+    elif isinstance(config, ComputeConfig):
+        data = config.model_dump(exclude_unset=True)
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    else:
+        raise TypeError(f"config must be a ComputeConfig, PipelineConfig or mapping, "
+                        f"got {type(config).__name__}")
+    data.update(overrides)
+    return ComputeConfig.model_validate(data)
+
+
+@contextmanager
+def scheduler(config: ComputeConfig | PipelineConfig | Mapping[str, Any] | None = None, /,
+              **overrides: Any) -> Iterator[RunningScheduler]:
+    """Run the Dask computations inside the ``with`` block on the chosen scheduler.
+
+    Parameters
+    ----------
+    config
+        The ``compute`` section (:class:`~depsi.pipeline.config.ComputeConfig`), a whole
+        :class:`~depsi.pipeline.config.PipelineConfig`, or a mapping with the same keys;
+        ``None`` uses the defaults (``threads``).
+    **overrides
+        Keys of ``ComputeConfig`` that replace those of ``config``, e.g. ``scheduler="local"``.
+
+    Yields
+    ------
+    RunningScheduler
+        The scheduler's name, a one-line description, and the client and cluster (``local``,
+        ``slurm``).
+
+    Raises
+    ------
+    SchedulerStartError
+        When cluster workers do not start within ``worker_timeout`` seconds; the message says
+        how many started and, for SLURM, the state of the jobs.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> with scheduler(scheduler="threads", threads=2) as running:
+    ...     running.description
+    'threads: 2 threads'
+    """
+    compute = _as_compute_config(config, overrides)
+    start = {"synchronous": _synchronous, "threads": _threads, "processes": _processes,
+             "local": _local, "slurm": _slurm}[compute.scheduler]
+    with ExitStack() as stack:
+        running = start(compute, stack)
+        logger.info("scheduler %s", running.description)
+        yield running
+    logger.info("scheduler %s closed", running.name)
+
+
+def _synchronous(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
+    stack.enter_context(dask.config.set(scheduler="synchronous"))
+    return RunningScheduler("synchronous", "synchronous: one thread, no parallelism")
+
+
+def _threads(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
+    threads = compute.threads or os.cpu_count() or 1
+    stack.enter_context(dask.config.set(scheduler="threads", num_workers=threads))
+    return RunningScheduler("threads", f"threads: {threads} threads")
+
+
+def _processes(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
+    workers = compute.workers or os.cpu_count() or 1
+    # Same hash seed in every process, as dask's own process pool does, so tokens agree.
+    os.environ.setdefault("PYTHONHASHSEED", "6640")
+    context = multiprocessing.get_context(dask.config.get("multiprocessing.context", "spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    stack.callback(_shutdown_pool, pool)
+    stack.enter_context(dask.config.set(scheduler="processes", pool=pool, num_workers=workers))
+    return RunningScheduler("processes", f"processes: {workers} worker processes")
+
+
+def _shutdown_pool(pool: ProcessPoolExecutor) -> None:
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:  # a task still running (Ctrl-C) would keep its process alive
+        process.terminate()
+    for process in processes:
+        process.join(timeout=10)
+
+
+def _local(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
+    from distributed import Client, LocalCluster
+
+    memory_limit = 0 if compute.memory_limit is None else compute.memory_limit
+    cluster = LocalCluster(n_workers=compute.workers, threads_per_worker=compute.threads,
+                           memory_limit=memory_limit, processes=True,
+                           dashboard_address=":0")
+    stack.callback(cluster.close)
+    client = Client(cluster)
+    stack.callback(client.close)
+    n_workers = len(cluster.worker_spec)
+    _wait_for_workers(client, n_workers=n_workers, timeout=compute.worker_timeout,
+                      what="LocalCluster")
+    threads = sum(client.nthreads().values())
+    description = (f"local: {n_workers} workers, {threads} threads, memory limit "
+                   f"{compute.memory_limit or 'none'} per worker, dashboard "
+                   f"{client.dashboard_link}")
+    return RunningScheduler("local", description, client=client, cluster=cluster)
+
+
+def slurm_cluster_kwargs(slurm: SlurmConfig) -> dict[str, Any]:
+    """Keyword arguments of ``dask_jobqueue.SLURMCluster`` for a ``compute.slurm`` section.
+
+    Parameters
+    ----------
+    slurm
+        The SLURM section of the configuration.
+
+    Returns
+    -------
+    dict
+        ``cores``, ``processes``, ``memory``, ``walltime``, ``queue``, ``account``,
+        ``job_extra_directives`` (with ``--gres=gpu:N`` for GPUs), ``job_script_prologue``,
+        ``interface``, ``local_directory``, ``log_directory`` and ``scheduler_options``.
+
+    Examples
+    --------
+    >>> kwargs = slurm_cluster_kwargs(SlurmConfig(gpus_per_job=2, job_directives=["--qos=s"]))
+    >>> kwargs["job_extra_directives"]
+    ['--qos=s', '--gres=gpu:2']
+    """
+    directives = list(slurm.job_directives)
+    if slurm.gpus_per_job:
+        directives.append(f"--gres=gpu:{slurm.gpus_per_job}")
+    kwargs: dict[str, Any] = {
+        "cores": slurm.cores, "processes": slurm.processes, "memory": slurm.memory,
+        "walltime": slurm.walltime, "queue": slurm.queue, "account": slurm.account,
+        "job_extra_directives": directives,
+        "job_script_prologue": list(slurm.job_script_prologue),
+        "local_directory": slurm.local_directory or os.environ.get("TMPDIR", "/tmp"),
+        "log_directory": slurm.log_directory,
+        "scheduler_options": {"dashboard_address": ":0"},
+        "name": "depsi-worker",
+    }
+    if slurm.interface is not None:
+        kwargs["interface"] = slurm.interface
+    return kwargs
+
+
+def _slurm(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
+    from dask_jobqueue import SLURMCluster
+    from distributed import Client
+
+    slurm = compute.slurm
+    if shutil.which("sbatch") is None:
+        raise SchedulerStartError("scheduler 'slurm' needs the SLURM commands (sbatch, squeue, "
+                                  "scancel) on PATH; sbatch was not found")
+    cluster = SLURMCluster(**slurm_cluster_kwargs(slurm))
+    job_ids: list[str] = []
+    stack.callback(_wait_for_jobs_to_leave, job_ids)
+    stack.callback(_close_slurm_cluster, cluster, job_ids)
+    client = Client(cluster)
+    stack.callback(client.close)
+    if slurm.adaptive is not None:
+        cluster.adapt(minimum_jobs=slurm.adaptive.minimum, maximum_jobs=slurm.adaptive.maximum)
+        wanted_jobs = slurm.adaptive.minimum
+        scaling = f"adaptive {slurm.adaptive.minimum}..{slurm.adaptive.maximum} jobs"
+    else:
+        cluster.scale(jobs=slurm.jobs)
+        wanted_jobs = slurm.jobs
+        scaling = f"{slurm.jobs} jobs"
+    if wanted_jobs:
+        try:
+            _wait_for_workers(client, n_workers=wanted_jobs * slurm.processes,
+                              timeout=compute.worker_timeout, what="SLURMCluster")
+        except SchedulerStartError as err:
+            raise SchedulerStartError(f"{err}; {_job_states(cluster)}") from None
+    description = (f"slurm: {scaling} x {slurm.cores} cores, {slurm.memory}, walltime "
+                   f"{slurm.walltime}, queue {slurm.queue or 'default'}"
+                   f"{f', {slurm.gpus_per_job} GPUs' if slurm.gpus_per_job else ''}, "
+                   f"scheduler {cluster.scheduler_address}, dashboard {client.dashboard_link}")
+    return RunningScheduler("slurm", description, client=client, cluster=cluster)
+
+
+def _wait_for_workers(client: Any, *, n_workers: int, timeout: float, what: str) -> None:
+    start = time.monotonic()
+    try:
+        client.wait_for_workers(n_workers, timeout=timeout)
+    except TimeoutError:
+        started = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        raise SchedulerStartError(f"{what}: {started} of {n_workers} workers started within "
+                                  f"{timeout:g} s (compute.worker_timeout)") from None
+    logger.debug("%s: %d workers up in %.1f s", what, n_workers, time.monotonic() - start)
+
+
+def _job_ids(cluster: Any) -> list[str]:
+    return [str(job.job_id) for job in cluster.workers.values()
+            if getattr(job, "job_id", None)]
+
+
+def _job_states(cluster: Any) -> str:
+    ids = _job_ids(cluster)
+    if not ids:
+        return f"no job was submitted: {_sbatch_test_only(cluster)}"
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T %R"],
+                             capture_output=True, text=True, timeout=10, check=False)
+        states = out.stdout.strip().replace("\n", "; ") or "none in squeue"
+    except (OSError, subprocess.TimeoutExpired) as err:
+        states = f"squeue failed: {err}"
+    return f"jobs {', '.join(ids)}: {states} (job script: cluster.job_script())"
+
+
+def _close_slurm_cluster(cluster: Any, job_ids: list[str]) -> None:
+    job_ids.extend(_job_ids(cluster))  # the cluster forgets its jobs when closed
+    try:
+        cluster.close()
+    except (AssertionError, RuntimeError, OSError) as err:
+        # A job that never started (e.g. refused by sbatch) makes SpecCluster.close trip over
+        # it; the other jobs were cancelled already, and closing must not hide the first error.
+        logger.warning("closing the SLURMCluster: %s: %s", type(err).__name__, err)
+
+
+def _sbatch_test_only(cluster: Any) -> str:
+    """Why sbatch refuses the worker job script, from ``sbatch --test-only``."""
+    try:
+        with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as script:
+            script.write(cluster.job_script())
+        out = subprocess.run(["sbatch", "--test-only", script.name], capture_output=True,
+                             text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"sbatch --test-only failed: {err}"
+    finally:
+        os.unlink(script.name)
+    if out.returncode == 0:
+        return "sbatch --test-only accepts the job script (cluster.job_script())"
+    return "sbatch refuses the job: " + " ".join(out.stderr.split())
+
+
+def _wait_for_jobs_to_leave(job_ids: list[str]) -> None:
+    """SLURMCluster.close cancels its jobs; wait a little so none outlives the context."""
+    if not job_ids:
+        return
+    deadline = time.monotonic() + SLURM_DRAIN_TIMEOUT_S
+    remaining = job_ids
+    while time.monotonic() < deadline:
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i"],
+                                 capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        remaining = out.stdout.split()
+        if not remaining:
+            return
+        time.sleep(0.5)
+    logger.warning("SLURM jobs %s still in squeue %g s after cancelling them",
+                   ", ".join(remaining), SLURM_DRAIN_TIMEOUT_S)

@@ -1,0 +1,24 @@
+"""The pipeline layer: the configuration model, and (with the runner) the chain of steps,
+checkpoints and resume. Algorithms never read configuration; this layer wires them."""
+
+from depsi.pipeline.config import (
+    ComputeConfig,
+    ConfigError,
+    PipelineConfig,
+    SlurmConfig,
+    dump_config,
+    example_config_yaml,
+    load_config,
+    parse_config,
+)
+
+__all__ = [
+    "ComputeConfig",
+    "ConfigError",
+    "PipelineConfig",
+    "SlurmConfig",
+    "dump_config",
+    "example_config_yaml",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,138 @@
+"""depsi.cluster.scheduler: every scheduler gives the same numbers, cleans up after itself, and
+a LocalCluster survives a worker killed in the middle of a computation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask.array as da
+import numpy as np
+import psutil
+import pytest
+
+from depsi.cluster import RunningScheduler, scheduler, slurm_cluster_kwargs
+from depsi.pipeline.config import ComputeConfig, PipelineConfig, SlurmConfig
+
+LOCAL_SCHEDULERS = [
+    {"scheduler": "synchronous"},
+    {"scheduler": "threads", "threads": 2},
+    {"scheduler": "processes", "workers": 2},
+    {"scheduler": "local", "workers": 2, "threads": 1, "memory_limit": "1GB"},
+]
+
+
+def column_means(seed: int = 0) -> da.Array:
+    """A small reduction over a seeded random array: the same graph on every scheduler."""
+    x = da.random.RandomState(seed).standard_normal((400, 300), chunks=(100, 300))
+    return (x ** 2 + x).mean(axis=0)
+
+
+def _children() -> set[int]:
+    """Child processes, less multiprocessing's resource tracker (one per parent, kept alive)."""
+    children = set()
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(process.cmdline()):
+                children.add(process.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return children
+
+
+def _wait_for_no_new_children(before: set[int], timeout: float = 10.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _children() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {pid for pid in left if psutil.pid_exists(pid)}
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    with scheduler({"scheduler": "synchronous"}):
+        return column_means().compute()
+
+
+@pytest.mark.parametrize("compute", LOCAL_SCHEDULERS, ids=lambda c: c["scheduler"])
+def test_every_scheduler_gives_the_same_numbers_and_leaves_no_process(
+        compute: dict, reference: np.ndarray) -> None:
+    before = _children()
+    with scheduler(compute) as running:
+        assert isinstance(running, RunningScheduler)
+        assert running.name == compute["scheduler"]
+        result = column_means().compute()
+    np.testing.assert_array_equal(result, reference)
+    assert _wait_for_no_new_children(before) == set()
+
+
+def test_scheduler_accepts_models_and_overrides() -> None:
+    with scheduler(ComputeConfig(scheduler="threads", threads=3)) as running:
+        assert running.description == "threads: 3 threads"
+    with scheduler(PipelineConfig(), scheduler="synchronous") as running:
+        assert running.name == "synchronous"
+    with scheduler() as running:
+        assert running.name == "threads"
+
+
+def test_wrong_scheduler_name_fails_naming_the_key() -> None:
+    with pytest.raises(ValueError, match="scheduler"):
+        with scheduler(scheduler="mpi"):
+            pass
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_local_cluster_is_closed_on_error_and_interrupt(error: type[BaseException]) -> None:
+    before = _children()
+    with pytest.raises(error):
+        with scheduler(scheduler="local", workers=1, threads=1, memory_limit=None) as running:
+            client = running.client
+            assert len(client.scheduler_info()["workers"]) == 1
+            raise error("stop")
+    assert client.status == "closed"
+    assert _wait_for_no_new_children(before) == set()
+
+
+def test_processes_pool_is_shut_down_on_interrupt() -> None:
+    before = _children()
+    with pytest.raises(KeyboardInterrupt):
+        with scheduler(scheduler="processes", workers=1):
+            column_means().compute()
+            raise KeyboardInterrupt
+    assert _wait_for_no_new_children(before) == set()
+
+
+def test_slurm_options_become_cluster_arguments() -> None:
+    kwargs = slurm_cluster_kwargs(SlurmConfig(
+        queue="gpu", account="insar", cores=8, processes=2, memory="32GB", walltime="02:00:00",
+        job_directives=["--qos=short"], gpus_per_job=2, interface="ib0",
+        local_directory="/scratch"))
+    assert kwargs["job_extra_directives"] == ["--qos=short", "--gres=gpu:2"]
+    assert (kwargs["queue"], kwargs["account"], kwargs["interface"]) == ("gpu", "insar", "ib0")
+    assert (kwargs["cores"], kwargs["processes"], kwargs["memory"]) == (8, 2, "32GB")
+    assert kwargs["local_directory"] == "/scratch"
+
+
+def _slow_double(block: np.ndarray) -> np.ndarray:
+    time.sleep(0.25)
+    return block * 2
+
+
+def test_local_cluster_survives_a_killed_worker(reference: np.ndarray) -> None:
+    x = da.random.RandomState(1).standard_normal((16, 50), chunks=(1, 50))
+    graph = x.map_blocks(_slow_double).sum(axis=0)
+    with scheduler({"scheduler": "threads", "threads": 8}):
+        expected = graph.compute()
+
+    with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
+        client = running.client
+        pids = client.run(os.getpid)
+        future = client.compute(graph)
+        time.sleep(1.0)  # 16 blocks x 0.25 s on 2 workers: about half done
+        assert not future.done(), "the computation ended before the worker could be killed"
+        victim = sorted(pids.values())[0]
+        os.kill(victim, signal.SIGKILL)
+        result = future.result(timeout=60)
+        client.wait_for_workers(2, timeout=30)
+        assert victim not in client.run(os.getpid).values()
+    np.testing.assert_array_equal(result, expected)

@@ -1,0 +1,137 @@
+"""A real one-node SLURM cluster (scripts/slurm-up.sh): dask-jobqueue workers started as SLURM
+jobs give the threads result, survive a cancelled job, and leave no job behind.
+
+The tests skip, with the reason, only where SLURM cannot be started (not root, no apt-get).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from depsi.cluster import SchedulerStartError, scheduler
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("DEPSI_SLURM_DIR", "/tmp/depsi-slurm"))
+
+try:  # the marker is registered in pyproject.toml; without it --strict-markers would refuse it
+    pytestmark = pytest.mark.slurm
+except pytest.fail.Exception:  # pragma: no cover - until the marker is registered
+    pytestmark = []
+
+
+def _running() -> bool:
+    for name in ("slurmctld.pid", "slurmd.pid"):
+        pid_file = STATE / name
+        try:
+            os.kill(int(pid_file.read_text()), 0)
+        except (OSError, ValueError):
+            return False
+    return True
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        if key.strip():
+            env[key.strip()] = value.strip()
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> Iterator[dict[str, str]]:
+    """Start SLURM with scripts/slurm-up.sh (a no-op when already up) and point clients at it.
+
+    Stops it again at the end only when this fixture was the one that started it.
+    """
+    started_here = not _running()
+    up = subprocess.run(["bash", str(REPO / "scripts" / "slurm-up.sh")],
+                        capture_output=True, text=True, timeout=900, check=False)
+    if up.returncode == 2:
+        reason = up.stderr.strip().splitlines()[-1] if up.stderr.strip() else "unknown reason"
+        pytest.skip(f"SLURM unavailable: {reason}")
+    if up.returncode != 0:
+        pytest.fail(f"scripts/slurm-up.sh failed (exit {up.returncode}):\n{up.stderr}")
+    env = _read_env(STATE / "env")
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if started_here:
+        subprocess.run(["bash", str(REPO / "scripts" / "slurm-down.sh")],
+                       capture_output=True, timeout=120, check=False)
+
+
+def _queue() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True,
+                         timeout=30, check=True)
+    return out.stdout.split("\n") if out.stdout.strip() else []
+
+
+def _slurm_compute(tmp_path: Path, **slurm: object) -> dict:
+    return {"scheduler": "slurm", "worker_timeout": 60, "slurm": {
+        "cores": 1, "memory": "1GB", "walltime": "00:10:00", "interface": "lo",
+        "local_directory": str(tmp_path / "scratch"), "log_directory": str(tmp_path / "logs"),
+        **slurm}}
+
+
+def _graph() -> da.Array:
+    x = da.random.RandomState(0).standard_normal((400, 300), chunks=(50, 300))
+    return (x ** 2 + x).mean(axis=0)
+
+
+def test_slurm_cluster_with_two_jobs_equals_threads(slurm_env: dict, tmp_path: Path) -> None:
+    with scheduler(scheduler="threads", threads=2):
+        expected = _graph().compute()
+    with scheduler(_slurm_compute(tmp_path, jobs=2)) as running:
+        workers = running.client.scheduler_info()["workers"]
+        assert len(workers) == 2
+        assert len([line for line in _queue() if line.endswith("RUNNING")]) == 2
+        result = _graph().compute()
+    np.testing.assert_array_equal(result, expected)
+    assert _queue() == []
+
+
+def test_slurm_run_completes_after_a_worker_job_is_cancelled(
+        slurm_env: dict, tmp_path: Path) -> None:
+    def slow_double(block: np.ndarray) -> np.ndarray:
+        # Local, so it travels by value: SLURM workers cannot import this test module.
+        time.sleep(0.2)
+        return block * 2
+
+    x = da.random.RandomState(2).standard_normal((20, 40), chunks=(1, 40))
+    graph = x.map_blocks(slow_double).sum(axis=0)
+    with scheduler(scheduler="threads", threads=8):
+        expected = graph.compute()
+    with scheduler(_slurm_compute(tmp_path, jobs=2)) as running:
+        future = running.client.compute(graph)
+        time.sleep(0.8)  # 20 blocks x 0.2 s on 2 workers: under half done
+        assert not future.done()
+        victim = next(iter(running.cluster.workers.values())).job_id
+        subprocess.run(["scancel", str(victim)], check=True, timeout=30)
+        result = future.result(timeout=120)
+    np.testing.assert_array_equal(result, expected)
+    assert _queue() == []
+
+
+def test_slurm_jobs_that_cannot_run_fail_with_a_clear_error(
+        slurm_env: dict, tmp_path: Path) -> None:
+    compute = _slurm_compute(tmp_path, jobs=1, memory="100TB")
+    compute["worker_timeout"] = 3
+    with pytest.raises(SchedulerStartError,
+                       match=r"SLURMCluster: 0 of 1 workers started.*sbatch refuses the job"):
+        with scheduler(compute):
+            pass
+    assert _queue() == []

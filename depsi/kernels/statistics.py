@@ -33,21 +33,39 @@ def amplitude_of(slc):
     return slc.astype(xp.float32, copy=False)
 
 
-def amplitude_sums(amplitude) -> tuple:
-    """Running sums over the last axis: count of finite values, their sum and sum of squares.
+#: Pixels per sub-block of :func:`amplitude_sums` on the CPU: its float64 temporaries (a few MB)
+#: stay in cache and are reused instead of allocating block-sized arrays (2x faster).
+SUM_BLOCK_PIXELS = 8192
 
-    The sums are accumulated in float64 per pixel along the (contiguous) time axis, so the result
-    for a pixel does not depend on the block it was computed in.
+
+def _sums_whole(xp, values) -> tuple:
+    """Running sums of a whole array at once (the CuPy path)."""
+    amplitude = xp.abs(values) if values.dtype.kind == "c" else values
+    amplitude = xp.asarray(amplitude, dtype=xp.float64, order="C").copy()
+    valid = xp.isfinite(amplitude)
+    count = valid.sum(axis=-1, dtype=xp.int32)
+    amplitude[~valid] = 0.0
+    total = amplitude.sum(axis=-1)
+    xp.square(amplitude, out=amplitude)
+    return count, total, amplitude.sum(axis=-1)
+
+
+def amplitude_sums(values) -> tuple:
+    """Running sums over the last axis: count of finite amplitudes, their sum and sum of squares.
+
+    Amplitudes are taken in the input's precision (``|slc|`` of complex64 is float32), then
+    summed in float64 along the contiguous time axis of each pixel, so a pixel's sums do not
+    depend on the block it was computed in; squares of float32 values are exact in float64.
 
     Parameters
     ----------
-    amplitude
-        Real array ``(..., time)``; NaN/inf epochs are skipped.
+    values
+        Complex SLC values or real amplitudes ``(..., time)``; NaN/inf epochs are skipped.
 
     Returns
     -------
     count, total, total_sq
-        int32, float64, float64 arrays of shape ``amplitude.shape[:-1]``.
+        int32, float64, float64 arrays of shape ``values.shape[:-1]``.
 
     Examples
     --------
@@ -55,21 +73,33 @@ def amplitude_sums(amplitude) -> tuple:
     >>> count.tolist(), total.tolist(), total_sq.tolist()
     ([2], [3.0], [5.0])
     """
-    xp = array_namespace(amplitude)
-    values = xp.asarray(amplitude, dtype=xp.float64, order="C")
-    if values is amplitude:  # never modify the caller's array below
-        values = values.copy()
-    valid = xp.isfinite(values)
-    all_valid = bool(valid.all())
-    if all_valid:
-        count = xp.full(values.shape[:-1], values.shape[-1], dtype=xp.int32)
-    else:
-        count = valid.sum(axis=-1, dtype=xp.int32)
-        values[~valid] = 0.0
-    total = values.sum(axis=-1)
-    xp.square(values, out=values)
-    total_sq = values.sum(axis=-1)
-    return count, total, total_sq
+    xp = array_namespace(values)
+    values = xp.asarray(values)
+    if xp is not np:
+        return _sums_whole(xp, values)
+    lead, n_time = values.shape[:-1], values.shape[-1]
+    flat = values.reshape(-1, n_time)
+    n = flat.shape[0]
+    count = np.full(n, n_time, dtype=np.int32)
+    total, total_sq = np.empty(n), np.empty(n)
+    rows = min(SUM_BLOCK_PIXELS, max(n, 1))
+    amplitude_dtype = np.abs(np.zeros(0, values.dtype)).dtype
+    amplitude_buffer = np.empty((rows, n_time), amplitude_dtype)
+    buffer = np.empty((rows, n_time), np.float64)
+    for start in range(0, n, rows):
+        part = flat[start:start + rows]
+        k = part.shape[0]
+        amplitude = np.abs(part, out=amplitude_buffer[:k]) if part.dtype.kind == "c" else part
+        work = buffer[:k]
+        work[...] = amplitude
+        valid = np.isfinite(work)
+        if not valid.all():
+            count[start:start + k] = valid.sum(axis=-1, dtype=np.int32)
+            work[~valid] = 0.0
+        total[start:start + k] = work.sum(axis=-1)
+        np.square(work, out=work)
+        total_sq[start:start + k] = work.sum(axis=-1)
+    return count.reshape(lead), total.reshape(lead), total_sq.reshape(lead)
 
 
 def add_sums(sums, more) -> tuple:
@@ -182,7 +212,7 @@ def statistics_block(slc, *, robust: bool = True) -> dict:
     (0.5, 0.5)
     """
     xp = array_namespace(slc)
-    amplitude = amplitude_of(slc)
+    amplitude = amplitude_of(slc) if robust else slc
     count, total, total_sq = amplitude_sums(amplitude)
     mean, std, nad = moments_from_sums(count, total, total_sq)
     stats = {
@@ -203,3 +233,21 @@ def statistics_block(slc, *, robust: bool = True) -> dict:
             "amplitude_dispersion_mad": nmad.astype(xp.float32),
         }
     return stats
+
+
+def phase_of(slc):
+    """Phase (float32, radians) of complex values, wrapped to (-pi, pi].
+
+    ``angle`` returns -pi for a negative real part with a negative-zero imaginary part; that
+    value is moved to +pi so the interval is half-open as the conventions require.
+
+    Examples
+    --------
+    >>> phase_of(np.array([-1 - 0j, 1j], dtype="c8")).tolist() == [np.float32(np.pi),
+    ...                                                          np.float32(np.pi / 2)]
+    True
+    """
+    xp = array_namespace(slc)
+    phase = xp.angle(slc).astype(xp.float32, copy=False)
+    minus_pi = xp.float32(-np.pi)
+    return xp.where(phase <= minus_pi, phase + xp.float32(2 * np.pi), phase)

@@ -1,0 +1,59 @@
+"""Batched numerical kernels on NumPy or CuPy: pure array code, no xarray or Dask (DESIGN.md §4).
+
+Every kernel takes the array namespace of its inputs (:func:`backend.array_namespace`), so the
+same call runs on host (NumPy) or device (CuPy) arrays and returns arrays on that device.
+"""
+
+from depsi.kernels.backend import (
+    Device,
+    array_namespace,
+    batch_size,
+    configure_devices,
+    cupy_available,
+    get_devices,
+    get_namespace,
+    to_device,
+    to_host,
+)
+from depsi.kernels.flags import Flag
+from depsi.kernels.lstsq import LstsqResult, lstsq_batched, solve_normal_equations
+from depsi.kernels.network_inversion import (
+    NetworkInversionResult,
+    connected_components,
+    invert_network,
+)
+from depsi.kernels.periodogram import (
+    MISSING_AMBIGUITY,
+    PeriodogramResult,
+    ensemble_coherence,
+    periodogram,
+    wrap_phase,
+)
+from depsi.kernels.temporal import design_matrix, phase_per_metre, years_since
+
+__all__ = [
+    "MISSING_AMBIGUITY",
+    "Device",
+    "Flag",
+    "LstsqResult",
+    "NetworkInversionResult",
+    "PeriodogramResult",
+    "array_namespace",
+    "batch_size",
+    "configure_devices",
+    "connected_components",
+    "cupy_available",
+    "design_matrix",
+    "ensemble_coherence",
+    "get_devices",
+    "get_namespace",
+    "invert_network",
+    "lstsq_batched",
+    "periodogram",
+    "phase_per_metre",
+    "solve_normal_equations",
+    "to_device",
+    "to_host",
+    "wrap_phase",
+    "years_since",
+]

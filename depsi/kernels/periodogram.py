@@ -1,0 +1,574 @@
+"""Periodogram (ensemble coherence) estimation of height error, velocity and more, per arc or point.
+
+For each of K items (arcs or points) with wrapped phase ``phase_kt``, the estimate maximises the
+ensemble coherence
+
+    gamma_k(theta) = | mean_t exp(j (phase_kt - model_kt(theta))) |,
+    model_kt = m2ph * (velocity * t + h2ph_kt * height_error + sum_e coef_e * g_et),
+
+with ``m2ph = -4 pi / wavelength`` (DESIGN.md §3). A constant phase per item (the argument of
+the mean above, returned as ``offset``) is implied, since the coherence ignores it.
+
+The search has two stages, both vectorised over items:
+
+1. **Coarse grid**: the model is separable, so the coherence over a grid of
+   (height error) x (velocity, extra terms) is a complex matrix product. For shared ``h2ph``
+   one GEMM ``exp(j phase) @ E`` with ``E`` the (T, n_grid) model phasors; for per-item ``h2ph``
+   the height phasors ``(K, Nh, T)`` (built by repeated doubling, no per-node exponentials)
+   times the shared (T, Ns) phasors of the other terms. complex64.
+2. **Refinement** (float64): from the vertex of parabolas through the best node and its
+   neighbours (height and velocity axes), Newton iterations on ``sum_t cos(r_t)`` (the real
+   part of the coherence at the best constant phase, r the residual phase), with the constant
+   phase as an extra unknown; epochs with ``|r| > pi/2`` are left out of a step, items that have
+   converged leave the working set. It converges to the coherence maximum near the grid node,
+   far below the grid step; the best point visited is kept, and the grid node where the
+   refinement could not start or ended below the grid's coherence (flag ``GRID_ONLY``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from depsi.kernels.backend import array_namespace, batch_size, device_of, to_host
+from depsi.kernels.flags import FLAG_DTYPE, Flag
+from depsi.kernels.lstsq import DEFAULT_RCOND, _solve_transposed
+from depsi.kernels.temporal import phase_per_metre
+
+logger = logging.getLogger(__name__)
+
+#: Largest change of the modelled phase across the epochs (after the constant phase, which the
+#: coherence ignores) between two adjacent grid nodes, in radians: the default grid step of a
+#: term with regressor g is ``GRID_PHASE_STEP / (|m2ph| * (max g - min g))``. The best node is
+#: then within pi/4 of the peak's phase pattern, losing < 3 % of the coherence.
+GRID_PHASE_STEP = np.pi / 2
+
+#: Most Newton iterations of the refinement; each costs a few passes over the phase. From the
+#: parabolic vertex they converge quadratically, typically in 2 to 4.
+REFINE_ITERATIONS = 8
+
+#: The refinement stops when no estimate moves by more than this fraction of its grid step;
+#: Newton's quadratic convergence leaves an error of the order of its square.
+REFINE_TOLERANCE = 1e-6
+
+#: ``ambiguity`` at epochs with no valid phase (int32 has no NaN).
+MISSING_AMBIGUITY = np.iinfo(np.int32).min
+
+_TWO_PI = 2 * np.pi
+
+#: Coherences closer than this are equal: at the peak the coherence is flat to round-off, and
+#: the later (more converged) Newton iterate should win such ties.
+_COHERENCE_TIE = 1e-14
+
+#: Precision of the coarse-grid coherence (complex64 sums over the epochs).
+_GRID_PRECISION = 1e-5
+
+
+def wrap_phase(phase: Any) -> Any:
+    """Wrap radians to ``(-pi, pi]``.
+
+    Examples
+    --------
+    >>> wrap_phase(np.array([np.pi, -np.pi, 3 * np.pi / 2])).round(4).tolist()
+    [3.1416, 3.1416, -1.5708]
+    """
+    xp = array_namespace(phase)
+    return np.pi - xp.mod(np.pi - phase, _TWO_PI)
+
+
+def ensemble_coherence(residual_phase: Any) -> Any:
+    """``|mean_t exp(j r_t)|`` over the last axis, NaN epochs ignored (NaN if none is valid).
+
+    Examples
+    --------
+    >>> float(ensemble_coherence(np.array([0.1, 0.1, np.nan])).round(6))
+    1.0
+    """
+    xp = array_namespace(residual_phase)
+    valid = xp.isfinite(residual_phase)
+    r = xp.where(valid, residual_phase, 0.0)
+    n = valid.sum(axis=-1)
+    s = xp.abs((xp.cos(r) * valid).sum(axis=-1) + 1j * (xp.sin(r) * valid).sum(axis=-1))
+    return xp.where(n > 0, s / xp.maximum(n, 1), xp.nan)
+
+
+def grid_nodes(low: float, high: float, step: float) -> np.ndarray:
+    """Nodes from ``low`` to ``high`` inclusive, evenly spaced by at most ``step``.
+
+    ``n = ceil((high - low) / step) + 1`` nodes; one node at the middle when ``step`` is
+    infinite or ``low == high``.
+
+    Examples
+    --------
+    >>> grid_nodes(-1.0, 1.0, 0.5).tolist()
+    [-1.0, -0.5, 0.0, 0.5, 1.0]
+    >>> grid_nodes(-1.0, 1.0, np.inf).tolist()
+    [0.0]
+    """
+    low, high, step = float(low), float(high), float(step)
+    if not high >= low:
+        raise ValueError(f"grid range: expected low <= high, found ({low}, {high})")
+    if not step > 0:
+        raise ValueError(f"grid step: expected > 0, found {step}")
+    if high == low or not math.isfinite(step):
+        return np.array([(low + high) / 2])
+    n = int(math.ceil((high - low) / step - 1e-9)) + 1
+    return np.linspace(low, high, max(n, 2))
+
+
+def default_step(span: float, wavelength: float) -> float:
+    """Grid step of a term whose regressor spans ``span`` (``max g - min g``): the modelled phase
+    changes by at most :data:`GRID_PHASE_STEP` across the epochs between adjacent nodes.
+
+    Examples
+    --------
+    >>> round(default_step(5.0, 0.0555) * 1000, 2)  # mm/yr for a 5-year span, C band
+    1.39
+    """
+    span = float(span)
+    if not span > 0:
+        return math.inf
+    return GRID_PHASE_STEP / (abs(phase_per_metre(wavelength)) * span)
+
+
+@dataclass(frozen=True)
+class PeriodogramResult:
+    """Result of :func:`periodogram` for K items and T epochs; arrays on the input's device.
+
+    Attributes
+    ----------
+    height_error : (K,) float64
+        Height error (m); NaN where ``flag`` is 1 or 2.
+    velocity : (K,) float64
+        Velocity (m/yr); NaN where ``flag`` is 1 or 2.
+    extra : dict of str to (K,) float64
+        Coefficient of each extra regressor (m per unit of the regressor).
+    offset : (K,) float64
+        The constant phase (rad) ``arg sum_t exp(j (phase_t - model_t))`` at the estimate.
+    coherence : (K,) float64
+        Ensemble coherence ``|mean_t exp(j (phase_t - model_t))|`` at the estimate (0..1).
+    grid_coherence : (K,) float64
+        The largest coherence on the coarse grid (complex64 sums: ~1e-6 relative precision).
+    ambiguity : (K, T) int32
+        Integer cycles ``a_t`` with ``phase_t + 2 pi a_t = model_t + offset + residual_phase_t``:
+        ``phase + 2 pi ambiguity`` is the unwrapped phase. :data:`MISSING_AMBIGUITY` where the
+        epoch is missing.
+    residual_phase : (K, T) float64
+        ``wrap(phase_t - model_t - offset)`` in ``(-pi, pi]``; NaN where the epoch is missing.
+    n_valid : (K,) int
+        Epochs used (finite phase and h2ph).
+    flag : (K,) int8
+        :class:`~depsi.kernels.flags.Flag`: 0 ok; 2 fewer valid epochs than unknowns + 1;
+        1 the model is singular on the valid epochs (e.g. ``h2ph`` constant); 5 ``GRID_ONLY``:
+        the refinement could not start (its first Newton system was singular, typically with
+        too few epochs within pi/2 of the model) or ended below the grid's coherence; the grid
+        node is returned.
+    """
+
+    height_error: Any
+    velocity: Any
+    offset: Any
+    coherence: Any
+    grid_coherence: Any
+    ambiguity: Any
+    residual_phase: Any
+    n_valid: Any
+    flag: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The search grid: height nodes, and the shared terms' (velocity, extras) node table."""
+
+    heights: np.ndarray  # (Nh,)
+    shared: np.ndarray  # (Ns, 1 + E): velocity and extra coefficients of each shared node
+    names: list[str]  # extra regressor names, in column order of shared[:, 1:]
+    velocity_count: int  # velocity is the slowest-varying axis of the shared nodes
+
+
+def _parse_extra(extra_regressors, T: int, wavelength: float):
+    """names, regressors (E, T), ranges [(lo, hi)], steps from the user mapping."""
+    names, values, ranges, steps = [], [], [], []
+    for name, spec in (extra_regressors or {}).items():
+        if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+            raise ValueError(f"extra_regressors[{name!r}]: expected (values, (low, high)) or "
+                             f"(values, (low, high), step), found {type(spec).__name__}")
+        g = np.asarray(spec[0], dtype=np.float64)
+        if g.shape != (T,) or not np.isfinite(g).all():
+            raise ValueError(f"extra_regressors[{name!r}]: expected {T} finite values (one per "
+                             f"epoch), found shape {g.shape}")
+        lo, hi = (float(v) for v in spec[1])
+        step = float(spec[2]) if len(spec) == 3 and spec[2] is not None else default_step(
+            float(g.max() - g.min()), wavelength)
+        names.append(str(name))
+        values.append(g)
+        ranges.append((lo, hi))
+        steps.append(step)
+    return names, values, ranges, steps
+
+
+def _build_grid(heights, velocities, extra_nodes, names) -> _Grid:
+    axes = [np.asarray(velocities)] + [np.asarray(n) for n in extra_nodes]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    shared = np.stack([m.ravel() for m in mesh], axis=1)
+    return _Grid(np.asarray(heights, dtype=np.float64), shared, names, len(axes[0]))
+
+
+def _height_phasors(xp, z, alpha, heights):
+    """``z_kt * exp(j alpha_kt * H_h)`` for an evenly spaced ``heights`` grid: (K, Nh, T).
+
+    Built by repeated doubling from the first node and the step (log2(Nh) multiplications of
+    growing slabs instead of Nh * T complex exponentials per item).
+    """
+    K, T = z.shape
+    Nh = heights.shape[0]
+    out = xp.empty((K, Nh, T), dtype=xp.complex64)
+    out[:, 0] = z * xp.exp(1j * (alpha * heights[0])).astype(xp.complex64)
+    if Nh == 1:
+        return out
+    power = xp.exp(1j * (alpha * (heights[1] - heights[0]))).astype(xp.complex64)
+    done = 1
+    while done < Nh:
+        m = min(done, Nh - done)
+        xp.multiply(out[:, :m], power[:, None, :], out=out[:, done:done + m])
+        done += m
+        power = power * power
+    return out
+
+
+def _phasor_tables(xp, grid: _Grid, t, extra_g, m2ph, shared_h2ph):
+    """Model phasors of the grid, built once per call on the host, stored complex64 on device.
+
+    Returns ``(E_shared (T, Ns), E_full (T, Nh * Ns) or None)``; ``E_full`` (height included) only
+    when ``h2ph`` is shared by all items.
+    """
+    regressors = np.stack([t] + list(extra_g), axis=0)  # (1 + E, T)
+    shared_phase = -m2ph * (grid.shared @ regressors)  # (Ns, T): -m2ph (v t + sum_e c_e g_e)
+    E_shared = xp.asarray(np.exp(1j * shared_phase).T.astype(np.complex64))
+    if shared_h2ph is None:
+        return E_shared, None
+    height_phase = -m2ph * grid.heights[:, None] * shared_h2ph[None, :]  # (Nh, T)
+    full = (height_phase[:, None, :] + shared_phase[None, :, :]).reshape(-1, t.shape[0])
+    return E_shared, xp.asarray(np.exp(1j * full).T.astype(np.complex64))
+
+
+def _coarse_search(xp, z, alpha, heights32, E_shared, E_full):
+    """Index of the best grid node (height-major) per item.
+
+    z (K, T) complex64, zero at missing epochs; alpha (K, T) = -m2ph * h2ph, used when the
+    height phasors are per item (``E_full`` None).
+    """
+    if E_full is not None:
+        C = z @ E_full
+    else:
+        Zh = _height_phasors(xp, z, alpha, heights32)
+        K, Nh, T = Zh.shape
+        C = (Zh.reshape(K * Nh, T) @ E_shared).reshape(K, -1)
+    power = xp.abs(C)
+    return power.argmax(axis=1), power
+
+
+def _parabolic_offsets(xp, power, best, n_nodes, stride):
+    """Offset (in grid steps, within +-1/2) of the vertex of the parabola through the best node
+    and its two neighbours along one grid axis (nodes ``stride`` apart in the flat index)."""
+    index = (best // stride) % n_nodes
+    inner = (index > 0) & (index < n_nodes - 1)
+    size = power.shape[1]
+    at = lambda i: xp.take_along_axis(power, xp.clip(i, 0, size - 1)[:, None], axis=1)[:, 0]
+    p0, pm, pp = at(best), at(best - stride), at(best + stride)
+    curvature = pm - 2 * p0 + pp
+    ok = inner & (curvature < 0)
+    offset = 0.5 * (pm - pp) / xp.where(ok, curvature, -1.0)
+    return xp.clip(xp.where(ok, offset, 0.0), -0.5, 0.5).astype(xp.float64)
+
+
+def _evaluate(xp, phase0, vmask, J, theta):
+    """cos and sin of the residual phase (without the constant) and their sums over epochs."""
+    r = phase0 - xp.einsum("pk,pkt->kt", theta, J[: theta.shape[0]])
+    c = xp.cos(r)
+    c *= vmask
+    s = xp.sin(r)
+    s *= vmask
+    return c, s, c.sum(axis=1), s.sum(axis=1)
+
+
+def _refine(xp, phase0, vmask, J, theta, start, n_valid, steps, rcond):
+    """Newton iterations on sum_t cos(r_t) from ``theta`` (evaluated as ``start``).
+
+    Items whose step fell below the tolerance leave the working set (it is compacted once half
+    of it has converged), so a few slow items do not cost the whole batch more iterations.
+
+    Returns the best theta visited (the start included), the sums ``C + jS`` of
+    ``exp(j r_t)`` there, and whether the Newton system at the start was accepted (it is not
+    when too few epochs have ``|r| < pi/2``).
+    """
+    Q = J.shape[0]  # unknowns: the model terms and the constant phase
+    c, s, C, S = start
+    best, best_C, best_S = theta.copy(), C.copy(), S.copy()
+    best_coh = xp.sqrt(C * C + S * S) / xp.maximum(n_valid, 1)
+    started = None
+    idx = xp.arange(theta.shape[1])  # the working set
+    for _ in range(REFINE_ITERATIONS):
+        # cos and sin of the residual relative to the best constant phase arg(C + jS)
+        norm = xp.sqrt(C * C + S * S)
+        norm = xp.where(norm > 0, norm, 1.0)
+        cc, ss = C / norm, S / norm
+        cos_r = c * cc[:, None] + s * ss[:, None]
+        sin_r = s * cc[:, None] - c * ss[:, None]
+        w = xp.where(cos_r > 0, cos_r, 0.0)
+        g = xp.where(cos_r > 0, sin_r, 0.0)
+        N = xp.einsum("pkt,qkt->pqk", J * w[None], J)
+        b = xp.einsum("pkt,kt->pk", J, g)
+        delta, _, ok = _solve_transposed(xp, N, b, rcond)
+        started = ok if started is None else started
+        step = xp.where(ok[None], delta[: Q - 1], 0.0)
+        theta = theta + step
+        c, s, C, S = _evaluate(xp, phase0, vmask, J, theta)
+        coh = xp.sqrt(C * C + S * S) / xp.maximum(n_valid[idx], 1)
+        better = coh >= best_coh[idx] - _COHERENCE_TIE
+        best[:, idx] = xp.where(better[None], theta, best[:, idx])
+        best_C[idx] = xp.where(better, C, best_C[idx])
+        best_S[idx] = xp.where(better, S, best_S[idx])
+        best_coh[idx] = xp.where(better, coh, best_coh[idx])
+        moving = (xp.abs(step) > REFINE_TOLERANCE * steps).any(axis=0)
+        n_moving = int(moving.sum())
+        if n_moving == 0:
+            break
+        if 2 * n_moving <= idx.shape[0]:
+            keep = xp.nonzero(moving)[0]
+            idx, theta, c, s, C, S = idx[keep], theta[:, keep], c[keep], s[keep], C[keep], S[keep]
+            phase0, vmask, J = phase0[keep], vmask[keep], J[:, keep]
+    return best, best_C, best_S, started
+
+
+def periodogram_bytes_per_item(n_epochs: int, n_heights: int, n_shared: int,
+                               n_terms: int) -> int:
+    """Peak bytes :func:`periodogram` needs per item, for sizing batches.
+
+    Held through the batch: the phase and h2ph in float64, masks, the unit phasors and the
+    Jacobian ``(Q, T)``, about ``(64 + 8 Q) T``; on top, the coarse stage (complex64: height
+    phasors ``8 Nh T``, grid sums ``8 Nh Ns``, their moduli ``4 Nh Ns``) or the refinement
+    (about a dozen float64 ``(T,)`` temporaries and the weighted Jacobian), ``Q = n_terms + 1``.
+
+    Examples
+    --------
+    >>> periodogram_bytes_per_item(60, 50, 50, 2)
+    59280
+    """
+    T, Q = n_epochs, n_terms + 1
+    coarse = 8 * n_heights * T + 12 * n_heights * n_shared
+    refine = 8 * T * (Q + 12) + 8 * Q * Q * 4
+    return max(coarse, refine) + (64 + 8 * Q) * T
+
+
+def periodogram(
+    phase: Any,
+    h2ph: Any,
+    time_years: Any,
+    *,
+    wavelength: float,
+    height_range: tuple[float, float] = (-50.0, 50.0),
+    height_step: float | None = None,
+    velocity_range: tuple[float, float] = (-0.05, 0.05),
+    velocity_step: float | None = None,
+    extra_regressors: Mapping[str, tuple] | None = None,
+    refine: bool = True,
+    rcond: float = DEFAULT_RCOND,
+    max_batch: int | None = None,
+) -> PeriodogramResult:
+    """Height error, velocity (and extra terms) maximising the ensemble coherence of each item.
+
+    Parameters
+    ----------
+    phase : (K, T)
+        Wrapped phase (rad) of K arcs or points; NaN epochs are ignored.
+    h2ph : (K, T) or (T,)
+        Height-to-phase factors, per item or shared; NaN marks the epoch missing.
+    time_years : (T,)
+        Time baselines (years) from the reference epoch.
+    wavelength
+        Radar wavelength (m); ``m2ph = -4 pi / wavelength``.
+    height_range, velocity_range
+        Search ranges (m, m/yr), inclusive.
+    height_step, velocity_step
+        Grid steps; default from :func:`default_step` (the modelled phase changes by at most
+        :data:`GRID_PHASE_STEP` across the epochs between adjacent nodes). The grid is
+        :func:`grid_nodes` ``(low, high, step)``.
+    extra_regressors
+        More shared terms, name to ``(values (T,), (low, high))`` or
+        ``(values, (low, high), step)``; values in metres of displacement per unit coefficient,
+        e.g. ``{"seasonal_sin": (np.sin(2 * np.pi * t), (-0.01, 0.01))}``. Each multiplies the
+        size of the grid by its number of nodes.
+    refine
+        Refine below the grid step (Newton iterations on the coherence). With ``False`` the best
+        grid node is returned.
+    rcond
+        Reciprocal condition bound of the model on the valid epochs (flag ``RANK_DEFICIENT``).
+    max_batch
+        Upper bound on items per batch; by default sized from free memory at run time.
+
+    Returns
+    -------
+    PeriodogramResult
+
+    Examples
+    --------
+    >>> t = np.linspace(0, 3, 40)
+    >>> h2ph = 3e-4 * np.sin(7.0 * np.arange(40))  # baselines: not collinear with time
+    >>> m2ph = -4 * np.pi / 0.0555
+    >>> phase = np.angle(np.exp(1j * m2ph * (0.01 * t + h2ph * 12.0)))[None]
+    >>> res = periodogram(phase, h2ph, t, wavelength=0.0555)
+    >>> round(float(res.velocity[0]), 6), round(float(res.height_error[0]), 3)
+    (0.01, 12.0)
+    >>> float(res.coherence[0]) > 0.999999, int(res.flag[0])
+    (True, 0)
+    """
+    xp = array_namespace(phase, h2ph)
+    phase = xp.asarray(phase)
+    h2ph = xp.asarray(h2ph)
+    if phase.ndim != 2:
+        raise ValueError(f"phase: expected shape (K, T), found {tuple(phase.shape)}")
+    K, T = phase.shape
+    if T == 0:
+        raise ValueError("phase: expected at least one epoch, found shape (K, 0)")
+    t = to_host(time_years).astype(np.float64)
+    if t.shape != (T,) or not np.isfinite(t).all():
+        raise ValueError(f"time_years: expected {T} finite values, found shape {t.shape}")
+    if h2ph.shape not in ((T,), (K, T)):
+        raise ValueError(f"h2ph: expected shape (T={T},) or (K={K}, T={T}), "
+                         f"found {tuple(h2ph.shape)}")
+    m2ph = phase_per_metre(wavelength)
+    names, extra_g, extra_ranges, extra_steps = _parse_extra(extra_regressors, T, wavelength)
+
+    # the widest h2ph span of any item sets the default height step (one grid for all items)
+    finite = xp.isfinite(h2ph)
+    spans = (xp.where(finite, h2ph, -np.inf).max(axis=-1)
+             - xp.where(finite, h2ph, np.inf).min(axis=-1))
+    spans = xp.atleast_1d(spans)
+    spans = spans[xp.isfinite(spans)]
+    h2ph_span = float(spans.max()) if spans.size else 0.0
+    if height_step is None:
+        height_step = default_step(h2ph_span, wavelength)
+    if velocity_step is None:
+        velocity_step = default_step(float(t.max() - t.min()), wavelength)
+    heights = grid_nodes(*height_range, height_step)
+    velocities = grid_nodes(*velocity_range, velocity_step)
+    extra_nodes = [grid_nodes(lo, hi, st) for (lo, hi), st in zip(extra_ranges, extra_steps)]
+    grid = _build_grid(heights, velocities, extra_nodes, names)
+    n_terms = 2 + len(names)
+    logger.debug("periodogram: %d items, %d epochs, grid %d heights x %d other nodes",
+                 K, T, heights.size, grid.shared.shape[0])
+
+    per_item = periodogram_bytes_per_item(T, heights.size, grid.shared.shape[0], n_terms)
+    size = batch_size(per_item, device_of(phase), max_items=max(K, 1), fit_cache=True)
+    if max_batch is not None:
+        size = max(1, min(size, int(max_batch)))
+    shared_h2ph = None
+    if h2ph.ndim == 1 and bool(xp.isfinite(h2ph).all()):
+        shared_h2ph = to_host(h2ph).astype(np.float64)
+    E_shared, E_full = _phasor_tables(xp, grid, t, extra_g, m2ph, shared_h2ph)
+    spacing = [np.ptp(nodes) / max(nodes.size - 1, 1) if nodes.size > 1 else 1.0
+               for nodes in [heights, velocities] + extra_nodes]
+    steps = xp.asarray(np.asarray(spacing, dtype=np.float64))[:, None]
+    parts = []
+    for start in range(0, max(K, 1), size):
+        stop = min(start + size, K)
+        parts.append(_periodogram_batch(
+            xp, phase[start:stop], h2ph if h2ph.ndim == 1 else h2ph[start:stop], t, extra_g,
+            grid, (E_shared, E_full), steps, m2ph, refine, rcond))
+    fields = [xp.concatenate(f) for f in zip(*[p[:-1] for p in parts])]
+    extra_values = [xp.concatenate(f) for f in zip(*[p[-1] for p in parts])] if names else []
+    return PeriodogramResult(*fields, extra=dict(zip(names, extra_values)))
+
+
+def _periodogram_batch(xp, phase, h2ph, t, extra_g, grid: _Grid, tables, steps, m2ph, refine,
+                       rcond):
+    """One batch of :func:`periodogram`: the PeriodogramResult fields, then the extra list."""
+    K, T = phase.shape
+    E = len(grid.names)
+    f8 = xp.float64
+    phase = phase.astype(f8, copy=False)
+    h2ph_full = xp.broadcast_to(h2ph.astype(f8, copy=False), (K, T))
+    valid = xp.isfinite(phase) & xp.isfinite(h2ph_full)
+    n_valid = valid.sum(axis=1)
+    phase0 = xp.where(valid, phase, 0.0)
+    h2ph0 = xp.where(valid, h2ph_full, 0.0)
+
+    # coarse stage
+    z = (xp.cos(phase0) + 1j * xp.sin(phase0)).astype(xp.complex64) * valid
+    E_shared, E_full = tables
+    alpha = None if E_full is not None else (-m2ph * h2ph0).astype(xp.float32)
+    best, power = _coarse_search(xp, z, alpha, xp.asarray(grid.heights, dtype=xp.float32),
+                                 E_shared, E_full)
+    Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
+    theta_grid = xp.concatenate([
+        xp.asarray(grid.heights)[best // Ns][None],
+        xp.asarray(grid.shared)[best % Ns].T,
+    ]).astype(f8)  # (2 + E, K): height, velocity, extras
+    grid_coh = (xp.take_along_axis(power, best[:, None], axis=1)[:, 0].astype(f8)
+                / xp.maximum(n_valid, 1))
+
+    # Jacobian of the model phase, with the constant phase as a last unknown: (Q, K, T)
+    vmask = valid.astype(f8)
+    J = xp.stack(
+        [m2ph * h2ph0, xp.broadcast_to(xp.asarray(m2ph * t), (K, T))]
+        + [xp.broadcast_to(xp.asarray(m2ph * g), (K, T)) for g in extra_g]
+        + [xp.ones((K, T))]
+    ) * vmask[None]
+    # identifiability on the valid epochs (e.g. a constant h2ph makes height ~ constant phase)
+    N0 = xp.einsum("pkt,qkt->pqk", J, J)
+    _, _, identifiable = _solve_transposed(xp, N0, xp.zeros(N0.shape[1:]), rcond)
+
+    grid_only = xp.zeros(K, dtype=bool)
+    if refine:
+        # start from the vertex of parabolas through the best node's neighbours (height and
+        # velocity axes): Newton then needs two or three iterations instead of five
+        v_stride = Ns // grid.velocity_count
+        start_theta = theta_grid + xp.stack(
+            [_parabolic_offsets(xp, power, best, Nh, Ns) * steps[0, 0],
+             _parabolic_offsets(xp, power, best, grid.velocity_count, v_stride) * steps[1, 0]]
+            + [xp.zeros(K)] * E)
+        start = _evaluate(xp, phase0, vmask, J, start_theta)
+        theta, C, S, started = _refine(xp, phase0, vmask, J, start_theta, start, n_valid, steps,
+                                       rcond)
+        # keep the grid node where the refinement could not start or fell below the grid's
+        # coherence (complex64 precision there, hence the tolerance)
+        reached = xp.sqrt(C * C + S * S) / xp.maximum(n_valid, 1) >= grid_coh - _GRID_PRECISION
+        grid_only = ~(started & reached)
+        if bool(grid_only.any()):
+            _, _, C0, S0 = _evaluate(xp, phase0, vmask, J, theta_grid)
+            theta = xp.where(grid_only[None], theta_grid, theta)
+            C, S = xp.where(grid_only, C0, C), xp.where(grid_only, S0, S)
+    else:
+        theta = theta_grid
+        _, _, C, S = _evaluate(xp, phase0, vmask, J, theta_grid)
+
+    # the constant phase, residuals and ambiguities at the estimate
+    coherence = xp.sqrt(C * C + S * S) / xp.maximum(n_valid, 1)
+    offset = xp.arctan2(S, C)
+    model = xp.einsum("pk,pkt->kt", theta, J[:-1]) + offset[:, None]
+    residual = wrap_phase(phase0 - model)
+    cycles = xp.rint((model + residual - phase0) / _TWO_PI)
+    ambiguity = xp.where(valid, cycles, MISSING_AMBIGUITY).astype(xp.int32)
+    residual = xp.where(valid, residual, xp.nan)
+
+    too_few = n_valid < theta.shape[0] + 1
+    flag = xp.where(
+        too_few, int(Flag.TOO_FEW_OBSERVATIONS),
+        xp.where(~identifiable, int(Flag.RANK_DEFICIENT),
+                 xp.where(grid_only, int(Flag.GRID_ONLY), int(Flag.OK))),
+    ).astype(FLAG_DTYPE)
+    no_estimate = too_few | ~identifiable
+    theta = xp.where(no_estimate[None], xp.nan, theta)
+    empty = n_valid == 0
+    coherence = xp.where(empty, xp.nan, coherence)
+    grid_coh = xp.where(empty, xp.nan, grid_coh)
+    offset = xp.where(empty, xp.nan, offset)
+    return (theta[0], theta[1], offset, coherence, grid_coh, ambiguity, residual, n_valid, flag,
+            [theta[2 + e] for e in range(E)])

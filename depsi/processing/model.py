@@ -1,0 +1,251 @@
+"""Temporal model estimation per point: offset, velocity, height error, seasonal and extra terms.
+
+``estimate_model`` fits a linear displacement model to every point of a point STM by batched
+weighted least squares (:func:`depsi.kernels.lstsq.lstsq_batched`), space chunk by space chunk,
+lazily. Each chunk goes to one device (round-robin over the configured devices by block
+index), is moved there once and back once (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from depsi.kernels.backend import (
+    Device,
+    array_namespace,
+    get_devices,
+    get_namespace,
+    parse_device,
+    to_device,
+    to_host,
+    use_device,
+)
+from depsi.kernels.flags import FLAG_DTYPE
+from depsi.kernels.lstsq import lstsq_batched
+from depsi.kernels.periodogram import ensemble_coherence
+from depsi.kernels.temporal import design_matrix, phase_per_metre, years_since
+from depsi.stm.schema import PHASE_VARIABLES, STMValidationError, validate
+
+logger = logging.getLogger(__name__)
+
+#: Units of the estimated coefficients (extra regressors: metres per unit of the regressor).
+UNITS = {"offset": "m", "velocity": "m/yr", "height_error": "m", "seasonal_sin": "m",
+         "seasonal_cos": "m"}
+
+
+def _term_names(terms: Sequence[str], extra: Mapping[str, Any]) -> list[str]:
+    _, names = design_matrix(np.zeros(1), terms=terms, h2ph=np.zeros(1),
+                             extra={k: np.zeros(1) for k in extra})
+    return names
+
+
+def _resolve_devices(solver: str, devices: Sequence[Device | str | int] | None) -> list[Device]:
+    """The devices blocks run on, consistent with ``solver``; raises before any work."""
+    chosen = [parse_device(d) for d in devices] if devices is not None else None
+    if solver == "numpy":
+        chosen = chosen or [Device("cpu", 0)]
+        if any(d.kind != "cpu" for d in chosen):
+            raise ValueError(f"solver 'numpy' runs on CPU devices only, found {chosen}")
+    elif solver == "cupy":
+        get_namespace("cupy")  # raises with the reason when CuPy or the GPU does not work
+        chosen = chosen or [d for d in get_devices() if d.kind == "cuda"]
+        if not chosen or any(d.kind != "cuda" for d in chosen):
+            raise ValueError(f"solver 'cupy' runs on CUDA devices only, found {chosen}")
+    else:
+        get_namespace(solver)  # validates the name
+        chosen = chosen or get_devices()
+    if not chosen:
+        raise ValueError("devices: expected at least one device, found none")
+    return chosen
+
+
+def _as_time_vector(values: Any, name: str, n_time: int) -> np.ndarray:
+    if isinstance(values, xr.DataArray):
+        if values.dims != ("time",):
+            raise STMValidationError(f"extra regressor {name!r}: expected dims ('time',), "
+                                     f"found {values.dims}")
+        values = values.values
+    vector = np.asarray(values, dtype=np.float64)
+    if vector.shape != (n_time,) or not np.isfinite(vector).all():
+        raise STMValidationError(f"extra regressor {name!r}: expected {n_time} finite values "
+                                 f"(one per epoch), found shape {vector.shape}")
+    return vector
+
+
+def _space_time(stm: xr.Dataset, var: xr.DataArray, name: str, chunks) -> da.Array:
+    """``var`` as a dask array (space, time) with the observation's space chunks, one time chunk."""
+    if set(var.dims) == {"time"}:
+        var = var.expand_dims(space=stm.sizes["space"])
+    if set(var.dims) != {"space", "time"}:
+        raise STMValidationError(f"variable {name!r}: expected dims ('space', 'time') or "
+                                 f"('time',), found {var.dims}")
+    data = var.transpose("space", "time").data
+    if not isinstance(data, da.Array):
+        data = da.from_array(np.asarray(data), chunks=(chunks, -1))
+    return data.rechunk((chunks, -1))
+
+
+def _fit_block(y, *others, names_in, time_years, terms, extra, devices, m2ph,
+               block_info=None):
+    """Fit one space chunk on its device; returns the packed host array (n, columns)."""
+    index = block_info[None]["chunk-location"][0] if block_info else 0
+    device = devices[index % len(devices)]
+    blocks = dict(zip(names_in, others))
+    with use_device(device):
+        y_d = to_device(y, device)
+        h2ph = to_device(blocks["h2ph"], device) if "h2ph" in blocks else None
+        weights = to_device(blocks["weights"], device) if "weights" in blocks else None
+        t = to_device(time_years, device)
+        regressors = {k: to_device(v, device) for k, v in extra.items()}
+        A, _ = design_matrix(t, terms=terms, h2ph=h2ph, extra=regressors)
+        res = lstsq_batched(A, y_d, weights)
+        xp = array_namespace(res.x)
+        columns = [res.x, res.std, res.sigma2[:, None], res.flag[:, None].astype(xp.float64)]
+        if m2ph is not None:
+            columns.append(ensemble_coherence(m2ph * res.residuals)[:, None])
+        columns.append(res.residuals)
+        packed = xp.concatenate(columns, axis=1)
+    return to_host(packed)
+
+
+def estimate_model(
+    stm: xr.Dataset,
+    *,
+    terms: Sequence[str] = ("offset", "velocity"),
+    variable: str = "displacement",
+    weights: str | xr.DataArray | None = None,
+    extra: Mapping[str, Any] | None = None,
+    solver: str = "auto",
+    devices: Sequence[Device | str | int] | None = None,
+) -> xr.Dataset:
+    """Fit a temporal displacement model to every point, lazily per space chunk.
+
+    The model of each point is ``y_t = sum_p x_p a_p(t)`` with the columns of
+    :func:`depsi.kernels.temporal.design_matrix` (metres per unit coefficient): ``offset`` (1),
+    ``velocity`` (t, years of 365.25 days from the first epoch), ``height_error`` (``h2ph``:
+    under ``phase = m2ph (d + h2ph H)`` a height error H shows in a phase-derived displacement as
+    ``h2ph * H`` metres), ``seasonal`` (annual sine and cosine) and the ``extra`` regressors.
+
+    Parameters
+    ----------
+    stm
+        Point STM ``(space, time)`` with ``variable`` in metres (and ``h2ph`` for the
+        ``height_error`` term); validated before any work.
+    terms
+        Model terms, in column order: any of ``"offset"``, ``"velocity"``, ``"height_error"``,
+        ``"seasonal"``.
+    variable
+        The observations, in metres (default ``displacement``). Wrapped ``phase`` cannot be
+        fitted by least squares: use :func:`depsi.kernels.periodogram.periodogram` for it.
+    weights
+        Inverse variances per observation: the name of a variable of ``stm`` or a DataArray,
+        ``(space, time)`` or ``(time,)``. Default equal weights.
+    extra
+        User regressors, name to ``(time,)`` values (e.g. temperature); coefficients in metres
+        per unit.
+    solver
+        ``"auto"``, ``"numpy"`` or ``"cupy"`` (which raises where no GPU works).
+    devices
+        Devices to spread chunks over, round-robin by chunk index (e.g. ``["cuda:0", "cuda:1"]``
+        or ``["cpu:0", "cpu:1"]``); default :func:`depsi.kernels.backend.get_devices`.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dask-backed, with the coordinates of ``stm``: per term ``<name>`` and ``<name>_std``
+        (a-posteriori standard deviation) per point; ``sigma2`` (a-posteriori variance factor,
+        m^2 for unit weights); ``flag`` (int8, :class:`depsi.kernels.flags.Flag`); ``residual``
+        ``(space, time)`` (dtype of ``variable``, NaN where an observation is missing);
+        ``temporal_coherence`` of the residuals in phase when ``stm.attrs['wavelength']`` is set.
+
+    Raises
+    ------
+    STMValidationError
+        For an STM that breaks the conventions, a missing variable, wrong dims or a wrapped
+        phase variable; before any computation.
+
+    Examples
+    --------
+    >>> time = np.array(["2020-01-01", "2020-07-01", "2021-01-01"], dtype="datetime64[ns]")
+    >>> t = np.array([0.0, 0.498, 1.002])
+    >>> d = np.array([0.001 + 0.01 * t, -0.002 * t]).astype("f4")
+    >>> stm = xr.Dataset({"displacement": (("space", "time"), d)}, coords={"time": time})
+    >>> est = estimate_model(stm, terms=("offset", "velocity"), solver="numpy")
+    >>> est.velocity.round(4).values.tolist()
+    [0.01, -0.002]
+    """
+    extra = dict(extra or {})
+    require = [variable] + (["h2ph"] if "height_error" in terms else [])
+    if isinstance(weights, str):
+        require.append(weights)
+    validate(stm, "points", require=tuple(require))
+    if variable in PHASE_VARIABLES:
+        raise STMValidationError(f"variable {variable!r}: expected metres of displacement; a "
+                                 "wrapped phase cannot be fitted by least squares (use the "
+                                 "periodogram)")
+    obs = stm[variable]
+    if obs.dtype.kind != "f":
+        raise STMValidationError(f"variable {variable!r}: expected floating point, "
+                                 f"found dtype {obs.dtype}")
+    if set(obs.dims) != {"space", "time"}:
+        raise STMValidationError(f"variable {variable!r}: expected dims ('space', 'time'), "
+                                 f"found {obs.dims}")
+    if stm["time"].dtype.kind != "M":
+        raise STMValidationError("coordinate 'time': expected datetime64 for time baselines, "
+                                 f"found dtype {stm['time'].dtype}")
+    time_years = years_since(stm["time"].values)
+    regressors = {k: _as_time_vector(v, k, stm.sizes["time"]) for k, v in extra.items()}
+    names = _term_names(terms, regressors)  # validates the term names
+    chosen = _resolve_devices(solver, devices)
+
+    y = obs.transpose("space", "time").data
+    chunks = y.chunks[0] if isinstance(y, da.Array) else -1
+    y = _space_time(stm, obs, variable, chunks)
+    chunks = y.chunks[0]
+    inputs, names_in = [], []
+    if "height_error" in terms:
+        inputs.append(_space_time(stm, stm["h2ph"], "h2ph", chunks))
+        names_in.append("h2ph")
+    if weights is not None:
+        w = stm[weights] if isinstance(weights, str) else weights
+        if not isinstance(w, xr.DataArray):
+            raise TypeError(f"weights: expected a variable name or a DataArray, "
+                            f"found {type(weights).__name__}")
+        inputs.append(_space_time(stm, w, "weights", chunks))
+        names_in.append("weights")
+    wavelength = stm.attrs.get("wavelength")
+    m2ph = phase_per_metre(float(wavelength)) if wavelength is not None else None
+
+    P, T = len(names), stm.sizes["time"]
+    width = 2 * P + 2 + (m2ph is not None) + T
+    packed = da.map_blocks(
+        _fit_block, y, *inputs,
+        names_in=tuple(names_in), time_years=time_years, terms=tuple(terms), extra=regressors,
+        devices=tuple(chosen), m2ph=m2ph,
+        chunks=(chunks, (width,)), dtype=np.float64, meta=np.empty((0, 0), np.float64),
+        token="depsi-estimate-model",
+    )
+    out = xr.Dataset(coords=obs.coords)
+    for p, name in enumerate(names):
+        attrs = {"units": UNITS[name]} if name in UNITS else {}
+        out[name] = (("space",), packed[:, p], attrs)
+        out[f"{name}_std"] = (("space",), packed[:, P + p], attrs)
+    out["sigma2"] = (("space",), packed[:, 2 * P])
+    out["flag"] = (("space",), packed[:, 2 * P + 1].astype(FLAG_DTYPE))
+    if m2ph is not None:
+        out["temporal_coherence"] = (("space",), packed[:, 2 * P + 2])
+    out["residual"] = (("space", "time"), packed[:, width - T:].astype(obs.dtype),
+                       {"units": "m"})
+    out.attrs = {k: v for k, v in stm.attrs.items() if k in ("wavelength", "mother_time")}
+    out.attrs["model_terms"] = list(names)
+    out.attrs["history"] = (str(stm.attrs.get("history", "")) +
+                            f"\nestimate_model(terms={list(names)}, variable={variable!r})").strip()
+    logger.info("estimate_model: %d points x %d epochs, terms %s, %d chunk(s) on %s (lazy)",
+                stm.sizes["space"], T, names, len(chunks), [str(d) for d in chosen])
+    return out

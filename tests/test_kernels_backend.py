@@ -1,0 +1,130 @@
+"""Backend: array namespace choice, devices, batch sizes, host/device moves."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from depsi.kernels import backend
+from depsi.kernels.backend import (
+    Device,
+    array_namespace,
+    batch_size,
+    configure_devices,
+    cupy_available,
+    get_devices,
+    get_namespace,
+    parse_device,
+    to_device,
+    to_host,
+)
+
+no_gpu = pytest.mark.skipif(cupy_available(), reason="needs a machine where CuPy does not work")
+
+
+@pytest.fixture(autouse=True)
+def _reset_devices():
+    yield
+    backend._configured = None
+
+
+def test_numpy_solver_gives_numpy():
+    assert get_namespace("numpy") is np
+
+
+def test_unknown_solver_is_a_value_error():
+    with pytest.raises(ValueError, match="solver"):
+        get_namespace("jax")
+
+
+@no_gpu
+def test_cupy_solver_without_gpu_raises_with_reason():
+    with pytest.raises(RuntimeError, match="solver 'cupy'.*cannot be used: .*CuPy"):
+        get_namespace("cupy")
+
+
+@no_gpu
+def test_auto_solver_falls_back_to_numpy_and_logs(caplog):
+    with caplog.at_level(logging.INFO, logger="depsi.kernels.backend"):
+        assert get_namespace("auto") is np
+    assert "using NumPy" in caplog.text
+
+
+def test_array_namespace_of_numpy_arrays_is_numpy():
+    assert array_namespace(np.zeros(2), None, np.ones(1)) is np
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("cpu", Device("cpu", 0)), ("cpu:1", Device("cpu", 1)), ("CUDA:2", Device("cuda", 2)),
+    ("gpu", Device("cuda", 0)), (3, Device("cuda", 3)), (Device("cpu", 4), Device("cpu", 4)),
+])
+def test_parse_device(spec, expected):
+    assert parse_device(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["tpu:0", "cpu:x", "cpu:-1"])
+def test_parse_device_rejects_nonsense(spec):
+    with pytest.raises(ValueError, match="device"):
+        parse_device(spec)
+
+
+def test_several_cpu_devices_are_allowed():
+    devices = configure_devices(["cpu:0", "cpu:1", "cpu"])
+    assert devices == [Device("cpu", 0), Device("cpu", 1), Device("cpu", 0)]
+    assert get_devices() == devices
+
+
+@no_gpu
+def test_default_devices_are_the_cpu_without_gpu_and_logged(caplog):
+    with caplog.at_level(logging.INFO, logger="depsi.kernels.backend"):
+        assert configure_devices() == [Device("cpu", 0)]
+    assert "cpu:0" in caplog.text
+
+
+@no_gpu
+def test_num_devices_without_gpu_gives_cpu_devices():
+    assert configure_devices(num_devices=2) == [Device("cpu", 0), Device("cpu", 1)]
+
+
+@no_gpu
+def test_cuda_device_without_gpu_raises():
+    with pytest.raises(RuntimeError, match="cupy"):
+        configure_devices(["cuda:0"])
+
+
+def test_devices_and_num_devices_together_is_an_error():
+    with pytest.raises(ValueError, match="not both"):
+        configure_devices(["cpu"], num_devices=1)
+
+
+def test_batch_size_follows_free_memory(monkeypatch):
+    monkeypatch.setattr(backend, "free_memory", lambda device=None: 1000)
+    assert batch_size(10, "cpu") == 50  # safety 0.5
+    assert batch_size(10, "cpu", safety=1.0, max_items=30) == 30
+    assert batch_size(10**6, "cpu") == 1  # never zero
+
+
+def test_batch_size_fit_cache_bounds_cpu_batches(monkeypatch):
+    monkeypatch.setattr(backend, "free_memory", lambda device=None: 10**12)
+    monkeypatch.setattr(backend, "cpu_cache_bytes", lambda: 1000)
+    assert batch_size(10, "cpu", fit_cache=True) == 50
+    assert batch_size(10, "cpu") == 5 * 10**10
+
+
+def test_batch_size_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="bytes_per_item"):
+        batch_size(0)
+    with pytest.raises(ValueError, match="safety"):
+        batch_size(1, safety=2.0)
+
+
+def test_free_host_memory_is_positive():
+    assert backend.free_memory("cpu") > 0
+
+
+def test_to_device_cpu_and_to_host_round_trip():
+    a = np.arange(3.0)
+    assert to_device(a, "cpu") is a
+    np.testing.assert_array_equal(to_host(to_device([1, 2], Device("cpu"))), [1, 2])

@@ -1,0 +1,293 @@
+"""The first-order network: arcs between points, with their double-difference phases.
+
+``form_network`` connects the points of a point STM by Delaunay triangulation or by a redundant
+k-nearest-neighbour scheme spread over angular sectors, and returns an arc STM ``(arc, time)``
+(DESIGN.md §1, §3). Everything is vectorised over points and arcs (KD-tree, array sorts).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+from scipy.spatial import Delaunay, QhullError, cKDTree
+
+from depsi.stm.schema import STMValidationError, validate
+
+logger = logging.getLogger(__name__)
+
+#: Ground pixel spacing (m) used to turn ``azimuth`` / ``range`` indices into metres when the
+#: points carry no projected ``x`` / ``y`` and no ``azimuth_spacing`` / ``range_spacing`` attrs:
+#: Sentinel-1 IW, about 14 m in azimuth and 4 m in ground range.
+DEFAULT_AZIMUTH_SPACING = 14.0
+DEFAULT_RANGE_SPACING = 4.0
+
+#: Arcs per chunk of an arc STM.
+ARC_CHUNK = 65536
+
+_TWO_PI = 2.0 * np.pi
+
+
+def wrap_phase(phase):
+    """Wrap phase (radians) to (-pi, pi]; works on NumPy and Dask arrays.
+
+    Examples
+    --------
+    >>> float(wrap_phase(np.array(3 * np.pi)))
+    3.141592653589793
+    """
+    return np.pi - np.mod(np.pi - phase, _TWO_PI)
+
+
+def point_positions(
+    points: xr.Dataset,
+    *,
+    azimuth_spacing: float | None = None,
+    range_spacing: float | None = None,
+) -> np.ndarray:
+    """Positions of the points in metres, shape ``(space, 2)``.
+
+    Projected ``x`` / ``y`` coordinates are used when present. Otherwise ``azimuth`` and
+    ``range`` pixel indices are scaled by the pixel spacing: the argument, else the
+    ``azimuth_spacing`` / ``range_spacing`` attribute, else :data:`DEFAULT_AZIMUTH_SPACING` /
+    :data:`DEFAULT_RANGE_SPACING`. Every spatial step of the chain (network, atmosphere,
+    densification) uses this one convention.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset(coords={"azimuth": ("space", [0, 1]), "range": ("space", [0, 2])})
+    >>> point_positions(ds, azimuth_spacing=10.0, range_spacing=5.0).tolist()
+    [[0.0, 0.0], [10.0, 10.0]]
+    """
+    if "x" in points.coords and "y" in points.coords:
+        return np.column_stack([np.asarray(points["x"].values, dtype=np.float64),
+                                np.asarray(points["y"].values, dtype=np.float64)])
+    for name in ("azimuth", "range"):
+        if name not in points.coords and name not in points.data_vars:
+            raise STMValidationError(
+                f"coordinate {name!r}: expected pixel indices (or projected 'x'/'y') to place "
+                f"the points, found coords {sorted(points.coords)}")
+    az_sp = azimuth_spacing or float(points.attrs.get("azimuth_spacing", DEFAULT_AZIMUTH_SPACING))
+    rg_sp = range_spacing or float(points.attrs.get("range_spacing", DEFAULT_RANGE_SPACING))
+    return np.column_stack([np.asarray(points["azimuth"].values, dtype=np.float64) * az_sp,
+                            np.asarray(points["range"].values, dtype=np.float64) * rg_sp])
+
+
+def _unique_edges(source: np.ndarray, target: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Undirected, deduplicated edges with ``source < target`` and no self-loops."""
+    lo = np.minimum(source, target).astype(np.int64)
+    hi = np.maximum(source, target).astype(np.int64)
+    keep = lo != hi
+    key = np.unique(lo[keep] * n + hi[keep])
+    return key // n, key % n
+
+
+def delaunay_edges(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique edges of the Delaunay triangulation of ``positions`` ``(N, 2)``.
+
+    Examples
+    --------
+    >>> s, t = delaunay_edges(np.array([[0., 0.], [1., 0.], [0., 1.], [1., 1.]]))
+    >>> len(s)
+    5
+    """
+    n = len(positions)
+    try:
+        tri = Delaunay(positions)
+    except QhullError as err:
+        raise ValueError(
+            f"points: expected at least 3 points not all on one line for a Delaunay network, "
+            f"found {n} point(s) ({err.__class__.__name__})") from err
+    simplices = tri.simplices
+    src = simplices[:, [0, 1, 2]].ravel()
+    tgt = simplices[:, [1, 2, 0]].ravel()
+    return _unique_edges(src, tgt, n)
+
+
+def redundant_edges(
+    positions: np.ndarray, *, k: int = 2, n_sectors: int = 8, max_length: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Edges to the ``k`` nearest neighbours in each of ``n_sectors`` angular sectors.
+
+    One KD-tree query gives every point its nearest candidates; a stable sort by
+    (point, sector) ranks them within each sector, so no Python loop runs over points.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> s, t = redundant_edges(rng.uniform(0, 100, (50, 2)), k=1, n_sectors=4)
+    >>> bool((s < t).all())
+    True
+    """
+    n = len(positions)
+    if n < 2:
+        raise ValueError(f"points: expected at least 2 points for a network, found {n}")
+    n_query = int(min(n, 1 + max(4 * k * n_sectors, 16)))
+    tree = cKDTree(positions)
+    bound = np.inf if max_length is None else float(max_length)
+    dist, idx = tree.query(positions, k=n_query, distance_upper_bound=bound)
+    dist, idx = dist[:, 1:], idx[:, 1:]  # drop the point itself
+    valid = np.isfinite(dist) & (idx < n)
+    rows = np.broadcast_to(np.arange(n)[:, None], idx.shape)[valid]
+    nbrs = idx[valid]
+    delta = positions[nbrs] - positions[rows]
+    angle = np.mod(np.arctan2(delta[:, 1], delta[:, 0]), _TWO_PI)
+    sector = np.minimum((angle / (_TWO_PI / n_sectors)).astype(np.int64), n_sectors - 1)
+    group = rows.astype(np.int64) * n_sectors + sector
+    order = np.argsort(group, kind="stable")  # within a group, still nearest first
+    sorted_group = group[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
+    counts = np.diff(np.r_[starts, len(sorted_group)])
+    rank = np.arange(len(sorted_group)) - np.repeat(starts, counts)
+    chosen = order[rank < k]
+    return _unique_edges(rows[chosen], nbrs[chosen], n)
+
+
+def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
+                    positions: np.ndarray | None = None) -> xr.Dataset:
+    """Arc STM for the given ``source`` → ``target`` index pairs into ``points.space``.
+
+    ``phase`` = wrap(phase[target] - phase[source]); ``h2ph`` = the mean of the two points'
+    h2ph, which is the factor that multiplies the height-error *difference* in the arc's phase
+    (``m2ph * (d_t + h_t H_t - d_s - h_s H_s) ~ m2ph * (dd + mean(h) dH)``; the difference of
+    h2ph is near zero for neighbouring points and would make heights unobservable);
+    ``length`` in metres. Lazy when the points are.
+    """
+    if positions is None:
+        positions = point_positions(points)
+    source = np.asarray(source, dtype=np.int64)
+    target = np.asarray(target, dtype=np.int64)
+    data_vars = {}
+    for name in ("phase", "h2ph"):
+        var = points[name]
+        if "space" not in var.dims:
+            raise STMValidationError(f"variable {name!r}: expected dims including 'space', "
+                                     f"found {var.dims}")
+        var = var.transpose("space", ...)
+        arr = var.data
+        if isinstance(arr, da.Array):
+            arr = arr.rechunk({0: -1})
+        if name == "phase":
+            diff = arr[target] - arr[source]
+        else:
+            diff = 0.5 * (arr[target] + arr[source])
+        if isinstance(diff, da.Array):
+            diff = diff.rechunk({0: ARC_CHUNK})
+        if name == "phase":
+            diff = wrap_phase(diff)
+        data_vars[name] = (("arc",) + var.dims[1:], diff.astype(np.float32))
+    length = np.hypot(*(positions[target] - positions[source]).T).astype(np.float32)
+    data_vars["length"] = ("arc", length)
+    coords = {"source": ("arc", source), "target": ("arc", target), "time": points["time"]}
+    arcs = xr.Dataset(data_vars, coords=coords, attrs=dict(points.attrs))
+    arcs.attrs["n_points"] = int(points.sizes["space"])
+    return arcs
+
+
+def form_network(
+    points: xr.Dataset,
+    *,
+    method: Literal["delaunay", "redundant"] = "delaunay",
+    k: int = 2,
+    n_sectors: int = 8,
+    max_length: float | None = None,
+    azimuth_spacing: float | None = None,
+    range_spacing: float | None = None,
+) -> xr.Dataset:
+    """Connect the points by arcs and form their double-difference phases.
+
+    Parameters
+    ----------
+    points
+        Point STM ``(space, time)`` with wrapped single-mother interferometric ``phase``,
+        ``h2ph``, and ``azimuth``/``range`` (or projected ``x``/``y``) coordinates.
+    method
+        ``"delaunay"``: the Delaunay triangulation (about 3 arcs per point).
+        ``"redundant"``: each point tied to its ``k`` nearest neighbours in each of
+        ``n_sectors`` angular sectors (up to ``k * n_sectors`` arcs per point, fewer after
+        removing duplicates), which gives many closed loops for arc testing.
+    k, n_sectors
+        See ``method="redundant"``.
+    max_length
+        Longest arc kept, metres (``None``: no limit). Long arcs carry more atmosphere.
+    azimuth_spacing, range_spacing
+        Pixel spacing in metres when the points have no ``x``/``y``; see
+        :func:`point_positions`.
+
+    Returns
+    -------
+    xarray.Dataset
+        Arc STM ``(arc, time)``: coords ``source``, ``target`` (int64 indices into ``space``,
+        ``source < target``), ``time``; variables ``phase`` (wrapped
+        ``phase[target] - phase[source]``), ``h2ph`` (mean of the two points, the factor of the
+        height-error difference), ``length`` (m). The attrs of
+        ``points`` are kept.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(1)
+    >>> pts = xr.Dataset(
+    ...     {"phase": (("space", "time"), rng.uniform(-3, 3, (20, 4)).astype("f4")),
+    ...      "h2ph": (("space", "time"), np.zeros((20, 4), "f4"))},
+    ...     coords={"azimuth": ("space", rng.integers(0, 100, 20)),
+    ...             "range": ("space", rng.integers(0, 100, 20)),
+    ...             "time": np.arange(4)}, attrs={"wavelength": 0.0555})
+    >>> arcs = form_network(pts)
+    >>> arcs.phase.dims
+    ('arc', 'time')
+    """
+    validate(points, "points", require=("phase", "h2ph"))
+    n = points.sizes["space"]
+    positions = point_positions(points, azimuth_spacing=azimuth_spacing,
+                                range_spacing=range_spacing)
+    if method == "delaunay":
+        if n < 3:
+            raise ValueError(f"points: expected at least 3 points for a Delaunay network, "
+                             f"found {n}")
+        source, target = delaunay_edges(positions)
+        if max_length is not None:
+            length = np.hypot(*(positions[target] - positions[source]).T)
+            keep = length <= max_length
+            source, target = source[keep], target[keep]
+    elif method == "redundant":
+        if k < 1 or n_sectors < 1:
+            raise ValueError(f"k, n_sectors: expected >= 1, found k={k}, n_sectors={n_sectors}")
+        source, target = redundant_edges(positions, k=k, n_sectors=n_sectors,
+                                         max_length=max_length)
+    else:
+        raise ValueError(f"method: expected 'delaunay' or 'redundant', found {method!r}")
+    if len(source) == 0:
+        raise ValueError(f"network: no arcs formed among {n} points (max_length={max_length})")
+    arcs = arcs_from_edges(points, source, target, positions)
+    arcs.attrs["network_method"] = method
+    logger.info("network (%s): %d arcs among %d points", method, len(source), n)
+    return validate(arcs, "arcs")
+
+
+def time_in_years(ds: xr.Dataset) -> np.ndarray:
+    """Epoch times in years of 365.25 days since the mother epoch (``attrs['mother_time']``),
+    else since the first epoch; float64 ``(time,)``.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset(coords={"time": np.array(["2020-01-01", "2021-01-01"], "datetime64[ns]")},
+    ...                 attrs={"mother_time": "2021-01-01"})
+    >>> time_in_years(ds).round(3).tolist()
+    [-1.002, 0.0]
+    """
+    time = np.asarray(ds["time"].values)
+    if time.dtype.kind != "M":
+        raise STMValidationError(f"coordinate 'time': expected datetime64 to form time "
+                                 f"baselines, found dtype {time.dtype}")
+    origin = ds.attrs.get("mother_time")
+    origin = time[0] if origin is None else np.datetime64(str(origin))
+    days = (time - origin) / np.timedelta64(1, "D")
+    return np.asarray(days, dtype=np.float64) / 365.25
+
+
+def phase_to_metres(wavelength: float) -> float:
+    """``m2ph = -4 pi / wavelength``, radians per metre of line-of-sight displacement."""
+    return -4.0 * np.pi / float(wavelength)

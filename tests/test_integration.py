@@ -1,0 +1,87 @@
+"""Spatial integration: accuracy, arc testing, components, reference, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from depsi.processing.arcs import estimate_arcs
+from depsi.processing.integration import incidence_matrix, integrate_network
+from depsi.processing.network import form_network
+from test_arcs import predicted_arc_std
+from test_network import simulated_points
+
+
+def _estimated(**kwargs):
+    points, true = simulated_points(aps_std=0.0, **kwargs)
+    return points, true, estimate_arcs(form_network(points, method="redundant")).compute()
+
+
+def test_incidence_matrix_has_minus_one_at_source_plus_one_at_target():
+    A = incidence_matrix(np.array([0, 2]), np.array([1, 0]), 3).toarray()
+    assert A.tolist() == [[-1, 1, 0], [1, 0, -1]]
+
+
+def test_integration_recovers_velocity_height_and_displacement_within_noise():
+    points, true, arcs = _estimated()
+    result = integrate_network(points, arcs)
+    keep, ref = result.in_network.values, result.attrs["reference"]
+    assert keep.mean() > 0.97
+    sd_v, sd_h = predicted_arc_std(points)  # std of a point pair: 1.2 mm/yr, 1.9 m
+    v_err = result.velocity.values - (true.velocity.values - true.velocity.values[ref])
+    h_err = result.height_error.values - (true.height_error.values - true.height_error.values[ref])
+    d_true = true.displacement.values - true.displacement.values[ref]
+    d_err = result.displacement.values - d_true
+    # measured (seed 1): 0.87 mm/yr, 1.9 m, 2.4 mm
+    assert np.sqrt(np.mean(v_err[keep] ** 2)) <= 1.2 * sd_v
+    assert np.sqrt(np.mean(h_err[keep] ** 2)) <= 1.5 * sd_h
+    # per epoch: sqrt(2) * 0.3 rad of pair noise = 1.9 mm at C band, plus h2ph * height error
+    assert np.sqrt(np.mean(d_err[keep] ** 2)) <= 1.5 * (np.sqrt(2) * 0.3 * 0.0556 / (4 * np.pi))
+    assert not np.isnan(result.velocity.values[keep]).any()
+    assert result.ambiguity.dtype == np.int32
+
+
+def test_planted_wrong_arc_is_detected_and_removed():
+    points, true, arcs = _estimated()
+    clean_result, clean = integrate_network(points, arcs, return_arcs=True)
+    bad = int(np.flatnonzero(clean.arc_kept.values)[10])
+    arcs = arcs.copy(deep=True)
+    arcs["velocity"][bad] += 0.01  # 10 mm/yr: about 8 sigma of an arc
+    arcs["ambiguity"][bad, -5:] += 1  # and a cycle slip in the last epochs
+    result, tested = integrate_network(points, arcs, return_arcs=True)
+    assert tested.arc_removal_reason.values[bad] == 2
+    assert result.attrs["n_arcs_removed_wtest"] <= clean_result.attrs["n_arcs_removed_wtest"] + 2
+    ref = result.attrs["reference"]
+    keep = result.in_network.values
+    v_err = result.velocity.values - (true.velocity.values - true.velocity.values[ref])
+    assert np.sqrt(np.mean(v_err[keep] ** 2)) <= 1.2 * predicted_arc_std(points)[0]
+
+
+def test_disconnected_network_keeps_the_largest_component():
+    points, _, _ = _estimated()
+    # move a small patch of points 50 km away, too far for any arc of max_length
+    far = np.flatnonzero(points.azimuth.values < 15)
+    points = points.assign_coords(azimuth=points.azimuth.where(
+        ~points.azimuth.isin(points.azimuth.values[far]) | (np.arange(points.sizes["space"])
+                                                            > far.max()), points.azimuth + 5000))
+    moved = points.azimuth.values > 1000
+    arcs = estimate_arcs(form_network(points, method="redundant", max_length=500.0)).compute()
+    result = integrate_network(points, arcs)
+    assert not result.in_network.values[moved].any()
+    assert (result.removal_reason.values[moved] > 0).all()
+    assert result.attrs["n_points_removed_component"] + result.attrs[
+        "n_points_removed_weak"] >= moved.sum()
+
+
+def test_given_reference_is_used_and_bad_reference_rejected():
+    points, _, arcs = _estimated()
+    result = integrate_network(points, arcs, reference=5)
+    assert result.attrs["reference"] == 5 and result.velocity.values[5] == 0
+    with pytest.raises(ValueError, match="reference"):
+        integrate_network(points, arcs, reference=points.sizes["space"])
+
+
+def test_all_arcs_rejected_is_a_clear_error():
+    points, _, arcs = _estimated()
+    with pytest.raises(ValueError, match="min_coherence"):
+        integrate_network(points, arcs, min_coherence=1.01)

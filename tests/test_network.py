@@ -1,0 +1,161 @@
+"""Network formation: Delaunay and redundant arcs, double differences, bad input.
+
+Also holds ``simulated_points``, the small simulated point STM with its truth that the chain's
+test files share (PS pixels of ``depsi.simulate.simulate_stack`` picked by the true PS mask).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from depsi.processing.network import (
+    form_network,
+    point_positions,
+    redundant_edges,
+    time_in_years,
+    wrap_phase,
+)
+from depsi.stm.schema import STMValidationError, validate
+
+
+@functools.lru_cache(maxsize=8)
+def _simulated(shape, n_epochs, seed, ps_fraction, aps_std, ps_noise_std, height_error_std,
+               velocity_max):
+    from depsi.simulate import PIXEL_SPACING, simulate_stack
+
+    stack, truth = simulate_stack(shape=shape, n_epochs=n_epochs, seed=seed,
+                                  ps_fraction=ps_fraction, aps_std=aps_std,
+                                  ps_noise_std=ps_noise_std, height_error_std=height_error_std,
+                                  velocity_max=velocity_max)
+    stack, truth = stack.compute(), truth.compute()
+    az, rg = np.nonzero(truth["ps_mask"].values)
+    mother = int(np.flatnonzero(stack.time.values == np.datetime64(stack.attrs["mother_time"]))[0])
+    slc = stack["complex"].values[az, rg]
+    h2ph = stack["h2ph"].values[az, rg]
+    ifg = slc * np.conj(slc[:, mother:mother + 1])
+    coords = {"azimuth": ("space", az.astype(np.int64)), "range": ("space", rg.astype(np.int64)),
+              "lat": ("space", stack["lat"].values[az, rg]),
+              "lon": ("space", stack["lon"].values[az, rg]), "time": stack["time"].values}
+    attrs = {"wavelength": stack.attrs["wavelength"], "mother_time": stack.attrs["mother_time"],
+             "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1]}
+    points = xr.Dataset(
+        {"complex": (("space", "time"), slc.astype(np.complex64)),
+         "phase": (("space", "time"), np.angle(ifg).astype(np.float32)),
+         "h2ph": (("space", "time"), (h2ph - h2ph[:, mother:mother + 1]).astype(np.float32)),
+         "amplitude_dispersion": ("space", truth["amplitude_dispersion"].values[az, rg])},
+        coords=coords, attrs=attrs)
+    true = xr.Dataset(
+        {"velocity": ("space", truth["velocity"].values[az, rg].astype(np.float64)),
+         "height_error": ("space", truth["height_error"].values[az, rg].astype(np.float64)),
+         "aps": (("space", "time"), truth["aps"].values[az, rg].astype(np.float64)),
+         "displacement": (("space", "time"),
+                          truth["displacement"].values[az, rg].astype(np.float64))},
+        coords=coords, attrs={"ps_noise_std": ps_noise_std})
+    return points, true
+
+
+def simulated_points(*, shape=(100, 100), n_epochs=30, seed=1, ps_fraction=0.03, aps_std=1.0,
+                     ps_noise_std=0.3, height_error_std=5.0, velocity_max=0.02):
+    """Point STM of the true PS of a simulated stack, and their truth (cached, copies)."""
+    points, true = _simulated(tuple(shape), n_epochs, seed, ps_fraction, aps_std, ps_noise_std,
+                              height_error_std, velocity_max)
+    return points.copy(deep=True), true.copy(deep=True)
+
+
+def _random_points(n=60, n_epochs=5, seed=0):
+    rng = np.random.default_rng(seed)
+    az = rng.choice(10_000, n, replace=False)
+    times = np.datetime64("2020-01-01") + np.arange(n_epochs) * np.timedelta64(12, "D")
+    return xr.Dataset(
+        {"phase": (("space", "time"), rng.uniform(-np.pi, np.pi, (n, n_epochs)).astype("f4")),
+         "h2ph": (("space", "time"), rng.normal(0, 1e-4, (n, n_epochs)).astype("f4"))},
+        coords={"azimuth": ("space", az // 100), "range": ("space", az % 100), "time": times},
+        attrs={"wavelength": 0.0555, "mother_time": str(times[0])})
+
+
+def test_delaunay_network_has_unique_arcs_and_valid_stm():
+    points = _random_points()
+    arcs = form_network(points)
+    validate(arcs, "arcs")
+    pairs = np.column_stack([arcs.source.values, arcs.target.values])
+    assert (pairs[:, 0] < pairs[:, 1]).all()
+    assert len(np.unique(pairs, axis=0)) == len(pairs)
+    # planar triangulation: at most 3n - 6 edges, every point used
+    n = points.sizes["space"]
+    assert n <= len(pairs) <= 3 * n - 6
+    assert np.unique(pairs).size == n
+
+
+def test_arc_phase_is_wrapped_double_difference_and_h2ph_the_mean():
+    points = _random_points()
+    arcs = form_network(points)
+    s, t = arcs.source.values, arcs.target.values
+    phase = points.phase.values.astype(np.float64)
+    expected = np.angle(np.exp(1j * (phase[t] - phase[s])))
+    np.testing.assert_allclose(arcs.phase.values, expected, atol=1e-5)
+    assert (np.abs(arcs.phase.values) <= np.pi + 1e-6).all()
+    np.testing.assert_allclose(arcs.h2ph.values,
+                               0.5 * (points.h2ph.values[s] + points.h2ph.values[t]), rtol=1e-6)
+    pos = point_positions(points)
+    np.testing.assert_allclose(arcs.length.values, np.hypot(*(pos[t] - pos[s]).T), rtol=1e-6)
+
+
+def test_redundant_network_respects_max_length_and_k_per_sector():
+    rng = np.random.default_rng(3)
+    pos = rng.uniform(0, 1000, (400, 2))
+    s, t = redundant_edges(pos, k=1, n_sectors=4, max_length=150.0)
+    assert (np.hypot(*(pos[t] - pos[s]).T) <= 150.0).all()
+    degree = np.bincount(np.r_[s, t], minlength=400)
+    # each point chooses at most k * n_sectors = 4; others may choose it too
+    assert np.median(degree) >= 4
+    s2, _ = redundant_edges(pos, k=2, n_sectors=8)
+    assert len(s2) > 2 * len(s)
+
+
+def test_redundant_network_is_more_redundant_than_delaunay():
+    points = _random_points(n=200)
+    delaunay = form_network(points)
+    redundant = form_network(points, method="redundant", k=2, n_sectors=8)
+    assert redundant.sizes["arc"] > 1.5 * delaunay.sizes["arc"]
+    validate(redundant, "arcs")
+
+
+def test_lazy_points_give_lazy_arcs_with_same_values():
+    points = _random_points()
+    eager = form_network(points)
+    lazy = form_network(points.chunk({"space": 17}))
+    assert lazy.phase.chunks is not None
+    np.testing.assert_allclose(lazy.phase.values, eager.phase.values)
+
+
+def test_too_few_points_and_bad_method_raise_clear_errors():
+    points = _random_points(n=2)
+    with pytest.raises(ValueError, match="at least 3 points"):
+        form_network(points)
+    with pytest.raises(ValueError, match="method"):
+        form_network(_random_points(), method="mst")
+    with pytest.raises(STMValidationError, match="phase"):
+        form_network(_random_points().drop_vars("phase"))
+
+
+def test_time_in_years_counts_from_mother_and_wrap_is_half_open():
+    points = _random_points()
+    years = time_in_years(points)
+    assert years[0] == 0.0 and np.isclose(years[1], 12 / 365.25)
+    assert wrap_phase(np.array(-np.pi)) == pytest.approx(np.pi)
+
+
+def test_simulated_points_are_consistent_with_the_phase_model():
+    points, true = simulated_points()
+    assert points.sizes["space"] > 200
+    # the interferometric phase minus the known model and APS is small PS noise
+    m2ph = -4 * np.pi / points.attrs["wavelength"]
+    years_disp = true.displacement - true.displacement.sel(time=np.datetime64(
+        points.attrs["mother_time"]))
+    model = m2ph * (years_disp + points.h2ph * true.height_error) + true.aps
+    residual = np.angle(np.exp(1j * (points.phase - model)))
+    assert float(np.sqrt((residual ** 2).mean())) < 3 * np.sqrt(2) * 0.3

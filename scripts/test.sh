@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+python -m pip install --quiet --disable-pip-version-check -e ".[test,docs]"
 
 # A one-node SLURM cluster for tests/test_slurm.py. Where it cannot start (not root, no apt-get)
 # those tests skip and print why; a SLURM that was already running is left running.

@@ -229,8 +229,7 @@ def configure_devices(
         "devices" run the multi-device path on the CPU). Mixed CPU and CUDA lists are allowed.
     num_devices
         Use the first ``num_devices`` CUDA devices when CuPy works, else that many CPU devices.
-
-    With neither, every CUDA device when CuPy works, else the CPU; the choice is logged.
+        With neither argument: every CUDA device when CuPy works, else the CPU (logged).
 
     Raises
     ------

@@ -1,0 +1,151 @@
+"""Background prefetching: order, overlap, bounded look-ahead, errors and clean shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+from depsi.io.prefetch import block_slices, iter_blocks, prefetched
+
+
+def _prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(("depsi-prefetch", "depsi-read"))]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    yield
+    assert _prefetch_threads() == [], "a prefetch worker thread outlived its loop"
+
+
+def _stack(shape=(10, 14, 5), chunks=None) -> xr.Dataset:
+    values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    slc = (values + 1j * values).astype(np.complex64)
+    data = da.from_array(slc, chunks=chunks) if chunks else slc
+    return xr.Dataset(
+        {"complex": (("azimuth", "range", "time"), data)},
+        coords={"azimuth": np.arange(shape[0]), "range": np.arange(shape[1]),
+                "lat": (("azimuth", "range"), values[..., 0].astype(np.float64))},
+    )
+
+
+def test_prefetched_yields_every_item_in_order():
+    assert list(prefetched(lambda x: 2 * x, range(7), prefetch=3)) == [(i, 2 * i) for i in range(7)]
+
+
+def test_prefetched_overlaps_load_with_consumer():
+    def load(item):
+        time.sleep(0.04)
+        return item
+
+    start = time.perf_counter()
+    for _ in prefetched(load, range(10), prefetch=2):
+        time.sleep(0.04)
+    elapsed = time.perf_counter() - start
+    # serial would take 10 * (0.04 + 0.04) = 0.8 s; overlapped about 11 * 0.04 = 0.44 s
+    assert elapsed < 0.7
+
+
+def test_prefetched_reads_at_most_prefetch_ahead():
+    loaded = []
+    for consumed, _ in enumerate(prefetched(loaded.append, range(20), prefetch=2), start=1):
+        time.sleep(0.01)
+        # queue of 2 plus the one load in progress
+        assert len(loaded) <= consumed + 3
+
+
+def test_loader_error_is_reraised_in_consumer():
+    def load(item):
+        if item == 3:
+            raise OSError("disk gone at block 3")
+        return item
+
+    seen = []
+    with pytest.raises(OSError, match="disk gone at block 3"):
+        for item, _ in prefetched(load, range(10)):
+            seen.append(item)
+    assert seen == [0, 1, 2]
+
+
+def test_consumer_stopping_early_stops_the_worker():
+    blocks = prefetched(lambda x: x, range(1000), prefetch=2)
+    for item, _ in blocks:
+        if item == 2:
+            break
+    blocks.close()
+    assert _prefetch_threads() == []
+
+
+def test_keyboard_interrupt_in_consumer_joins_the_worker():
+    with pytest.raises(KeyboardInterrupt):
+        for item, _ in prefetched(lambda x: x, range(1000), prefetch=2):
+            if item == 5:
+                raise KeyboardInterrupt
+
+
+def test_prefetch_must_be_positive():
+    with pytest.raises(ValueError, match="prefetch"):
+        next(prefetched(lambda x: x, range(3), prefetch=0))
+
+
+@pytest.mark.parametrize("chunks, block_shape, read_threads", [
+    ((4, 5, -1), None, 1), (None, (3, 8), 1), ((4, 5, -1), (10, 14), 1), ((4, 5, -1), None, 2),
+    ((4, 5, -1), (6, 6), 3)])
+def test_iter_blocks_visits_every_pixel_once(chunks, block_shape, read_threads):
+    stack = _stack(chunks=chunks)
+    rebuilt = np.zeros(stack["complex"].shape, np.complex64)
+    visits = np.zeros(stack["complex"].shape[:2], int)
+    for (az, rg), block in iter_blocks(stack, block_shape, prefetch=2,
+                                       read_threads=read_threads):
+        rebuilt[az, rg] = block["complex"]
+        visits[az, rg] += 1
+        np.testing.assert_array_equal(block["lat"], stack["lat"].values[az, rg])
+    np.testing.assert_array_equal(rebuilt, stack["complex"].values)
+    assert (visits == 1).all()
+
+
+def test_iter_blocks_follow_the_dask_chunks_by_default():
+    stack = _stack(chunks=(4, 5, -1))
+    slices = block_slices(stack)
+    assert [(s[0].start, s[1].start) for s in slices[:3]] == [(0, 0), (0, 5), (0, 10)]
+    assert len(slices) == 3 * 3
+
+
+def test_read_threads_group_azimuth_chunks_into_blocks():
+    slices = block_slices(_stack(chunks=(4, 5, -1)), chunks_per_block=2)
+    assert sorted({(s[0].start, s[0].stop) for s in slices}) == [(0, 8), (8, 10)]
+
+
+def test_read_threads_pool_is_shut_down_when_the_consumer_stops():
+    blocks = iter_blocks(_stack(chunks=(2, 2, -1)), read_threads=2)
+    next(blocks)
+    assert any(t.name.startswith("depsi-read") for t in threading.enumerate())
+    blocks.close()
+    assert _prefetch_threads() == []
+
+
+def test_iter_blocks_transposes_to_azimuth_range_first():
+    stack = _stack().transpose("time", "range", "azimuth")
+    (_, block), = list(iter_blocks(stack, (10, 14), variables=["complex"]))
+    assert block["complex"].shape == (10, 14, 5)
+
+
+def test_iter_blocks_progress_bar(capsys):
+    list(iter_blocks(_stack(), (5, 7), progress=True, desc="test blocks"))
+    assert "test blocks" in capsys.readouterr().err
+
+
+def test_iter_blocks_unknown_variable():
+    with pytest.raises(KeyError, match="h2ph"):
+        next(iter_blocks(_stack(), variables=["h2ph"]))
+
+
+def test_iter_blocks_refuses_variables_without_azimuth_and_range():
+    stack = _stack().assign_coords(epoch_index=("time", np.arange(5)))
+    with pytest.raises(ValueError, match="epoch_index"):
+        next(iter_blocks(stack, variables=["complex", "epoch_index"]))

@@ -1,0 +1,398 @@
+"""Amplitude statistics, PS selection (both engines), incremental epochs and network points."""
+
+from __future__ import annotations
+
+import warnings
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+from scipy.spatial import cKDTree
+
+from depsi.io.store import open_stm, save_stm
+from depsi.processing.selection import (
+    amplitude_statistics,
+    ps_selection,
+    select_network_points,
+    update_selection,
+)
+from depsi.simulate import simulate_stack
+from depsi.stm.order import morton_order
+from depsi.stm.schema import STMValidationError
+
+TIME = np.datetime64("2021-01-01", "ns") + np.arange(24) * np.timedelta64(6, "D")
+
+
+def _raster(slc: np.ndarray, *, chunks=None, h2ph=None) -> xr.Dataset:
+    n_az, n_rg, n_t = slc.shape
+    rng = np.random.default_rng(7)
+    data = {"complex": (("azimuth", "range", "time"),
+                        da.from_array(slc, chunks=chunks) if chunks else slc)}
+    data["h2ph"] = (("azimuth", "range", "time"),
+                    h2ph if h2ph is not None else rng.normal(0, 1e-4, slc.shape).astype("f4"))
+    return xr.Dataset(data, coords={
+        "azimuth": np.arange(n_az) + 100, "range": np.arange(n_rg) + 50, "time": TIME[:n_t],
+        "lat": (("azimuth", "range"), rng.uniform(52, 53, (n_az, n_rg))),
+        "lon": (("azimuth", "range"), rng.uniform(4, 5, (n_az, n_rg)))},
+        attrs={"wavelength": 0.0555, "mother_time": str(TIME[n_t // 2])})
+
+
+@pytest.fixture(scope="module")
+def small_stack() -> xr.Dataset:
+    """24 x 30 pixels, 24 epochs: Rayleigh clutter, 40 bright stable pixels, NaN and zero pixels."""
+    rng = np.random.default_rng(3)
+    shape = (24, 30, 24)
+    amplitude = rng.rayleigh(1.0, shape).astype(np.float32)
+    bright = rng.choice(shape[0] * shape[1], 40, replace=False)
+    az, rg = np.unravel_index(bright, shape[:2])
+    amplitude[az, rg] = rng.normal(10, 1.5, (40, shape[2]))
+    slc = (amplitude * np.exp(1j * rng.uniform(-np.pi, np.pi, shape))).astype(np.complex64)
+    slc[0, 0] = np.nan                      # all epochs missing
+    slc[1, 1] = 0                           # zero amplitude (no data)
+    slc[az[0], rg[0], 3:6] = np.nan         # a bright pixel with missing epochs
+    slc[5, 7, ::2] = np.nan
+    return _raster(slc)
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    stack, truth = simulate_stack(shape=(200, 200), n_epochs=30, seed=0)
+    return stack.persist(), truth["ps_mask"].values
+
+
+# --------------------------------------------------------------------------------------------
+# amplitude statistics
+
+
+def test_statistics_equal_numpy_on_the_finite_epochs(small_stack):
+    stats = amplitude_statistics(small_stack.chunk(azimuth=10, range=12)).compute()
+    amplitude = np.abs(small_stack["complex"].values).astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's own all-NaN slices
+        mean = np.nanmean(amplitude, axis=-1)
+        std = np.nanstd(amplitude, axis=-1)
+    amplitude32 = amplitude.astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(amplitude32, axis=-1)
+        mad = np.nanmedian(np.abs(amplitude32 - median[..., None]), axis=-1)
+    usable = np.isfinite(mean) & (mean > 0)
+    # float32 outputs of float64 accumulations: equal to float32 round-off
+    np.testing.assert_allclose(stats.amplitude_mean.values[usable], mean[usable], rtol=1e-6)
+    np.testing.assert_allclose(stats.amplitude_std.values[usable], std[usable], rtol=2e-6)
+    np.testing.assert_allclose(stats.amplitude_dispersion.values[usable],
+                               (std / np.where(usable, mean, 1))[usable], rtol=2e-6)
+    # median and MAD are order statistics of the float32 amplitudes: exact
+    np.testing.assert_array_equal(stats.amplitude_median.values[usable], median[usable])
+    np.testing.assert_array_equal(stats.amplitude_mad.values[usable], mad[usable])
+    np.testing.assert_array_equal(stats.amplitude_dispersion_mad.values[usable],
+                                  (mad / np.where(usable, median, 1))[usable])
+    np.testing.assert_array_equal(stats.amp_count.values,
+                                  np.isfinite(amplitude).sum(axis=-1))
+
+
+def test_statistics_unusable_pixels_are_nan_without_warning(small_stack):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = amplitude_statistics(small_stack).compute()
+    for name in ("amplitude_dispersion", "amplitude_dispersion_mad"):
+        assert np.isnan(stats[name].values[0, 0]) and np.isnan(stats[name].values[1, 1])
+    assert stats.amp_count.values[0, 0] == 0 and stats.amplitude_mean.values[1, 1] == 0
+    assert np.isfinite(stats.amplitude_dispersion.values[2:, 2:]).all()
+
+
+def test_statistics_are_lazy_and_read_each_chunk_once(small_stack):
+    reads = []
+
+    def source(block, block_info=None):
+        reads.append(block_info[0]["chunk-location"])
+        return block
+
+    slc = da.map_blocks(source, da.from_array(small_stack["complex"].values, chunks=(8, 10, -1)),
+                        meta=np.empty((0, 0, 0), np.complex64))
+    stack = small_stack.assign(complex=(("azimuth", "range", "time"), slc))
+    stats = amplitude_statistics(stack)
+    assert all(isinstance(var.data, da.Array) for var in stats.data_vars.values())
+    assert reads == []
+    stats.compute()
+    assert sorted(reads) == sorted({tuple(r) for r in reads}) and len(reads) == 3 * 3
+
+
+def test_statistics_time_window_uses_only_its_epochs(small_stack):
+    window = (TIME[4], TIME[11])
+    stats = amplitude_statistics(small_stack, time_window=window).compute()
+    part = amplitude_statistics(small_stack.isel(time=slice(4, 12))).compute()
+    xr.testing.assert_identical(stats, part)
+    assert stats.attrs["statistics_epochs"] == 8
+
+
+# --------------------------------------------------------------------------------------------
+# ps_selection
+
+
+def test_ps_selection_recovers_simulated_ps(simulated):
+    stack, truth = simulated
+    ps = ps_selection(stack, method="nad", threshold=0.25)
+    selected = np.zeros_like(truth)
+    selected[ps["azimuth"].values, ps["range"].values] = True
+    hits = (selected & truth).sum()
+    precision, recall = hits / selected.sum(), hits / truth.sum()
+    # seed 0, 200 x 200 x 30: 798 simulated PS, 796 selected, all true: precision 1.000,
+    # recall 0.997 (simulated PS NAD 0.1-0.2, clutter 0.52)
+    assert precision >= 0.95 and recall >= 0.95, (precision, recall)
+
+
+def test_ps_selection_nmad_selects_on_the_nmad_statistic(small_stack):
+    ps = ps_selection(small_stack, method="nmad", threshold=0.12).compute()
+    nmad = amplitude_statistics(small_stack).amplitude_dispersion_mad.values
+    az, rg = np.nonzero(nmad < 0.12)
+    assert set(zip(ps["azimuth"].values - 100, ps["range"].values - 50)) == set(zip(az, rg))
+    np.testing.assert_array_equal(
+        ps["amplitude_dispersion"].values,
+        nmad[ps["azimuth"].values - 100, ps["range"].values - 50])
+    assert ps.attrs["selection_variable"] == "amplitude_dispersion_mad"
+
+
+@pytest.mark.parametrize("method", ["nad", "nmad"])
+def test_engines_give_identical_results(small_stack, method):
+    lazy = ps_selection(small_stack.chunk(azimuth=10, range=16), method=method, threshold=0.25)
+    streamed = ps_selection(small_stack, method=method, threshold=0.25, engine="stream",
+                            block_shape=(7, 9), prefetch=1)
+    xr.testing.assert_identical(lazy.compute(), streamed)
+
+
+def test_engines_identical_on_simulated_stack(simulated):
+    stack, _ = simulated
+    lazy = ps_selection(stack, threshold=0.25).compute()
+    streamed = ps_selection(stack, threshold=0.25, engine="stream", block_shape=(64, 96))
+    xr.testing.assert_identical(lazy, streamed)
+    threaded = ps_selection(stack.chunk(azimuth=50, range=100), threshold=0.25,
+                            engine="stream", read_threads=2)
+    xr.testing.assert_identical(lazy, threaded)
+
+
+def test_ps_selection_output_content(small_stack):
+    ps = ps_selection(small_stack, threshold=0.25).compute()
+    assert ps["complex"].dims == ("space", "time") and ps["complex"].dtype == np.complex64
+    assert order_is_morton(ps)
+    az = ps["azimuth"].values - 100
+    rg = ps["range"].values - 50
+    np.testing.assert_array_equal(ps["complex"].values, small_stack["complex"].values[az, rg])
+    np.testing.assert_array_equal(ps["h2ph"].values, small_stack["h2ph"].values[az, rg])
+    np.testing.assert_array_equal(ps["lat"].values, small_stack["lat"].values[az, rg])
+    np.testing.assert_array_equal(ps["amplitude"].values, np.abs(ps["complex"].values))
+    phase = ps["phase"].values[np.isfinite(ps["phase"].values)]
+    assert (phase > -np.pi).all() and (phase <= np.float32(np.pi)).all()
+    assert (ps["amplitude_dispersion"].values < 0.25).all() and ps["selected"].values.all()
+    assert ps.attrs["n_selected"] == ps.sizes["space"] == 40
+    assert ps.attrs["n_excluded"] == 2 and ps.attrs["wavelength"] == 0.0555
+    assert ps.attrs["selection_method"] == "nad" and ps.attrs["selection_threshold"] == 0.25
+
+
+def order_is_morton(ps: xr.Dataset) -> bool:
+    order = morton_order(ps["azimuth"].values, ps["range"].values)
+    return bool((order == np.arange(order.size)).all())
+
+
+def test_ps_selection_dask_engine_is_lazy(small_stack):
+    ps = ps_selection(small_stack.chunk(azimuth=12, range=15), threshold=0.25)
+    for name in ("complex", "amplitude", "phase", "h2ph", "amplitude_dispersion", "amp_sum"):
+        assert isinstance(ps[name].data, da.Array), name
+    assert isinstance(ps["azimuth"].data, np.ndarray)
+
+
+def test_ps_selection_keeps_all_epochs_with_a_time_window(small_stack):
+    ps = ps_selection(small_stack, threshold=0.25, time_window=(None, TIME[11])).compute()
+    assert ps.sizes["time"] == 24 and (ps["amp_count"].values <= 12).all()
+    assert ps.attrs["statistics_end"] == str(TIME[11])
+
+
+def test_ps_selection_no_division_warning(small_stack):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ps_selection(small_stack, threshold=0.25, engine="stream").sizes["space"]
+        ps_selection(small_stack, method="nmad", threshold=0.25).compute()
+
+
+def _exploding_stack(small_stack: xr.Dataset, name: str) -> xr.Dataset:
+    def explode(block):
+        raise RuntimeError(f"{name} was read")
+
+    values = small_stack[name]
+    data = da.map_blocks(explode, da.from_array(values.values, chunks=(12, 15, -1)),
+                         meta=np.empty((0, 0, 0), values.dtype))
+    return small_stack.assign({name: (values.dims, data)})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"method": "psc"}, "method"),
+    ({"engine": "spark"}, "engine"),
+    ({"threshold": 0}, "threshold"),
+    ({"threshold": -0.1}, "threshold"),
+    ({"threshold": float("nan")}, "threshold"),
+    ({"prefetch": 0}, "prefetch"),
+    ({"read_threads": 0}, "read_threads"),
+    ({"time_window": ("2030-01-01", None)}, "time_window"),
+])
+def test_bad_arguments_fail_before_reading(small_stack, kwargs, match):
+    stack = _exploding_stack(small_stack, "complex")
+    with pytest.raises(ValueError, match=match):
+        ps_selection(stack, **kwargs)
+
+
+def test_missing_or_mistyped_complex_is_refused(small_stack):
+    with pytest.raises(STMValidationError, match="'complex'"):
+        ps_selection(small_stack.drop_vars("complex"))
+    real = small_stack.assign(complex=abs(small_stack["complex"]))
+    with pytest.raises(STMValidationError, match="complex dtype"):
+        ps_selection(real)
+    with pytest.raises(STMValidationError, match="'complex'.*dims"):
+        ps_selection(small_stack.assign(complex=small_stack["complex"].isel(time=0)))
+
+
+def test_failed_selection_leaves_no_partial_store(small_stack, tmp_path):
+    ps = ps_selection(_exploding_stack(small_stack, "h2ph"), threshold=0.25)
+    with pytest.raises(RuntimeError, match="h2ph was read"):
+        save_stm(ps, tmp_path / "ps.zarr")
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# update_selection
+
+
+def test_update_selection_equals_full_recompute(simulated, tmp_path):
+    stack, _ = simulated
+    path = save_stm(ps_selection(stack.isel(time=slice(0, 27)), threshold=0.25),
+                    tmp_path / "ps.zarr")
+    update_selection(path, stack.isel(time=slice(27, 29)))
+    updated = update_selection(path, stack.isel(time=[29]), threshold=0.2).compute()
+
+    at = {"azimuth": xr.DataArray(updated["azimuth"].values, dims="space"),
+          "range": xr.DataArray(updated["range"].values, dims="space")}
+    full = amplitude_statistics(stack).isel(at).compute()
+    np.testing.assert_array_max_ulp(updated["amplitude_dispersion"].values,
+                                    full["amplitude_dispersion"].values, maxulp=2)
+    np.testing.assert_array_equal(updated["amp_count"].values, 30)
+    np.testing.assert_allclose(updated["amp_sumsq"].values, full["amp_sumsq"].values, rtol=1e-12)
+    np.testing.assert_array_equal(updated["selected"].values,
+                                  updated["amplitude_dispersion"].values < 0.2)
+    assert 0 < updated["selected"].sum() < updated.sizes["space"]
+    points = stack.isel(at).transpose("space", "time")
+    np.testing.assert_array_equal(updated["complex"].values, points["complex"].values)
+    np.testing.assert_array_equal(updated["h2ph"].values, points["h2ph"].values)
+    assert updated.sizes["time"] == 30 and updated.attrs["statistics_epochs"] == 30
+    assert updated.attrs["n_selected"] == int(updated["selected"].sum())
+
+
+def test_update_selection_accepts_point_values(small_stack, tmp_path):
+    path = save_stm(ps_selection(small_stack.isel(time=slice(0, 20))), tmp_path / "ps.zarr")
+    stored = open_stm(path)
+    at = {"azimuth": xr.DataArray(stored["azimuth"].values, dims="space"),
+          "range": xr.DataArray(stored["range"].values, dims="space")}
+    new = small_stack[["complex", "h2ph"]].isel(time=slice(20, 24)).sel(at)
+    updated = update_selection(path, new.transpose("space", "time").drop_vars(["lat", "lon"]))
+    full = amplitude_statistics(small_stack).sel(at).compute()
+    np.testing.assert_array_max_ulp(updated["amplitude_dispersion"].values,
+                                    full["amplitude_dispersion"].values, maxulp=2)
+    assert updated.sizes["time"] == 24
+
+
+def test_update_selection_with_bad_epochs_changes_nothing(small_stack, tmp_path):
+    path = save_stm(ps_selection(small_stack.isel(time=slice(0, 20))), tmp_path / "ps.zarr")
+    before = open_stm(path).compute()
+    with pytest.raises(STMValidationError, match="after the last stored epoch"):
+        update_selection(path, small_stack.isel(time=[19, 20]))
+    with pytest.raises(STMValidationError, match="h2ph"):
+        update_selection(path, small_stack.isel(time=[20]).drop_vars("h2ph"))
+    xr.testing.assert_identical(open_stm(path).compute(), before)
+
+
+def test_update_selection_refuses_nmad(small_stack, tmp_path):
+    nad_path = save_stm(ps_selection(small_stack.isel(time=slice(0, 20)), threshold=0.25),
+                        tmp_path / "nad.zarr")
+    with pytest.raises(ValueError, match="NMAD needs the median of the full"):
+        update_selection(nad_path, small_stack.isel(time=[20]), method="nmad")
+    nmad_path = save_stm(ps_selection(small_stack.isel(time=slice(0, 20)), method="nmad",
+                                      threshold=0.25), tmp_path / "nmad.zarr")
+    with pytest.raises(ValueError, match="NMAD needs the full history"):
+        update_selection(nmad_path, small_stack.isel(time=[20]))
+    assert open_stm(nmad_path).sizes["time"] == 20
+
+
+def test_update_selection_refuses_a_gap_after_the_time_window(small_stack, tmp_path):
+    ps = ps_selection(small_stack.isel(time=slice(0, 20)), threshold=0.25,
+                      time_window=(None, TIME[15]))
+    path = save_stm(ps, tmp_path / "ps.zarr")
+    with pytest.raises(ValueError, match="running sums end at"):
+        update_selection(path, small_stack.isel(time=[20]))
+    assert open_stm(path).sizes["time"] == 20
+
+
+# --------------------------------------------------------------------------------------------
+# select_network_points
+
+
+def _sequential_greedy(xy: np.ndarray, quality: np.ndarray, min_distance: float) -> np.ndarray:
+    """Reference: best first, keep a point when no kept point is closer than min_distance."""
+    tree = cKDTree(xy)
+    kept = np.zeros(len(xy), bool)
+    for index in np.argsort(quality, kind="stable"):
+        near = tree.query_ball_point(xy[index], min_distance - 1e-9)
+        if not kept[near].any():
+            kept[index] = True
+    return np.flatnonzero(kept)
+
+
+def _point_stm(n: int, seed: int = 0) -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    az, rg = rng.integers(0, 300, n), rng.integers(0, 300, n)
+    order = morton_order(az, rg)
+    return xr.Dataset({"amplitude_dispersion": ("space", rng.uniform(0.05, 0.25, n)[order])},
+                      coords={"azimuth": ("space", az[order]), "range": ("space", rg[order])})
+
+
+def test_network_points_respect_min_distance_and_are_best_first():
+    stm = _point_stm(4000)
+    kept = select_network_points(stm, min_distance=9.0)
+    xy = np.column_stack([kept.azimuth.values, kept.range.values]).astype(float)
+    assert not cKDTree(xy).query_pairs(9.0 - 1e-9), "two kept points closer than min_distance"
+    all_xy = np.column_stack([stm.azimuth.values, stm.range.values]).astype(float)
+    expected = _sequential_greedy(all_xy, stm.amplitude_dispersion.values, 9.0)
+    np.testing.assert_array_equal(np.flatnonzero(np.isin(np.arange(stm.sizes["space"]),
+                                                         expected)),
+                                  expected)
+    got = np.flatnonzero(np.isin(stm.amplitude_dispersion.values,
+                                 kept.amplitude_dispersion.values))
+    np.testing.assert_array_equal(got, expected)
+    assert stm.amplitude_dispersion.values.min() in kept.amplitude_dispersion.values
+    assert order_is_morton(kept)
+
+
+def test_network_points_scale_and_descending_quality():
+    stm = _point_stm(1500, seed=1).rename(amplitude_dispersion="temporal_coherence")
+    kept = select_network_points(stm, min_distance=50.0, by="temporal_coherence",
+                                 ascending=False, scale=(5.0, 10.0))
+    xy = np.column_stack([kept.azimuth.values * 5.0, kept.range.values * 10.0])
+    assert not cKDTree(xy).query_pairs(50.0 - 1e-9)
+    all_xy = np.column_stack([stm.azimuth.values * 5.0, stm.range.values * 10.0])
+    expected = _sequential_greedy(all_xy, -stm.temporal_coherence.values, 50.0)
+    assert kept.sizes["space"] == expected.size
+    assert stm.temporal_coherence.values.max() in kept.temporal_coherence.values
+
+
+def test_network_points_bad_input():
+    stm = _point_stm(10)
+    with pytest.raises(ValueError, match="min_distance"):
+        select_network_points(stm, min_distance=0)
+    with pytest.raises(STMValidationError, match="'quality'"):
+        select_network_points(stm, min_distance=3, by="quality")
+
+
+def test_empty_selection_is_a_valid_empty_stm(small_stack, tmp_path):
+    lazy = ps_selection(small_stack.chunk(azimuth=12, range=15), threshold=1e-6)
+    streamed = ps_selection(small_stack, threshold=1e-6, engine="stream")
+    assert lazy.sizes["space"] == 0 and lazy.attrs["n_selected"] == 0
+    xr.testing.assert_identical(lazy.compute(), streamed)
+    assert open_stm(save_stm(streamed, tmp_path / "empty.zarr")).sizes["space"] == 0

@@ -1,4 +1,5 @@
-"""The ``depsi`` command line: simulate stacks, inspect stores, run the demo.
+"""The ``depsi`` command line: run the pipeline, write configs and SLURM batch scripts, simulate
+stacks, inspect stores, run the demo.
 
 Run ``depsi --help`` for the commands and ``depsi COMMAND --help`` for their options.
 """
@@ -12,12 +13,19 @@ from pathlib import Path
 
 logger = logging.getLogger("depsi.cli")
 
+#: Steps of ``depsi run --from/--to`` (the pipeline runner's ``STEPS``).
+STEP_NAMES = ("stack", "selection", "chain", "export")
+
 DESCRIPTION = """\
 depsi: Persistent Scatterer InSAR time series on space-time matrices (STM).
 
 An STM is an xarray Dataset with dims (space, time), stored as chunked Zarr and
 processed lazily with Dask. Commands:
 
+  depsi run CONFIG.yaml      run the pipeline (stack, selection, chain, export) in a workspace;
+                             --resume continues after the last complete product, --from/--to
+  depsi config --example     write a commented example configuration (every key, its default)
+  depsi slurm-script CONFIG  write an sbatch script whose job runs `depsi run CONFIG --resume`
   depsi demo                 simulate a small stack, run the PS chain, write results and plots
   depsi simulate OUT.zarr    write a simulated SLC stack (with its truth) to Zarr or raw binary
   depsi info PATH            dims, variables, chunking, attributes and size on disk of a store
@@ -91,6 +99,123 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from depsi.pipeline.runner import run_pipeline
+
+    config = _load_checked(Path(args.config))
+    summary = run_pipeline(config, resume=args.resume, start=args.start, stop=args.stop,
+                           progress=not args.no_progress)
+    sys.stdout.write(summary.format() + "\n")
+    return 0
+
+
+def _load_checked(path: Path):
+    """Load a configuration and check that its input exists, before any work."""
+    from depsi.pipeline.config import load_config
+
+    config = load_config(path)
+    source = config.input.path
+    if config.input.format != "simulated" and not Path(source).exists():
+        raise FileNotFoundError(f"input.path: stack {str(source)!r} (in {path}) does not exist")
+    return config
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from depsi.pipeline.config import example_config_yaml
+
+    if not args.example:
+        raise ValueError("depsi config: nothing to do; use --example [PATH]")
+    text = example_config_yaml()
+    if args.example == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.example)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    out.write_text(text)
+    sys.stdout.write(f"example configuration written to {out}\n")
+    return 0
+
+
+def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi",
+                       log: str | None = None) -> str:
+    """An sbatch script whose job runs ``depsi run CONFIG --resume`` as the Dask driver.
+
+    The ``#SBATCH`` directives come from ``compute.slurm`` (partition, account, walltime,
+    memory, cores). With ``compute.scheduler: slurm`` the driver submits the worker jobs itself,
+    so the driver job needs few resources but a walltime covering the whole run; resubmitting
+    the same script continues after the last complete product (``--resume``).
+
+    Parameters
+    ----------
+    config_path
+        The configuration file the job runs.
+    config
+        The loaded configuration (read from ``config_path`` when None).
+    job_name
+        The SLURM job name.
+    log
+        The job's output file; default ``<job_name>-%j.out`` in the submit folder.
+
+    Returns
+    -------
+    str
+        The script text.
+    """
+    import shlex
+
+    from depsi.pipeline.config import load_config
+
+    config = config or load_config(config_path)
+    slurm = config.compute.slurm
+    driver_is_light = config.compute.scheduler == "slurm"
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --output={log or job_name + '-%j.out'}",
+             f"#SBATCH --time={slurm.walltime}",
+             f"#SBATCH --chdir={Path.cwd()}"]
+    if slurm.queue:
+        lines.append(f"#SBATCH --partition={slurm.queue}")
+    if slurm.account:
+        lines.append(f"#SBATCH --account={slurm.account}")
+    if driver_is_light:  # the workers are separate jobs; the driver holds the graph and results
+        lines += ["#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
+                  f"#SBATCH --mem={_sbatch_memory(slurm.memory)}"]
+    else:  # the whole computation runs inside this job
+        lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={slurm.cores}",
+                  f"#SBATCH --mem={_sbatch_memory(slurm.memory)}"]
+        if slurm.gpus_per_job:
+            lines.append(f"#SBATCH --gres=gpu:{slurm.gpus_per_job}")
+    lines += [f"#SBATCH {directive}" for directive in slurm.job_directives]
+    lines += ["", "set -euo pipefail", *slurm.job_script_prologue,
+              f"# scheduler {config.compute.scheduler}: "
+              + ("this job is the driver; it submits the worker jobs of compute.slurm itself"
+                 if driver_is_light else "the computation runs inside this job"),
+              "# resubmitting this script continues after the last complete product",
+              f"{shlex.quote(sys.executable)} -m depsi.cli -v run "
+              f"{shlex.quote(str(Path(config_path).resolve()))} --resume --no-progress", ""]
+    return "\n".join(lines)
+
+
+def _sbatch_memory(memory: str) -> str:
+    """``4GB`` / ``16GiB`` / ``500MB`` as sbatch's ``--mem`` (megabytes, an integer)."""
+    from dask.utils import parse_bytes
+
+    return f"{max(1, parse_bytes(memory) // 2**20)}M"
+
+
+def _cmd_slurm_script(args: argparse.Namespace) -> int:
+    config_path = Path(args.config)
+    config = _load_checked(config_path)
+    text = slurm_batch_script(config_path, config=config, job_name=args.job_name)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        sys.stdout.write(f"batch script written to {args.output}; submit it with: sbatch "
+                         f"{args.output}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="depsi", description=DESCRIPTION,
@@ -98,6 +223,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the pipeline of a YAML configuration")
+    run.add_argument("config", help="the YAML configuration (depsi config --example)")
+    run.add_argument("--resume", action="store_true",
+                     help="skip steps whose finished products are still valid")
+    run.add_argument("--from", dest="start", choices=STEP_NAMES, default=None,
+                     help="first step to run (earlier products must be finished)")
+    run.add_argument("--to", dest="stop", choices=STEP_NAMES, default=None,
+                     help="last step to run")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.set_defaults(func=_cmd_run)
+
+    config = sub.add_parser("config", help="write a commented example configuration")
+    config.add_argument("--example", nargs="?", const="-", default=None, metavar="PATH",
+                        help="write the example to PATH (default: standard output)")
+    config.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
+    config.set_defaults(func=_cmd_config)
+
+    script = sub.add_parser("slurm-script", help="write an sbatch script running the pipeline")
+    script.add_argument("config", help="the YAML configuration the job runs")
+    script.add_argument("-o", "--output", default=None,
+                        help="the script file (default: standard output)")
+    script.add_argument("--job-name", default="depsi", help="SLURM job name (default depsi)")
+    script.set_defaults(func=_cmd_slurm_script)
 
     info = sub.add_parser("info", help="describe a Zarr store (STM or SLC stack)")
     info.add_argument("path", help="path of the Zarr store")
@@ -133,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    if args.command == "demo":
+    if args.command in ("demo", "run"):
         level = min(level, logging.INFO)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command is None:
@@ -141,7 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (FileExistsError, FileNotFoundError, ValueError) as err:
+    except (FileExistsError, FileNotFoundError, ValueError, ImportError) as err:
+        logger.error("%s", " ".join(line.strip() for line in str(err).splitlines()))
+        return 2
+    except RuntimeError as err:
+        from depsi.pipeline.runner import PipelineError
+
+        if not isinstance(err, PipelineError):
+            raise
         logger.error("%s", err)
         return 2
 

@@ -86,22 +86,6 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     return path
 
 
-def export_csv(result: xr.Dataset, path: Path) -> Path:
-    """One row per point: position, velocity, height error, coherence and displacement per date."""
-    import pandas as pd
-
-    columns = {name: result[name].values for name in ("azimuth", "range", "lat", "lon")
-               if name in result.coords}
-    for name in ("velocity", "height_error", "temporal_coherence"):
-        columns[name] = result[name].values
-    frame = pd.DataFrame(columns)
-    dates = pd.DatetimeIndex(result["time"].values).strftime("%Y%m%d")
-    displacement = pd.DataFrame(result["displacement"].values,
-                                columns=[f"d_{d}" for d in dates])
-    pd.concat([frame, displacement], axis=1).to_csv(path, index=False, float_format="%.6g")
-    return path
-
-
 def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 30, seed: int = 0,
              overwrite: bool = True) -> Path:
     """Simulate a stack, select PS, run the chain, write Zarr, CSV and plots to ``out``.
@@ -110,6 +94,7 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 30, seed: int = 0,
     the estimates compare with the simulator's truth.
     """
     from depsi.io import open_stm, save_stm
+    from depsi.io.export import to_csv
     from depsi.processing.chain import run_ps_chain
     from depsi.processing.selection import ps_selection
     from depsi.simulate import write_stack_zarr
@@ -144,7 +129,7 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 30, seed: int = 0,
     timings["chain"] = time.perf_counter() - start
 
     figures = compare_with_truth(result, truth)
-    export_csv(result, out / "points.csv")
+    to_csv(result, out / "points.csv")
     plot_results(result, truth, out / "velocity.png")
     logger.info("result: %d points; velocity RMSE %.2f mm/yr, height-error RMSE %.2f m "
                 "against the truth; %.0f %% of the true PS found",

@@ -11,8 +11,17 @@ from depsi.pipeline.config import (
     load_config,
     parse_config,
 )
+from depsi.pipeline.runner import (
+    STEPS,
+    PipelineError,
+    RunSummary,
+    StepRecord,
+    open_stack,
+    run_pipeline,
+)
 
 __all__ = [
+    "STEPS",
     "ComputeConfig",
     "ConfigError",
     "PipelineConfig",
@@ -20,5 +29,10 @@ __all__ = [
     "dump_config",
     "example_config_yaml",
     "load_config",
+    "PipelineError",
+    "RunSummary",
+    "StepRecord",
+    "open_stack",
     "parse_config",
+    "run_pipeline",
 ]

@@ -69,6 +69,17 @@ class SimulateConfig(_Section):
     seed: int = Field(0, description="Random seed; the same seed gives the same stack.")
     ps_fraction: float = Field(
         0.02, gt=0, le=1, description="Fraction of pixels that are persistent scatterers.")
+    chunks: tuple[int, int] | None = Field(
+        None, description="Zarr chunk size [azimuth, range] of the written stack (all epochs "
+                          "in one chunk); null: about 64 MB chunks. Smaller chunks bound the "
+                          "memory of each task.")
+
+    @field_validator("chunks")
+    @classmethod
+    def _positive_chunks(cls, chunks: tuple[int, int] | None) -> tuple[int, int] | None:
+        if chunks is not None and min(chunks) < 1:
+            raise ValueError(f"both chunk sizes must be >= 1, got {list(chunks)}")
+        return chunks
 
     @field_validator("shape")
     @classmethod

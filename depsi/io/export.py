@@ -1,0 +1,382 @@
+"""Exports of a result STM: a DePSI-like CSV table, GeoPackage points, GeoTIFF grids, plots.
+
+Every writer takes a point STM ``(space, time)`` with the result variables of
+:func:`depsi.processing.chain.run_ps_chain` (``velocity``, ``height_error``,
+``temporal_coherence``, ``displacement``) and writes its file atomically: to a hidden temporary
+sibling first, moved into place when complete, so an interrupted export never leaves a
+half-written file under the final name. Values stay in SI units (m, m/yr).
+
+Examples
+--------
+>>> from depsi.io.export import to_csv, to_geotiff                     # doctest: +SKIP
+>>> to_csv(result, "points.csv")                                      # doctest: +SKIP
+>>> to_geotiff(result, "velocity.tif", resolution=0.0005)             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+logger = logging.getLogger(__name__)
+
+#: Per-point columns of the CSV and GeoPackage exports, in order (displacement follows as
+#: ``d_YYYYMMDD`` columns, in metres).
+POINT_COLUMNS = ("pnt_id", "lat", "lon", "azimuth", "range", "velocity", "height_error",
+                 "temporal_coherence")
+
+_GEO_HINT = "install the optional 'geo' extra: pip install 'depsi[geo]'"
+
+
+@contextmanager
+def _atomic_path(path: str | os.PathLike):
+    """Yield a temporary sibling of ``path`` (same suffix) and move it into place on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.writing-{uuid.uuid4().hex[:8]}{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _require(result: xr.Dataset, names: Sequence[str], what: str) -> None:
+    missing = [name for name in names if name not in result.variables]
+    if missing:
+        raise KeyError(f"{what}: the result STM lacks {missing}; expected the variables of "
+                       f"run_ps_chain, found {sorted(map(str, result.variables))}")
+
+
+def point_ids(result: xr.Dataset) -> np.ndarray:
+    """DePSI-style point names ``L<azimuth>P<range>`` (e.g. ``L12P305``), one per point."""
+    _require(result, ("azimuth", "range"), "point_ids")
+    azimuth = np.asarray(result["azimuth"].values).astype(np.int64).astype(str)
+    range_ = np.asarray(result["range"].values).astype(np.int64).astype(str)
+    return np.char.add(np.char.add(np.char.add("L", azimuth), "P"), range_)
+
+
+def point_table(result: xr.Dataset) -> pd.DataFrame:
+    """One row per point: :data:`POINT_COLUMNS` present in ``result``, then ``d_YYYYMMDD``.
+
+    Parameters
+    ----------
+    result
+        Result STM with ``velocity``, ``height_error``, ``temporal_coherence``,
+        ``displacement`` (m) and ``azimuth``/``range`` (``lat``/``lon`` when known).
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table; velocity in m/yr, height error and displacement in m.
+    """
+    _require(result, ("velocity", "height_error", "temporal_coherence", "displacement",
+                      "azimuth", "range"), "point_table")
+    result = result.compute() if any(v.chunks for v in result.variables.values()) else result
+    columns = {"pnt_id": point_ids(result)}
+    for name in POINT_COLUMNS[1:]:
+        if name in result.variables:
+            columns[name] = np.asarray(result[name].values)
+    frame = pd.DataFrame(columns)
+    dates = pd.DatetimeIndex(result["time"].values).strftime("%Y%m%d")
+    displacement = pd.DataFrame(
+        np.asarray(result["displacement"].transpose("space", "time").values),
+        columns=[f"d_{date}" for date in dates])
+    return pd.concat([frame, displacement], axis=1)
+
+
+def to_csv(result: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write the result as a DePSI-like CSV table, one row per point.
+
+    Parameters
+    ----------
+    result
+        Result STM (see :func:`point_table`).
+    path
+        The CSV file; replaced atomically when it exists.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import pandas as pd                                           # doctest: +SKIP
+    >>> pd.read_csv(to_csv(result, "points.csv")).columns[:3].tolist()  # doctest: +SKIP
+    ['pnt_id', 'lat', 'lon']
+    """
+    table = point_table(result)
+    with _atomic_path(path) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.9g")
+    logger.info("wrote %d points to %s", len(table), path)
+    return Path(path)
+
+
+def to_geopackage(result: xr.Dataset, path: str | os.PathLike, *,
+                  layer: str = "points") -> Path:
+    """Write the result as GeoPackage points in WGS84 (EPSG:4326), with the CSV's columns.
+
+    Needs the optional ``geo`` extra (geopandas, pyogrio).
+
+    Parameters
+    ----------
+    result
+        Result STM with ``lat``/``lon`` (see :func:`point_table`).
+    path
+        The ``.gpkg`` file; replaced atomically when it exists.
+    layer
+        Name of the layer.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    ImportError
+        Without geopandas, naming the extra to install.
+    """
+    try:
+        import geopandas as gpd
+    except ImportError as err:
+        raise ImportError(f"to_geopackage needs geopandas ({err}); {_GEO_HINT}") from None
+    _require(result, ("lat", "lon"), "to_geopackage")
+    table = point_table(result)
+    frame = gpd.GeoDataFrame(table, geometry=gpd.points_from_xy(table["lon"], table["lat"]),
+                             crs="EPSG:4326")
+    with _atomic_path(path) as tmp:
+        frame.to_file(tmp, layer=layer, driver="GPKG")
+    logger.info("wrote %d points to %s", len(frame), path)
+    return Path(path)
+
+
+def _grid_axes(values: np.ndarray, resolution: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cell index of each value and the cell centres of a grid covering them."""
+    start = np.floor(values.min() / resolution) * resolution
+    index = np.floor((values - start) / resolution + 1e-9).astype(np.int64)
+    centres = start + (np.arange(index.max() + 1) + 0.5) * resolution
+    return index, centres
+
+
+def grid_points(result: xr.Dataset, *, variable: str = "velocity",
+                resolution: float | None = None,
+                coordinates: Literal["lonlat", "radar"] = "lonlat") -> xr.DataArray:
+    """Mean of ``variable`` per cell of a regular grid; NaN in cells without points.
+
+    Parameters
+    ----------
+    result
+        Point STM with ``variable`` on ``space``.
+    variable
+        The per-point variable gridded.
+    resolution
+        Cell size: degrees for ``lonlat``, pixels for ``radar``. ``None``: about one point per
+        cell on average (square cells over the points' bounding box).
+    coordinates
+        ``lonlat``: cells in longitude/latitude (north up); ``radar``: azimuth/range pixels.
+
+    Returns
+    -------
+    xarray.DataArray
+        Dims ``(y, x)`` with cell-centre coordinates (``y`` descending for ``lonlat``) and the
+        number of points per cell in ``attrs['max_points_per_cell']``.
+    """
+    xname, yname = ("lon", "lat") if coordinates == "lonlat" else ("range", "azimuth")
+    _require(result, (variable, xname, yname), "grid_points")
+    if result[variable].dims != ("space",):
+        raise ValueError(f"variable {variable!r}: expected dims ('space',), found "
+                         f"{result[variable].dims}")
+    x = np.asarray(result[xname].values, dtype=np.float64)
+    y = np.asarray(result[yname].values, dtype=np.float64)
+    values = np.asarray(result[variable].values, dtype=np.float64)
+    finite = np.isfinite(values) & np.isfinite(x) & np.isfinite(y)
+    x, y, values = x[finite], y[finite], values[finite]
+    if not values.size:
+        raise ValueError(f"grid_points: no point has a finite {variable!r}")
+    if resolution is None:
+        area = max(np.ptp(x), 1e-12) * max(np.ptp(y), 1e-12)
+        resolution = float(np.sqrt(area / values.size)) if values.size > 1 else 1.0
+    if not resolution > 0:
+        raise ValueError(f"resolution: expected a positive cell size, found {resolution!r}")
+    ix, x_centres = _grid_axes(x, resolution)
+    iy, y_centres = _grid_axes(y, resolution)
+    flat = iy * x_centres.size + ix
+    shape = (y_centres.size, x_centres.size)
+    counts = np.bincount(flat, minlength=shape[0] * shape[1]).reshape(shape)
+    sums = np.bincount(flat, weights=values, minlength=counts.size).reshape(shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        grid = np.where(counts > 0, sums / counts, np.nan).astype(np.float32)
+    if coordinates == "lonlat":  # north up: first row is the northernmost
+        grid, y_centres = grid[::-1], y_centres[::-1]
+    out = xr.DataArray(grid, dims=("y", "x"), coords={"y": y_centres, "x": x_centres},
+                       name=variable, attrs={**result[variable].attrs,
+                                             "resolution": float(resolution),
+                                             "max_points_per_cell": int(counts.max())})
+    return out
+
+
+def to_geotiff(result: xr.Dataset, path: str | os.PathLike, *, variable: str = "velocity",
+               resolution: float | None = None,
+               coordinates: Literal["lonlat", "radar"] = "lonlat") -> Path:
+    """Grid a per-point variable (mean per cell, NaN elsewhere) and write it as a GeoTIFF.
+
+    Needs the optional ``geo`` extra (rioxarray, rasterio).
+
+    Parameters
+    ----------
+    result
+        Point STM with ``variable`` and ``lon``/``lat`` (or ``azimuth``/``range``).
+    path
+        The ``.tif`` file; replaced atomically when it exists.
+    variable, resolution, coordinates
+        See :func:`grid_points`. ``lonlat`` grids carry the CRS EPSG:4326; ``radar`` grids
+        none.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import rioxarray                                              # doctest: +SKIP
+    >>> grid = rioxarray.open_rasterio(to_geotiff(result, "v.tif")).squeeze()  # doctest: +SKIP
+    """
+    try:
+        import rioxarray  # noqa: F401  (registers the .rio accessor)
+    except ImportError as err:
+        raise ImportError(f"to_geotiff needs rioxarray ({err}); {_GEO_HINT}") from None
+    grid = grid_points(result, variable=variable, resolution=resolution,
+                       coordinates=coordinates)
+    grid = grid.rio.set_spatial_dims(x_dim="x", y_dim="y").rio.write_nodata(np.nan)
+    if coordinates == "lonlat":
+        grid = grid.rio.write_crs("EPSG:4326")
+    with _atomic_path(path) as tmp:
+        grid.rio.to_raster(tmp, driver="GTiff")
+    logger.info("wrote %s grid %s to %s", variable, grid.shape, path)
+    return Path(path)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(fig, path: str | os.PathLike, *, dpi: int = 90) -> Path:
+    plt = _pyplot()
+    with _atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_velocity_map(result: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Velocity of every point (mm/yr) on lon/lat (or range/azimuth), as an image file.
+
+    Parameters
+    ----------
+    result
+        Result STM with ``velocity``.
+    path
+        The image (``.png``, ``.pdf``, ...).
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    _require(result, ("velocity",), "plot_velocity_map")
+    plt = _pyplot()
+    lonlat = "lon" in result.variables and "lat" in result.variables
+    x, y = (result["lon"], result["lat"]) if lonlat else (result["range"], result["azimuth"])
+    velocity_mm = 1e3 * np.asarray(result["velocity"].values, dtype=np.float64)
+    limit = float(np.nanpercentile(np.abs(velocity_mm), 99)) if velocity_mm.size else 1.0
+    fig, ax = plt.subplots(figsize=(8, 7))
+    scatter = ax.scatter(np.asarray(x.values), np.asarray(y.values), c=velocity_mm, s=6,
+                         cmap="RdBu", vmin=-limit, vmax=limit)
+    if "reference" in result.attrs and "point_index" in result.variables:
+        ref = np.flatnonzero(result["point_index"].values == result.attrs["reference"])
+        if ref.size:
+            ax.plot(np.asarray(x.values)[ref], np.asarray(y.values)[ref], "k*", ms=14,
+                    label="reference")
+            ax.legend(loc="lower right")
+    ax.set(title=f"velocity (mm/yr), {result.sizes['space']} points",
+           xlabel="longitude (deg)" if lonlat else "range (pixels)",
+           ylabel="latitude (deg)" if lonlat else "azimuth (pixels)")
+    if not lonlat:
+        ax.invert_yaxis()
+    fig.colorbar(scatter, ax=ax, label="mm/yr")
+    fig.tight_layout()
+    return _save_figure(fig, path)
+
+
+def _default_points(result: xr.Dataset) -> list[int]:
+    """Slowest, median and fastest point by velocity."""
+    order = np.argsort(np.nan_to_num(result["velocity"].values, nan=0.0), kind="stable")
+    return list(dict.fromkeys(int(order[i]) for i in (0, len(order) // 2, -1)))
+
+
+def plot_time_series(result: xr.Dataset, path: str | os.PathLike, *,
+                     points: Sequence[int] | None = None) -> Path:
+    """Displacement time series (mm) of some points, as an image file.
+
+    Parameters
+    ----------
+    result
+        Result STM with ``displacement`` and ``velocity``.
+    path
+        The image (``.png``, ``.pdf``, ...).
+    points
+        Positions along ``space``; default the slowest, median and fastest point.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    _require(result, ("displacement", "velocity"), "plot_time_series")
+    n = result.sizes["space"]
+    points = _default_points(result) if points is None else [int(p) for p in points]
+    bad = [p for p in points if not -n <= p < n]
+    if bad:
+        raise IndexError(f"points: expected positions in [0, {n}), found {bad}")
+    plt = _pyplot()
+    names = point_ids(result) if {"azimuth", "range"} <= set(result.variables) else None
+    fig, ax = plt.subplots(figsize=(9, 5))
+    times = result["time"].values
+    displacement = result["displacement"].transpose("space", "time")
+    for p in points:
+        label = f"{names[p]}" if names is not None else f"point {p}"
+        velocity = 1e3 * float(result["velocity"].values[p])
+        ax.plot(times, 1e3 * np.asarray(displacement[p].values), ".-",
+                label=f"{label} ({velocity:.1f} mm/yr)")
+    ax.set(title="displacement time series", ylabel="displacement (mm)")
+    ax.legend()
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return _save_figure(fig, path)
+
+
+#: Writers of the ``output.exports`` names of the pipeline configuration, with file names.
+EXPORTERS: dict[str, tuple[tuple[str, Callable[..., Path]], ...]] = {
+    "csv": (("points.csv", to_csv),),
+    "gpkg": (("points.gpkg", to_geopackage),),
+    "geotiff": (("velocity.tif", to_geotiff),),
+    "plots": (("velocity_map.png", plot_velocity_map), ("time_series.png", plot_time_series)),
+}

@@ -1,0 +1,707 @@
+"""The pipeline runner: the steps of ``depsi run`` with checkpoints, resume and a run summary.
+
+Steps, in order (:data:`STEPS`), each with one product in the workspace folder
+(``config.output.workspace``):
+
+======== ============================================ ==========================================
+step     does                                         product
+======== ============================================ ==========================================
+stack    opens the input stack, or simulates one      ``stack.zarr`` (simulated) or the input
+selection PS candidates by amplitude dispersion       ``ps.zarr``
+chain    network, arcs, integration, atmosphere,      ``stm.zarr``
+         densification (``run_ps_chain``)
+export   CSV, GeoPackage, GeoTIFF, plots               ``exports/``
+======== ============================================ ==========================================
+
+Every product is written atomically (a temporary sibling moved into place when complete), and
+only then is a small manifest ``<step>.done.json`` written beside it: the hash of the config
+sections the step depends on, the run ids of the products it read, a fingerprint of the product
+on disk, timings and counts. ``resume=True`` skips a step only when its manifest exists, the
+config hash and the inputs still match, and the product on disk still has the manifest's
+fingerprint and opens; anything else (an interrupted step, a stale temporary sibling, a changed
+config) is redone, never trusted.
+
+Examples
+--------
+>>> from depsi.pipeline import parse_config, run_pipeline          # doctest: +SKIP
+>>> config = parse_config({"output": {"workspace": "ws"}})         # doctest: +SKIP
+>>> summary = run_pipeline(config, resume=True)                   # doctest: +SKIP
+>>> summary.steps["chain"].counts["n_points"]                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import inspect
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dask
+import xarray as xr
+from tqdm.auto import tqdm
+
+from depsi.pipeline.config import PipelineConfig
+
+logger = logging.getLogger(__name__)
+
+#: The steps of the pipeline, in order.
+STEPS = ("stack", "selection", "chain", "export")
+
+#: Product of each step, relative to the workspace (the stack step of a real input reads the
+#: input in place and writes no product).
+PRODUCTS = {"stack": "stack.zarr", "selection": "ps.zarr", "chain": "stm.zarr",
+            "export": "exports"}
+
+#: Config sections (dotted) each step depends on; a change in one of them redoes the step.
+STEP_SECTIONS = {
+    "stack": ("input",),
+    "selection": ("selection",),
+    "chain": ("network", "arcs", "integration", "atmosphere", "densification"),
+    "export": ("output.exports",),
+}
+
+#: The step whose product each step reads.
+UPSTREAM = {"stack": None, "selection": "stack", "chain": "selection", "export": "chain"}
+
+#: Name of the log file written in the workspace.
+LOG_FILE = "depsi.log"
+#: Name of the lock file that keeps two runs out of one workspace.
+LOCK_FILE = "depsi.lock"
+#: Space chunks of the point products take at most this fraction of a worker's memory limit:
+#: the chain's per-chunk temporaries (densification) are far larger than the chunk itself.
+CHUNK_FRACTION_OF_WORKER_MEMORY = 1 / 256
+
+#: Version of the manifest layout; a manifest of another version is not trusted.
+MANIFEST_VERSION = 1
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot run as asked (missing earlier product, busy workspace, bad range)."""
+
+
+@dataclass
+class StepRecord:
+    """What happened to one step in a run.
+
+    Attributes
+    ----------
+    name
+        The step (one of :data:`STEPS`).
+    status
+        ``ran``, ``skipped`` (resumed from a valid manifest), ``reused`` (before ``start``:
+        an earlier product read as is) or ``not run`` (after ``stop``).
+    seconds
+        Wall time of the step in this run (0 when not run).
+    counts
+        Sizes of the product (points, epochs, ...).
+    outputs
+        Paths the step wrote or reused.
+    """
+
+    name: str
+    status: str = "not run"
+    seconds: float = 0.0
+    counts: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunSummary:
+    """The result of :func:`run_pipeline`: per-step records, scheduler and total time.
+
+    Attributes
+    ----------
+    workspace
+        The workspace folder.
+    scheduler
+        One-line description of the scheduler used.
+    steps
+        :class:`StepRecord` per step name, in order.
+    seconds
+        Total wall time, scheduler start and stop included.
+    log_file
+        The log file of the run.
+    """
+
+    workspace: Path
+    scheduler: str = ""
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    seconds: float = 0.0
+    log_file: Path | None = None
+
+    def format(self) -> str:
+        """The summary as a few lines of text (logged at the end of a run)."""
+        lines = [f"depsi run finished in {self.seconds:.1f} s on {self.scheduler}",
+                 f"workspace: {self.workspace}"]
+        for record in self.steps.values():
+            counts = ", ".join(f"{k} {v}" for k, v in record.counts.items())
+            lines.append(f"  {record.name:<10} {record.status:<8} {record.seconds:7.1f} s"
+                         f"{'  ' + counts if counts else ''}")
+            lines.extend(f"             -> {output}" for output in record.outputs)
+        if self.log_file is not None:
+            lines.append(f"log: {self.log_file}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as plain JSON-able data."""
+        return {"workspace": str(self.workspace), "scheduler": self.scheduler,
+                "seconds": self.seconds, "log_file": str(self.log_file),
+                "steps": {name: asdict(record) for name, record in self.steps.items()}}
+
+
+# --------------------------------------------------------------------------- hashes, manifests
+def section_hash(config: PipelineConfig, step: str) -> str:
+    """SHA-256 of the config sections ``step`` depends on (:data:`STEP_SECTIONS`)."""
+    data = config.model_dump(mode="json")
+    picked = {}
+    for dotted in STEP_SECTIONS[step]:
+        value: Any = data
+        for part in dotted.split("."):
+            value = value[part]
+        picked[dotted] = value
+    text = json.dumps(picked, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def product_fingerprint(path: str | os.PathLike) -> str:
+    """SHA-256 of a product's file listing (relative names and sizes) and its metadata files.
+
+    Cheap even for large Zarr stores (no chunk is read); changes when any file is added,
+    removed, resized, or when any JSON metadata changes.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_file():
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}".encode())
+        return digest.hexdigest()
+    if not path.is_dir():
+        raise FileNotFoundError(f"product {str(path)!r} does not exist")
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = Path(root, name)
+            relative = full.relative_to(path).as_posix()
+            digest.update(f"{relative}:{full.stat().st_size}\n".encode())
+            if name.endswith((".json", ".zattrs", ".zarray", ".zgroup", ".zmetadata")):
+                digest.update(full.read_bytes())
+    return digest.hexdigest()
+
+
+def manifest_path(workspace: str | os.PathLike, step: str) -> Path:
+    """Where the manifest of ``step`` lives: ``<workspace>/<step>.done.json``."""
+    return Path(workspace) / f"{step}.done.json"
+
+
+def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | None:
+    """The manifest of ``step``, or ``None`` when absent or unreadable (never trusted then)."""
+    path = manifest_path(workspace, step)
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        logger.warning("manifest %s is unreadable (%s): step %s will be redone", path, err, step)
+        return None
+    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+        return None
+    return manifest
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------- the steps
+@dataclass
+class _Context:
+    config: PipelineConfig
+    workspace: Path
+    progress: bool
+    products: dict[str, Path] = field(default_factory=dict)
+    run_ids: dict[str, str] = field(default_factory=dict)
+
+
+def _input_product(config: PipelineConfig, workspace: Path) -> Path:
+    if config.input.format == "simulated":
+        return workspace / PRODUCTS["stack"]
+    return Path(config.input.path)
+
+
+def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None) -> xr.Dataset:
+    """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store).
+
+    Parameters
+    ----------
+    config
+        The pipeline configuration.
+    path
+        The store of a simulated stack (ignored for real input).
+
+    Returns
+    -------
+    xarray.Dataset
+        Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
+    """
+    from depsi.io import from_geotiff, from_snap, open_slc_zarr
+
+    fmt = config.input.format
+    if fmt == "simulated":
+        return open_slc_zarr(path)
+    source = Path(config.input.path)
+    if not source.exists():
+        raise FileNotFoundError(f"input.path: stack {str(source)!r} does not exist")
+    if fmt == "zarr":
+        return open_slc_zarr(source)
+    if fmt == "snap":
+        return from_snap(sorted(source.glob("*.znap")) or source)
+    if fmt == "geotiff":
+        files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
+        return from_geotiff(files)
+    return _open_binary_folder(source)
+
+
+def _open_binary_folder(folder: Path) -> xr.Dataset:
+    """A folder of ``slc_YYYYMMDD.raw`` with DORIS ``master.res``/``slave_*.res`` files."""
+    import dask.array as da
+    import numpy as np
+
+    from depsi.io import from_binary, read_metadata_stack
+
+    res_files = sorted(p for p in folder.glob("*.res") if not p.name.startswith("ifgs_"))
+    if not res_files:
+        raise FileNotFoundError(f"input.path: no DORIS .res files in {str(folder)!r}")
+    metadata = read_metadata_stack(res_files)
+    shape = (int(metadata["number_of_lines"]), int(metadata["number_of_pixels"]))
+    dates = [np.datetime_as_string(np.datetime64(d, "D")).replace("-", "")
+             for d in metadata["dates"]]
+    slc_files = [folder / f"slc_{date}.raw" for date in dates]
+    stack = from_binary(slc_files, shape, metadata=metadata)
+    h2ph_files = [folder / f"h2ph_{date}.raw" for date in dates]
+    if all(p.exists() for p in h2ph_files):
+        layers = [da.from_array(np.memmap(p, dtype="<f4", mode="r", shape=shape),
+                                chunks=stack["complex"].data.chunks[:2]) for p in h2ph_files]
+        order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
+        h2ph = da.stack([layers[i] for i in order], axis=-1)
+        stack["h2ph"] = (("azimuth", "range", "time"), h2ph.rechunk(stack["complex"].chunks))
+    return stack
+
+
+def _step_stack(ctx: _Context) -> dict[str, Any]:
+    config = ctx.config
+    path = _input_product(config, ctx.workspace)
+    if config.input.format == "simulated":
+        from depsi.simulate import write_stack_zarr
+
+        sim = config.input.simulate
+        kwargs = dict(shape=tuple(sim.shape), n_epochs=sim.n_epochs, seed=sim.seed,
+                      ps_fraction=sim.ps_fraction)
+        if sim.chunks is not None:
+            kwargs["chunks"] = tuple(sim.chunks)
+        write_stack_zarr(path, overwrite=True, progress=ctx.progress, **kwargs)
+    stack = open_stack(config, path=path)
+    ctx.products["stack"] = path
+    return {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
+            "epochs": int(stack.sizes["time"])}
+
+
+def point_chunk_bytes(config: PipelineConfig) -> int:
+    """Target bytes per space chunk of ``ps.zarr`` and ``stm.zarr`` for the configured workers.
+
+    :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES`, or less when the workers have a memory limit
+    (``local``: ``memory_limit``; ``slurm``: memory per job / processes), so that each task of the
+    chain fits in a worker (:data:`CHUNK_FRACTION_OF_WORKER_MEMORY`).
+    """
+    from dask.utils import parse_bytes
+
+    from depsi.io.store import DEFAULT_CHUNK_BYTES
+
+    compute = config.compute
+    limit = None
+    if compute.scheduler == "local" and compute.memory_limit not in (None, "auto"):
+        limit = parse_bytes(compute.memory_limit)
+    elif compute.scheduler == "slurm":
+        limit = parse_bytes(compute.slurm.memory) // compute.slurm.processes
+    if limit is None:
+        return DEFAULT_CHUNK_BYTES
+    return int(max(2**18, min(DEFAULT_CHUNK_BYTES, limit * CHUNK_FRACTION_OF_WORKER_MEMORY)))
+
+
+def _step_selection(ctx: _Context) -> dict[str, Any]:
+    from depsi.io import open_stm, save_stm
+    from depsi.processing.selection import ps_selection
+
+    section = ctx.config.selection
+    stack = open_stack(ctx.config, path=ctx.products["stack"])
+    ps = ps_selection(stack, method=section.method, threshold=section.threshold,
+                      engine=section.engine, progress=ctx.progress)
+    path = save_stm(ps, ctx.workspace / PRODUCTS["selection"], overwrite=True,
+                    chunk_bytes=point_chunk_bytes(ctx.config))
+    ctx.products["selection"] = path
+    points = open_stm(path)
+    return {"candidates": int(points.attrs.get("n_candidates", 0)),
+            "selected": int(points.sizes["space"]), "epochs": int(points.sizes["time"])}
+
+
+def chain_options(config: PipelineConfig) -> dict[str, Any]:
+    """Keyword arguments of :func:`~depsi.processing.chain.run_ps_chain` from ``config``.
+
+    Options that the chain does not (yet) take are left out and logged at debug level.
+
+    Parameters
+    ----------
+    config
+        The pipeline configuration.
+
+    Returns
+    -------
+    dict
+        Keyword arguments for ``run_ps_chain``.
+    """
+    from depsi.processing.chain import run_ps_chain
+
+    arcs, atmosphere = config.arcs, config.atmosphere
+    wanted = {
+        "network_method": config.network.method,
+        "network_k": config.network.k,
+        "max_arc_length": config.network.max_length,
+        "height_range": (-arcs.height_range, arcs.height_range),
+        "velocity_range": (-arcs.velocity_range, arcs.velocity_range),
+        "height_step": arcs.height_step,
+        "velocity_step": arcs.velocity_step,
+        "min_arc_coherence": arcs.min_coherence,
+        "reference": (None if config.integration.reference == "auto"
+                      else config.integration.reference),
+        "atmosphere": None if atmosphere.method == "none" else "auto",
+        "temporal_window": atmosphere.window,
+        "k": config.densification.k,
+        "max_distance": config.densification.max_distance,
+        "min_coherence": config.densification.min_coherence,
+        "solver": config.compute.solver,
+    }
+    accepted = inspect.signature(run_ps_chain).parameters
+    left_out = sorted(name for name in wanted if name not in accepted)
+    if left_out:
+        logger.debug("run_ps_chain takes no %s; those settings use the chain's defaults",
+                     ", ".join(left_out))
+    return {name: value for name, value in wanted.items() if name in accepted}
+
+
+def _step_chain(ctx: _Context) -> dict[str, Any]:
+    from depsi.io import open_stm, save_stm
+    from depsi.processing.chain import run_ps_chain
+
+    points = open_stm(ctx.products["selection"])
+    # Fancy indexing of multi-chunk points would otherwise split chunks differently per
+    # variable (by itemsize), leaving the chain's map_blocks inputs with unequal chunks.
+    with dask.config.set({"array.slicing.split_large_chunks": False}):
+        result = run_ps_chain(points, **chain_options(ctx.config))
+    path = save_stm(result, ctx.workspace / PRODUCTS["chain"], overwrite=True,
+                    chunk_bytes=point_chunk_bytes(ctx.config))
+    ctx.products["chain"] = path
+    result = open_stm(path)
+    order = result["order"].values if "order" in result else None
+    counts = {"points": int(result.sizes["space"])}
+    if order is not None:
+        counts |= {"first_order": int((order == 1).sum()), "densified": int((order == 2).sum())}
+    return counts
+
+
+def _step_export(ctx: _Context) -> dict[str, Any]:
+    from depsi.io import open_stm
+    from depsi.io.export import EXPORTERS
+
+    result = open_stm(ctx.products["chain"]).compute()
+    folder = ctx.workspace / PRODUCTS["export"]
+    tmp = folder.with_name(f".{folder.name}.writing-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    files = []
+    try:
+        for name in ctx.config.output.exports:
+            for file_name, writer in EXPORTERS[name]:
+                writer(result, tmp / file_name)
+                files.append(file_name)
+        _replace_dir(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ctx.products["export"] = folder
+    return {"files": len(files)}
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.replaced-{uuid.uuid4().hex[:8]}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_STEP_FUNCTIONS = {"stack": _step_stack, "selection": _step_selection, "chain": _step_chain,
+                   "export": _step_export}
+
+
+# ------------------------------------------------------------------------ validity and resume
+def _product_opens(step: str, path: Path, config: PipelineConfig) -> bool:
+    from depsi.io import open_stm
+
+    try:
+        if step == "stack":
+            open_stack(config, path=path)
+        elif step in ("selection", "chain"):
+            open_stm(path)
+        elif not path.is_dir():
+            return False
+    except Exception as err:  # noqa: BLE001 - any failure to open means "do not trust"
+        logger.info("product %s does not open (%s: %s)", path, type(err).__name__, err)
+        return False
+    return True
+
+
+def _fingerprint_target(step: str, ctx: _Context) -> Path | None:
+    """The path whose fingerprint is recorded (None: a real input read in place)."""
+    if step == "stack":
+        return _input_product(ctx.config, ctx.workspace)
+    return ctx.workspace / PRODUCTS[step]
+
+
+def valid_manifest(ctx: _Context, step: str) -> tuple[dict[str, Any] | None, str]:
+    """The manifest of ``step`` when the finished product can be trusted, and why (not)."""
+    manifest = read_manifest(ctx.workspace, step)
+    if manifest is None:
+        return None, f"no manifest {manifest_path(ctx.workspace, step).name}"
+    if manifest.get("config_hash") != section_hash(ctx.config, step):
+        return None, f"config sections {', '.join(STEP_SECTIONS[step])} changed"
+    upstream = UPSTREAM[step]
+    if upstream is not None and manifest.get("inputs", {}).get(upstream) != ctx.run_ids.get(
+            upstream):
+        return None, f"its input {PRODUCTS[upstream]} was rewritten since"
+    path = _fingerprint_target(step, ctx)
+    try:
+        fingerprint = product_fingerprint(path)
+    except FileNotFoundError:
+        return None, f"product {path} is missing"
+    if fingerprint != manifest.get("fingerprint"):
+        return None, f"product {path} differs from the one the manifest describes"
+    if not _product_opens(step, path, ctx.config):
+        return None, f"product {path} does not open"
+    return manifest, "complete"
+
+
+def _remove_stale_temporaries(workspace: Path) -> None:
+    """Temporary siblings (``.<product>.writing-*``, ...) left by an interrupted run."""
+    names = [*PRODUCTS.values(), *(f"{step}.done.json" for step in STEPS)]
+    for name in names:
+        for stale in glob.glob(str(workspace / f".{glob.escape(name)}.*")):
+            logger.warning("removing %s, left by an interrupted run (never used as a product)",
+                           stale)
+            stale_path = Path(stale)
+            if stale_path.is_dir():
+                shutil.rmtree(stale_path, ignore_errors=True)
+            else:
+                stale_path.unlink(missing_ok=True)
+    for stale in workspace.glob(".*.tmp-*"):  # write_stack_zarr's temporary stores
+        logger.warning("removing %s, left by an interrupted run", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextmanager
+def _workspace_lock(workspace: Path) -> Iterator[None]:
+    """Keep a second run out of a workspace while one runs (stale locks of dead runs go)."""
+    lock = workspace / LOCK_FILE
+    host = socket.gethostname()
+    try:
+        holder = json.loads(lock.read_text())
+    except (OSError, ValueError):
+        holder = None
+    if holder and holder.get("host") == host and _pid_alive(int(holder.get("pid", -1))):
+        raise PipelineError(f"workspace {str(workspace)!r} is in use by run pid {holder['pid']} "
+                            f"(lock {lock}); wait for it, or remove the lock if it is gone")
+    if holder and holder.get("host") != host:
+        logger.warning("workspace lock %s was left by a run on host %s; taking it over", lock,
+                       holder.get("host"))
+    _write_json_atomic(lock, {"pid": os.getpid(), "host": host, "started": time.time()})
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0 or pid == os.getpid():
+        return pid == os.getpid()
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _log_to_file(path: Path) -> Iterator[None]:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    package = logging.getLogger("depsi")
+    old_level = package.level
+    if package.getEffectiveLevel() > logging.INFO:
+        package.setLevel(logging.INFO)
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(old_level)
+        handler.close()
+
+
+def _step_range(start: str | None, stop: str | None) -> list[str]:
+    for name, value in (("start", start), ("stop", stop)):
+        if value is not None and value not in STEPS:
+            raise ValueError(f"{name}: expected one of {', '.join(STEPS)}, got {value!r}")
+    first = STEPS.index(start) if start else 0
+    last = STEPS.index(stop) if stop else len(STEPS) - 1
+    if first > last:
+        raise ValueError(f"start {start!r} comes after stop {stop!r}; steps run in the order "
+                         f"{', '.join(STEPS)}")
+    return list(STEPS[first:last + 1])
+
+
+def _dask_progress(stack: ExitStack, running: Any, progress: bool) -> None:
+    if progress and running.client is None:
+        from dask.diagnostics import ProgressBar
+
+        stack.enter_context(ProgressBar(minimum=2.0, out=sys.stderr))
+
+
+def _reuse_earlier(ctx: _Context, step: str, record: StepRecord) -> None:
+    manifest, reason = valid_manifest(ctx, step)
+    target = _fingerprint_target(step, ctx)
+    if manifest is None:
+        raise PipelineError(
+            f"step {step!r} must have finished before this range of steps: its product "
+            f"{target} is not usable ({reason}); run without --from, or --from {step}")
+    ctx.run_ids[step] = manifest["run_id"]
+    ctx.products[step] = target
+    record.status, record.counts = "reused", dict(manifest.get("counts", {}))
+    record.outputs = [str(target)]
+
+
+def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> None:
+    if resume:
+        manifest, reason = valid_manifest(ctx, step)
+        if manifest is not None:
+            ctx.run_ids[step] = manifest["run_id"]
+            ctx.products[step] = _fingerprint_target(step, ctx)
+            record.status, record.counts = "skipped", dict(manifest.get("counts", {}))
+            record.outputs = [str(ctx.products[step])]
+            logger.info("step %s: skipped, finished product %s (manifest %s)", step,
+                        ctx.products[step], manifest_path(ctx.workspace, step).name)
+            return
+        logger.info("step %s: redone (%s)", step, reason)
+    # A manifest is only ever present for a complete product: drop it before rewriting.
+    manifest_path(ctx.workspace, step).unlink(missing_ok=True)
+    logger.info("step %s: running", step)
+    began = time.perf_counter()
+    counts = _STEP_FUNCTIONS[step](ctx)
+    seconds = time.perf_counter() - began
+    target = _fingerprint_target(step, ctx)
+    run_id = uuid.uuid4().hex
+    upstream = UPSTREAM[step]
+    _write_json_atomic(manifest_path(ctx.workspace, step), {
+        "version": MANIFEST_VERSION, "step": step, "run_id": run_id,
+        "config_hash": section_hash(ctx.config, step),
+        "inputs": {upstream: ctx.run_ids[upstream]} if upstream else {},
+        "product": str(target), "fingerprint": product_fingerprint(target),
+        "counts": counts, "seconds": round(seconds, 3), "finished": time.time(),
+    })
+    ctx.run_ids[step] = run_id
+    record.status, record.seconds, record.counts = "ran", seconds, counts
+    record.outputs = [str(target)]
+    if step == "export":
+        record.outputs = [str(p) for p in sorted(target.iterdir())]
+    logger.info("step %s: done in %.1f s (%s)", step, seconds,
+                ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | None = None,
+                 stop: str | None = None, progress: bool = True) -> RunSummary:
+    """Run the pipeline steps ``start``..``stop`` of ``config`` in its workspace.
+
+    Parameters
+    ----------
+    config
+        The validated configuration (:func:`~depsi.pipeline.config.load_config`).
+    resume
+        Skip every step whose finished product is still valid (manifest present, config
+        sections and inputs unchanged, product unchanged on disk and opening).
+    start, stop
+        First and last step to run (:data:`STEPS`); earlier steps must have finished products
+        (a :class:`PipelineError` names the missing one). Default: every step.
+    progress
+        Progress bars (tqdm over the steps and blocks; Dask's bar on local schedulers).
+
+    Returns
+    -------
+    RunSummary
+        Per step: status, time, counts and output paths; also logged and written to
+        ``<workspace>/depsi.log``.
+
+    Raises
+    ------
+    PipelineError
+        An earlier product needed by ``start`` is missing or incomplete, or another run holds
+        the workspace.
+    ValueError
+        An unknown step name, or ``start`` after ``stop``.
+
+    Examples
+    --------
+    >>> summary = run_pipeline(config, resume=True, stop="selection")  # doctest: +SKIP
+    >>> summary.steps["selection"].status                               # doctest: +SKIP
+    'skipped'
+    """
+    from depsi.cluster import scheduler
+
+    steps = _step_range(start, stop)
+    began = time.perf_counter()
+    workspace = Path(config.output.workspace).absolute()
+    workspace.mkdir(parents=True, exist_ok=True)
+    summary = RunSummary(workspace=workspace, log_file=workspace / LOG_FILE,
+                         steps={name: StepRecord(name) for name in STEPS})
+    ctx = _Context(config=config, workspace=workspace, progress=progress)
+    with _log_to_file(workspace / LOG_FILE), _workspace_lock(workspace):
+        logger.info("depsi run: steps %s in %s (resume=%s)", ", ".join(steps), workspace,
+                    resume)
+        _remove_stale_temporaries(workspace)
+        for step in STEPS[:STEPS.index(steps[0])]:
+            _reuse_earlier(ctx, step, summary.steps[step])
+        with scheduler(config.compute) as running, ExitStack() as bars:
+            summary.scheduler = running.description
+            _dask_progress(bars, running, progress)
+            for step in tqdm(steps, desc="depsi run", unit="step", disable=not progress):
+                _run_step(ctx, step, summary.steps[step], resume=resume)
+        summary.seconds = time.perf_counter() - began
+        for line in summary.format().splitlines():
+            logger.info("%s", line)
+    return summary

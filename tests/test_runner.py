@@ -1,0 +1,187 @@
+"""The pipeline runner and its CLI: products, manifests, resume, --from/--to, and the errors that
+come before any work (bad key, missing file, missing earlier product)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from depsi.cli import main
+from depsi.io import open_stm
+from depsi.pipeline import PipelineError, RunSummary, load_config, parse_config, run_pipeline
+from depsi.pipeline.runner import chain_options, manifest_path, product_fingerprint
+
+SMALL = {"input": {"simulate": {"shape": [96, 96], "n_epochs": 16, "seed": 4,
+                                "ps_fraction": 0.04}},
+         "compute": {"scheduler": "threads", "threads": 2}}
+
+
+def small_config(workspace, **sections):
+    data = json.loads(json.dumps(SMALL))
+    data["output"] = {"workspace": str(workspace), "exports": ["csv"]}
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return parse_config(data)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A workspace after one complete run, and its summary."""
+    workspace = tmp_path_factory.mktemp("runner") / "ws"
+    config = small_config(workspace)
+    return config, run_pipeline(config, progress=False)
+
+
+def test_run_writes_every_product_and_its_manifest(finished):
+    config, summary = finished
+    workspace = config.output.workspace
+    assert isinstance(summary, RunSummary)
+    assert [r.status for r in summary.steps.values()] == ["ran"] * 4
+    for step, product in (("stack", "stack.zarr"), ("selection", "ps.zarr"),
+                          ("chain", "stm.zarr"), ("export", "exports")):
+        manifest = json.loads(manifest_path(workspace, step).read_text())
+        assert manifest["fingerprint"] == product_fingerprint(workspace / product)
+    result = open_stm(workspace / "stm.zarr")
+    assert summary.steps["chain"].counts["points"] == result.sizes["space"] > 50
+    table = pd.read_csv(workspace / "exports" / "points.csv")
+    np.testing.assert_allclose(table["velocity"], result["velocity"].values, rtol=1e-6)
+
+
+def test_run_logs_to_the_workspace_with_a_summary(finished):
+    config, summary = finished
+    log = (config.output.workspace / "depsi.log").read_text()
+    assert "step chain: done" in log and "depsi run finished" in log
+    assert "stm.zarr" in summary.format() and "selection" in summary.format()
+    assert not (config.output.workspace / "depsi.lock").exists()
+
+
+def test_resume_skips_every_finished_step(finished):
+    config, _ = finished
+    before = manifest_path(config.output.workspace, "chain").read_text()
+    summary = run_pipeline(config, resume=True, progress=False)
+    assert [r.status for r in summary.steps.values()] == ["skipped"] * 4
+    assert manifest_path(config.output.workspace, "chain").read_text() == before
+
+
+def test_changed_chain_settings_redo_chain_and_export_only(finished, tmp_path):
+    config, _ = finished
+    workspace = tmp_path / "ws"
+    shutil.copytree(config.output.workspace, workspace)
+    changed = small_config(workspace, densification={"min_coherence": 0.8})
+    summary = run_pipeline(changed, resume=True, progress=False)
+    assert [r.status for r in summary.steps.values()] == ["skipped", "skipped", "ran", "ran"]
+
+
+def test_a_product_without_manifest_is_redone_not_trusted(finished, tmp_path):
+    config, _ = finished
+    workspace = tmp_path / "ws"
+    shutil.copytree(config.output.workspace, workspace)
+    manifest_path(workspace, "chain").unlink()
+    summary = run_pipeline(small_config(workspace), resume=True, progress=False)
+    assert summary.steps["chain"].status == "ran"
+    assert summary.steps["export"].status == "ran"  # its input was rewritten
+
+
+def test_a_damaged_product_is_redone_and_stale_temporaries_removed(finished, tmp_path):
+    config, _ = finished
+    workspace = tmp_path / "ws"
+    shutil.copytree(config.output.workspace, workspace)
+    shutil.rmtree(workspace / "ps.zarr" / "velocity", ignore_errors=True)
+    shutil.rmtree(workspace / "ps.zarr" / "amplitude")
+    stale = workspace / ".stm.zarr.writing-deadbeef"
+    stale.mkdir()
+    summary = run_pipeline(small_config(workspace), resume=True, progress=False)
+    assert [r.status for r in summary.steps.values()] == ["skipped", "ran", "ran", "ran"]
+    assert not stale.exists()
+    assert "amplitude" in open_stm(workspace / "ps.zarr")
+
+
+def test_from_needs_the_earlier_products_and_names_the_missing_one(finished, tmp_path):
+    with pytest.raises(PipelineError, match=r"stack\.zarr"):
+        run_pipeline(small_config(tmp_path / "empty"), start="chain", progress=False)
+    config, _ = finished
+    workspace = tmp_path / "ws"
+    shutil.copytree(config.output.workspace, workspace)
+    shutil.rmtree(workspace / "ps.zarr")
+    with pytest.raises(PipelineError, match=r"ps\.zarr is missing"):
+        run_pipeline(small_config(workspace), start="chain", progress=False)
+
+
+def test_from_and_to_run_a_sub_range(finished, tmp_path):
+    config, _ = finished
+    workspace = tmp_path / "ws"
+    shutil.copytree(config.output.workspace, workspace)
+    summary = run_pipeline(small_config(workspace), start="chain", stop="chain",
+                           progress=False)
+    assert [r.status for r in summary.steps.values()] == ["reused", "reused", "ran", "not run"]
+
+
+def test_start_after_stop_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="comes after"):
+        run_pipeline(small_config(tmp_path), start="export", stop="selection")
+
+
+def test_chain_options_follow_the_config():
+    config = parse_config({"atmosphere": {"method": "none"}, "arcs": {"height_range": 30.0},
+                           "densification": {"k": 3}})
+    options = chain_options(config)
+    assert options["atmosphere"] is None
+    assert options["height_range"] == (-30.0, 30.0)
+    assert options["k"] == 3
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def test_cli_config_example_loads_back(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    assert main(["config", "--example", str(path)]) == 0
+    assert load_config(path) == parse_config({})
+    assert "# " in path.read_text()
+
+
+def test_cli_run_with_an_unknown_key_fails_naming_it(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text("selection:\n  threshhold: 0.2\n")
+    assert main(["run", str(path)]) == 2
+    assert "threshhold" in caplog.text and "selection" in caplog.text
+    assert not (tmp_path / "depsi-workspace").exists()
+
+
+def test_cli_run_with_a_missing_input_fails_naming_the_file(tmp_path, caplog):
+    path = tmp_path / "config.yaml"
+    path.write_text(f"input: {{path: {tmp_path / 'nowhere.zarr'}}}\n"
+                    f"output: {{workspace: {tmp_path / 'ws'}}}\n")
+    assert main(["run", str(path)]) == 2
+    assert "nowhere.zarr" in caplog.text
+    assert not (tmp_path / "ws").exists()
+
+
+def test_cli_run_then_resume(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    data = json.loads(json.dumps(SMALL)) | {"output": {"workspace": str(tmp_path / "ws"),
+                                                        "exports": []}}
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--to", "selection", "--no-progress"]) == 0
+    assert main(["run", str(path), "--resume", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "selection  skipped" in out and "chain      ran" in out
+
+
+def test_cli_slurm_script_has_the_directives_and_runs_resume(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"compute": {"scheduler": "slurm", "slurm": {
+        "queue": "gpu", "account": "proj1", "walltime": "02:30:00", "memory": "8GB",
+        "job_directives": ["--qos=short"]}}}))
+    script = tmp_path / "job.sh"
+    assert main(["slurm-script", str(path), "-o", str(script)]) == 0
+    text = script.read_text()
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=proj1",
+                 "#SBATCH --time=02:30:00", "#SBATCH --job-name=depsi", "#SBATCH --output=",
+                 "#SBATCH --qos=short", "#SBATCH --mem=", "#SBATCH --cpus-per-task=1"):
+        assert line in text, line
+    assert f"run {path.resolve()} --resume" in text
+    assert text.startswith("#!/bin/bash\n")

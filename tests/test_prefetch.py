@@ -14,7 +14,7 @@ from depsi.io.prefetch import block_slices, iter_blocks, prefetched
 
 
 def _prefetch_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(("depsi-prefetch", "depsi-read"))]
+    return [t for t in threading.enumerate() if t.name == "depsi-prefetch"]
 
 
 @pytest.fixture(autouse=True)
@@ -93,15 +93,13 @@ def test_prefetch_must_be_positive():
         next(prefetched(lambda x: x, range(3), prefetch=0))
 
 
-@pytest.mark.parametrize("chunks, block_shape, read_threads", [
-    ((4, 5, -1), None, 1), (None, (3, 8), 1), ((4, 5, -1), (10, 14), 1), ((4, 5, -1), None, 2),
-    ((4, 5, -1), (6, 6), 3)])
-def test_iter_blocks_visits_every_pixel_once(chunks, block_shape, read_threads):
+@pytest.mark.parametrize("chunks, block_shape", [((4, 5, -1), None), (None, (3, 8)),
+                                                 ((4, 5, -1), (10, 14)), ((4, 5, -1), (6, 6))])
+def test_iter_blocks_visits_every_pixel_once(chunks, block_shape):
     stack = _stack(chunks=chunks)
     rebuilt = np.zeros(stack["complex"].shape, np.complex64)
     visits = np.zeros(stack["complex"].shape[:2], int)
-    for (az, rg), block in iter_blocks(stack, block_shape, prefetch=2,
-                                       read_threads=read_threads):
+    for (az, rg), block in iter_blocks(stack, block_shape, prefetch=2):
         rebuilt[az, rg] = block["complex"]
         visits[az, rg] += 1
         np.testing.assert_array_equal(block["lat"], stack["lat"].values[az, rg])
@@ -114,19 +112,6 @@ def test_iter_blocks_follow_the_dask_chunks_by_default():
     slices = block_slices(stack)
     assert [(s[0].start, s[1].start) for s in slices[:3]] == [(0, 0), (0, 5), (0, 10)]
     assert len(slices) == 3 * 3
-
-
-def test_read_threads_group_azimuth_chunks_into_blocks():
-    slices = block_slices(_stack(chunks=(4, 5, -1)), chunks_per_block=2)
-    assert sorted({(s[0].start, s[0].stop) for s in slices}) == [(0, 8), (8, 10)]
-
-
-def test_read_threads_pool_is_shut_down_when_the_consumer_stops():
-    blocks = iter_blocks(_stack(chunks=(2, 2, -1)), read_threads=2)
-    next(blocks)
-    assert any(t.name.startswith("depsi-read") for t in threading.enumerate())
-    blocks.close()
-    assert _prefetch_threads() == []
 
 
 def test_iter_blocks_transposes_to_azimuth_range_first():

@@ -167,9 +167,9 @@ def test_engines_identical_on_simulated_stack(simulated):
     lazy = ps_selection(stack, threshold=0.25).compute()
     streamed = ps_selection(stack, threshold=0.25, engine="stream", block_shape=(64, 96))
     xr.testing.assert_identical(lazy, streamed)
-    threaded = ps_selection(stack.chunk(azimuth=50, range=100), threshold=0.25,
-                            engine="stream", read_threads=2)
-    xr.testing.assert_identical(lazy, threaded)
+    rechunked = ps_selection(stack.chunk(azimuth=50, range=100), threshold=0.25,
+                             engine="stream")
+    xr.testing.assert_identical(lazy, rechunked)
 
 
 def test_ps_selection_output_content(small_stack):
@@ -202,6 +202,25 @@ def test_ps_selection_dask_engine_is_lazy(small_stack):
     assert isinstance(ps["azimuth"].data, np.ndarray)
 
 
+def test_dask_engine_reads_complex_once_to_select_and_h2ph_only_when_computed(small_stack):
+    reads = []
+
+    def source(name):
+        def read(block, block_info=None):
+            reads.append(name)
+            return block
+        values = small_stack[name].values
+        return da.map_blocks(read, da.from_array(values, chunks=(12, 15, -1)),
+                             meta=np.empty((0, 0, 0), values.dtype))
+
+    stack = small_stack.assign(complex=(small_stack["complex"].dims, source("complex")),
+                               h2ph=(small_stack["h2ph"].dims, source("h2ph")))
+    ps = ps_selection(stack)
+    assert sorted(reads) == ["complex"] * 4
+    ps["h2ph"].compute()
+    assert reads.count("h2ph") == 4
+
+
 def test_ps_selection_keeps_all_epochs_with_a_time_window(small_stack):
     ps = ps_selection(small_stack, threshold=0.25, time_window=(None, TIME[11])).compute()
     assert ps.sizes["time"] == 24 and (ps["amp_count"].values <= 12).all()
@@ -232,7 +251,6 @@ def _exploding_stack(small_stack: xr.Dataset, name: str) -> xr.Dataset:
     ({"threshold": -0.1}, "threshold"),
     ({"threshold": float("nan")}, "threshold"),
     ({"prefetch": 0}, "prefetch"),
-    ({"read_threads": 0}, "read_threads"),
     ({"time_window": ("2030-01-01", None)}, "time_window"),
 ])
 def test_bad_arguments_fail_before_reading(small_stack, kwargs, match):

@@ -110,9 +110,10 @@ def test_append_epochs_adds_time_without_rewriting_old_chunks(tmp_path):
     stored = open_stm(path)
     new = full.isel(time=slice(3, 5))
     new = new.isel(space=morton_order(new["azimuth"].values, new["range"].values))
-    append_epochs(path, new)
+    append_epochs(path, new.assign_attrs(wavelength=0.0555, note="new"))
     out = open_stm(path)
     assert out.sizes["time"] == 5
+    assert out.attrs == stored.attrs  # the store's attributes survive the append
     np.testing.assert_array_equal(out["complex"].values[:, :3], stored["complex"].values)
     np.testing.assert_array_equal(out["complex"].values[:, 3:], new["complex"].values)
     for p, mtime in first_chunks.items():

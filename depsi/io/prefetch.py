@@ -12,7 +12,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 from typing import Any, TypeVar
 
@@ -139,11 +138,9 @@ def prefetched(
         bar.close()
 
 
-def _block_edges(size: int, step: int | None, chunks: tuple[int, ...] | None,
-                 group: int = 1) -> list[slice]:
+def _block_edges(size: int, step: int | None, chunks: tuple[int, ...] | None) -> list[slice]:
     if step is None and chunks is not None:
         edges = np.concatenate([[0], np.cumsum(chunks)])
-        edges = np.unique(np.append(edges[::group], size))
     else:
         edges = np.append(np.arange(0, size, step), size)
     return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
@@ -179,13 +176,12 @@ def block_slices(
     block_shape: tuple[int, int] | None = None,
     *,
     variables: Sequence[str] | None = None,
-    chunks_per_block: int = 1,
 ) -> list[tuple[slice, slice]]:
     """The ``(azimuth, range)`` slices of the blocks :func:`iter_blocks` visits, in order.
 
     Without ``block_shape`` the blocks follow the Dask chunks of the stack (so each stored chunk
-    is read exactly once; ``chunks_per_block`` consecutive azimuth chunks make one block), or,
-    for an unchunked stack, squares of about :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES`.
+    is read exactly once), or, for an unchunked stack, squares of about
+    :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES`.
     """
     for dim in ("azimuth", "range"):
         if dim not in stack.dims:
@@ -203,7 +199,7 @@ def block_slices(
         shape = (None, None)
         if az_chunks is None or rg_chunks is None:
             shape = default_block_shape(stack, variables=variables)
-    azimuth = _block_edges(stack.sizes["azimuth"], shape[0], az_chunks, max(1, chunks_per_block))
+    azimuth = _block_edges(stack.sizes["azimuth"], shape[0], az_chunks)
     range_ = _block_edges(stack.sizes["range"], shape[1], rg_chunks)
     return list(product(azimuth, range_))
 
@@ -217,8 +213,7 @@ def _lead_variables(stack: xr.Dataset, variables: Sequence[str]) -> dict[str, xr
     return out
 
 
-def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice],
-          pool: ThreadPoolExecutor | None = None) -> dict[str, np.ndarray]:
+def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice]) -> dict[str, np.ndarray]:
     """Read a block of each variable; Dask chunks are computed without a final copy.
 
     ``dask.compute`` copies a single-chunk result when finalising it; computing the chunks as
@@ -234,8 +229,7 @@ def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice],
         else:
             block[name] = np.asarray(part.values)
     if pieces:
-        schedule = {"scheduler": "threads", "pool": pool} if pool else {"scheduler": "sync"}
-        loaded = dask.compute(*pieces, **schedule)
+        loaded = dask.compute(*pieces, scheduler="sync")
         for name, (start, grid) in shapes.items():
             parts = loaded[start:start + int(np.prod(grid))]
             if len(parts) == 1:
@@ -270,7 +264,6 @@ def iter_blocks(
     *,
     prefetch: int = 2,
     variables: Sequence[str] | None = None,
-    read_threads: int = 1,
     progress: bool = False,
     desc: str = "reading blocks",
 ) -> Iterator[tuple[tuple[slice, slice], dict[str, np.ndarray]]]:
@@ -288,10 +281,6 @@ def iter_blocks(
     variables
         Data variables or coordinates to load; default all with both ``azimuth`` and ``range``
         dims (``complex``, ``h2ph``, ``lat``, ``lon``, ...).
-    read_threads
-        Threads that read and decompress the Dask chunks of one block in parallel (a private
-        pool, shut down with the loop). With more than one, a default block holds that many
-        azimuth chunks so the threads have chunks to share. 1: the prefetch thread reads alone.
     progress
         Show a tqdm progress bar over the blocks.
     desc
@@ -318,16 +307,8 @@ def iter_blocks(
     if flat:
         raise ValueError(f"variables {flat}: expected dims including ('azimuth', 'range'), "
                          f"found {[stack[name].dims for name in flat]}")
-    if int(read_threads) < 1:
-        raise ValueError(f"read_threads: expected >= 1, found {read_threads!r}")
-    slices = block_slices(stack, block_shape, variables=names, chunks_per_block=read_threads)
+    slices = block_slices(stack, block_shape, variables=names)
     logger.debug("iterating %d blocks of %s", len(slices), names)
     lead = _lead_variables(stack, names)
-    pool = (ThreadPoolExecutor(int(read_threads), thread_name_prefix="depsi-read")
-            if read_threads > 1 else None)
-    try:
-        yield from prefetched(lambda s: _read(lead, s, pool), slices, prefetch=prefetch,
-                              progress=progress, total=len(slices), desc=desc)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
+    yield from prefetched(lambda s: _read(lead, s), slices, prefetch=prefetch,
+                          progress=progress, total=len(slices), desc=desc)

@@ -274,6 +274,7 @@ def append_epochs(path: str | os.PathLike, new: xr.Dataset) -> Path:
     piece = _clean_encoding(new[timed].drop_vars(
         [c for c in new[timed].coords if "time" not in new[c].dims]))
     piece = piece.chunk({d: -1 for d in piece.dims})
+    piece.attrs = dict(old.attrs)  # an append writes its attrs over the store's: keep the store's
     group = zarr.open_group(path, mode="r+")
     old_shapes = {name: group[name].shape for name in timed if name in group}
     try:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import pandas as pd
@@ -280,54 +281,72 @@ def _timed_variables(stack: xr.Dataset) -> list[str]:
     return ["complex"] + (["h2ph"] if "h2ph" in stack.data_vars else [])
 
 
-def _select_dask(stack, *, method, threshold, window) -> tuple[xr.Dataset, dict]:
-    names = _timed_variables(stack)
-    raster = _lazy_raster(stack, names)
-    slc = raster["complex"].isel(time=window)
-    outputs = _reduce_time(_selection_block, slc, [*_POINT_STATISTICS.values(), np.int8],
-                           method=method, threshold=threshold)
-    status = outputs[-1].values
-    counts = _status_counts(status)
-    azimuth_pos, range_pos = np.nonzero(status == _STATUS_SELECTED)
-    order = _morton(stack, azimuth_pos, range_pos)
-    azimuth_pos, range_pos = azimuth_pos[order], range_pos[order]
-
-    at = {"azimuth": xr.DataArray(azimuth_pos, dims="space"),
-          "range": xr.DataArray(range_pos, dims="space")}
-    timed = {name: raster[name].isel(at).transpose("space", "time").data for name in names}
-    statistics = {name: output.isel(at).data
-                  for name, output in zip(_POINT_STATISTICS, outputs[:-1])}
-    coords2d = {name: np.asarray(stack[name].isel(at).values) for name in _coords2d(stack)}
-    return _points_dataset(stack, azimuth_pos, range_pos, timed, statistics, coords2d), counts
-
-
 def _status_counts(status: np.ndarray) -> dict:
     return {"n_candidates": int(status.size),
             "n_selected": int((status == _STATUS_SELECTED).sum()),
             "n_excluded": int((status == _STATUS_UNUSABLE).sum())}
 
 
-def _select_stream(stack, *, method, threshold, window, block_shape, prefetch, read_threads,
+def _block_points(slc: np.ndarray, *, method: str, threshold: float, offset: tuple[int, int],
+                  extra: dict | None = None) -> tuple[dict, dict]:
+    """The selected pixels of one block: positions, statistics (and ``extra`` values), counts."""
+    *statistics, status = _selection_block(slc, method=method, threshold=threshold)
+    ia, ir = np.nonzero(status == _STATUS_SELECTED)
+    points = {"azimuth": ia + offset[0], "range": ir + offset[1]}
+    points |= {name: values[ia, ir] for name, values in zip(_POINT_STATISTICS, statistics)}
+    points |= {name: values[ia, ir] for name, values in (extra or {}).items()}
+    return points, _status_counts(status)
+
+
+def _collect(results, keys: list[str]) -> tuple[dict[str, list], dict]:
+    pieces: dict[str, list] = {key: [] for key in keys}
+    counts = {"n_candidates": 0, "n_selected": 0, "n_excluded": 0}
+    for points, block_counts in results:
+        for key in keys:
+            pieces[key].append(points[key])
+        for key, value in block_counts.items():
+            counts[key] += value
+    return pieces, counts
+
+
+def _select_dask(stack, *, method, threshold, window) -> tuple[xr.Dataset, dict]:
+    """One Dask task per chunk finds its selected pixels and their statistics (one read of
+    ``complex``); the time series are then indexed lazily out of the stack."""
+    names = _timed_variables(stack)
+    raster = _lazy_raster(stack, names)
+    slc = raster["complex"].isel(time=window).transpose("azimuth", "range", "time").data
+    az_edges = np.cumsum((0, *slc.chunks[0]))
+    rg_edges = np.cumsum((0, *slc.chunks[1]))
+    chunks = slc.to_delayed()
+    select = dask.delayed(_block_points, pure=True)
+    tasks = [select(chunks[i, j, 0], method=method, threshold=threshold,
+                    offset=(int(az_edges[i]), int(rg_edges[j])))
+             for i in range(chunks.shape[0]) for j in range(chunks.shape[1])]
+    pieces, counts = _collect(dask.compute(*tasks), ["azimuth", "range", *_POINT_STATISTICS])
+    joined = _gather_in_order(pieces, stack)
+    azimuth_pos, range_pos = joined["azimuth"], joined["range"]
+
+    at = {"azimuth": xr.DataArray(azimuth_pos, dims="space"),
+          "range": xr.DataArray(range_pos, dims="space")}
+    timed = {name: raster[name].isel(at).transpose("space", "time").data for name in names}
+    statistics = {name: joined[name] for name in _POINT_STATISTICS}
+    coords2d = {name: np.asarray(stack[name].isel(at).values) for name in _coords2d(stack)}
+    return _points_dataset(stack, azimuth_pos, range_pos, timed, statistics, coords2d), counts
+
+
+def _select_stream(stack, *, method, threshold, window, block_shape, prefetch,
                    progress) -> tuple[xr.Dataset, dict]:
+    """Every block read once (prefetched); its selected pixels' values taken from memory."""
     names = _timed_variables(stack)
     coord_names = _coords2d(stack)
-    pieces: dict[str, list] = {key: [] for key in
-                               ["azimuth", "range", *names, *_POINT_STATISTICS, *coord_names]}
-    counts = {"n_candidates": 0, "n_selected": 0, "n_excluded": 0}
     blocks = iter_blocks(stack, block_shape, prefetch=prefetch, variables=names + coord_names,
-                         read_threads=read_threads, progress=progress, desc="PS selection")
-    for (az_slice, rg_slice), block in blocks:
-        *statistics, status = _selection_block(block["complex"][..., window], method=method,
-                                               threshold=threshold)
-        for key, value in _status_counts(status).items():
-            counts[key] += value
-        ia, ir = np.nonzero(status == _STATUS_SELECTED)
-        pieces["azimuth"].append(ia + az_slice.start)
-        pieces["range"].append(ir + rg_slice.start)
-        for name in names + coord_names:
-            pieces[name].append(block[name][ia, ir])
-        for name, values in zip(_POINT_STATISTICS, statistics):
-            pieces[name].append(values[ia, ir])
+                         progress=progress, desc="PS selection")
+    results = (_block_points(block["complex"][..., window], method=method, threshold=threshold,
+                             offset=(az.start, rg.start),
+                             extra={name: block[name] for name in names + coord_names})
+               for (az, rg), block in blocks)
+    pieces, counts = _collect(results, ["azimuth", "range", *_POINT_STATISTICS, *names,
+                                        *coord_names])
     joined = _gather_in_order(pieces, stack)
     points = _points_dataset(
         stack, joined["azimuth"], joined["range"],
@@ -390,7 +409,6 @@ def ps_selection(
     engine: str = "dask",
     block_shape: tuple[int, int] | None = None,
     prefetch: int = 2,
-    read_threads: int = 1,
     progress: bool = False,
 ) -> xr.Dataset:
     """Select Persistent Scatterer candidates by amplitude dispersion; return a point STM.
@@ -412,8 +430,9 @@ def ps_selection(
         ``(start, end)`` of the epochs the dispersion is computed over (ends included); the
         output keeps every epoch.
     engine
-        ``"dask"``: lazy; the dispersion is computed to find the points (one read of
-        ``complex``), the point values stay lazy until saved or computed (a second read).
+        ``"dask"``: one Dask task per chunk finds its selected pixels and their statistics
+        (one read of ``complex``); the time series (``complex``, ``amplitude``, ``phase``,
+        ``h2ph``) stay lazy, indexed out of the stack, until saved or computed (a second read).
         ``"stream"``: one pass, each block read once with ``prefetch`` blocks read ahead in the
         background; statistics and the selected pixels' time series come from the same block;
         returns an in-memory Dataset. Both give identical values.
@@ -421,9 +440,6 @@ def ps_selection(
         ``(n_azimuth, n_range)`` of a stream block; default the stack's chunks.
     prefetch
         Blocks read ahead by the stream engine.
-    read_threads
-        Threads decompressing the chunks of a block in parallel (stream engine; see
-        :func:`~depsi.io.prefetch.iter_blocks`). 1: the one prefetch thread reads alone.
     progress
         tqdm progress bar over the blocks (stream engine).
 
@@ -455,8 +471,6 @@ def ps_selection(
     threshold = _check_threshold(threshold)
     if int(prefetch) < 1:
         raise ValueError(f"prefetch: expected a queue size >= 1, found {prefetch!r}")
-    if int(read_threads) < 1:
-        raise ValueError(f"read_threads: expected >= 1, found {read_threads!r}")
     _check_stack(stack)
     window = epoch_window(stack["time"].values, time_window)
     if engine == "dask":
@@ -464,8 +478,7 @@ def ps_selection(
     else:
         points, counts = _select_stream(stack, method=method, threshold=threshold,
                                         window=window, block_shape=block_shape,
-                                        prefetch=prefetch, read_threads=read_threads,
-                                        progress=progress)
+                                        prefetch=prefetch, progress=progress)
     logger.info("ps_selection: %d of %d pixels with %s < %g; %d excluded without usable "
                 "amplitude (all NaN or zero)", counts["n_selected"], counts["n_candidates"],
                 method.upper(), threshold, counts["n_excluded"])

@@ -1,1 +1,33 @@
 """Scientific steps on STMs: each a lazy ``Dataset -> Dataset`` function calling kernels per block."""
+
+from depsi.processing.arcs import estimate_arcs
+from depsi.processing.atmosphere import estimate_atmosphere, interpolate_aps
+from depsi.processing.chain import run_ps_chain
+from depsi.processing.densification import densify
+from depsi.processing.integration import integrate_network
+from depsi.processing.interferogram import ifg_to_slc, single_mother_interferograms
+from depsi.processing.model import estimate_model
+from depsi.processing.network import form_network
+from depsi.processing.selection import (
+    amplitude_statistics,
+    ps_selection,
+    select_network_points,
+    update_selection,
+)
+
+__all__ = [
+    "amplitude_statistics",
+    "densify",
+    "estimate_arcs",
+    "estimate_atmosphere",
+    "estimate_model",
+    "form_network",
+    "ifg_to_slc",
+    "integrate_network",
+    "interpolate_aps",
+    "ps_selection",
+    "run_ps_chain",
+    "select_network_points",
+    "single_mother_interferograms",
+    "update_selection",
+]

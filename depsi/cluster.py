@@ -162,9 +162,9 @@ def _local(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
     cluster = LocalCluster(n_workers=compute.workers, threads_per_worker=compute.threads,
                            memory_limit=memory_limit, processes=True,
                            dashboard_address=":0")
-    stack.callback(cluster.close)
+    stack.callback(_close_bounded, cluster, "LocalCluster")
     client = Client(cluster)
-    stack.callback(client.close)
+    stack.callback(_close_bounded, client, "client")
     n_workers = len(cluster.worker_spec)
     _wait_for_workers(client, n_workers=n_workers, timeout=compute.worker_timeout,
                       what="LocalCluster")
@@ -173,6 +173,19 @@ def _local(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
                    f"{compute.memory_limit or 'none'} per worker, dashboard "
                    f"{client.dashboard_link}")
     return RunningScheduler("local", description, client=client, cluster=cluster)
+
+
+#: Seconds a client or LocalCluster gets to close; one that lost all its workers can hang.
+CLOSE_TIMEOUT_S = 20.0
+
+
+def _close_bounded(closable: Any, what: str) -> None:
+    """Close a client or cluster within CLOSE_TIMEOUT_S; a failure to close is logged, not raised,
+    so it never hides the error that ended the computation."""
+    try:
+        closable.close(timeout=CLOSE_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 - closing is best effort by design
+        logger.warning("closing the %s failed: %s", what, err)
 
 
 def slurm_cluster_kwargs(slurm: SlurmConfig) -> dict[str, Any]:

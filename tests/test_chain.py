@@ -59,3 +59,20 @@ def test_reference_outside_first_order_is_rejected():
     worst = int(np.argmax(points.amplitude_dispersion.values))
     with pytest.raises(ValueError, match="reference"):
         run_ps_chain(points, first_order=10, reference=worst)
+
+
+def test_too_few_first_order_points_is_a_clear_error():
+    points, _ = simulated_points(aps_std=0.0)
+    with pytest.raises(ValueError, match="at least 3 first-order"):
+        run_ps_chain(points, first_order=2)
+
+
+def test_chain_forms_interferograms_from_selection_output():
+    """``ps_selection`` returns SLC ``complex`` and the SLC ``phase``; the chain must not take
+    that phase for an interferogram."""
+    points, true = simulated_points(aps_std=0.0)
+    slc = points.assign(phase=(points.phase.dims, np.angle(points.complex.values)
+                               .astype(np.float32)))
+    result = run_ps_chain(slc, first_order=150, atmosphere=None)
+    v, _, _ = _errors(result, true)
+    assert np.sqrt(np.mean(v**2)) <= 1.2 * predicted_arc_std(points)[0]

@@ -85,3 +85,45 @@ def test_all_arcs_rejected_is_a_clear_error():
     points, _, arcs = _estimated()
     with pytest.raises(ValueError, match="min_coherence"):
         integrate_network(points, arcs, min_coherence=1.01)
+
+
+def test_nan_arcs_are_rejected_not_cast_to_integers():
+    points, _, arcs = _estimated()
+    arcs = arcs.copy(deep=True)
+    arcs["velocity"][:] = np.nan  # e.g. rank-deficient arcs of a stack without baselines
+    with pytest.raises(ValueError, match="NaN"):
+        integrate_network(points, arcs)
+
+
+def test_too_few_points_left_is_a_clear_error():
+    points, _, arcs = _estimated()
+    coherence = arcs.temporal_coherence.values.copy()
+    coherence[1:] = 0.0  # one usable arc: no point keeps 2 arcs
+    with pytest.raises(ValueError, match="fewer than 2 points"):
+        integrate_network(points, arcs.assign(temporal_coherence=("arc", coherence)))
+
+
+def test_off_network_points_have_zero_ambiguity_not_cast_nan():
+    points, _ = simulated_points(aps_std=0.0)
+    far = points.sizes["space"] - 1
+    points = points.assign_coords(azimuth=points.azimuth.where(
+        np.arange(points.sizes["space"]) != far, 10**6))
+    arcs = estimate_arcs(form_network(points, method="redundant", max_length=500.0)).compute()
+    result = integrate_network(points, arcs)
+    assert not result.in_network.values[far]
+    assert result.ambiguity.values[far].tolist() == [0] * points.sizes["time"]
+    assert np.isnan(result.velocity.values[far])
+
+
+def test_reference_noise_removal_keeps_values_finite_and_rejects_bad_reference():
+    from depsi.processing.integration import remove_reference_noise
+
+    points, true, arcs = _estimated()
+    result = remove_reference_noise(integrate_network(points, arcs))
+    keep = result.in_network.values
+    assert np.isfinite(result.reference_noise.values).all()
+    assert np.isfinite(result.velocity.values[keep]).all()
+    bad = result.copy()
+    bad.attrs["reference"] = result.sizes["space"] + 3
+    with pytest.raises(ValueError, match="reference"):
+        remove_reference_noise(bad)

@@ -32,7 +32,12 @@ KRIGING_MAX_POINTS = 3000
 #: Neighbours of the Gaussian-weighted estimate.
 GAUSSIAN_NEIGHBOURS = 16
 #: Neighbours averaged for the spatially correlated part of the height error.
-CORRELATED_HEIGHT_NEIGHBOURS = 256
+CORRELATED_HEIGHT_NEIGHBOURS = 512
+#: Gaussian sigma of that average, as a fraction of the fitted variogram range. Smaller follows
+#: more of the atmosphere's small-scale projection but averages fewer point height errors;
+#: 0.15 (about 400 m for a 2.5 km range) was the best of 0.1, 0.15, 0.25, 0.5 on the simulated
+#: accuracy scene (tests/test_chain_accuracy.py) and is checked there on a second seed.
+CORRELATED_HEIGHT_SCALE = 0.15
 #: Point pairs sampled for the empirical variogram.
 VARIOGRAM_PAIRS = 20000
 _VARIOGRAM_BINS = 15
@@ -146,8 +151,9 @@ def estimate_atmosphere(
         smooth field added to the height errors (about 2.8 m RMS for a 1 rad screen and 60
         epochs of 100 m baseline spread). Point height errors are assumed spatially
         uncorrelated at the scale of the screen, so the Gaussian-weighted mean of the
-        :data:`CORRELATED_HEIGHT_NEIGHBOURS` nearest height errors (sigma half the variogram
-        range), relative to its value at the reference point, is taken as that projection:
+        :data:`CORRELATED_HEIGHT_NEIGHBOURS` nearest height errors (sigma
+        :data:`CORRELATED_HEIGHT_SCALE` times the variogram range), relative to its value at
+        the reference point, is taken as that projection:
         ``m2ph * h2ph * smooth(height_error)`` joins ``aps_observed``. ``False`` keeps all of
         the height error (for scenes where DEM errors are correlated over kilometres).
 
@@ -194,7 +200,8 @@ def estimate_atmosphere(
     variogram = fit_variogram(positions[use], observed)
     correlated = np.zeros(ds.sizes["space"])
     if correlated_height:
-        correlated = _correlated_height(ds, positions, use, 0.5 * variogram["range"])
+        correlated = _correlated_height(ds, positions, use,
+                                        CORRELATED_HEIGHT_SCALE * variogram["range"])
         observed = observed + m2ph * h2ph[use] * correlated[use, None]
     chosen = method if method != "auto" else (
         "kriging" if use.sum() <= KRIGING_MAX_POINTS else "gaussian")

@@ -280,8 +280,11 @@ def time_in_years(ds: xr.Dataset) -> np.ndarray:
     """
     time = np.asarray(ds["time"].values)
     if time.dtype.kind != "M":
-        raise STMValidationError(f"coordinate 'time': expected datetime64 to form time "
-                                 f"baselines, found dtype {time.dtype}")
+        raise STMValidationError(
+            f"coordinate 'time': expected datetime64 acquisition dates to form time baselines, "
+            f"found dtype {time.dtype} (values {time[:3].tolist()}...); assign the dates, e.g. "
+            f"ds.assign_coords(time=np.datetime64('2016-03-27') + 11 * np.timedelta64(1, 'D') "
+            f"* ds.time.values) for an 11-day Sentinel-1 stack")
     origin = ds.attrs.get("mother_time")
     origin = time[0] if origin is None else np.datetime64(str(origin))
     days = (time - origin) / np.timedelta64(1, "D")

@@ -151,10 +151,12 @@ def test_slurm_cluster_run_equals_the_threads_run(slurm_env, reference, tmp_path
 
 
 # ----------------------------------------------------------------------- memory-bound workers
-#: Worker memory limit of the memory test; a fresh worker alone takes ~140 MB of it.
-WORKER_MEMORY = "260MB"
-#: The stack: a 300 x 300 simulated scene tiled 5 x 5 (810 MB of complex64 + float32 h2ph).
-TILE, REPEAT, EPOCHS = 300, 5, 30
+#: Worker memory limit of the memory test. A fresh worker with depsi imported takes ~180 MB, and
+#: Dask pauses a worker at 80 % of its limit: the limit leaves room for a few chunks, no more.
+WORKER_MEMORY = "450MB"
+#: The stack: a 300 x 300 simulated scene tiled 7 x 7 (1.6 GB of complex64 + float32 h2ph,
+#: 3.5 times a worker's limit).
+TILE, REPEAT, EPOCHS = 300, 7, 30
 
 
 def _write_tiled_stack(path: Path) -> int:
@@ -202,12 +204,13 @@ def test_workers_with_a_small_memory_limit_select_from_a_larger_stack(large_stac
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "run_ps_chain fails on points stored in several space chunks: densify() calls "
-    "Dataset.chunk({'time': -1}), which turns the in-memory point_index coordinate into one "
-    "chunk, inconsistent with the data's space chunks (processing/densification.py)"))
 def test_workers_with_a_small_memory_limit_complete_the_chain(large_stack, tmp_path):
     stack_path, _ = large_stack
     summary = run_pipeline(_memory_bound_config(stack_path, tmp_path / "ws"), progress=False)
-    assert summary.steps["chain"].counts["points"] > 0.5 * summary.steps[
-        "selection"].counts["selected"]
+    result = open_stm(tmp_path / "ws" / "stm.zarr")
+    # The tiled scene is not one physical scene: its deformation, atmosphere and h2ph jump at
+    # every tile seam, so arcs across seams are rightly rejected; a fair share must survive.
+    assert summary.steps["chain"].counts["points"] == result.sizes["space"]
+    assert result.sizes["space"] > 0.1 * summary.steps["selection"].counts["selected"]
+    assert np.isfinite(result["velocity"].values).all()
+    assert np.isfinite(result["displacement"].values).all()

@@ -210,7 +210,9 @@ def densify(
     cand = candidates[keep]
     if cand["phase"].chunks is None:
         cand = cand.chunk({"space": 4096})
-    cand = cand.chunk({"time": -1})
+    # every variable and space coordinate on the phase's space chunks: in-memory coordinates
+    # would otherwise become one chunk, inconsistent with the data
+    cand = cand.chunk({"space": cand["phase"].chunks[0], "time": -1})
     n, T = cand.sizes["space"], cand.sizes["time"]
     template = xr.Dataset(coords=cand.coords, attrs=cand.attrs)
     space_chunks = cand.chunks["space"]

@@ -17,4 +17,4 @@ bash scripts/slurm-up.sh || echo "test.sh: SLURM not started; tests/test_slurm.p
 trap '[[ $slurm_was_up == 1 ]] || bash scripts/slurm-down.sh || true' EXIT
 
 # GPU tests skip by themselves where no CUDA device works.
-python -m pytest -p no:cacheprovider --timeout=900 "$@"
+python -m pytest -p no:cacheprovider --timeout=600 "$@"

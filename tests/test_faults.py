@@ -214,3 +214,36 @@ def test_workers_with_a_small_memory_limit_complete_the_chain(large_stack, tmp_p
     assert result.sizes["space"] > 0.1 * summary.steps["selection"].counts["selected"]
     assert np.isfinite(result["velocity"].values).all()
     assert np.isfinite(result["displacement"].values).all()
+
+
+@pytest.mark.slow
+def test_local_cluster_run_survives_a_worker_killed_mid_step(reference, tmp_path):
+    """A LocalCluster worker is SIGKILLed while the chain step runs: the run completes, the
+    nanny replaces the worker, and the result equals the undisturbed threads run."""
+    import threading
+
+    import psutil
+
+    workspace = tmp_path / "local-killed"
+    config = parse_config(config_data(workspace, scheduler="local", workers=2, threads=1))
+    selection_done = manifest_path(workspace, "selection")
+    killed: list[int] = []
+
+    def kill_a_worker_when_the_chain_starts():
+        deadline = time.monotonic() + 120
+        while not selection_done.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        # the nannies live in this process and spawn one worker process each
+        workers = [p for p in psutil.Process().children()
+                   if "spawn_main" in " ".join(p.cmdline())]
+        if workers:
+            workers[0].kill()
+            killed.append(workers[0].pid)
+
+    killer = threading.Thread(target=kill_a_worker_when_the_chain_starts, daemon=True)
+    killer.start()
+    summary = run_pipeline(config, progress=False)
+    killer.join(timeout=5)
+    assert killed, "no worker process was found to kill"
+    assert summary.steps["chain"].status == "ran"
+    assert_same_result(workspace, reference)

@@ -274,6 +274,9 @@ def integrate_network(
         if redundancy <= 0 or n_tested_out >= max_iterations:
             if redundancy <= 0:
                 logger.warning("network has no redundancy (a tree): arcs cannot be tested")
+            else:
+                logger.warning("arc testing stopped after max_iterations=%d removals; arcs "
+                               "that still fail the w-test are kept", max_iterations)
             break
         normalised = np.column_stack([
             np.abs(misclosure[:, 0]) / sd_velocity,
@@ -287,8 +290,6 @@ def integrate_network(
         arc_ok[worst] = False
         arc_reason[worst] = 2
         n_tested_out += 1
-    else:  # pragma: no cover - the loop always breaks
-        pass
     arc_reason[(arc_reason == 0) & ~arc_ok] = 3
     result = _point_results(points, values, point_ok, point_reason, ref, years)
     result.attrs.update({

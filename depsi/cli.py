@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="simulate a small stack and run the PS chain on it")
     demo.add_argument("--out", default="depsi-demo", help="output folder (default depsi-demo)")
     demo.add_argument("--size", type=int, default=300, help="scene size in pixels (default 300)")
-    demo.add_argument("--epochs", type=int, default=30, help="number of epochs (default 30)")
+    demo.add_argument("--epochs", type=int, default=60,
+                      help="number of epochs, 12 days apart (default 60: two years)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument("--overwrite", action="store_true", default=True,
                       help="replace outputs of an earlier demo (default)")

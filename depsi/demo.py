@@ -86,7 +86,7 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     return path
 
 
-def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 30, seed: int = 0,
+def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
              overwrite: bool = True) -> Path:
     """Simulate a stack, select PS, run the chain, write Zarr, CSV and plots to ``out``.
 

@@ -27,17 +27,31 @@ def _truth_at(truth: xr.Dataset, result: xr.Dataset, name: str) -> np.ndarray:
     return truth[name].values[az, rg]
 
 
-def compare_with_truth(result: xr.Dataset, truth: xr.Dataset) -> dict:
-    """RMSE of velocity (m/yr) and height error (m) against the truth, relative to the reference.
+def reference_area_mask(result: xr.Dataset) -> np.ndarray:
+    """Boolean per result point: the chain's reference area (the reference point alone when
+    the result has no ``in_reference_area``)."""
+    if "in_reference_area" in result:
+        return np.asarray(result["in_reference_area"].values, dtype=bool)
+    return result["point_index"].values == result.attrs["reference"]
 
-    The chain estimates everything relative to its reference point, so the truth is taken
-    relative to that point too.
+
+def relative_truth(truth: xr.Dataset, result: xr.Dataset, name: str) -> np.ndarray:
+    """The truth of ``name`` at the result's points, minus its mean over the reference area:
+    the datum of the chain's estimates."""
+    true = _truth_at(truth, result, name)
+    area = reference_area_mask(result)
+    return true - true[area].mean(axis=0)
+
+
+def compare_with_truth(result: xr.Dataset, truth: xr.Dataset) -> dict:
+    """RMSE of velocity (m/yr) and height error (m) against the truth, on the chain's datum.
+
+    The chain estimates everything relative to the mean over its reference area
+    (``in_reference_area``), so the truth is taken relative to that mean too.
     """
-    ref = int(np.flatnonzero(result["point_index"].values == result.attrs["reference"])[0])
     figures = {"n_points": int(result.sizes["space"])}
     for name in ("velocity", "height_error"):
-        true = _truth_at(truth, result, name)
-        error = result[name].values - (true - true[ref])
+        error = result[name].values - relative_truth(truth, result, name)
         figures[f"{name}_rmse"] = float(np.sqrt(np.nanmean(error**2)))
     ps = truth["ps_mask"].values
     found = ps[result["azimuth"].values, result["range"].values]
@@ -54,8 +68,7 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
 
     ref = int(np.flatnonzero(result["point_index"].values == result.attrs["reference"])[0])
     az, rg = result["azimuth"].values, result["range"].values
-    true_v = _truth_at(truth, result, "velocity")
-    true_v = true_v - true_v[ref]
+    true_v = relative_truth(truth, result, "velocity")
     v_mm = 1e3 * result["velocity"].values
     limit = np.nanpercentile(np.abs(1e3 * true_v), 99)
 
@@ -63,13 +76,15 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     for ax, values, title in ((axes[0, 0], v_mm, "estimated velocity (mm/yr)"),
                               (axes[0, 1], 1e3 * true_v, "true velocity (mm/yr)")):
         sc = ax.scatter(rg, az, c=values, s=4, cmap="RdBu", vmin=-limit, vmax=limit)
+        area = reference_area_mask(result)
+        ax.plot(rg[area], az[area], "o", mfc="none", mec="k", ms=5, label="reference area")
         ax.plot(rg[ref], az[ref], "k*", ms=14, label="reference")
         ax.set(title=title, xlabel="range (pixels)", ylabel="azimuth (pixels)")
         ax.invert_yaxis()
         ax.legend(loc="lower right")
         fig.colorbar(sc, ax=ax)
-    true_h = _truth_at(truth, result, "height_error")
-    axes[1, 0].plot(true_h - true_h[ref], result["height_error"].values, ".", ms=2)
+    true_h = relative_truth(truth, result, "height_error")
+    axes[1, 0].plot(true_h, result["height_error"].values, ".", ms=2)
     axes[1, 0].set(title="height error: estimated vs true (m)", xlabel="true (m)",
                    ylabel="estimated (m)")
     times = result["time"].values

@@ -3,7 +3,8 @@
 Real path: ``simulate_stack`` (1000 x 1000 pixels of 10 m, 120 epochs of 12 days = 3.9 years,
 PS phase noise 0.4 rad, atmosphere 1 rad, velocities up to 30 mm/yr, height errors of 8 m std,
 so up to about 20-25 m) -> ``ps_selection`` (NAD < 0.25) -> ``run_ps_chain``. Results are
-compared relative to the reference point: truth minus truth at the reference.
+compared on the chain's datum: truth minus its mean over the reference area
+(``in_reference_area``, default radius 2 km).
 
 Why 120 epochs and not 60: an atmosphere that is white in time projects onto the time baselines
 and the perpendicular baselines of every point, and no estimator can take that projection out
@@ -14,17 +15,18 @@ screen alone moves velocities by 1.57 mm/yr RMS relative to a central reference 
 of 12 days, above the 1 mm/yr target whatever the chain does; with 120 epochs it is 0.88 mm/yr.
 The test measures and states that floor too (``aps_floor_velocity``).
 
-Measured (seed 5, 2 shared cores): 9862 of 9862 PS in the result, 9395 with temporal coherence
->= 0.8; velocity RMSE 0.84 mm/yr (floor from the true screen 0.88), height-error RMSE 1.77 m
-(the true screen alone leaks 2.52 m into heights; the chain moves its spatially correlated part
-into the screen); no NaN; 30 s in all on 2 idle cores (selection 13 s, chain 10 s), 105 s with
-the cores shared.
+Measured (seed 5, 2 cores, reference area of 265 points): 9862 of 9862 PS in the result, 9556
+with temporal coherence >= 0.8; velocity RMSE 0.54 mm/yr (floor from the true screen relative
+to the reference point 0.88), height-error RMSE 1.83 m (the true screen alone leaks 2.52 m into
+heights; the chain moves its spatially correlated part into the screen); no NaN; 30 s in all
+on 2 idle cores (selection 14 s, chain 9 s), 105 s with the cores shared.
 
-Honest caveat on heights: relative to one reference point, the reference's own height error
-(its noise and the part of its atmosphere finer than the screen estimate, about 2 m std here)
-is a common offset of every point. The same scene with seed 7 gives velocity 0.34 mm/yr but
-height 2.80 m RMSE (offset +2.2 m; 1.74 m once the common offset is removed, as for seed 5:
-1.75 m). The height target is met on this seed, not on every seed; see docs/chain.md.
+Seed 7 (checked by hand): 10128 of 10129 PS, 0.35 mm/yr, 1.90 m (244 points in the area).
+Relative to the reference point alone (``reference_radius=None``) the figures were seed 5
+0.84 mm/yr / 1.77 m and seed 7 0.34 mm/yr / 2.80 m: seed 7's heights carried a +2.2 m datum
+offset, correlated over about a kilometre around the reference, which the 2 km area averages
+out. The spread around the datum is 1.75 m on both seeds; 1.90 m on seed 7 is close to the
+2 m target, so the test stays on seed 5. See docs/chain.md.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ MIN_COHERENCE = 0.8
 
 
 def _apply_floor(points, aps, ref):
-    """RMS velocity and height that the true screen (relative to the reference) alone leaks
-    into a least-squares fit of [m2ph t, m2ph h2ph, 1]: what no estimator removes."""
+    """RMS velocity and height that the true screen (relative to the reference point) alone
+    leaks into a least-squares fit of [m2ph t, m2ph h2ph, 1]: what no estimator removes."""
     years = time_in_years(points)
     m2ph = phase_to_metres(points.attrs["wavelength"])
     h2ph = points["h2ph"].values.astype(np.float64).mean(axis=0)
@@ -82,9 +84,11 @@ def test_chain_meets_issue5_accuracy_on_a_1000x1000x120_scene(record_property):
     velocity = true["velocity"].values[az, rg].astype(np.float64)
     height = true["height_error"].values[az, rg].astype(np.float64)
 
+    # the chain's datum: the mean over its reference area
     idx, ref = result["point_index"].values, int(result.attrs["reference"])
-    v_err = result["velocity"].values - (velocity[idx] - velocity[ref])
-    h_err = result["height_error"].values - (height[idx] - height[ref])
+    area = result["in_reference_area"].values
+    v_err = result["velocity"].values - (velocity[idx] - velocity[idx][area].mean())
+    h_err = result["height_error"].values - (height[idx] - height[idx][area].mean())
     good = result["temporal_coherence"].values >= MIN_COHERENCE
     true_in_result = int(true["ps_mask"].values[az[idx], rg[idx]].sum())
     v_rmse = float(np.sqrt(np.mean(v_err[good] ** 2)))
@@ -97,7 +101,7 @@ def test_chain_meets_issue5_accuracy_on_a_1000x1000x120_scene(record_property):
     figures = {
         "true_ps": n_true, "selected": int(ps.sizes["space"]),
         "true_ps_in_result": true_in_result, "result_points": int(result.sizes["space"]),
-        "coherent_points": int(good.sum()),
+        "coherent_points": int(good.sum()), "reference_area_points": int(area.sum()),
         "velocity_rmse_mm_per_yr": round(v_rmse * 1e3, 3),
         "height_rmse_m": round(h_rmse, 3),
         "aps_floor_velocity_mm_per_yr": round(float(floor_v) * 1e3, 3),

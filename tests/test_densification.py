@@ -60,3 +60,26 @@ def test_bad_k_raises():
     points, _, result, _, others = _split()
     with pytest.raises(ValueError, match="k"):
         densify(points.isel(space=others), result, k=0)
+
+
+def test_densified_points_follow_the_reference_area_datum():
+    """Re-referencing the first-order points to a reference area moves every densified point
+    by the same constants: densification is consistent with the datum."""
+    from depsi.processing.integration import apply_reference_area
+
+    points, _, result, first, others = _split()
+    area = apply_reference_area(result, 300.0)
+    assert area.attrs["n_reference_area"] > 5
+    cand = points.isel(space=others)
+    before = densify(cand, result, k=3).compute()
+    after = densify(cand, area, k=3).compute()
+    ok = before.accepted.values & after.accepted.values
+    assert ok.mean() > 0.95
+    keep = result.in_network.values
+    for name, atol in (("velocity", 1e-7), ("height_error", 1e-4)):  # float32 rounding
+        shift = area[name].values[keep][0] - result[name].values[keep][0]
+        np.testing.assert_allclose(after[name].values[ok] - before[name].values[ok], shift,
+                                   atol=atol)
+    d_phase = (area.unwrapped_phase.values[keep][0] - result.unwrapped_phase.values[keep][0])
+    change = after.unwrapped_phase.values[ok] - before.unwrapped_phase.values[ok]
+    assert np.abs(change - d_phase[None, :]).max() < 1e-3

@@ -127,3 +127,37 @@ def test_reference_noise_removal_keeps_values_finite_and_rejects_bad_reference()
     bad.attrs["reference"] = result.sizes["space"] + 3
     with pytest.raises(ValueError, match="reference"):
         remove_reference_noise(bad)
+
+
+def test_reference_area_is_the_datum_of_every_result():
+    from depsi.processing.integration import apply_reference_area
+
+    points, true, arcs = _estimated()
+    single = integrate_network(points, arcs, reference=5)
+    result = integrate_network(points, arcs, reference=5, reference_radius=300.0)
+    keep, area = result.in_network.values, result.in_reference_area.values
+    assert result.attrs["reference"] == 5 and area[5]
+    assert result.attrs["reference_radius"] == 300.0
+    assert result.attrs["n_reference_area"] == area.sum() > 10
+    assert (keep[area]).all()
+    # the area's mean is the zero of velocity, height and every epoch's unwrapped phase
+    for name in ("velocity", "height_error", "unwrapped_phase"):
+        np.testing.assert_allclose(result[name].values[area].mean(axis=0), 0, atol=1e-5)
+    # a constant shift of every point, and the same wrapped phases relative to the datum
+    shift = result.velocity.values[keep] - single.velocity.values[keep]
+    np.testing.assert_allclose(shift, shift[0], atol=1e-7)
+    relative = np.angle(np.exp(1j * (result.phase.values - result.reference_phase.values)))
+    congruent = np.angle(np.exp(1j * (result.unwrapped_phase.values - relative)))
+    assert np.abs(congruent[keep]).max() < 0.5
+    # accurate against the truth on the same datum
+    v_true = true.velocity.values - true.velocity.values[area].mean()
+    h_true = true.height_error.values - true.height_error.values[area].mean()
+    sd_v, sd_h = predicted_arc_std(points)
+    assert np.sqrt(np.mean((result.velocity.values - v_true)[keep] ** 2)) <= 1.2 * sd_v
+    assert np.sqrt(np.mean((result.height_error.values - h_true)[keep] ** 2)) <= 1.5 * sd_h
+    # radius None / 0: the reference point alone, values unchanged
+    alone = apply_reference_area(single, 0.0)
+    assert alone.in_reference_area.values.sum() == 1 and alone.attrs["n_reference_area"] == 1
+    np.testing.assert_array_equal(alone.velocity.values, single.velocity.values)
+    with pytest.raises(ValueError, match="reference_radius"):
+        apply_reference_area(single, -1.0)

@@ -18,6 +18,7 @@ from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, estimate_atmosp
 from depsi.processing.densification import DEFAULT_K, densify
 from depsi.processing.integration import (
     DEFAULT_MIN_COHERENCE,
+    apply_reference_area,
     integrate_network,
     remove_reference_noise,
 )
@@ -28,6 +29,12 @@ logger = logging.getLogger(__name__)
 
 #: First-order points taken (best amplitude dispersion) when ``first_order`` is None.
 DEFAULT_FIRST_ORDER = 2000
+
+#: Radius (m) of the reference area: results are relative to the mean over the first-order
+#: network points within it (about 250 points at 2000 first-order points per 100 km^2). The
+#: datum error is spatially correlated over about a kilometre (atmosphere finer than the
+#: screen estimate, projected on the baselines), so smaller areas average little of it out.
+DEFAULT_REFERENCE_RADIUS = 2000.0
 
 #: Variables of the result STM.
 RESULT_VARIABLES = ("velocity", "height_error", "displacement", "temporal_coherence",
@@ -73,6 +80,7 @@ def run_ps_chain(
     min_arc_coherence: float = DEFAULT_MIN_COHERENCE,
     alpha: float = 0.001,
     reference: int | None = None,
+    reference_radius: float | None = DEFAULT_REFERENCE_RADIUS,
     atmosphere: Literal["auto", "kriging", "gaussian"] | None = "auto",
     temporal_window: float = DEFAULT_TEMPORAL_WINDOW,
     correlated_height: bool = True,
@@ -100,6 +108,12 @@ def run_ps_chain(
     min_arc_coherence, alpha, reference
         Network integration: arc coherence threshold, w-test significance, reference point
         (index into ``ps_stm.space``; ``None`` chooses one near the centre).
+    reference_radius
+        Radius (m) of the reference area around the reference point: every result is relative
+        to the plain mean over the first-order network points within it, which averages out
+        the reference point's own noise (StaMPS' ``ref_radius``). ``None`` or 0: relative to
+        the reference point alone. See
+        :func:`~depsi.processing.integration.apply_reference_area`.
     atmosphere
         Method of :func:`~depsi.processing.atmosphere.estimate_atmosphere`; ``None`` skips it.
     temporal_window
@@ -123,8 +137,10 @@ def run_ps_chain(
         accepted densified points, in the input's order: ``velocity`` (m/yr), ``height_error``
         (m), ``displacement`` (m, zero at the first epoch, atmosphere removed),
         ``temporal_coherence``, ``ambiguity``, ``aps`` (rad), ``unwrapped_phase``, ``order``
-        (1 first-order, 2 densified) and ``point_index`` (index into ``ps_stm.space``); all
-        relative to the reference point (``attrs['reference']``, an index into the input).
+        (1 first-order, 2 densified), ``point_index`` (index into ``ps_stm.space``) and
+        ``in_reference_area``; all relative to the mean over the reference area (the
+        first-order points within ``attrs['reference_radius']`` m of the reference point
+        ``attrs['reference']``, an index into the input; ``attrs['n_reference_area']`` points).
 
     Examples
     --------
@@ -172,6 +188,8 @@ def run_ps_chain(
         result["aps"] = xr.zeros_like(result["unwrapped_phase"])
     if reference_noise:
         result = remove_reference_noise(result)
+    # before densification: densified points are tied to these values and reference phase
+    result = apply_reference_area(result, reference_radius)
     first_kept = result.isel(space=np.flatnonzero(result["in_network"].values))
     reference_global = int(first_kept["point_index"].values[
         int(np.flatnonzero(first_kept["point_index"].values
@@ -190,11 +208,15 @@ def run_ps_chain(
     out = xr.concat(pieces, dim="space", coords="minimal", compat="override",
                     combine_attrs="drop")
     out = out.isel(space=np.argsort(out["point_index"].values, kind="stable"))
+    area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
+    out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
     out.attrs = {k: v for k, v in ps_stm.attrs.items()}
     out.attrs.update({
         "wavelength": float(points.attrs["wavelength"]),
         "mother_time": str(points.attrs.get("mother_time", "")),
         "reference": reference_global,
+        "reference_radius": float(result.attrs["reference_radius"]),
+        "n_reference_area": int(result.attrs["n_reference_area"]),
         "n_first_order": int(len(first_idx)),
         "n_first_order_kept": int(first_kept.sizes["space"]),
         "n_densified": int((out["order"].values == 2).sum()),

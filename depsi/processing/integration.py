@@ -158,6 +158,7 @@ def integrate_network(
     min_coherence: float = DEFAULT_MIN_COHERENCE,
     alpha: float = DEFAULT_ALPHA,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    reference_radius: float | None = None,
     return_arcs: bool = False,
 ) -> xr.Dataset | tuple[xr.Dataset, xr.Dataset]:
     """Integrate estimated arcs into point velocity, height error and unwrapped phase.
@@ -181,6 +182,11 @@ def integrate_network(
         critical value, the worst arc is removed and the network solved again.
     max_iterations
         Bound on the number of arcs removed by testing.
+    reference_radius
+        Radius (m) of the reference area: after the network solution (which fixes the single
+        reference point), every result is re-referenced to the mean over the network points
+        within this distance of the reference point (:func:`apply_reference_area`). ``None``
+        (default): results stay relative to the reference point alone.
     return_arcs
         Also return the arcs with ``arc_kept``, ``arc_removal_reason`` and ``w_statistic``.
 
@@ -193,7 +199,9 @@ def integrate_network(
         ``in_network`` (bool) and ``removal_reason`` (int8, legend in attrs). Off-network
         points carry NaN in the float results and 0 in ``ambiguity``: select
         ``in_network`` before use. ``reference_phase`` (time) is the reference point's wrapped
-        phase. Attrs: ``reference``, counts of removed points and arcs by reason.
+        phase. Attrs: ``reference``, counts of removed points and arcs by reason. With
+        ``reference_radius``: relative to the reference area instead (``in_reference_area``,
+        attrs ``reference_radius`` and ``n_reference_area``).
 
     Notes
     -----
@@ -308,6 +316,8 @@ def integrate_network(
     })
     logger.info("integration: %d/%d points, %d/%d arcs kept (%d rejected by w-test), "
                 "reference %d", point_ok.sum(), n, arc_ok.sum(), len(source), n_tested_out, ref)
+    if reference_radius is not None:
+        result = apply_reference_area(result, reference_radius)
     if not return_arcs:
         return result
     arcs_out = arcs.assign(
@@ -434,3 +444,71 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS)
     logger.info("reference noise from %d neighbours: %.3f rad RMS, velocity %+.2e m/yr, height "
                 "%+.2f m", k, np.sqrt(np.mean(noise**2)), d_velocity, d_height)
     return updated
+
+
+def apply_reference_area(result: xr.Dataset, radius: float | None) -> xr.Dataset:
+    """Re-reference every result to the mean over the network points near the reference.
+
+    Relative to one point, that point's own noise (phase noise and atmosphere finer than the
+    estimated screen) is an offset common to every point: about 2 m of height error on a
+    scene of 0.4 rad noise and 120 epochs. Taking the datum as the plain mean over the
+    *reference area*, the network points within ``radius`` of the reference point (StaMPS'
+    ``ref_radius``), shrinks that offset by about the square root of their number. The mean
+    velocity, height error and unwrapped phase (per epoch) of the area are subtracted from
+    every network point; ``reference_phase`` moves by the same phase, so wrapped phases,
+    ambiguities and densification against these points stay consistent; displacement and
+    temporal coherence are recomputed.
+
+    Parameters
+    ----------
+    result
+        Output of :func:`integrate_network` (its ``attrs['reference']`` must index ``space``).
+    radius
+        Radius in metres (positions as :func:`~depsi.processing.network.point_positions`).
+        ``None`` or 0: the area is the reference point alone (values unchanged).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``result`` re-referenced, with ``in_reference_area`` (bool per point) and attrs
+        ``reference_radius`` (m; 0.0 for the point alone) and ``n_reference_area``.
+        ``attrs['reference']`` stays the central point.
+
+    Examples
+    --------
+    >>> result = apply_reference_area(integrate_network(points, arcs), 1000.0)  # doctest: +SKIP
+    """
+    ref = int(result.attrs["reference"])
+    keep = np.asarray(result["in_network"].values, dtype=bool)
+    n = result.sizes["space"]
+    if not 0 <= ref < n or not keep[ref]:
+        raise ValueError(f"result: attrs['reference']={ref} is not a network point of the "
+                         f"{n} points")
+    if radius is not None and not (np.isfinite(radius) and radius >= 0):
+        raise ValueError(f"reference_radius: expected None or a distance >= 0 in metres, "
+                         f"found {radius}")
+    radius = 0.0 if radius is None else float(radius)
+    positions = point_positions(result)
+    dist = np.hypot(*(positions - positions[ref]).T)
+    area = keep & (dist <= radius)
+    area[ref] = True
+    unwrapped = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    velocity = result["velocity"].values.astype(np.float64)
+    height = result["height_error"].values.astype(np.float64)
+    d_velocity = velocity[area].mean()
+    d_height = height[area].mean()
+    d_phase = unwrapped[area].mean(axis=0)
+    out = result
+    if area.sum() > 1:
+        values = np.column_stack([velocity - d_velocity, height - d_height,
+                                  unwrapped - d_phase[None, :]])
+        values[~keep] = np.nan
+        reference_phase = result["reference_phase"].values.astype(np.float64) + d_phase
+        out = _point_results(result, values, keep, result["removal_reason"].values, ref,
+                             time_in_years(result), reference_phase=reference_phase)
+        out.attrs.update(result.attrs)
+    out = out.assign(in_reference_area=("space", area))
+    out.attrs.update({"reference_radius": radius, "n_reference_area": int(area.sum())})
+    logger.info("reference area: %d network points within %.0f m of point %d; datum moved by "
+                "%+.2e m/yr, %+.2f m", area.sum(), radius, ref, d_velocity, d_height)
+    return out

@@ -59,6 +59,18 @@ def compare_with_truth(result: xr.Dataset, truth: xr.Dataset) -> dict:
     return figures
 
 
+def _outline_reference_area(ax, x: np.ndarray, y: np.ndarray) -> None:
+    """A dashed outline (convex hull) around the reference-area points."""
+    from scipy.spatial import ConvexHull, QhullError
+
+    try:
+        hull = ConvexHull(np.column_stack([x, y]))
+    except (QhullError, ValueError):  # fewer than three points, or all on a line
+        return
+    ring = np.append(hull.vertices, hull.vertices[0])
+    ax.plot(x[ring], y[ring], "k--", lw=1, label="reference area")
+
+
 def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     """Velocity map (estimated and true), height errors and a few time series, as one PNG."""
     import matplotlib
@@ -72,12 +84,12 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     v_mm = 1e3 * result["velocity"].values
     limit = np.nanpercentile(np.abs(1e3 * true_v), 99)
 
+    area = reference_area_mask(result)
     fig, axes = plt.subplots(2, 2, figsize=(12, 10))
     for ax, values, title in ((axes[0, 0], v_mm, "estimated velocity (mm/yr)"),
                               (axes[0, 1], 1e3 * true_v, "true velocity (mm/yr)")):
         sc = ax.scatter(rg, az, c=values, s=4, cmap="RdBu", vmin=-limit, vmax=limit)
-        area = reference_area_mask(result)
-        ax.plot(rg[area], az[area], "o", mfc="none", mec="k", ms=5, label="reference area")
+        _outline_reference_area(ax, rg[area], az[area])
         ax.plot(rg[ref], az[ref], "k*", ms=14, label="reference")
         ax.set(title=title, xlabel="range (pixels)", ylabel="azimuth (pixels)")
         ax.invert_yaxis()

@@ -588,6 +588,7 @@ def simulate_stack(
             f"height_error_std={height_error_std}, aps_std={aps_std}, "
             f"ps_noise_std={ps_noise_std}")
     attrs = {"wavelength": scene.wavelength, "mother_time": mother_time, "seed": scene.seed,
+             "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1],
              "history": f"depsi.simulate.simulate_stack({args})"}
     coords = {
         "azimuth": ("azimuth", np.arange(scene.shape[0], dtype=np.int64)),

@@ -70,8 +70,8 @@ def test_chain_meets_issue5_accuracy_on_a_1000x1000x120_scene(record_property):
     start = time.perf_counter()
     stack, truth = simulate_stack(**SCENE)
     ps = ps_selection(stack, method="nad", threshold=0.25, engine="stream")
-    # the simulator's pixels are 10 m square; the selection does not carry pixel spacing
-    ps.attrs.update(azimuth_spacing=PIXEL_SPACING[0], range_spacing=PIXEL_SPACING[1])
+    # the simulator's 10 m pixel spacing reaches the chain through the selection's attrs
+    assert (ps.attrs["azimuth_spacing"], ps.attrs["range_spacing"]) == PIXEL_SPACING
     selected = time.perf_counter()
 
     result = run_ps_chain(ps)

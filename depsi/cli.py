@@ -143,7 +143,8 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
 
     The ``#SBATCH`` directives come from ``compute.slurm`` (partition, account, walltime,
     memory, cores). With ``compute.scheduler: slurm`` the driver submits the worker jobs itself,
-    so the driver job needs few resources but a walltime covering the whole run; resubmitting
+    so the driver job needs one core and ``driver_memory``, but ``driver_walltime`` covering
+    the whole run (both default to the worker settings); resubmitting
     the same script continues after the last complete product (``--resume``).
 
     Parameters
@@ -169,9 +170,10 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
     config = config or load_config(config_path)
     slurm = config.compute.slurm
     driver_is_light = config.compute.scheduler == "slurm"
+    walltime = (slurm.driver_walltime or slurm.walltime) if driver_is_light else slurm.walltime
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}",
              f"#SBATCH --output={log or job_name + '-%j.out'}",
-             f"#SBATCH --time={slurm.walltime}",
+             f"#SBATCH --time={walltime}",
              f"#SBATCH --chdir={Path.cwd()}"]
     if slurm.queue:
         lines.append(f"#SBATCH --partition={slurm.queue}")
@@ -179,7 +181,7 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
         lines.append(f"#SBATCH --account={slurm.account}")
     if driver_is_light:  # the workers are separate jobs; the driver holds the graph and results
         lines += ["#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
-                  f"#SBATCH --mem={_sbatch_memory(slurm.memory)}"]
+                  f"#SBATCH --mem={_sbatch_memory(slurm.driver_memory or slurm.memory)}"]
     else:  # the whole computation runs inside this job
         lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={slurm.cores}",
                   f"#SBATCH --mem={_sbatch_memory(slurm.memory)}"]

@@ -185,3 +185,16 @@ def test_cli_slurm_script_has_the_directives_and_runs_resume(tmp_path, capsys):
         assert line in text, line
     assert f"run {path.resolve()} --resume" in text
     assert text.startswith("#!/bin/bash\n")
+
+
+def test_slurm_driver_job_takes_its_own_walltime_and_memory(tmp_path):
+    from depsi.cli import slurm_batch_script
+    from depsi.pipeline.config import parse_config
+
+    config = parse_config({"compute": {"scheduler": "slurm", "slurm": {
+        "walltime": "01:00:00", "memory": "16GB",
+        "driver_walltime": "2-00:00:00", "driver_memory": "2GB"}}})
+    text = slurm_batch_script(tmp_path / "config.yaml", config=config)
+    assert "#SBATCH --time=2-00:00:00" in text
+    assert "#SBATCH --mem=1907M" in text  # 2 GB, not the workers' 16 GB
+    assert "#SBATCH --cpus-per-task=1" in text

@@ -247,6 +247,12 @@ class SlurmConfig(_Section):
                                                 "split between them).")
     memory: str = Field("4GB", description="Memory per worker job, e.g. 4GB or 16GiB.")
     walltime: str = Field("01:00:00", description="Time limit per worker job, [D-]HH:MM:SS.")
+    driver_memory: str | None = Field(
+        None, description="Memory of the driver job that `depsi slurm-script` writes (it holds "
+                          "the graph and gathered results, not the data); null: `memory`.")
+    driver_walltime: str | None = Field(
+        None, description="Time limit of that driver job: it must cover the whole run, while "
+                          "worker jobs may be replaced; null: `walltime`.")
     job_directives: list[str] = Field(
         [], description="Extra #SBATCH lines, e.g. ['--constraint=amd', '--qos=short'].")
     job_script_prologue: list[str] = Field(
@@ -268,14 +274,16 @@ class SlurmConfig(_Section):
         None, description="Folder for the worker jobs' SLURM output files; null: the folder "
                           "the run was started in.")
 
-    @field_validator("memory")
+    @field_validator("memory", "driver_memory")
     @classmethod
-    def _memory(cls, memory: str) -> str:
-        return _check_bytes(memory, allow_auto=False)
+    def _memory(cls, memory: str | None) -> str | None:
+        return None if memory is None else _check_bytes(memory, allow_auto=False)
 
-    @field_validator("walltime")
+    @field_validator("walltime", "driver_walltime")
     @classmethod
-    def _walltime(cls, walltime: str) -> str:
+    def _walltime(cls, walltime: str | None) -> str | None:
+        if walltime is None:
+            return None
         if not _WALLTIME.match(walltime):
             raise ValueError(f"expected [D-]HH:MM:SS such as '01:30:00', got {walltime!r}")
         return walltime

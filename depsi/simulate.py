@@ -634,17 +634,10 @@ def _refuse_existing(path: Path, overwrite: bool) -> None:
 
 def _move_into_place(tmp: Path, path: Path, overwrite: bool) -> None:
     """Rename the finished ``tmp`` to ``path``; an old ``path`` goes only once ``tmp`` is done."""
-    if path.exists():
-        _refuse_existing(path, overwrite)
-        trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:12]}")
-        path.rename(trash)
-        tmp.rename(path)
-        if trash.is_dir():
-            shutil.rmtree(trash)
-        else:
-            trash.unlink()
-    else:
-        tmp.rename(path)
+    from depsi.io.store import move_into_place
+
+    _refuse_existing(path, overwrite)
+    move_into_place(tmp, path)
 
 
 def _azimuth_blocks(ds: xr.Dataset) -> list[slice]:

@@ -169,19 +169,24 @@ def save_stm(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _move_into_place(tmp, path)
+    move_into_place(tmp, path)
     logger.info("wrote %s STM %s to %s", kind, dict(ds.sizes), path)
     return path
 
 
-def _move_into_place(tmp: Path, path: Path) -> None:
+def move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished ``tmp`` to ``path``; an old ``path`` is removed only afterwards.
+
+    Every complete product of depsi (stores, exports, simulated stacks) reaches its name this
+    way, so a name never points at a half-written product.
+    """
     old = None
     if path.exists():
         old = _temporary_sibling(path, "replaced")
         os.replace(path, old)
     os.replace(tmp, path)
     if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
 
 
 def open_stm(

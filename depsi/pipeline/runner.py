@@ -52,6 +52,7 @@ import dask
 import xarray as xr
 from tqdm.auto import tqdm
 
+from depsi.io.store import move_into_place
 from depsi.pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
@@ -438,21 +439,11 @@ def _step_export(ctx: _Context) -> dict[str, Any]:
             for file_name, writer in EXPORTERS[name]:
                 writer(result, tmp / file_name)
                 files.append(file_name)
-        _replace_dir(tmp, folder)
+        move_into_place(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ctx.products["export"] = folder
     return {"files": len(files)}
-
-
-def _replace_dir(tmp: Path, path: Path) -> None:
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.replaced-{uuid.uuid4().hex[:8]}")
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 _STEP_FUNCTIONS = {"stack": _step_stack, "selection": _step_selection, "chain": _step_chain,

@@ -80,10 +80,18 @@ def _default_mother(stm: xr.Dataset) -> Any:
 
 
 def _elementwise(func, values: xr.DataArray, dtype) -> xr.DataArray:
+    """``func`` applied lazily block by block (Dask) or directly (NumPy)."""
     if values.chunks is None:
         return values.copy(data=func(values.values))
     meta = np.empty((0,) * values.ndim, dtype)
     return values.copy(data=da.map_blocks(func, values.data, meta=meta))
+
+
+def with_amplitude_and_phase(values: xr.DataArray) -> dict[str, xr.DataArray]:
+    """``complex``, ``amplitude`` and wrapped ``phase`` (float32) of complex values, lazily."""
+    return {"complex": values,
+            "amplitude": _elementwise(amplitude_of, values, np.float32),
+            "phase": _elementwise(phase_of, values, np.float32)}
 
 
 def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.Dataset:
@@ -136,9 +144,7 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
     power = (abs(mother_slc) ** 2).astype(slc.dtype)
     ifg = xr.where(is_mother, power, slc * mother_slc.conj()).astype(slc.dtype)
     ifg = ifg.transpose("space", "time")
-    data = {"complex": ifg,
-            "amplitude": _elementwise(amplitude_of, ifg, np.float32),
-            "phase": _elementwise(phase_of, ifg, np.float32)}
+    data = with_amplitude_and_phase(ifg)
     if "h2ph" in stm.data_vars:
         h2ph = stm["h2ph"].transpose("space", "time")
         relative = h2ph - h2ph.isel(time=position, drop=True)
@@ -222,9 +228,7 @@ def ifg_to_slc(ifg_stm: xr.Dataset, mother_slc: xr.DataArray | xr.Dataset) -> xr
     is_mother = xr.DataArray(np.arange(time.size) == position, dims="time")
     ifg = ifg_stm["complex"].transpose("space", "time")
     slc = xr.where(is_mother, values, ifg * scale).astype(ifg.dtype).transpose("space", "time")
-    data = {"complex": slc,
-            "amplitude": _elementwise(amplitude_of, slc, np.float32),
-            "phase": _elementwise(phase_of, slc, np.float32)}
+    data = with_amplitude_and_phase(slc)
     if "h2ph" in ifg_stm.data_vars and mother_h2ph is not None:
         data["h2ph"] = (ifg_stm["h2ph"] + mother_h2ph).astype(ifg_stm["h2ph"].dtype).transpose(
             "space", "time")

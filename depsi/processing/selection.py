@@ -33,6 +33,7 @@ from depsi.kernels.statistics import (
     phase_of,
     statistics_block,
 )
+from depsi.processing.interferogram import with_amplitude_and_phase
 from depsi.stm.order import morton_order
 from depsi.stm.schema import STMValidationError, validate
 
@@ -174,14 +175,6 @@ def _reduce_time(func, slc: xr.DataArray, dtypes: list, **kwargs) -> list[xr.Dat
     coords = {name: coord.variable for name, coord in slc.coords.items()
               if "time" not in coord.dims}
     return [xr.DataArray(out, dims=("azimuth", "range"), coords=coords) for out in outputs]
-
-
-def _elementwise(func, values: xr.DataArray, dtype) -> xr.DataArray:
-    """``func`` applied lazily block by block (Dask) or directly (NumPy)."""
-    if values.chunks is None:
-        return values.copy(data=func(values.values))
-    meta = np.empty((0,) * values.ndim, dtype)
-    return values.copy(data=da.map_blocks(func, values.data, meta=meta))
 
 
 def amplitude_statistics(stack: xr.Dataset, *, time_window: Any = None) -> xr.Dataset:
@@ -378,10 +371,7 @@ def _gather_in_order(pieces: dict[str, list], stack: xr.Dataset) -> dict[str, np
 def _finish_points(points: xr.Dataset, *, method: str, threshold: float, window_attrs: dict,
                    counts: dict) -> xr.Dataset:
     """Add amplitude, phase and the ``selected`` flag; order variables; record the selection."""
-    slc = points["complex"]
-    amplitude = _elementwise(amplitude_of, slc, np.float32)
-    phase = _elementwise(phase_of, slc, np.float32)
-    ordered = {"complex": slc, "amplitude": amplitude, "phase": phase}
+    ordered = with_amplitude_and_phase(points["complex"])
     if "h2ph" in points:
         ordered["h2ph"] = points["h2ph"]
     ordered |= {name: points[name] for name in _POINT_STATISTICS}

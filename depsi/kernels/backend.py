@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,21 +356,9 @@ def available_host_memory() -> int:
     >>> available_host_memory() > 0
     True
     """
-    available: int | None = None
-    try:
-        import psutil
+    import psutil  # a dependency of distributed, so always there
 
-        available = int(psutil.virtual_memory().available)
-    except ImportError:
-        try:
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-        except OSError:
-            pass
-        if available is None:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    available = int(psutil.virtual_memory().available)
     cgroup = _cgroup_free_bytes()
     return min(available, cgroup) if cgroup is not None else available
 

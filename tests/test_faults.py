@@ -58,10 +58,28 @@ def reference(tmp_path_factory) -> Path:
 
 
 # --------------------------------------------------------------------------- SIGKILL and resume
-def _run_and_kill_when(config_path: Path, ready, timeout: float = 120.0) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "depsi.cli", "run", str(config_path), "--no-progress"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+#: A `depsi run` whose result store stalls after it is fully written and before it is moved
+#: into place, touching a flag file: the most adversarial moment for a SIGKILL, reached every time.
+_STALLING_RUN = """
+import pathlib, sys, time
+import depsi.io.store as store
+move = store.move_into_place
+def stall(tmp, path):
+    if path.name == "stm.zarr":
+        pathlib.Path(sys.argv[2]).touch()
+        time.sleep(600)
+    move(tmp, path)
+store.move_into_place = stall
+from depsi.cli import main
+sys.exit(main(["run", sys.argv[1], "--no-progress"]))
+"""
+
+
+def _run_and_kill_when(config_path: Path, ready, timeout: float = 120.0,
+                       command: list[str] | None = None) -> None:
+    command = command or [sys.executable, "-m", "depsi.cli", "run", str(config_path),
+                          "--no-progress"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while not ready():
@@ -105,12 +123,13 @@ def test_sigkill_while_the_product_is_being_written_leaves_no_trusted_product(re
     workspace = tmp_path / "ws"
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config_data(workspace)))
-    # the moment the chain's temporary sibling appears (or, on a fast machine, the moment
-    # after the selection finished): either way the chain has no manifest
-    _run_and_kill_when(config_path, lambda: bool(list(workspace.glob(".stm.zarr.*")))
-                       or manifest_path(workspace, "chain").exists())
-    if manifest_path(workspace, "chain").exists():
-        pytest.skip("the chain finished before the kill landed")
+    stalled = tmp_path / "stalled"
+    _run_and_kill_when(config_path, stalled.exists, command=[
+        sys.executable, "-c", _STALLING_RUN, str(config_path), str(stalled)])
+    # killed with the complete result in its temporary sibling, not yet under its name
+    assert list(workspace.glob(".stm.zarr.*"))
+    assert not (workspace / "stm.zarr").exists()
+    assert not manifest_path(workspace, "chain").exists()
     summary = run_pipeline(parse_config(config_data(workspace)), resume=True, progress=False)
     assert summary.steps["chain"].status == "ran"
     assert summary.steps["selection"].status == "skipped"

@@ -31,13 +31,6 @@ DEFAULT_TEMPORAL_WINDOW = 0.25
 KRIGING_MAX_POINTS = 3000
 #: Neighbours of the Gaussian-weighted estimate.
 GAUSSIAN_NEIGHBOURS = 16
-#: Neighbours averaged for the spatially correlated part of the height error.
-CORRELATED_HEIGHT_NEIGHBOURS = 512
-#: Gaussian sigma of that average, as a fraction of the fitted variogram range. Smaller follows
-#: more of the atmosphere's small-scale projection but averages fewer point height errors;
-#: 0.15 (about 400 m for a 2.5 km range) was the best of 0.1, 0.15, 0.25, 0.5 on the simulated
-#: accuracy scene (tests/test_chain_accuracy.py) and is checked there on a second seed.
-CORRELATED_HEIGHT_SCALE = 0.15
 #: Point pairs sampled for the empirical variogram.
 VARIOGRAM_PAIRS = 20000
 _VARIOGRAM_BINS = 15
@@ -127,7 +120,6 @@ def estimate_atmosphere(
     *,
     method: Literal["auto", "kriging", "gaussian"] = "auto",
     temporal_window: float = DEFAULT_TEMPORAL_WINDOW,
-    correlated_height: bool = True,
 ) -> xr.Dataset:
     """Estimate the atmospheric phase screen at the points of an integrated network.
 
@@ -144,27 +136,17 @@ def estimate_atmosphere(
     temporal_window
         Sigma (years) of the temporal Gaussian low-pass of the residual phase; what it passes
         is treated as unmodelled deformation, the rest as atmosphere plus noise.
-    correlated_height
-        Also move the spatially correlated part of the height error into the screen (the
-        "spatially correlated look-angle error" of StaMPS): an atmosphere that is white in time
-        still projects onto the perpendicular baselines of each point, and that projection is a
-        smooth field added to the height errors (about 2.8 m RMS for a 1 rad screen and 60
-        epochs of 100 m baseline spread). Point height errors are assumed spatially
-        uncorrelated at the scale of the screen, so the Gaussian-weighted mean of the
-        :data:`CORRELATED_HEIGHT_NEIGHBOURS` nearest height errors (sigma
-        :data:`CORRELATED_HEIGHT_SCALE` times the variogram range), relative to its value at
-        the reference point, is taken as that projection:
-        ``m2ph * h2ph * smooth(height_error)`` joins ``aps_observed``. ``False`` keeps all of
-        the height error (for scenes where DEM errors are correlated over kilometres).
+
+    The screen's projection on the perpendicular baselines stays in the height errors here
+    (the fitted model absorbed it); :func:`depsi.processing.correlated_height.
+    estimate_correlated_height` moves it into the screen with the variogram fitted here.
 
     Returns
     -------
     xarray.Dataset
         ``points_result`` plus ``aps`` (rad, space x time; zero at the mother epoch, relative to
         the reference point like the phases) at every point, and ``aps_observed`` (the
-        high-passed residual the screen was estimated from, plus the correlated height term;
-        NaN off the network), ``height_error_correlated`` (m, the smooth height field moved into
-        the screen; zero when ``correlated_height`` is False). Attrs
+        high-passed residual the screen was estimated from; NaN off the network). Attrs
         ``aps_method``, ``variogram_nugget``, ``variogram_sill``, ``variogram_range``, used by
         :func:`interpolate_aps`.
 
@@ -198,37 +180,16 @@ def estimate_atmosphere(
     observed -= observed[:, mother:mother + 1]  # single-mother screens vanish at the mother
     positions = point_positions(ds)
     variogram = fit_variogram(positions[use], observed)
-    correlated = np.zeros(ds.sizes["space"])
-    if correlated_height:
-        correlated = _correlated_height(ds, positions, use,
-                                        CORRELATED_HEIGHT_SCALE * variogram["range"])
-        observed = observed + m2ph * h2ph[use] * correlated[use, None]
     chosen = method if method != "auto" else (
         "kriging" if use.sum() <= KRIGING_MAX_POINTS else "gaussian")
     aps_observed = np.full(unwrapped.shape, np.nan)
     aps_observed[use] = observed
-    out = ds.assign(aps_observed=(("space", "time"), aps_observed.astype(np.float32)),
-                    height_error_correlated=("space", correlated.astype(np.float32)))
+    out = ds.assign(aps_observed=(("space", "time"), aps_observed.astype(np.float32)))
     out.attrs.update({"aps_method": chosen, "temporal_window": temporal_window,
                       **{f"variogram_{k}": v for k, v in variogram.items()}})
     aps = interpolate_aps(out, ds)
     logger.info("atmosphere (%s): %d points, variogram %s", chosen, use.sum(), variogram)
     return out.assign(aps=aps)
-
-
-def _correlated_height(ds, positions, use, length_scale) -> np.ndarray:
-    """Smooth field of the height errors at every point, zero at the reference point.
-
-    The reference is ``attrs['reference']`` when it indexes a used point (the value there is
-    subtracted, so the datum does not move), else the field's mean is removed.
-    """
-    height = ds["height_error"].values.astype(np.float64)[use]
-    field = _gaussian(positions[use], height[:, None], positions, length_scale,
-                      k=CORRELATED_HEIGHT_NEIGHBOURS)[:, 0]
-    ref = ds.attrs.get("reference")
-    if ref is not None and 0 <= int(ref) < len(use) and use[int(ref)]:
-        return field - field[int(ref)]
-    return field - field[use].mean()
 
 
 def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray) -> xr.DataArray:

@@ -15,6 +15,7 @@ import xarray as xr
 
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, estimate_arcs
 from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, estimate_atmosphere
+from depsi.processing.correlated_height import estimate_correlated_height
 from depsi.processing.densification import DEFAULT_K, densify
 from depsi.processing.integration import (
     DEFAULT_MIN_COHERENCE,
@@ -119,9 +120,12 @@ def run_ps_chain(
     temporal_window
         Low-pass width (years) separating unmodelled deformation from atmosphere.
     correlated_height
-        Move the spatially correlated part of the height errors (the atmosphere's projection
-        on the baselines) into the screen; see
-        :func:`~depsi.processing.atmosphere.estimate_atmosphere`.
+        After densification, move the atmosphere's projection on the baselines (a smooth
+        field in the height errors) into the screen, predicted from all result points; see
+        :func:`~depsi.processing.correlated_height.estimate_correlated_height`. Assumes DEM
+        errors are uncorrelated with the atmosphere; spatially correlated DEM errors are
+        recognised from the heights' variogram and left in the heights. Needs
+        ``atmosphere``.
     reference_noise
         Estimate the reference point's own noise from its neighbours and remove it from every
         point (:func:`~depsi.processing.integration.remove_reference_noise`).
@@ -172,9 +176,10 @@ def run_ps_chain(
     if atmosphere is not None:
         keep = np.flatnonzero(result["in_network"].values)
         network = result.isel(space=keep)
-        network.attrs["reference"] = int(np.flatnonzero(keep == result.attrs["reference"])[0])
-        net = estimate_atmosphere(network, method=atmosphere, temporal_window=temporal_window,
-                                  correlated_height=correlated_height)
+        # a new attrs dict: isel shares the parent's, which must keep the global reference
+        network.attrs = {**result.attrs,
+                         "reference": int(np.flatnonzero(keep == result.attrs["reference"])[0])}
+        net = estimate_atmosphere(network, method=atmosphere, temporal_window=temporal_window)
         corrected = first.isel(space=keep)
         corrected["phase"] = wrap_phase(corrected["phase"] - net["aps"].values).astype(np.float32)
         ref_local = int(np.flatnonzero(keep == result.attrs["reference"])[0])
@@ -210,7 +215,15 @@ def run_ps_chain(
     out = out.isel(space=np.argsort(out["point_index"].values, kind="stable"))
     area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
-    out.attrs = {k: v for k, v in ps_stm.attrs.items()}
+    if atmosphere is not None and correlated_height:
+        out.attrs["wavelength"] = float(points.attrs["wavelength"])
+        h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
+        out = estimate_correlated_height(
+            out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values))),
+            aps_sill=float(result.attrs["variogram_sill"]),
+            aps_range=float(result.attrs["variogram_range"])).drop_vars("h2ph")
+    fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
+    out.attrs = {k: v for k, v in ps_stm.attrs.items()} | fitted
     out.attrs.update({
         "wavelength": float(points.attrs["wavelength"]),
         "mother_time": str(points.attrs.get("mother_time", "")),

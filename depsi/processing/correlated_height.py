@@ -1,0 +1,241 @@
+"""The atmosphere's projection on the perpendicular baselines, taken out of the height errors.
+
+An atmospheric phase screen that is white in time still projects onto each point's
+perpendicular baselines: a least-squares fit of ``[m2ph t, m2ph h2ph_t, 1]`` to a phase that
+contains the screen ``a_t(x)`` moves ``leak(x) = g(x) . a(x)`` into the height error, with
+``g`` the height row of the fit's pseudo-inverse. No per-point estimator can tell that leak
+apart from a DEM error; only its spatial structure can. Its covariance follows from the screen's:
+``cov(leak_i, leak_j) = c_aps(d_ij) g_i . g_j`` (about ``c_aps(d_ij) sqrt(s_i s_j)`` with
+``s = g . g``), so it is a smooth field with the atmosphere's correlation length, while the
+height errors of distinct buildings are (nearly) white.
+
+:func:`estimate_correlated_height` computes the best linear unbiased prediction of that field
+(local simple kriging over the ``k`` nearest points, batched) from the estimated height errors
+of every result point, with
+
+- the *signal* covariance derived from the atmosphere's fitted variogram (not fitted to the
+  heights, so true heights are not mistaken for it), and
+- the *observation* covariance fitted to the heights themselves: the signal, plus a nugget
+  (white DEM errors and noise), plus an exponential term for DEM errors that are spatially
+  correlated (blocks of buildings on one wrong DEM post).
+
+When the heights are white, the prediction removes most of the leak; when DEM errors are
+themselves correlated, the fitted extra term makes the prediction shrink towards zero instead
+of moving real DEM errors into the screen.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xarray as xr
+from scipy.optimize import curve_fit
+from scipy.spatial import cKDTree
+
+from depsi.processing.network import phase_to_metres, point_positions, time_in_years
+
+logger = logging.getLogger(__name__)
+
+#: Nearest points whose height errors predict the correlated part at each point.
+NEIGHBOURS = 64
+#: Points sampled for the empirical variogram of the height errors.
+VARIOGRAM_POINTS = 3000
+#: Distance bins of that variogram, out to this many atmosphere correlation lengths.
+VARIOGRAM_REACH = 3.0
+_BINS = 20
+_BATCH = 2048
+
+
+def height_leak_gain(h2ph: np.ndarray, years: np.ndarray, m2ph: float) -> np.ndarray:
+    """``s = g . g`` per point: the variance (m^2) that a unit-variance phase, white in time,
+    leaks into a height error fitted with ``[m2ph t, m2ph h2ph_t, 1]``.
+
+    Examples
+    --------
+    >>> years = np.linspace(-1, 1, 5)
+    >>> h2ph = np.array([[1e-4, -2e-4, 0.0, 2e-4, -1e-4]])
+    >>> float(height_leak_gain(h2ph, years, -226.0)[0]) > 0
+    True
+    """
+    h2ph = np.asarray(h2ph, dtype=np.float64)
+    n, T = h2ph.shape
+    design = np.stack([np.broadcast_to(m2ph * years, (n, T)), m2ph * h2ph, np.ones((n, T))],
+                      axis=2)
+    normal = np.einsum("ntp,ntq->npq", design, design)
+    with np.errstate(all="ignore"):
+        inverse = np.linalg.pinv(normal)
+    return inverse[:, 1, 1]
+
+
+def _semivariance(positions, values, max_distance, seed=0):
+    """Binned empirical semivariance of ``values`` over point pairs closer than
+    ``max_distance`` (a sample of at most :data:`VARIOGRAM_POINTS` points)."""
+    rng = np.random.default_rng(seed)
+    n = len(positions)
+    sample = np.sort(rng.choice(n, min(n, VARIOGRAM_POINTS), replace=False))
+    pos, val = positions[sample], values[sample]
+    pairs = cKDTree(pos).query_pairs(max_distance, output_type="ndarray")
+    if len(pairs) == 0:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    dist = np.hypot(*(pos[pairs[:, 0]] - pos[pairs[:, 1]]).T)
+    semi = 0.5 * (val[pairs[:, 0]] - val[pairs[:, 1]]) ** 2
+    edges = np.linspace(0.0, max_distance, _BINS + 1)
+    which = np.clip(np.digitize(dist, edges) - 1, 0, _BINS - 1)
+    counts = np.bincount(which, minlength=_BINS)
+    sums = np.bincount(which, semi, minlength=_BINS)
+    used = counts > 0
+    return 0.5 * (edges[:-1] + edges[1:])[used], sums[used] / counts[used], counts[used]
+
+
+def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> dict:
+    """Covariance of the normalised heights besides the atmosphere's projection.
+
+    The empirical semivariance of ``normalised`` heights (``height / sqrt(s)``) minus the
+    signal's ``signal_sill (1 - exp(-d / signal_range))`` is fitted with
+    ``nugget + extra_sill (1 - exp(-d / extra_range))``: the nugget holds white DEM errors and
+    noise, the exponential term spatially correlated DEM errors.
+    """
+    centred = normalised - normalised.mean()
+    total = float(np.var(centred))
+    h, gamma, counts = _semivariance(positions, centred, VARIOGRAM_REACH * signal_range)
+    white = {"nugget": max(total - signal_sill, 1e-3 * total + 1e-12), "extra_sill": 0.0,
+             "extra_range": signal_range}
+    if len(h) < 4:
+        return white
+    remainder = gamma - signal_sill * (1.0 - np.exp(-h / signal_range))
+
+    def model(d, nugget, extra_sill, extra_range):
+        return nugget + extra_sill * (1.0 - np.exp(-d / extra_range))
+
+    try:
+        (nugget, extra_sill, extra_range), _ = curve_fit(
+            model, h, remainder, p0=[max(remainder[0], 1e-6), 0.0 + 1e-6, signal_range],
+            bounds=([1e-9, 0.0, 0.05 * h[0] + 1e-9], [np.inf, np.inf, 100 * h[-1]]),
+            sigma=1.0 / np.sqrt(counts), maxfev=5000)
+    except (RuntimeError, ValueError):
+        logger.warning("height variogram fit failed; heights taken as spatially white")
+        return white
+    return {"nugget": float(nugget), "extra_sill": float(extra_sill),
+            "extra_range": float(extra_range)}
+
+
+def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, k):
+    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples (batched)."""
+    k = min(k, len(src_pos))
+    tree = cKDTree(src_pos)
+    out = np.empty(len(dst_pos))
+    nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
+    for start in range(0, len(dst_pos), _BATCH):  # batches of targets, bounded memory
+        stop = min(start + _BATCH, len(dst_pos))
+        dist, idx = tree.query(dst_pos[start:stop], k=k)
+        dist, idx = dist.reshape(stop - start, k), idx.reshape(stop - start, k)
+        nb = src_pos[idx]                                          # (B, k, 2)
+        d_nn = np.linalg.norm(nb[:, :, None, :] - nb[:, None, :, :], axis=-1)
+        cov = (signal_sill * np.exp(-d_nn / signal_range)
+               + extra_sill * np.exp(-d_nn / extra_range))
+        cov[:, np.arange(k), np.arange(k)] += nugget
+        cross = signal_sill * np.exp(-dist / signal_range)          # (B, k)
+        weights = np.linalg.solve(cov, cross[..., None])[..., 0]
+        out[start:stop] = np.einsum("bk,bk->b", weights, src_values[idx])
+    return out
+
+
+def estimate_correlated_height(
+    result: xr.Dataset,
+    *,
+    aps_sill: float,
+    aps_range: float,
+    k: int = NEIGHBOURS,
+) -> xr.Dataset:
+    """Move the atmosphere's projection on the baselines from the height errors to the screen.
+
+    Parameters
+    ----------
+    result
+        Point results: ``height_error`` (m), ``h2ph``, ``time``, positions, ``wavelength``;
+        ``unwrapped_phase`` and ``aps`` (rad) are updated when present. Points with a NaN
+        height error are neither used nor changed.
+    aps_sill, aps_range
+        Sill (rad^2) and range (m) of the exponential variogram of the single-mother screens,
+        as fitted by :func:`~depsi.processing.atmosphere.estimate_atmosphere`
+        (``attrs['variogram_sill']``, ``attrs['variogram_range']``); half the sill is the
+        per-epoch covariance at distance zero (a single-mother screen is the difference of two
+        epochs' screens).
+    k
+        Nearest points used for each prediction.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``result`` with ``height_error`` less the predicted field, ``height_error_correlated``
+        (m, the field moved; relative to its mean over ``in_reference_area`` when present),
+        ``aps`` plus and ``unwrapped_phase`` minus ``m2ph * h2ph * field``; displacement,
+        ambiguities and temporal coherence are unchanged by construction. Attrs record the
+        fitted height covariance (``correlated_height_*``).
+
+    Examples
+    --------
+    >>> from depsi.processing.correlated_height import estimate_correlated_height
+    >>> rng = np.random.default_rng(0)
+    >>> n, T = 400, 20
+    >>> ds = xr.Dataset(
+    ...     {"height_error": ("space", rng.normal(0, 5, n)),
+    ...      "h2ph": (("space", "time"), np.tile(rng.normal(0, 2e-4, T), (n, 1)))},
+    ...     coords={"x": ("space", rng.uniform(0, 3000, n)),
+    ...             "y": ("space", rng.uniform(0, 3000, n)),
+    ...             "time": np.datetime64("2021-01-01") + 12 * np.arange(T).astype(
+    ...                 "timedelta64[D]")},
+    ...     attrs={"wavelength": 0.0555})
+    >>> out = estimate_correlated_height(ds, aps_sill=2.0, aps_range=500.0)
+    >>> bool(out.height_error_correlated.std() < 0.5 * ds.height_error.std())
+    True
+    """
+    if not (np.isfinite(aps_sill) and aps_sill > 0 and np.isfinite(aps_range) and aps_range > 0):
+        raise ValueError(f"aps_sill, aps_range: expected positive finite variogram values, "
+                         f"found {aps_sill}, {aps_range}")
+    n = result.sizes["space"]
+    height = result["height_error"].values.astype(np.float64)
+    use = np.isfinite(height)
+    if use.sum() < 10:
+        logger.warning("correlated height: only %d points with a height error, left in place",
+                       use.sum())
+        return result
+    years = time_in_years(result)
+    m2ph = phase_to_metres(float(result.attrs["wavelength"]))
+    h2ph = np.broadcast_to(result["h2ph"].transpose("space", ...).values.astype(np.float64)
+                           .reshape(n, -1), (n, years.size))
+    gain = np.sqrt(np.maximum(height_leak_gain(h2ph, years, m2ph), 0.0))
+    use &= np.isfinite(gain) & (gain > 0)
+    positions = point_positions(result)
+    signal_sill = 0.5 * float(aps_sill)
+    normalised = height[use] / gain[use]
+    mean = normalised.mean()
+    noise = fit_height_covariance(positions[use], normalised, signal_sill, float(aps_range))
+    predicted = _predict(positions[use], normalised - mean, positions, signal_sill=signal_sill,
+                         signal_range=float(aps_range), noise=noise, k=k)
+    field = np.where(np.isfinite(gain), predicted * gain, 0.0)
+    if "in_reference_area" in result and result["in_reference_area"].values[use].any():
+        area = result["in_reference_area"].values.astype(bool) & use
+        field -= field[area].mean()
+    else:
+        field -= field[use].mean()
+    field = np.where(use, field, 0.0)
+    screen = m2ph * h2ph * field[:, None]
+    out = result.assign(
+        height_error=("space", (height - field).astype(result["height_error"].dtype)),
+        height_error_correlated=("space", field.astype(np.float32)))
+    if "aps" in result:
+        out["aps"] = (result["aps"].transpose("space", "time") + screen).astype(np.float32)
+    if "unwrapped_phase" in result:
+        out["unwrapped_phase"] = (result["unwrapped_phase"].transpose("space", "time")
+                                  - screen).astype(np.float32)
+    out.attrs.update({"correlated_height_nugget": noise["nugget"],
+                      "correlated_height_extra_sill": noise["extra_sill"],
+                      "correlated_height_extra_range": noise["extra_range"],
+                      "correlated_height_signal_sill": signal_sill})
+    logger.info("correlated height: %d points, field %.2f m RMS moved into the screen (height "
+                "covariance besides the atmosphere: nugget %.3g, correlated %.3g over %.0f m)",
+                use.sum(), np.sqrt(np.mean(field[use] ** 2)), noise["nugget"],
+                noise["extra_sill"], noise["extra_range"])
+    return out

@@ -1,0 +1,232 @@
+"""Scene families for accuracy tests: an SLC stack generator independent of ``depsi.simulate``.
+
+The chain must be right on scenes it was not tuned on, so this generator shares no code with
+:mod:`depsi.simulate` and draws its statistics differently: atmospheric screens as Gaussian
+random fields with an *exponential* covariance of a chosen correlation length (FFT synthesis on a
+padded grid, so the field is not periodic over the scene), perpendicular baselines through a
+slant-range geometry whose ``1 / (R sin(theta))`` varies by a chosen fraction across range,
+velocity as a bowl plus a planar ramp, height errors either spatially white or shared by blocks
+of buildings (one DEM error per block), and PS phase noise drawn straight in radians.
+
+:func:`oracle_floors` computes, from a scene's truth and with the true ambiguities, what a
+least-squares fit of offset, velocity and height error reaches per point
+
+- with the atmosphere removed perfectly (*noise floor*), and
+- with the atmosphere left in (*no-correction floor*: a chain without an atmosphere step),
+
+and :func:`score` measures a chain result against the truth the same way (after removing the
+median difference, the datum), so each test can assert against floors it computed itself.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import xarray as xr
+
+WAVELENGTH = 0.05546576
+M2PH = -4.0 * np.pi / WAVELENGTH
+PIXEL = 10.0  # m, both directions
+SLANT_RANGE = 850e3
+INCIDENCE = np.deg2rad(37.0)
+BPERP_STD = 120.0  # m
+
+
+@dataclass(frozen=True)
+class Family:
+    """One scene family: what real scenes vary, in physical units."""
+
+    name: str
+    shape: tuple[int, int] = (400, 400)
+    n_epochs: int = 60
+    revisit_days: int = 12
+    aps_std: float = 1.0            # rad, per epoch
+    aps_length: float = 400.0       # m, exponential covariance correlation length
+    ps_fraction: float = 0.03
+    noise_std: float = 0.35         # rad, per PS and epoch
+    h2ph_variation: float = 0.4     # fraction of 1 / (R sin theta) across the range extent
+    height_std: float = 8.0         # m
+    height_blocks: float = 0.0      # m; > 0: blocks of this size share one DEM error
+    velocity_max: float = 0.02      # m/yr, bowl depth
+    ramp: float = 0.004             # m/yr across the scene (planar ramp)
+    seed: int = 0
+
+    def with_seed(self, seed: int) -> "Family":
+        return replace(self, seed=seed)
+
+
+def _exponential_field(rng, shape, length_px, n_fields):
+    """``n_fields`` zero-mean unit-variance fields with covariance ``exp(-r / length)``."""
+    pad = [int(2 ** np.ceil(np.log2(s + 4 * length_px))) for s in shape]
+    ky = np.fft.fftfreq(pad[0])[:, None]
+    kx = np.fft.rfftfreq(pad[1])[None, :]
+    k = 2 * np.pi * np.hypot(ky, kx)
+    # 2-D power spectrum of exp(-r/L): 2 pi L^2 / (1 + (k L)^2)^(3/2)
+    amplitude = np.sqrt(2 * np.pi * length_px**2 / (1.0 + (k * length_px) ** 2) ** 1.5)
+    out = np.empty((n_fields, *shape), dtype=np.float64)
+    for i in range(n_fields):
+        white = rng.standard_normal(pad)
+        field = np.fft.irfft2(np.fft.rfft2(white) * amplitude, s=pad)[: shape[0], : shape[1]]
+        out[i] = field
+    out -= out.mean(axis=(1, 2), keepdims=True)
+    out /= out.std(axis=(1, 2), keepdims=True)
+    return out
+
+
+def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
+    """SLC stack ``(azimuth, range, time)`` of one scene and its truth.
+
+    Returns the stack (``complex`` complex64, ``h2ph`` float32 per pixel and epoch, attrs
+    ``wavelength``, 10 m ``azimuth_spacing``/``range_spacing``, ``mother_time`` = the middle
+    epoch) and a truth dict of per-PS arrays: ``azimuth``, ``range``, ``velocity`` (m/yr),
+    ``height_error`` (m), ``aps`` (rad, PS x epoch, zero at the mother), ``noise`` (rad, PS x
+    epoch, interferometric: zero at the mother), ``h2ph`` (PS x epoch), ``years``.
+    """
+    f = family
+    rng = np.random.default_rng(np.random.SeedSequence([20261130, f.seed, zlib.crc32(f.name.encode())]))
+    n_az, n_rg = f.shape
+    T = f.n_epochs
+    mother = T // 2
+    time = np.datetime64("2021-01-04") + np.arange(T) * np.timedelta64(f.revisit_days, "D")
+    years = (time - time[mother]) / np.timedelta64(1, "D") / 365.25
+
+    # PS positions: a random subset of pixels
+    n_ps = int(round(f.ps_fraction * n_az * n_rg))
+    flat = np.sort(rng.choice(n_az * n_rg, n_ps, replace=False))
+    az, rg = np.divmod(flat, n_rg)
+
+    # geometry: 1 / (R sin theta) varies linearly by h2ph_variation across range
+    factor = (1.0 / (SLANT_RANGE * np.sin(INCIDENCE))) * (
+        1.0 + f.h2ph_variation * (np.arange(n_rg) / max(n_rg - 1, 1) - 0.5))
+    bperp = rng.normal(0.0, BPERP_STD, T)
+    bperp -= bperp[mother]
+    h2ph_rg = factor[:, None] * bperp[None, :]                      # (range, time)
+
+    # deformation: bowl + planar ramp
+    yy = (az - n_az / 2) / n_az
+    xx = (rg - n_rg / 2) / n_rg
+    bowl = -f.velocity_max * np.exp(-((yy - 0.1) ** 2 + (xx + 0.15) ** 2) / (2 * 0.18**2))
+    velocity = bowl + f.ramp * (0.6 * xx + 0.8 * yy)
+
+    # height errors: white, or one DEM error per block of buildings (plus 10 % white)
+    if f.height_blocks > 0:
+        size = max(1, int(round(f.height_blocks / PIXEL)))
+        blocks = rng.normal(0.0, f.height_std, ((n_az // size) + 1, (n_rg // size) + 1))
+        height = blocks[az // size, rg // size] + rng.normal(0.0, 0.1 * f.height_std, n_ps)
+    else:
+        height = rng.normal(0.0, f.height_std, n_ps)
+
+    # atmosphere: one exponential-covariance field per epoch, relative to the mother
+    screens = f.aps_std * _exponential_field(rng, f.shape, f.aps_length / PIXEL, T)
+    aps = screens[:, az, rg].T
+    aps = aps - aps[:, mother:mother + 1]
+
+    slc_noise = rng.normal(0.0, f.noise_std, (n_ps, T))
+    noise = slc_noise - slc_noise[:, mother:mother + 1]
+    h2ph = h2ph_rg[rg]
+    scatterer = rng.uniform(-np.pi, np.pi, n_ps)
+    phase = (scatterer[:, None] + M2PH * (velocity[:, None] * years[None, :]
+                                          + h2ph * height[:, None]) + aps + slc_noise)
+    nad = rng.uniform(0.08, 0.2, n_ps)
+    gain = np.exp(rng.uniform(np.log(3.0), np.log(20.0), n_ps))
+    ps_amp = gain[:, None] * np.abs(1.0 + nad[:, None] * rng.standard_normal((n_ps, T)))
+
+    # clutter everywhere else: circular Gaussian (Rayleigh amplitude, NAD about 0.52)
+    slc = ((rng.standard_normal((n_az, n_rg, T), dtype=np.float32)
+            + 1j * rng.standard_normal((n_az, n_rg, T), dtype=np.float32))
+           * np.float32(np.sqrt(0.5))).astype(np.complex64)
+    slc[az, rg] = (ps_amp * np.exp(1j * phase)).astype(np.complex64)
+    h2ph_stack = np.broadcast_to(h2ph_rg[None].astype(np.float32), (n_az, n_rg, T))
+    stack = xr.Dataset(
+        {"complex": (("azimuth", "range", "time"), slc),
+         "h2ph": (("azimuth", "range", "time"), h2ph_stack)},
+        coords={"azimuth": np.arange(n_az), "range": np.arange(n_rg), "time": time},
+        attrs={"wavelength": WAVELENGTH, "azimuth_spacing": PIXEL, "range_spacing": PIXEL,
+               "mother_time": str(time[mother]), "scene_family": f.name})
+    truth = {"azimuth": az, "range": rg, "velocity": velocity, "height_error": height,
+             "aps": aps, "noise": noise, "h2ph": h2ph, "years": years, "family": asdict(f)}
+    return stack, truth
+
+
+def _fit(h2ph, years, phase):
+    """Per-point least squares of ``[m2ph t, m2ph h2ph_t, 1]`` to ``phase (N, T)``:
+    returns ``(velocity, height)`` arrays."""
+    n, T = phase.shape
+    design = np.stack([np.broadcast_to(M2PH * years, (n, T)), M2PH * h2ph, np.ones((n, T))],
+                      axis=2)                                         # (N, T, 3)
+    normal = np.einsum("ntp,ntq->npq", design, design)
+    rhs = np.einsum("ntp,nt->np", design, phase)
+    solution = np.linalg.solve(normal, rhs[..., None])[..., 0]
+    return solution[:, 0], solution[:, 1]
+
+
+def _rms_about_median(error):
+    error = np.asarray(error, dtype=np.float64)
+    return float(np.sqrt(np.mean((error - np.median(error)) ** 2)))
+
+
+def truth_index(truth: dict, azimuth, range_) -> np.ndarray:
+    """Index into the truth's PS of each (azimuth, range); -1 where the pixel is no PS."""
+    n_rg = int(truth["range"].max()) + 1 if len(truth["range"]) else 1
+    n_rg = max(n_rg, int(np.max(range_)) + 1)
+    keys = truth["azimuth"].astype(np.int64) * n_rg + truth["range"]
+    query = np.asarray(azimuth, np.int64) * n_rg + np.asarray(range_, np.int64)
+    pos = np.searchsorted(keys, query)
+    pos = np.minimum(pos, len(keys) - 1)
+    return np.where(keys[pos] == query, pos, -1)
+
+
+def oracle_floors(truth: dict, which: np.ndarray) -> dict:
+    """Velocity and height RMSE (about the median) of the two oracle fits on PS ``which``."""
+    h2ph, years = truth["h2ph"][which], truth["years"]
+    noise = truth["noise"][which]
+    v_n, h_n = _fit(h2ph, years, noise)
+    v_a, h_a = _fit(h2ph, years, noise + truth["aps"][which])
+    return {"velocity_noise": _rms_about_median(v_n), "height_noise": _rms_about_median(h_n),
+            "velocity_nocorr": _rms_about_median(v_a), "height_nocorr": _rms_about_median(h_a)}
+
+
+def score(result: xr.Dataset, truth: dict, *, min_coherence: float = 0.8) -> dict:
+    """A chain result against the truth: RMSEs on coherent true PS, floors on the same PS,
+    the fraction of true PS in the result and NaN counts."""
+    idx = truth_index(truth, result["azimuth"].values, result["range"].values)
+    coherent = (result["temporal_coherence"].values >= min_coherence) & (idx >= 0)
+    which = idx[coherent]
+    v_err = result["velocity"].values[coherent] - truth["velocity"][which]
+    h_err = result["height_error"].values[coherent] - truth["height_error"][which]
+    n_nan = sum(int(np.isnan(result[v].values).sum())
+                for v in ("velocity", "height_error", "displacement", "temporal_coherence"))
+    figures = {
+        "n_true_ps": int(len(truth["azimuth"])),
+        "true_ps_in_result": int((idx >= 0).sum()),
+        "false_points_in_result": int((idx < 0).sum()),
+        "coherent_true_ps": int(coherent.sum()),
+        "velocity_rmse": _rms_about_median(v_err),
+        "height_rmse": _rms_about_median(h_err),
+        "n_nan": n_nan,
+    }
+    figures.update(oracle_floors(truth, which))
+    return figures
+
+
+def format_figures(figures: dict) -> str:
+    """One line: velocity in mm/yr and height in m, each with its two floors."""
+    f = figures
+    return (f"velocity {f['velocity_rmse'] * 1e3:.2f} mm/yr (floors {f['velocity_noise'] * 1e3:.2f}"
+            f" / {f['velocity_nocorr'] * 1e3:.2f}), height {f['height_rmse']:.2f} m (floors "
+            f"{f['height_noise']:.2f} / {f['height_nocorr']:.2f}), true PS in result "
+            f"{f['true_ps_in_result']}/{f['n_true_ps']}, coherent {f['coherent_true_ps']}, "
+            f"false {f['false_points_in_result']}, NaN {f['n_nan']}")
+
+
+#: The issue's three families (first: h2ph varying across range).
+ISSUE_FAMILIES = (
+    Family("issue-a", shape=(500, 500), n_epochs=60, revisit_days=12, aps_std=1.0,
+           aps_length=400.0, ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4),
+    Family("issue-b", shape=(400, 400), n_epochs=90, revisit_days=6, aps_std=1.5,
+           aps_length=1500.0, ps_fraction=0.015, noise_std=0.5, h2ph_variation=0.0),
+    Family("issue-c", shape=(400, 400), n_epochs=30, revisit_days=24, aps_std=0.5,
+           aps_length=200.0, ps_fraction=0.03, noise_std=0.3, h2ph_variation=0.0),
+)

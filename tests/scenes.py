@@ -162,6 +162,50 @@ def _fit(h2ph, years, phase):
     return solution[:, 0], solution[:, 1]
 
 
+def _leak_rows(h2ph, years):
+    """Rows ``g_i`` of the fit's pseudo-inverse that give the height error: ``(N, T)``."""
+    n, T = h2ph.shape
+    design = np.stack([np.broadcast_to(M2PH * years, (n, T)), M2PH * h2ph, np.ones((n, T))],
+                      axis=2)
+    normal = np.einsum("ntp,ntq->npq", design, design)
+    return np.einsum("nq,ntq->nt", np.linalg.inv(normal)[:, 1, :], design)
+
+
+def kriging_floor(truth: dict, which: np.ndarray) -> float:
+    """Height RMSE (about the median) on PS ``which`` after the best linear prediction of the
+    atmosphere's projection on the baselines from the oracle heights of *every* true PS, with
+    the exact covariances of this generator (dense global kriging, true ambiguities).
+
+    What any linear correction of the heights reaches at best: ``cov(leak_i, leak_j) =
+    aps_std^2 exp(-d_ij / aps_length) g_i . g_j`` (screens independent in time; the mother's
+    common term falls in the offset), observation covariance that plus the heights' own
+    (white, or shared per block) plus the noise leak ``noise_std^2 g_i . g_i``.
+    """
+    f = truth["family"]
+    g = _leak_rows(truth["h2ph"], truth["years"])
+    gram = g @ g.T
+    pos = np.column_stack([truth["azimuth"], truth["range"]]) * PIXEL
+    dist = np.hypot(pos[:, None, 0] - pos[None, :, 0], pos[:, None, 1] - pos[None, :, 1])
+    leak_cov = f["aps_std"] ** 2 * np.exp(-dist / f["aps_length"]) * gram
+    del dist
+    if f["height_blocks"] > 0:
+        size = max(1, int(round(f["height_blocks"] / PIXEL)))
+        block = (truth["azimuth"] // size) * 100000 + truth["range"] // size
+        height_cov = (f["height_std"] ** 2 * (block[:, None] == block[None, :])
+                      + np.diag(np.full(len(block), (0.1 * f["height_std"]) ** 2)))
+    else:
+        height_cov = np.diag(np.full(len(g), f["height_std"] ** 2))
+    cov = leak_cov + height_cov + f["noise_std"] ** 2 * np.diag(np.diag(gram))
+    del height_cov
+    _, observed = _fit(truth["h2ph"], truth["years"], truth["noise"] + truth["aps"])
+    observed = observed + truth["height_error"]
+    from scipy.linalg import cho_factor, cho_solve
+
+    predicted = leak_cov @ cho_solve(cho_factor(cov, lower=True, overwrite_a=True),
+                                     observed - observed.mean())
+    return _rms_about_median((observed - predicted - truth["height_error"])[which])
+
+
 def _rms_about_median(error):
     error = np.asarray(error, dtype=np.float64)
     return float(np.sqrt(np.mean((error - np.median(error)) ** 2)))

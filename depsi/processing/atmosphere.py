@@ -33,11 +33,30 @@ KRIGING_MAX_POINTS = 3000
 GAUSSIAN_NEIGHBOURS = 16
 #: Point pairs sampled for the empirical variogram.
 VARIOGRAM_PAIRS = 20000
-_VARIOGRAM_BINS = 15
+#: Nearest neighbours of each sampled point that join the variogram's short-distance pairs.
+VARIOGRAM_NEIGHBOURS = 16
+_VARIOGRAM_BINS = 20
 
 
 def _exponential(h, nugget, sill, length):
     return nugget + sill * (1.0 - np.exp(-h / length))
+
+
+def _variogram_pairs(positions: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Point pairs for the empirical variogram: random pairs (long distances) and each of a
+    sample of points with its nearest neighbours (short distances)."""
+    n = len(positions)
+    rng = np.random.default_rng(seed)
+    i = rng.integers(0, n, VARIOGRAM_PAIRS)
+    j = rng.integers(0, n, VARIOGRAM_PAIRS)
+    k = min(VARIOGRAM_NEIGHBOURS + 1, n)
+    centres = rng.choice(n, min(n, VARIOGRAM_PAIRS // max(k - 1, 1)), replace=False)
+    _, nbrs = cKDTree(positions).query(positions[centres], k=k)
+    nbrs = nbrs.reshape(len(centres), k)[:, 1:]
+    i = np.concatenate([i, np.repeat(centres, k - 1)])
+    j = np.concatenate([j, nbrs.ravel()])
+    keep = i != j
+    return i[keep], j[keep]
 
 
 def fit_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0) -> dict:
@@ -51,22 +70,23 @@ def fit_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0) -
     >>> sorted(fit)
     ['nugget', 'range', 'sill']
     """
-    n = len(positions)
-    rng = np.random.default_rng(seed)
-    i = rng.integers(0, n, VARIOGRAM_PAIRS)
-    j = rng.integers(0, n, VARIOGRAM_PAIRS)
-    keep = i != j
-    i, j = i[keep], j[keep]
+    i, j = _variogram_pairs(positions, seed)
     dist = np.hypot(*(positions[i] - positions[j]).T)
     centred = values - np.nanmean(values, axis=0, keepdims=True)
     semi = 0.5 * np.nanmean((centred[i] - centred[j]) ** 2, axis=1)
-    edges = np.linspace(0, 0.5 * dist.max(), _VARIOGRAM_BINS + 1)
+    # log-spaced bins from the point spacing to half the extent: a structure of a few hundred
+    # metres gets several bins on any scene size
+    near = dist[dist > 0]
+    low = max(float(np.quantile(near, 0.01)) if near.size else 1.0, 1e-6)
+    high = max(0.5 * float(dist.max()), 2 * low)
+    edges = np.concatenate([[0.0], np.geomspace(low, high, _VARIOGRAM_BINS)])
     which = np.digitize(dist, edges) - 1
-    ok = (which >= 0) & (which < _VARIOGRAM_BINS) & np.isfinite(semi)
+    ok = (which >= 0) & (which < _VARIOGRAM_BINS) & np.isfinite(semi) & (dist > 0)
     counts = np.bincount(which[ok], minlength=_VARIOGRAM_BINS)
     sums = np.bincount(which[ok], semi[ok], minlength=_VARIOGRAM_BINS)
+    dsums = np.bincount(which[ok], dist[ok], minlength=_VARIOGRAM_BINS)
     used = counts > 0
-    h = 0.5 * (edges[:-1] + edges[1:])[used]
+    h = dsums[used] / counts[used]
     gamma = sums[used] / counts[used]
     total = float(np.nanvar(centred))
     try:

@@ -23,7 +23,8 @@ from depsi.processing.integration import (
     integrate_network,
     remove_reference_noise,
 )
-from depsi.processing.network import form_network, wrap_phase
+from depsi.processing.model import estimate_model
+from depsi.processing.network import form_network, phase_to_metres, time_in_years, wrap_phase
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -215,13 +216,17 @@ def run_ps_chain(
     out = out.isel(space=np.argsort(out["point_index"].values, kind="stable"))
     area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
-    if atmosphere is not None and correlated_height:
-        out.attrs["wavelength"] = float(points.attrs["wavelength"])
-        h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
-        out = estimate_correlated_height(
-            out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values))),
-            aps_sill=float(result.attrs["variogram_sill"]),
-            aps_range=float(result.attrs["variogram_range"])).drop_vars("h2ph")
+    h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
+    out = out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values)))
+    out.attrs = {"wavelength": float(points.attrs["wavelength"]),
+                 "mother_time": str(points.attrs.get("mother_time", ""))}
+    if atmosphere is not None:
+        out = _fit_with_atmosphere(out, solver=solver)
+        if correlated_height:
+            out = estimate_correlated_height(
+                out, aps_sill=float(result.attrs["variogram_sill"]),
+                aps_range=float(result.attrs["variogram_range"]))
+    out = out.drop_vars("h2ph")
     fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
     out.attrs = {k: v for k, v in ps_stm.attrs.items()} | fitted
     out.attrs.update({
@@ -236,6 +241,42 @@ def run_ps_chain(
         "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
     })
     return validate(out, "points")
+
+
+def _fit_with_atmosphere(out: xr.Dataset, *, solver: str) -> xr.Dataset:
+    """Velocity and height error fitted to each point's unwrapped phase *with* its atmosphere.
+
+    The estimated screen serves unwrapping and the displacement series, but its own error
+    (the kriging error at each point, white in time) projects onto the time and perpendicular
+    baselines: subtracting it before the fit adds about 0.9 m of height noise on a 1 rad,
+    400 m screen. The phase with its atmosphere leaks only the true screen's projection, whose
+    spatially correlated part :func:`estimate_correlated_height` then takes out. Offset,
+    velocity and height error by batched least squares on the same ambiguities; displacement
+    and temporal coherence follow from the new values.
+    """
+    m2ph = phase_to_metres(float(out.attrs["wavelength"]))
+    full = (out["unwrapped_phase"] + out["aps"]).transpose("space", "time") / m2ph
+    observed = out[["h2ph"]].assign(observed=full.astype(np.float64))
+    fit = estimate_model(observed, terms=("offset", "velocity", "height_error"),
+                         variable="observed", solver=solver).compute()
+    velocity = fit["velocity"].values
+    height = fit["height_error"].values
+    ok = np.isfinite(velocity) & np.isfinite(height)
+    velocity = np.where(ok, velocity, out["velocity"].values)
+    height = np.where(ok, height, out["height_error"].values)
+    years = time_in_years(out)
+    unwrapped = out["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    h2ph = np.broadcast_to(out["h2ph"].transpose("space", ...).values.astype(np.float64)
+                           .reshape(out.sizes["space"], -1), unwrapped.shape)
+    residual = unwrapped - m2ph * (velocity[:, None] * years + h2ph * height[:, None])
+    displacement = unwrapped / m2ph - h2ph * height[:, None]
+    displacement -= displacement[:, :1]
+    return out.assign(
+        velocity=("space", velocity.astype(np.float32)),
+        height_error=("space", height.astype(np.float32)),
+        displacement=(("space", "time"), displacement.astype(np.float32)),
+        temporal_coherence=("space", np.abs(np.mean(np.exp(1j * residual), axis=1))
+                            .astype(np.float32)))
 
 
 def _result_view(ds: xr.Dataset, *, order: int) -> xr.Dataset:

@@ -37,14 +37,16 @@ from depsi.processing.network import phase_to_metres, point_positions, time_in_y
 
 logger = logging.getLogger(__name__)
 
-#: Nearest points whose height errors predict the correlated part at each point.
-NEIGHBOURS = 64
+#: Nearest points whose height errors predict the correlated part at each point: enough to
+#: cover a disc of the atmosphere's correlation length, within these bounds.
+NEIGHBOURS = (48, 192)
 #: Points sampled for the empirical variogram of the height errors.
 VARIOGRAM_POINTS = 3000
 #: Distance bins of that variogram, out to this many atmosphere correlation lengths.
 VARIOGRAM_REACH = 3.0
 _BINS = 20
-_BATCH = 2048
+#: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
+_BATCH_ELEMENTS = 4_000_000
 
 
 def height_leak_gain(h2ph: np.ndarray, years: np.ndarray, m2ph: float) -> np.ndarray:
@@ -126,8 +128,9 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     tree = cKDTree(src_pos)
     out = np.empty(len(dst_pos))
     nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
-    for start in range(0, len(dst_pos), _BATCH):  # batches of targets, bounded memory
-        stop = min(start + _BATCH, len(dst_pos))
+    batch = max(16, _BATCH_ELEMENTS // (k * k))
+    for start in range(0, len(dst_pos), batch):  # batches of targets, bounded memory
+        stop = min(start + batch, len(dst_pos))
         dist, idx = tree.query(dst_pos[start:stop], k=k)
         dist, idx = dist.reshape(stop - start, k), idx.reshape(stop - start, k)
         nb = src_pos[idx]                                          # (B, k, 2)
@@ -146,7 +149,7 @@ def estimate_correlated_height(
     *,
     aps_sill: float,
     aps_range: float,
-    k: int = NEIGHBOURS,
+    k: int | None = None,
 ) -> xr.Dataset:
     """Move the atmosphere's projection on the baselines from the height errors to the screen.
 
@@ -163,7 +166,8 @@ def estimate_correlated_height(
         per-epoch covariance at distance zero (a single-mother screen is the difference of two
         epochs' screens).
     k
-        Nearest points used for each prediction.
+        Nearest points used for each prediction; default as many as the points' density puts
+        within ``aps_range`` of a point, bounded by :data:`NEIGHBOURS`.
 
     Returns
     -------
@@ -212,6 +216,10 @@ def estimate_correlated_height(
     normalised = height[use] / gain[use]
     mean = normalised.mean()
     noise = fit_height_covariance(positions[use], normalised, signal_sill, float(aps_range))
+    if k is None:
+        extent = np.ptp(positions[use], axis=0)
+        density = use.sum() / max(float(extent[0] * extent[1]), 1.0)
+        k = int(np.clip(density * np.pi * float(aps_range) ** 2, *NEIGHBOURS))
     predicted = _predict(positions[use], normalised - mean, positions, signal_sill=signal_sill,
                          signal_range=float(aps_range), noise=noise, k=k)
     field = np.where(np.isfinite(gain), predicted * gain, 0.0)

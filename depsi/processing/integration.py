@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 import xarray as xr
+from scipy.linalg import lapack
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
 from scipy.stats import norm
@@ -35,13 +36,15 @@ DEFAULT_MIN_COHERENCE = 0.6
 DEFAULT_ALPHA = 0.001
 #: At most this many testing iterations (each removes the worst failing arc of every
 #: independent part of the network, then solves again).
-DEFAULT_MAX_ITERATIONS = 50
+DEFAULT_MAX_ITERATIONS = 100
 #: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
 #: normal matrix (``n^2`` floats); above, from random probes.
 EXACT_REDUNDANCY_POINTS = 6000
 #: Random sign probes of the redundancy estimate for larger networks (relative error about
 #: ``1 / sqrt(probes)`` of the leverage).
 REDUNDANCY_PROBES = 64
+#: Redundancy numbers are recomputed once this fraction of the arcs was removed since.
+REDUNDANCY_REFRESH = 0.02
 #: Arcs with a redundancy number below this cannot be tested (a bridge: no loop checks them).
 MIN_REDUNDANCY = 0.02
 
@@ -144,13 +147,18 @@ def _solve(source, target, weights, rhs, n, point_ok, reference, *, leverage=Fal
     values[reference] = 0.0
     if not leverage:
         return values, None
-    return values, _leverage(A, weights, lu, n_unknown)
+    return values, _leverage(A, weights, lu, normal, n_unknown)
 
 
-def _leverage(A, weights, lu, n_unknown):
+def _leverage(A, weights, lu, normal, n_unknown):
     """``w_a a^T N^-1 a`` per arc (the diagonal of the hat matrix)."""
     if n_unknown <= EXACT_REDUNDANCY_POINTS:
-        inverse = lu.solve(np.eye(n_unknown))
+        factor, info = lapack.dpotrf(normal.toarray(), lower=1)
+        inverse, info2 = lapack.dpotri(factor, lower=1)
+        if info or info2:
+            raise np.linalg.LinAlgError(f"normal matrix not positive definite (LAPACK {info}, "
+                                        f"{info2})")
+        inverse = np.tril(inverse) + np.tril(inverse, -1).T
         rows = A.tocsr()
         coo = rows.tocoo()
         # a^T Q a for rows with entries (c_i, v_i): sum_ij v_i v_j Q[c_i, c_j]
@@ -334,6 +342,7 @@ def integrate_network(
     w_stat = np.zeros(len(source))
     n_tested_out = 0
     iterations = 0
+    cached = None
     while True:
         arc_ok, point_reason = _prune(source, target, arc_ok, n, reference)
         point_ok = point_reason == 0
@@ -345,12 +354,17 @@ def integrate_network(
         quality = _point_quality(source, target, arc_ok, coherence, n)
         ref = (int(reference) if reference is not None
                else _choose_reference(positions, point_ok, quality))
+        # redundancy numbers change little when a few arcs go: they are recomputed when more
+        # than REDUNDANCY_REFRESH of the arcs went since, and always before testing stops
+        fresh = cached is None or arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1]
         values, leverage = _solve(source[arc_ok], target[arc_ok], weights[arc_ok], rhs[arc_ok],
-                                  n, point_ok, ref, leverage=True)
+                                  n, point_ok, ref, leverage=fresh)
+        if fresh:
+            cached = (np.zeros(len(source)), int(arc_ok.sum()))
+            cached[0][arc_ok] = 1.0 - leverage
         misclosure = np.zeros_like(rhs)
         misclosure[arc_ok] = rhs[arc_ok] - (values[target[arc_ok]] - values[source[arc_ok]])
-        redundancy = np.zeros(len(source))
-        redundancy[arc_ok] = 1.0 - leverage
+        redundancy = np.where(arc_ok, cached[0], 0.0)
         testable = arc_ok & (redundancy >= MIN_REDUNDANCY)
         if not testable.any():
             logger.warning("network has no redundancy (a tree): arcs cannot be tested")
@@ -363,7 +377,10 @@ def integrate_network(
         w_stat = np.where(testable, normalised, 0.0)
         failing = np.flatnonzero(w_stat > critical)
         if not failing.size:
-            break
+            if fresh:
+                break
+            cached = None
+            continue
         if iterations >= max_iterations:
             logger.warning("arc testing stopped after max_iterations=%d iterations (%d arcs "
                            "removed); %d arcs that still fail the w-test are kept",
@@ -391,8 +408,9 @@ def integrate_network(
         "n_arcs_removed_with_point": int((arc_reason == 3).sum()),
         "removal_reason_legend": str(POINT_REASONS),
     })
-    logger.info("integration: %d/%d points, %d/%d arcs kept (%d rejected by w-test), "
-                "reference %d", point_ok.sum(), n, arc_ok.sum(), len(source), n_tested_out, ref)
+    logger.info("integration: %d/%d points, %d/%d arcs kept (%d rejected by w-test in %d "
+                "iterations), reference %d", point_ok.sum(), n, arc_ok.sum(), len(source),
+                n_tested_out, iterations, ref)
     if reference_radius is not None:
         result = apply_reference_area(result, reference_radius)
     if not return_arcs:

@@ -316,3 +316,15 @@ def test_an_all_nan_chunk_is_written_and_reads_back(tmp_path):
     path = save_stm(ds, tmp_path / "ps.zarr", chunk_bytes=4000)
     assert np.isnan(open_stm(path)["h2ph"].values).all()
     assert verify_store(path)["h2ph"] > 1
+
+
+def test_info_verify_checks_every_chunk(epochs, tmp_path, capsys):
+    from depsi.cli import main
+
+    path = Path(shutil.copytree(epochs["old"], tmp_path / "ps.zarr"))
+    assert main(["info", str(path), "--verify"]) == 0
+    assert "verified:" in capsys.readouterr().out
+    chunk = _chunk_files(path, "lat")[0]
+    chunk.write_bytes(chunk.read_bytes()[:-3])
+    assert main(["info", str(path)]) == 0  # without --verify no chunk is read
+    assert main(["info", str(path), "--verify"]) == 2

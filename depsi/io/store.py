@@ -365,7 +365,7 @@ def check_store_safe(path: str | os.PathLike) -> None:
                 f"data type {dtype!r}")
 
 
-def _check_is_store(path: Path) -> None:
+def check_store_path(path: Path) -> None:
     if not path.exists():
         raise FileNotFoundError(f"STM store {str(path)!r} does not exist")
     if not path.is_dir():
@@ -517,7 +517,7 @@ def open_stm(
     if not path.exists() and any(path.parent.glob(f".{glob.escape(path.name)}.replaced-*")):
         with write_lock(path):
             recover_interrupted(path)
-    _check_is_store(path)
+    check_store_path(path)
     check_store_safe(path)
     if (path / JOURNAL).exists():
         with write_lock(path):

@@ -182,6 +182,8 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
     slurm = config.compute.slurm
     driver_is_light = config.compute.scheduler == "slurm"
     walltime = (slurm.driver_walltime or slurm.walltime) if driver_is_light else slurm.walltime
+    _check_directive_values({"job_name": job_name, "log": log, "working folder": str(Path.cwd()),
+                             "config path": str(Path(config_path).resolve())})
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}",
              f"#SBATCH --output={log or job_name + '-%j.out'}",
              f"#SBATCH --time={walltime}",
@@ -207,6 +209,18 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
               f"{shlex.quote(sys.executable)} -m depsi.cli -v run "
               f"{shlex.quote(str(Path(config_path).resolve()))} --resume --no-progress", ""]
     return "\n".join(lines)
+
+
+def _check_directive_values(values: dict[str, str | None]) -> None:
+    """A value with a newline would become a line of its own in the batch script."""
+    import re
+
+    for name, value in values.items():
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):
+            raise ValueError(f"{name}: expected one line of printable text for the batch "
+                             f"script, found control character(s) in {value[:60]!r}")
+        if name == "job_name" and value is not None and not re.fullmatch(r"[\w.+-]+", value):
+            raise ValueError(f"job_name: expected letters, digits and . + - _, found {value!r}")
 
 
 def _sbatch_memory(memory: str) -> str:

@@ -16,8 +16,8 @@ DATES = np.arange("2020-01-01", "2020-03-01", 12, dtype="datetime64[D]").astype(
 
 def point_stm(n=500, t=5, seed=0):
     rng = np.random.default_rng(seed)
-    az = rng.permutation(n) // 7
-    rg = rng.permutation(n) % 23
+    position = rng.permutation(n)  # every point at its own pixel, in random order
+    az, rg = position // 23, position % 23
     slc = (rng.normal(size=(n, t)) + 1j * rng.normal(size=(n, t))).astype("c8")
     return xr.Dataset(
         {

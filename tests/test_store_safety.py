@@ -29,7 +29,8 @@ DATES = np.arange("2020-01-01", "2021-01-01", 12, dtype="datetime64[D]").astype(
 
 def point_stm(n=300, t=8, seed=0):
     rng = np.random.default_rng(seed)
-    az, rg = rng.permutation(n) // 13, rng.permutation(n) % 29
+    position = rng.permutation(n)
+    az, rg = position // 29, position % 29
     slc = (rng.normal(size=(n, t)) + 1j * rng.normal(size=(n, t))).astype("c8")
     return xr.Dataset(
         {"complex": (("space", "time"), slc), "amplitude": (("space", "time"), np.abs(slc)),

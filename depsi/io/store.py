@@ -270,7 +270,7 @@ def save_stm(
             f"store path {str(path)!r} exists; pass overwrite=True to replace it"
         )
     kind = infer_kind(ds)
-    validate(ds, kind=kind)
+    validate(ds, kind=kind, unique_positions=True)
     if reorder and kind == "points" and {"azimuth", "range"} <= set(ds.variables):
         ds = to_morton_order(ds)
     ds = _chunked(_clean_encoding(ds), kind, chunk_bytes)

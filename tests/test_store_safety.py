@@ -329,3 +329,10 @@ def test_info_verify_checks_every_chunk(epochs, tmp_path, capsys):
     chunk.write_bytes(chunk.read_bytes()[:-3])
     assert main(["info", str(path)]) == 0  # without --verify no chunk is read
     assert main(["info", str(path), "--verify"]) == 2
+
+
+def test_an_array_whose_metadata_is_gone_is_not_silently_dropped(epochs, tmp_path):
+    path = Path(shutil.copytree(epochs["old"], tmp_path / "ps.zarr"))
+    (path / "azimuth" / "zarr.json").unlink()
+    with pytest.raises(StoreIntegrityError, match=r"arrays \['azimuth'\].*no metadata"):
+        open_stm(path)

@@ -276,7 +276,8 @@ def save_stm(
     ds = _chunked(_clean_encoding(ds), kind, chunk_bytes)
     ds.attrs = {k: v for k, v in ds.attrs.items() if k != STORE_ATTR}
     ds.attrs[STORE_ATTR] = {"format": 1, "complete": True,
-                            "epochs": int(ds.sizes["time"]) if "time" in ds.dims else None}
+                            "epochs": int(ds.sizes["time"]) if "time" in ds.dims else None,
+                            "arrays": sorted(map(str, ds.variables))}
     encoding = {name: {"compressors": _compressors(ds[name].dtype)} for name in ds.variables}
 
     with write_lock(path, timeout=lock_timeout):
@@ -459,6 +460,11 @@ def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
     group = _store_arrays(path)
     complete = bool(record.get("complete"))
     if complete:
+        missing = sorted(set(record.get("arrays") or ()) - set(group))
+        if missing:
+            raise StoreIntegrityError(
+                f"STM store {str(path)!r}: expected the arrays {missing} of a store written "
+                f"whole, found no metadata (zarr.json) for them")
         _check_all_chunks(path, group)
     stamp = (path / "zarr.json").stat().st_mtime_ns if (path / "zarr.json").exists() else 0
     for name in list(raw.variables):

@@ -397,7 +397,9 @@ class _CheckedChunks:
         ranges = []
         for k, size, step in zip(key, self.shape, self.chunk_shape):
             start, stop, _ = k.indices(size) if isinstance(k, slice) else (k, k + 1, 1)
-            ranges.append(range(start // step, max(start, stop - 1) // step + 1))
+            if stop <= start:
+                return []  # nothing read, no chunk touched
+            ranges.append(range(start // step, (stop - 1) // step + 1))
         return list(itertools.product(*ranges))
 
     def __getitem__(self, key):

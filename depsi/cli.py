@@ -28,7 +28,8 @@ processed lazily with Dask. Commands:
   depsi slurm-script CONFIG  write an sbatch script whose job runs `depsi run CONFIG --resume`
   depsi demo                 simulate a small stack, run the PS chain, write results and plots
   depsi simulate OUT.zarr    write a simulated SLC stack (with its truth) to Zarr or raw binary
-  depsi info PATH            dims, variables, chunking, attributes and size on disk of a store
+  depsi info PATH            dims, variables, chunking, attributes and size on disk of a store;
+                             --verify reads every chunk and checks it (none missing, checksums)
 """
 
 
@@ -50,8 +51,10 @@ def describe_store(path: Path) -> str:
     """A text summary of a Zarr store: dims, variables with dtype and chunks, attrs, size."""
     import xarray as xr
 
-    if not path.exists():
-        raise FileNotFoundError(f"store {str(path)!r} does not exist")
+    from depsi.io.store import check_store_path, check_store_safe
+
+    check_store_path(path)
+    check_store_safe(path)
     consolidated = (path / ".zmetadata").exists() and not (path / "zarr.json").exists()
     ds = xr.open_zarr(path, consolidated=consolidated, chunks={})
     fmt = "v3" if (path / "zarr.json").exists() else "v2"
@@ -71,7 +74,15 @@ def describe_store(path: Path) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    sys.stdout.write(describe_store(Path(args.path)) + "\n")
+    path = Path(args.path)
+    if args.verify:
+        from depsi.io.store import verify_store
+
+        counts = verify_store(path)  # raises on the first missing or damaged chunk
+    sys.stdout.write(describe_store(path) + "\n")
+    if args.verify:
+        sys.stdout.write(f"verified: {sum(counts.values())} chunks of {len(counts)} arrays "
+                         "read, all present and matching their checksums\n")
     return 0
 
 
@@ -171,6 +182,8 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
     slurm = config.compute.slurm
     driver_is_light = config.compute.scheduler == "slurm"
     walltime = (slurm.driver_walltime or slurm.walltime) if driver_is_light else slurm.walltime
+    _check_directive_values({"job_name": job_name, "log": log, "working folder": str(Path.cwd()),
+                             "config path": str(Path(config_path).resolve())})
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}",
              f"#SBATCH --output={log or job_name + '-%j.out'}",
              f"#SBATCH --time={walltime}",
@@ -196,6 +209,18 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
               f"{shlex.quote(sys.executable)} -m depsi.cli -v run "
               f"{shlex.quote(str(Path(config_path).resolve()))} --resume --no-progress", ""]
     return "\n".join(lines)
+
+
+def _check_directive_values(values: dict[str, str | None]) -> None:
+    """A value with a newline would become a line of its own in the batch script."""
+    import re
+
+    for name, value in values.items():
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):
+            raise ValueError(f"{name}: expected one line of printable text for the batch "
+                             f"script, found control character(s) in {value[:60]!r}")
+        if name == "job_name" and value is not None and not re.fullmatch(r"[\w.+-]+", value):
+            raise ValueError(f"job_name: expected letters, digits and . + - _, found {value!r}")
 
 
 def _sbatch_memory(memory: str) -> str:
@@ -252,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe a Zarr store (STM or SLC stack)")
     info.add_argument("path", help="path of the Zarr store")
+    info.add_argument("--verify", action="store_true",
+                      help="read every chunk and check it: none missing, every checksum right")
     info.set_defaults(func=_cmd_info)
 
     sim = sub.add_parser("simulate", help="write a simulated SLC stack with known truth")
@@ -293,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (FileExistsError, FileNotFoundError, ValueError, ImportError) as err:
+    except (FileExistsError, FileNotFoundError, TimeoutError, ValueError, ImportError) as err:
         logger.error("%s", " ".join(line.strip() for line in str(err).splitlines()))
         return 2
     except RuntimeError as err:

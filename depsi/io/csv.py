@@ -58,8 +58,33 @@ UNITS = {"displacement": "m", "lat": "degrees_north", "lon": "degrees_east", "h2
 _EPOCH_COLUMN = re.compile(r"^(?P<prefix>.+)_(?P<date>\d+)$")
 
 
+#: Longest header line read when looking for duplicate column names.
+MAX_HEADER_BYTES = 16 * 2**20
+
+
+def _check_unique_header(path: Path, sep: str) -> None:
+    """pandas renames a repeated column (``d_20160327.1``): refuse it before that happens."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        line = f.readline(MAX_HEADER_BYTES)
+    if len(sep) != 1:
+        return  # a regular-expression separator: pandas' own parser decides
+    names = next(csv.reader([line], delimiter=sep), [])
+    seen, repeated = set(), []
+    for name in names:
+        if name in seen and name not in repeated:
+            repeated.append(name)
+        seen.add(name)
+    if repeated:
+        raise STMValidationError(
+            f"CSV file {str(path)!r}: expected each column name once, found {repeated[:5]} "
+            "more than once")
+
+
 def _read_header(path: Path, sep: str) -> list[str]:
     try:
+        _check_unique_header(path, sep)
         return list(pd.read_csv(path, sep=sep, nrows=0).columns)
     except FileNotFoundError:
         raise FileNotFoundError(f"CSV file {str(path)!r} does not exist") from None
@@ -109,6 +134,11 @@ def _point_name(column: str) -> str:
 
 
 def _point_array(series: pd.Series, name: str, path: Path) -> np.ndarray:
+    if name in (*INTEGER_COORDINATES, "lat", "lon") and not pd.api.types.is_numeric_dtype(series):
+        bad = series[pd.to_numeric(series, errors="coerce").isna() & series.notna()]
+        raise STMValidationError(
+            f"column {series.name!r} in {str(path)!r}: expected numbers, found "
+            f"{len(bad)} non-numeric value(s) such as {str(bad.iloc[0])[:40] if len(bad) else ''!r}")
     if name == "point_id" or not (pd.api.types.is_numeric_dtype(series)
                                   or pd.api.types.is_bool_dtype(series)):
         # fixed-width unicode of the longest value: nothing is truncated in Zarr or NetCDF
@@ -265,7 +295,7 @@ def from_csv(
     for name, units in UNITS.items():
         if name in ds.variables:
             ds[name].attrs["units"] = units
-    validate(ds, kind="points")
+    validate(ds, kind="points", unique_positions=True)
     if blocksize is not None:
         from depsi.io.store import space_chunk_size
 

@@ -15,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import uuid
@@ -39,16 +40,25 @@ _GEO_HINT = "install the optional 'geo' extra: pip install 'depsi[geo]'"
 
 @contextmanager
 def _atomic_path(path: str | os.PathLike):
-    """Yield a temporary sibling of ``path`` (same suffix) and move it into place on success."""
+    """Yield a temporary sibling of ``path`` (same suffix) and move it into place on success.
+
+    The writer's lock of ``path`` is held throughout (one writer at a time), and temporary
+    siblings of earlier, killed exports of the same file are removed under it.
+    """
+    from depsi.io.lock import write_lock
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.writing-{uuid.uuid4().hex[:8]}{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with write_lock(path):
+        for stale in path.parent.glob(f".{glob.escape(path.stem)}.writing-*{path.suffix}"):
+            logger.warning("removing %s, left by an interrupted export of %s", stale, path)
+            stale.unlink(missing_ok=True)
+        tmp = path.with_name(f".{path.stem}.writing-{uuid.uuid4().hex[:8]}{path.suffix}")
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
 
 def _require(result: xr.Dataset, names: Sequence[str], what: str) -> None:

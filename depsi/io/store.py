@@ -7,6 +7,8 @@ asked. Space is stored in Morton order of (azimuth, range) and chunked by bytes;
 
 from __future__ import annotations
 
+import glob
+import json
 import logging
 import os
 import shutil
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from depsi.io.lock import write_lock
 from depsi.stm.order import morton_order
 from depsi.stm.schema import DIMS, STMValidationError, validate
 
@@ -95,21 +98,130 @@ def _chunked(ds: xr.Dataset, kind: str, chunk_bytes: int) -> xr.Dataset:
 
 
 def _compressors(dtype: np.dtype) -> list:
-    """LZ4 at a low level behind a byte shuffle for every numeric variable.
+    """LZ4 at a low level behind a byte shuffle, then a crc32c checksum of the chunk.
 
     Noisy phase compresses little whatever the codec, so speed wins: 2-3x faster than Zarr's
-    default zstd at a store within 2 % of its size (benchmarks/bench_stm.py).
+    default zstd at a store within 2 % of its size (benchmarks/bench_stm.py). The checksum (4
+    bytes a chunk) turns a damaged chunk into an error instead of numbers.
     """
-    from zarr.codecs import BloscCodec
+    from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
+    if dtype.kind not in "fciubmM":  # variable-length strings
+        return [ZstdCodec(level=1), Crc32cCodec()]
     typesize = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-    return [BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=max(typesize, 1))]
+    return [BloscCodec(cname="lz4", clevel=1, shuffle="shuffle", typesize=max(typesize, 1)),
+            Crc32cCodec()]
+
+
+# ------------------------------------------------------------------ errors, faults, renames
+class StoreIntegrityError(ValueError):
+    """A store is damaged, incomplete or unsafe to read; the message names path and part."""
+
+
+class _MidPublish(StoreIntegrityError):
+    """The metadata read disagree with each other: an append may be publishing right now."""
+
+
+#: Root attribute recording how depsi wrote a store: ``{"format", "complete", "epochs"}``.
+STORE_ATTR = "depsi_store"
+#: Journal of an append in progress, inside the store (see :func:`append_epochs`).
+JOURNAL = ".depsi-append.json"
+#: Staging folder of an append in progress, inside the store; readers never look there.
+STAGING = ".depsi-append"
+#: Data types a store may hold; anything else (objects, pickles) is refused before decoding.
+_SAFE_V2_OBJECT_CODECS = {"vlen-utf8", "vlen-bytes"}
+
+
+def _fault_point(stage: str) -> None:
+    """Die here by SIGKILL when ``DEPSI_FAULT_AT`` names ``stage`` (fault-injection tests)."""
+    if os.environ.get("DEPSI_FAULT_AT") == stage:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _temporary_sibling(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}")
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2); False where unsupported."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    return False  # EINVAL/ENOSYS: a file system without the exchange; fall back
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def move_into_place(tmp: Path, path: Path) -> None:
+    """Put the finished ``tmp`` at ``path``; an old ``path`` is removed only afterwards.
+
+    Every complete product of depsi (stores, exports, simulated stacks) reaches its name this
+    way, so a name never points at a half-written product. Over an existing ``path`` the two are
+    swapped in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); elsewhere the old one is
+    renamed aside first, and a crash between the two renames leaves it as ``.<name>.replaced-*``,
+    which the next write or open of ``path`` puts back (:func:`recover_interrupted`).
+    """
+    if not path.exists():
+        os.replace(tmp, path)
+        return
+    if _exchange(tmp, path):
+        _remove(tmp)  # now the old product
+        return
+    old = _temporary_sibling(path, "replaced")
+    os.replace(path, old)
+    _fault_point("move:old-aside")
+    os.replace(tmp, path)
+    _remove(old)
+
+
+def recover_interrupted(path: str | os.PathLike) -> list[Path]:
+    """Undo what a killed writer of ``path`` left; call with :func:`write_lock` held.
+
+    A missing ``path`` with a ``.<name>.replaced-*`` sibling (killed between the two renames of
+    :func:`move_into_place`) gets its old product back; the remaining ``.<name>.writing-*`` and
+    ``.<name>.replaced-*`` siblings are removed; an append journal is completed or rolled back.
+
+    Returns
+    -------
+    list of Path
+        The siblings removed or restored.
+    """
+    path = Path(path)
+    siblings = sorted(path.parent.glob(f".{glob.escape(path.name)}.writing-*")) + sorted(
+        path.parent.glob(f".{glob.escape(path.name)}.replaced-*"),
+        key=lambda p: p.stat().st_mtime_ns)
+    replaced = [p for p in siblings if ".replaced-" in p.name]
+    if not path.exists() and replaced:
+        logger.warning("restoring %s from %s, left by a writer killed while replacing it",
+                       path, replaced[-1])
+        os.replace(replaced[-1], path)
+    for stale in siblings:
+        if stale.exists():
+            logger.warning("removing %s, left by an interrupted write of %s", stale, path)
+            _remove(stale)
+    if (path / JOURNAL).exists():
+        _finish_append(path)
+    return siblings
+
+
+# ------------------------------------------------------------------------------------- write
 def save_stm(
     ds: xr.Dataset,
     path: str | os.PathLike,
@@ -117,8 +229,9 @@ def save_stm(
     overwrite: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     reorder: bool = True,
+    lock_timeout: float | None = None,
 ) -> Path:
-    """Write an STM to a Zarr v3 store, atomically.
+    """Write an STM to a Zarr v3 store, atomically, with a checksum in every chunk.
 
     Parameters
     ----------
@@ -133,6 +246,8 @@ def save_stm(
         Target bytes per space chunk (all variables together); time is kept in one chunk.
     reorder
         Sort a points STM with ``azimuth``/``range`` into Morton order before writing.
+    lock_timeout
+        Seconds to wait for another writer of ``path`` (:func:`depsi.io.lock.write_lock`).
 
     Returns
     -------
@@ -155,38 +270,230 @@ def save_stm(
             f"store path {str(path)!r} exists; pass overwrite=True to replace it"
         )
     kind = infer_kind(ds)
-    validate(ds, kind=kind)
+    validate(ds, kind=kind, unique_positions=True)
     if reorder and kind == "points" and {"azimuth", "range"} <= set(ds.variables):
         ds = to_morton_order(ds)
     ds = _chunked(_clean_encoding(ds), kind, chunk_bytes)
-    encoding = {name: {"compressors": _compressors(ds[name].dtype)} for name in ds.variables
-                if ds[name].dtype.kind in "fciub"}
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k != STORE_ATTR}
+    ds.attrs[STORE_ATTR] = {"format": 1, "complete": True,
+                            "epochs": int(ds.sizes["time"]) if "time" in ds.dims else None,
+                            "arrays": sorted(map(str, ds.variables))}
+    encoding = {name: {"compressors": _compressors(ds[name].dtype)} for name in ds.variables}
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_sibling(path, "writing")
-    try:
-        ds.to_zarr(tmp, mode="w-", zarr_format=3, consolidated=False, encoding=encoding)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    move_into_place(tmp, path)
+    with write_lock(path, timeout=lock_timeout):
+        recover_interrupted(path)
+        if path.exists() and not overwrite:
+            raise FileExistsError(
+                f"store path {str(path)!r} exists; pass overwrite=True to replace it")
+        tmp = _temporary_sibling(path, "writing")
+        try:
+            ds.to_zarr(tmp, mode="w-", zarr_format=3, consolidated=False, encoding=encoding,
+                       write_empty_chunks=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fault_point("save:written")
+        move_into_place(tmp, path)
     logger.info("wrote %s STM %s to %s", kind, dict(ds.sizes), path)
     return path
 
 
-def move_into_place(tmp: Path, path: Path) -> None:
-    """Rename the finished ``tmp`` to ``path``; an old ``path`` is removed only afterwards.
+# -------------------------------------------------------------------------------------- read
+def _metadata_files(path: Path) -> list[Path]:
+    names = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in ("c", STAGING)]  # chunk folders hold no metadata
+        found.extend(Path(root) / f for f in files if f in names)
+    return found
 
-    Every complete product of depsi (stores, exports, simulated stacks) reaches its name this
-    way, so a name never points at a half-written product.
+
+def _unsafe_codecs(node: object) -> list[str]:
+    """Names of pickle (code-executing) codecs anywhere in a metadata document."""
+    found = []
+    if isinstance(node, dict):
+        for key in ("name", "id"):
+            value = node.get(key)
+            if isinstance(value, str) and "pickle" in value.lower():
+                found.append(value)
+        for value in node.values():
+            found += _unsafe_codecs(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _unsafe_codecs(value)
+    return found
+
+
+def check_store_safe(path: str | os.PathLike) -> None:
+    """Refuse a store whose metadata asks for object dtypes or pickle codecs.
+
+    Decoding a pickle runs code chosen by whoever wrote the file; depsi never does, whatever
+    numcodecs' own opt-in setting says. Only metadata files are read.
+
+    Raises
+    ------
+    StoreIntegrityError
+        Naming the array and the dtype or codec found.
     """
-    old = None
-    if path.exists():
-        old = _temporary_sibling(path, "replaced")
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    path = Path(path)
+    for meta in _metadata_files(path):
+        where = meta.parent.relative_to(path).as_posix() or "/"
+        try:
+            document = json.loads(meta.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise StoreIntegrityError(
+                f"metadata {str(meta)!r}: expected JSON, found unreadable content ({err})"
+            ) from None
+        unsafe = _unsafe_codecs(document)
+        if unsafe:
+            raise StoreIntegrityError(
+                f"array {where!r} in {str(path)!r}: expected numeric or string codecs, found "
+                f"{sorted(set(unsafe))} (refused: decoding a pickle runs arbitrary code)")
+        if not isinstance(document, dict):
+            continue
+        dtype = document.get("dtype") if meta.name == ".zarray" else document.get("data_type")
+        if meta.name == ".zarray" and isinstance(dtype, str) and "O" in dtype:
+            codec_ids = {str(f.get("id")) for f in (document.get("filters") or [])
+                         if isinstance(f, dict)}
+            if not codec_ids or not codec_ids <= _SAFE_V2_OBJECT_CODECS:
+                raise StoreIntegrityError(
+                    f"array {where!r} in {str(path)!r}: expected numeric or string data, "
+                    f"found object dtype {dtype!r} with codecs {sorted(codec_ids)}")
+        if meta.name == "zarr.json" and isinstance(dtype, str) and dtype.lower() in (
+                "object", "|o", "o"):
+            raise StoreIntegrityError(
+                f"array {where!r} in {str(path)!r}: expected numeric or string data, found "
+                f"data type {dtype!r}")
+
+
+def check_store_path(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"STM store {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise StoreIntegrityError(
+            f"STM store {str(path)!r}: expected a Zarr store (a folder), found a file")
+    if not any((path / name).exists() for name in ("zarr.json", ".zgroup", ".zmetadata")):
+        found = sorted(p.name for p in path.iterdir())[:5]
+        raise StoreIntegrityError(
+            f"STM store {str(path)!r}: expected a Zarr group (zarr.json or .zgroup), found "
+            + (f"a folder with {found}" if found else "an empty folder"))
+
+
+class _CheckedChunks:
+    """A store array read chunk by chunk: a missing chunk of a complete store, or a chunk that
+    fails its checksum, raises naming the variable and the chunk."""
+
+    def __init__(self, variable: xr.Variable, name: str, folder: Path, zarr_array,
+                 complete: bool):
+        self.variable, self.name, self.folder = variable, name, folder
+        self.shape, self.dtype, self.ndim = variable.shape, variable.dtype, variable.ndim
+        self.chunk_shape = zarr_array.chunks
+        self.encode_key = zarr_array.metadata.encode_chunk_key
+        self.complete = complete
+
+    def _chunks_of(self, key: tuple) -> list[tuple[int, ...]]:
+        import itertools
+
+        ranges = []
+        for k, size, step in zip(key, self.shape, self.chunk_shape):
+            start, stop, _ = k.indices(size) if isinstance(k, slice) else (k, k + 1, 1)
+            if stop <= start:
+                return []  # nothing read, no chunk touched
+            ranges.append(range(start // step, (stop - 1) // step + 1))
+        return list(itertools.product(*ranges))
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        chunks = self._chunks_of(key)
+        if self.complete:
+            missing = [c for c in chunks if not (self.folder / self.encode_key(c)).exists()]
+            if missing:
+                raise StoreIntegrityError(
+                    f"variable {self.name!r}, chunk {missing[0]} in {str(self.folder)!r}: "
+                    f"expected the chunk file {self.encode_key(missing[0])!r} of a store "
+                    f"written whole, found none")
+        try:
+            return np.asarray(self.variable[key].values)
+        except ValueError as err:
+            if "checksum" not in str(err).lower():
+                raise
+            raise StoreIntegrityError(
+                f"variable {self.name!r}, chunk(s) {chunks[:4]} in {str(self.folder)!r}: "
+                f"expected data matching its crc32c checksum, found damaged data ({err})"
+            ) from None
+
+
+def _store_arrays(path: Path) -> dict:
+    """The arrays of the store's root group (an append's journal and staging folder are not
+    Zarr nodes: Zarr's warning about them is expected and not shown)."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Object at \.depsi-append")
+        return dict(zarr.open_group(path, mode="r").arrays())
+
+
+def _store_record(path: Path) -> dict:
+    root = path / "zarr.json"
+    if not root.exists():
+        return {}
+    record = json.loads(root.read_text()).get("attributes", {}).get(STORE_ATTR)
+    return record if isinstance(record, dict) else {}
+
+
+def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
+    import dask.array as da
+    import zarr
+    from dask.base import tokenize
+
+    record = _store_record(path)
+    try:
+        raw = xr.open_dataset(path, engine="zarr", consolidated=consolidated, chunks=None,
+                              cache=False)
+    except ValueError as err:
+        if "checksum" in str(err).lower():
+            raise StoreIntegrityError(
+                f"STM store {str(path)!r}: expected index coordinates matching their crc32c "
+                f"checksums, found damaged data ({err})") from None
+        raise _MidPublish(f"STM store {str(path)!r}: expected consistent metadata, found "
+                          f"{err}") from err
+    group = _store_arrays(path)
+    complete = bool(record.get("complete"))
+    if complete:
+        missing = sorted(set(record.get("arrays") or ()) - set(group))
+        if missing:
+            raise StoreIntegrityError(
+                f"STM store {str(path)!r}: expected the arrays {missing} of a store written "
+                f"whole, found no metadata (zarr.json) for them")
+        _check_all_chunks(path, group)
+    stamp = (path / "zarr.json").stat().st_mtime_ns if (path / "zarr.json").exists() else 0
+    for name in list(raw.variables):
+        if name in raw.indexes:
+            continue
+        var = raw[name].variable
+        array = group[name]
+        reader = _CheckedChunks(var, name, path / name, array, complete)
+        data = da.from_array(reader, chunks=array.chunks if var.ndim else (),
+                             name=f"open_stm-{name}-" + tokenize(str(path), name, stamp),
+                             meta=np.empty((0,) * var.ndim, dtype=var.dtype))
+        raw[name] = var.copy(deep=False, data=data)
+    epochs = record.get("epochs")
+    if epochs is not None and raw.sizes.get("time") != epochs:
+        raise _MidPublish(
+            f"STM store {str(path)!r}: expected {epochs} epochs as recorded, found "
+            f"{raw.sizes.get('time')} (an append is being published or was interrupted)")
+    raw.attrs = {k: v for k, v in raw.attrs.items() if k != STORE_ATTR}
+    return raw
+
+
+def _check_all_chunks(path: Path, group) -> None:
+    for name, array in group.items():
+        if array.nchunks_initialized != array.nchunks:
+            raise StoreIntegrityError(
+                f"variable {name!r} in {str(path)!r}: expected all {array.nchunks} chunks of a "
+                f"store written whole, found {array.nchunks_initialized}")
 
 
 def open_stm(
@@ -197,6 +504,11 @@ def open_stm(
     check: bool = True,
 ) -> xr.Dataset:
     """Open an STM store (Zarr v3 or v2) lazily with Dask and validate it.
+
+    Before any array is decoded the store's metadata is checked (no object dtypes, no pickle
+    codecs), an interrupted append is completed or rolled back, and a store that depsi wrote
+    whole must have every chunk file; reading a chunk that fails its checksum raises
+    :class:`StoreIntegrityError` naming the variable and chunk.
 
     Parameters
     ----------
@@ -210,10 +522,22 @@ def open_stm(
         Validate the conventions (default True).
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"STM store {str(path)!r} does not exist")
+    if not path.exists() and any(path.parent.glob(f".{glob.escape(path.name)}.replaced-*")):
+        with write_lock(path):
+            recover_interrupted(path)
+    check_store_path(path)
+    check_store_safe(path)
+    if (path / JOURNAL).exists():
+        with write_lock(path):
+            recover_interrupted(path)
     consolidated = (path / ".zmetadata").exists() and not (path / "zarr.json").exists()
-    ds = xr.open_zarr(path, consolidated=consolidated, chunks={})
+    try:
+        ds = _open_checked(path, consolidated)
+    except _MidPublish:
+        # a concurrent append may be publishing: wait for its writer, then read once more
+        with write_lock(path):
+            recover_interrupted(path)
+            ds = _open_checked(path, consolidated)
     if "time" in ds.dims:
         ds = ds.chunk({"time": -1} | (chunks or {}))
     elif chunks:
@@ -223,6 +547,26 @@ def open_stm(
     return ds
 
 
+def verify_store(path: str | os.PathLike) -> dict[str, int]:
+    """Read every chunk of every array of a store and check it; returns chunks per variable.
+
+    Raises
+    ------
+    StoreIntegrityError
+        The first missing or damaged chunk, naming the variable and chunk.
+    """
+    ds = open_stm(path, check=False)
+    counts = {}
+    for name, var in ds.variables.items():
+        if var.chunks is None:
+            continue
+        var.data.map_blocks(lambda block: np.zeros((1,) * block.ndim, "i1"), dtype="i1",
+                            chunks=tuple((1,) * len(c) for c in var.chunks)).compute()
+        counts[name] = int(np.prod([len(c) for c in var.chunks]))
+    return counts
+
+
+# ------------------------------------------------------------------------------------ append
 def _check_appendable(old: xr.Dataset, new: xr.Dataset, path: Path) -> None:
     lead = DIMS[infer_kind(old)][0]
     if new.sizes.get(lead) != old.sizes[lead]:
@@ -259,34 +603,220 @@ def _check_appendable(old: xr.Dataset, new: xr.Dataset, path: Path) -> None:
             )
 
 
-def append_epochs(path: str | os.PathLike, new: xr.Dataset) -> Path:
-    """Append new epochs along ``time`` to an existing store without rewriting the old ones.
+def _append_token(new: xr.Dataset) -> str:
+    """Which epochs an append added, recorded so that a retry of it is recognised."""
+    times = np.asarray(new["time"].values)
+    return f"{times.size} epochs {times[0]} .. {times[-1]}"
 
-    The new epochs must follow the last stored epoch and hold the same points (same size and
-    ``azimuth``/``range`` in the same order) and the same time-dependent variables. Old chunks are
-    untouched: the new epochs go into new chunks along ``time``. If the write fails part way, the
-    store is resized back to its old epochs.
-    """
+
+def _already_appended(old: xr.Dataset, new: xr.Dataset, path: Path) -> bool:
+    """Whether ``new`` is exactly the last append to the store (a retried, finished append)."""
+    n = new.sizes["time"]
+    if _store_record(path).get("last_append") != _append_token(new):
+        return False
+    if n > old.sizes["time"] or not np.array_equal(old["time"].values[-n:],
+                                                   new["time"].values):
+        return False
+    tail = old.isel(time=slice(-n, None))
+    for name, var in new.data_vars.items():
+        if "time" not in var.dims or name not in tail:
+            continue
+        a, b = tail[name].transpose(*var.dims).data, var.data
+        same = (a == b) | ((a != a) & (b != b))
+        if not bool(same.all()):
+            return False
+    return True
+
+
+def _write_json_atomic(path: Path, document: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        json.dump(document, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _encoded(var: xr.Variable, name: str, old: xr.Variable, dtype: np.dtype, path: Path):
+    """The new epochs of ``name`` encoded as the store holds ``old`` (units, fill, dtype)."""
+    if var.dtype.kind == "M":
+        from xarray.coding.times import decode_cf_datetime, encode_cf_datetime
+
+        units, calendar = old.encoding.get("units"), old.encoding.get("calendar")
+        numbers = np.asarray(encode_cf_datetime(var.values, units, calendar, dtype)[0])
+        back = decode_cf_datetime(numbers, units, calendar)
+        if not np.array_equal(np.asarray(back, dtype=var.dtype), var.values):
+            raise STMValidationError(
+                f"coordinate {name!r} of the new epochs: expected times representable in the "
+                f"store's units {units!r}, found {var.values[:3]}")
+        return np.asarray(numbers, dtype=dtype)
+    if old.encoding.get("scale_factor") is not None or old.encoding.get("add_offset") is not None:
+        raise STMValidationError(f"variable {name!r} in {path}: expected unscaled data to append "
+                                 f"to, found scale_factor/add_offset")
+    return var.data.astype(dtype)
+
+
+def _stage(path: Path, staging: Path, new: xr.Dataset, old_raw: xr.Dataset) -> dict:
+    """Write the new epochs into ``staging``, a Zarr store of the extended arrays that holds
+    only the chunks the append writes; returns the journal's publish plan."""
+    import dask.array as da
     import zarr
 
-    path = Path(path)
-    old = open_stm(path)
-    kind = infer_kind(old)
-    validate(new, kind=kind)
-    _check_appendable(old, new, path)
+    group = _store_arrays(path)
+    plan = {"arrays": {}, "root": None}
+    n_new = new.sizes["time"]
+    for name, array in group.items():
+        dims = list(array.metadata.dimension_names or ())
+        if "time" not in dims:
+            continue
+        axis = dims.index("time")
+        old_len, step = array.shape[axis], array.chunks[axis]
+        shape = list(array.shape)
+        shape[axis] = old_len + n_new
+        document = json.loads((path / name / "zarr.json").read_text())
+        document["shape"] = shape
+        (staging / name).mkdir(parents=True)
+        (staging / name / "zarr.json").write_text(json.dumps(document))
+        target = zarr.open_array(zarr.storage.LocalStore(staging), path=name, mode="r+",
+                                 config={"write_empty_chunks": True})
+        if old_len % step:  # the last time chunk is partly filled: start from its old bytes
+            for source in (path / name).rglob("*"):
+                if source.is_file() and source.name != "zarr.json":
+                    rel = source.relative_to(path / name)
+                    coords = _chunk_coords(rel, array)
+                    if coords is not None and coords[axis] == old_len // step:
+                        (staging / name / rel).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(source, staging / name / rel)
+        values = _encoded(new[name].variable.transpose(*dims), name, old_raw[name].variable,
+                          array.dtype.to_native_dtype() if hasattr(array.dtype, "to_native_dtype")
+                          else np.dtype(array.dtype), path)
+        region = tuple(slice(old_len, old_len + n_new) if i == axis else slice(None)
+                       for i in range(len(dims)))
+        lazy = da.asarray(values).rechunk(
+            {i: (array.chunks[i] if i != axis else -1) for i in range(len(dims))})
+        da.store(lazy, target, regions=region, lock=False)
+        plan["arrays"][name] = document
+        _fault_point("append:staged-one")
+    root = json.loads((path / "zarr.json").read_text())
+    record = dict(root.get("attributes", {}).get(STORE_ATTR) or {"format": 1})
+    record["epochs"] = int(old_raw.sizes["time"]) + n_new
+    record["last_append"] = _append_token(new)
+    root.setdefault("attributes", {})[STORE_ATTR] = record
+    plan["root"] = root
+    return plan
 
-    timed = [n for n, v in new.variables.items() if "time" in v.dims]
-    piece = _clean_encoding(new[timed].drop_vars(
-        [c for c in new[timed].coords if "time" not in new[c].dims]))
-    piece = piece.chunk({d: -1 for d in piece.dims})
-    piece.attrs = dict(old.attrs)  # an append writes its attrs over the store's: keep the store's
-    group = zarr.open_group(path, mode="r+")
-    old_shapes = {name: group[name].shape for name in timed if name in group}
+
+def _chunk_coords(rel: Path, array) -> tuple[int, ...] | None:
+    parts = rel.as_posix().split("/")
+    if parts[0] == "c":
+        parts = parts[1:]
+    if len(parts) == 1 and "." in parts[0]:
+        parts = parts[0].split(".")
     try:
-        piece.to_zarr(path, append_dim="time", consolidated=False)
-    except BaseException:
-        for name, shape in old_shapes.items():
-            group[name].resize(shape)
-        raise
+        coords = tuple(int(p) for p in parts)
+    except ValueError:
+        return None
+    return coords if len(coords) == len(array.shape) else None
+
+
+def _publish(path: Path, plan: dict) -> None:
+    """Move the staged chunks into the store, then the new metadata, the root last.
+
+    Every step is idempotent, so a killed publish is finished by running it again. Until the
+    root's ``depsi_store.epochs`` changes, readers see the old epochs: staged chunks are either
+    outside the old shape or hold the old values unchanged where the old shape reaches.
+    """
+    staging = path / STAGING
+    for name, document in plan["arrays"].items():
+        folder = staging / name
+        files = [p for p in folder.rglob("*") if p.is_file() and p.name != "zarr.json"] \
+            if folder.exists() else []
+        for i, source in enumerate(files):
+            target = path / name / source.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+            if i == len(files) // 2:
+                _fault_point("append:moving")
+    _fault_point("append:moved")
+    for i, (name, document) in enumerate(plan["arrays"].items()):
+        _write_json_atomic(path / name / "zarr.json", document)
+        if i == 0:
+            _fault_point("append:metadata")
+    _fault_point("append:before-commit")
+    _write_json_atomic(path / "zarr.json", plan["root"])
+    _fault_point("append:committed")
+    (path / JOURNAL).unlink()
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _finish_append(path: Path) -> None:
+    """Complete (published) or roll back (staging) the append a journal describes."""
+    try:
+        journal = json.loads((path / JOURNAL).read_text())
+    except (OSError, ValueError):
+        journal = {"state": "staging"}  # killed while writing the journal itself
+    if journal.get("state") == "publishing":
+        logger.warning("completing the append to %s that a killed writer had staged", path)
+        _publish(path, journal["plan"])
+        return
+    logger.warning("rolling back the unfinished append to %s (its epochs were never visible)",
+                   path)
+    shutil.rmtree(path / STAGING, ignore_errors=True)
+    (path / JOURNAL).unlink(missing_ok=True)
+
+
+def append_epochs(path: str | os.PathLike, new: xr.Dataset, *,
+                  lock_timeout: float | None = None) -> Path:
+    """Append new epochs along ``time`` to an existing store, crash-safe and retryable.
+
+    The new epochs must follow the last stored epoch and hold the same points (same size and
+    ``azimuth``/``range`` in the same order) and the same time-dependent variables. Old chunks
+    are untouched (a partly filled last time chunk is rewritten whole, holding the same old
+    values). The append holds the store's writer lock, writes the new chunks into a staging
+    folder readers never look at, and only then publishes them with a journal: the store is at
+    every moment either the old or the new one, and an append killed at any point is rolled
+    back (not yet published) or completed (published) by the next ``append_epochs`` or
+    ``open_stm``. Appending the same epochs again after that is a no-op.
+
+    Parameters
+    ----------
+    path
+        A Zarr v3 store written by :func:`save_stm`.
+    new
+        The new epochs, an STM of the same kind.
+    lock_timeout
+        Seconds to wait for another writer of ``path``.
+    """
+    path = Path(path)
+    with write_lock(path, timeout=lock_timeout):
+        recover_interrupted(path)
+        old = open_stm(path)
+        kind = infer_kind(old)
+        validate(new, kind=kind)
+        if not (path / "zarr.json").exists():
+            raise STMValidationError(
+                f"store {str(path)!r}: expected a Zarr v3 store to append to, found Zarr v2; "
+                "rewrite it with save_stm first")
+        if _already_appended(old, new, path):
+            logger.info("the %d epoch(s) are already the last of %s: nothing to append",
+                        new.sizes["time"], path)
+            return path
+        _check_appendable(old, new, path)
+        old_raw = xr.open_dataset(path, engine="zarr", consolidated=False, chunks=None,
+                                  cache=False)
+        staging = path / STAGING
+        shutil.rmtree(staging, ignore_errors=True)
+        _write_json_atomic(path / JOURNAL, {"state": "staging"})
+        _fault_point("append:journal")
+        try:
+            staging.mkdir()
+            plan = _stage(path, staging, new, old_raw)
+        except BaseException:
+            _finish_append(path)  # roll back: nothing was visible
+            raise
+        _fault_point("append:staged")
+        _write_json_atomic(path / JOURNAL, {"state": "publishing", "plan": plan})
+        _fault_point("append:publishing")
+        _publish(path, plan)
     logger.info("appended %d epoch(s) to %s", new.sizes["time"], path)
     return path

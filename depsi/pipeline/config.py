@@ -48,8 +48,38 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the key, the value and the file."""
 
 
+#: Largest configuration file read, in bytes (a real one is a few kB).
+MAX_CONFIG_BYTES = 1 * 2**20
+#: Deepest nesting of mappings and lists in a configuration file (a real one has 4 levels).
+MAX_CONFIG_DEPTH = 32
+#: Longest value shown in an error message (a huge value is cut, not printed whole).
+_MAX_SHOWN = 200
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_SLURM_NAME = re.compile(r"^[\w.,:+@=/-]+$")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`_MAX_SHOWN` characters (never built whole when huge)."""
+    if isinstance(value, (dict, list, tuple, str)) and len(value) > _MAX_SHOWN:
+        return f"a {type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # finite numbers only: .inf or .nan is never a meaningful parameter of a step
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_line_of_text(cls, value: Any) -> Any:
+        """Strings reach log lines and batch scripts: no newlines or control characters."""
+        for text in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(text, (str, Path)) and _CONTROL.search(str(text)):
+                raise ValueError(f"expected one line of printable text, found control "
+                                 f"character(s) in {str(text)[:60]!r}")
+        return value
 
 
 def _check_bytes(value: str | None, *, allow_auto: bool = True) -> str | None:
@@ -274,6 +304,14 @@ class SlurmConfig(_Section):
         None, description="Folder for the worker jobs' SLURM output files; null: the folder "
                           "the run was started in.")
 
+    @field_validator("queue", "account", "interface")
+    @classmethod
+    def _slurm_name(cls, name: str | None) -> str | None:
+        if name is not None and not _SLURM_NAME.match(name):
+            raise ValueError(f"expected a name of letters, digits and . , : + @ = / - _, "
+                             f"found {name[:60]!r}")
+        return name
+
     @field_validator("memory", "driver_memory")
     @classmethod
     def _memory(cls, memory: str | None) -> str | None:
@@ -367,7 +405,7 @@ def _describe_error(error: dict[str, Any], *, model: type[BaseModel]) -> str:
     if error["type"] == "value_error" or (isinstance(value, dict)
                                           and error["type"] != "model_type"):
         return f"{key}: {message}"
-    return f"{key}: {message} (got {value!r})"
+    return f"{key}: {message} (got {_shown(value)})"
 
 
 def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
@@ -391,7 +429,27 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML loader that reads 10:00:00 as a string, not as sexagesimal seconds (36000)."""
+    """Safe YAML loader that reads 10:00:00 as a string, not as sexagesimal seconds (36000).
+
+    It refuses anchors and aliases (a chain of aliases expands to gigabytes: "billion laughs")
+    and nesting deeper than :data:`MAX_CONFIG_DEPTH` (the composer recurses per level).
+    """
+
+    def compose_node(self, parent, index):  # noqa: D102 - PyYAML's hook
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise yaml.composer.ComposerError(
+                None, None, "expected plain values, found a YAML anchor or alias (&name / "
+                "*name); write the value out", event.start_mark)
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_CONFIG_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"expected at most {MAX_CONFIG_DEPTH} levels of nesting, found "
+                    "more", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -469,8 +527,16 @@ def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"configuration file {str(path)!r} does not exist")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: expected a configuration of at most {MAX_CONFIG_BYTES} "
+                          f"bytes, found {size} bytes")
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        text = path.read_bytes()[:MAX_CONFIG_BYTES + 1].decode("utf-8")
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: expected UTF-8 text, found {err.reason} at byte "
+                          f"{err.start}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     config = parse_config(data, source=str(path))

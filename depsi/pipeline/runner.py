@@ -52,7 +52,8 @@ import dask
 import xarray as xr
 from tqdm.auto import tqdm
 
-from depsi.io.store import move_into_place
+from depsi.io.lock import write_lock
+from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
@@ -431,17 +432,19 @@ def _step_export(ctx: _Context) -> dict[str, Any]:
 
     result = open_stm(ctx.products["chain"]).compute()
     folder = ctx.workspace / PRODUCTS["export"]
-    tmp = folder.with_name(f".{folder.name}.writing-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
     files = []
-    try:
-        for name in ctx.config.output.exports:
-            for file_name, writer in EXPORTERS[name]:
-                writer(result, tmp / file_name)
-                files.append(file_name)
-        move_into_place(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with write_lock(folder):
+        recover_interrupted(folder)
+        tmp = folder.with_name(f".{folder.name}.writing-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        try:
+            for name in ctx.config.output.exports:
+                for file_name, writer in EXPORTERS[name]:
+                    writer(result, tmp / file_name)
+                    files.append(file_name)
+            move_into_place(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     ctx.products["export"] = folder
     return {"files": len(files)}
 
@@ -498,8 +501,15 @@ def valid_manifest(ctx: _Context, step: str) -> tuple[dict[str, Any] | None, str
 
 
 def _remove_stale_temporaries(workspace: Path) -> None:
-    """Temporary siblings (``.<product>.writing-*``, ...) left by an interrupted run."""
-    names = [*PRODUCTS.values(), *(f"{step}.done.json" for step in STEPS)]
+    """Temporary siblings (``.<product>.writing-*``, ...) left by an interrupted run.
+
+    Products are recovered under their writer's lock (a product set aside by a killed replace
+    comes back, a killed append is finished or rolled back); other leftovers are removed.
+    """
+    for product in PRODUCTS.values():
+        with write_lock(workspace / product):
+            recover_interrupted(workspace / product)
+    names = [f"{step}.done.json" for step in STEPS]
     for name in names:
         for stale in glob.glob(str(workspace / f".{glob.escape(name)}.*")):
             logger.warning("removing %s, left by an interrupted run (never used as a product)",
@@ -519,17 +529,19 @@ def _workspace_lock(workspace: Path) -> Iterator[None]:
     """Keep a second run out of a workspace while one runs (stale locks of dead runs go)."""
     lock = workspace / LOCK_FILE
     host = socket.gethostname()
-    try:
-        holder = json.loads(lock.read_text())
-    except (OSError, ValueError):
-        holder = None
-    if holder and holder.get("host") == host and _pid_alive(int(holder.get("pid", -1))):
-        raise PipelineError(f"workspace {str(workspace)!r} is in use by run pid {holder['pid']} "
-                            f"(lock {lock}); wait for it, or remove the lock if it is gone")
-    if holder and holder.get("host") != host:
-        logger.warning("workspace lock %s was left by a run on host %s; taking it over", lock,
-                       holder.get("host"))
-    _write_json_atomic(lock, {"pid": os.getpid(), "host": host, "started": time.time()})
+    with write_lock(lock, timeout=30):  # two runs starting at once: one reads, then writes
+        try:
+            holder = json.loads(lock.read_text())
+        except (OSError, ValueError):
+            holder = None
+        if holder and holder.get("host") == host and _pid_alive(int(holder.get("pid", -1))):
+            raise PipelineError(
+                f"workspace {str(workspace)!r} is in use by run pid {holder['pid']} (lock "
+                f"{lock}); wait for it, or remove the lock if it is gone")
+        if holder and holder.get("host") != host:
+            logger.warning("workspace lock %s was left by a run on host %s; taking it over",
+                           lock, holder.get("host"))
+        _write_json_atomic(lock, {"pid": os.getpid(), "host": host, "started": time.time()})
     try:
         yield
     finally:

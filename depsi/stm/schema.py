@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from depsi.stm.order import morton_key
+
 #: The dimensions of each kind of STM, in storage order.
 DIMS = {
     "points": ("space", "time"),
@@ -51,6 +53,10 @@ def _check_dims(ds: xr.Dataset, kind: str) -> None:
         if dim not in ds.dims:
             _fail(f"dimension {dim!r}", f"dims {DIMS[kind]} for a {kind} STM",
                   f"dims {tuple(ds.dims)}")
+    # no points or arcs is a valid outcome (an empty selection); no epochs or pixels never is
+    for dim in DIMS[kind]:
+        if ds.sizes[dim] == 0 and dim not in ("space", "arc"):
+            _fail(f"dimension {dim!r}", "at least one element", "size 0")
 
 
 def _check_time(ds: xr.Dataset) -> None:
@@ -92,16 +98,22 @@ def _check_variables(ds: xr.Dataset, kind: str, require: tuple[str, ...]) -> Non
             _fail(f"variable {name!r}", f"dims including {lead}", f"dims {var.dims}")
 
 
-def _check_coords(ds: xr.Dataset, kind: str) -> None:
+def _check_coords(ds: xr.Dataset, kind: str, unique_positions: bool = False) -> None:
     for name in FINITE_COORDS:
         if name not in ds.coords:
             continue
+        if ds[name].dtype.kind not in "iuf":
+            _fail(f"coordinate {name!r}", "numbers (integer or floating point)",
+                  f"dtype {ds[name].dtype}")
         if kind == "raster" and ds[name].chunks is not None:
             continue  # a lazy per-pixel grid is checked by its reader, not computed here
         values = ds[name].values
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             _fail(f"coordinate {name!r}", "finite values",
                   f"{int((~np.isfinite(values)).sum())} NaN/inf value(s)")
+    if unique_positions and kind == "points" and {"azimuth", "range"} <= set(ds.coords):
+        _check_unique_positions(np.asarray(ds["azimuth"].values),
+                                np.asarray(ds["range"].values))
     if kind == "arcs":
         for name in ("source", "target"):
             if name not in ds.coords and name not in ds.data_vars:
@@ -109,6 +121,25 @@ def _check_coords(ds: xr.Dataset, kind: str) -> None:
                       "no such coordinate")
             if ds[name].dtype.kind not in "iu":
                 _fail(f"coordinate {name!r}", "integer dtype", f"dtype {ds[name].dtype}")
+
+
+def _check_unique_positions(azimuth: np.ndarray, range_: np.ndarray) -> None:
+    """No two points at one (azimuth, range): O(n) when in Morton order, as stores are."""
+    if azimuth.size < 2 or azimuth.dtype.kind not in "iu" or range_.dtype.kind not in "iu":
+        return
+    try:
+        key = morton_key(azimuth, range_)
+    except ValueError:  # indices outside [0, 2**32): sort the pairs instead
+        order = np.lexsort((range_, azimuth))
+        key = azimuth[order].astype(np.int64), range_[order].astype(np.int64)
+        same = (key[0][1:] == key[0][:-1]) & (key[1][1:] == key[1][:-1])
+    else:
+        if not (key[1:] >= key[:-1]).all():
+            key = np.sort(key)
+        same = key[1:] == key[:-1]
+    if same.any():
+        _fail("coordinates ('azimuth', 'range')", "one point per pixel position",
+              f"{int(same.sum())} duplicated position(s)")
 
 
 def _check_wavelength(ds: xr.Dataset) -> None:
@@ -130,6 +161,7 @@ def validate(
     *,
     require: tuple[str, ...] | list[str] = (),
     require_wavelength: bool | None = False,
+    unique_positions: bool = False,
 ) -> xr.Dataset:
     """Check that ``ds`` follows the STM conventions of DESIGN.md §3.
 
@@ -144,7 +176,11 @@ def validate(
         Variables that must be present.
     require_wavelength
         Require the ``wavelength`` attribute (needed for any phase-to-metre conversion). ``None``
-        requires it only when a phase variable (``complex`` or ``phase``) is present.
+        requires it only when a phase variable (``complex`` or ``phase``) is present. A
+        ``wavelength`` that is present is always checked.
+    unique_positions
+        Refuse two points at the same (``azimuth``, ``range``) (points STMs); readers of
+        point files and ``save_stm`` ask for it.
 
     Raises
     ------
@@ -168,9 +204,9 @@ def validate(
     _check_dims(ds, kind)
     _check_time(ds)
     _check_variables(ds, kind, tuple(require))
-    _check_coords(ds, kind)
+    _check_coords(ds, kind, unique_positions)
     if require_wavelength is None:
         require_wavelength = any(v in ds.data_vars for v in PHASE_VARIABLES)
-    if require_wavelength:
+    if require_wavelength or "wavelength" in ds.attrs:
         _check_wavelength(ds)
     return ds

@@ -45,6 +45,8 @@ VARIOGRAM_POINTS = 3000
 #: Distance bins of that variogram, out to this many atmosphere correlation lengths.
 VARIOGRAM_REACH = 3.0
 _BINS = 20
+#: Targets per cell of the moving-neighbourhood kriging (one factorisation per cell).
+TARGETS_PER_CELL = 16
 #: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
 _BATCH_ELEMENTS = 4_000_000
 
@@ -123,24 +125,50 @@ def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> d
 
 
 def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, k):
-    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples (batched)."""
+    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples.
+
+    Targets are grouped in square cells of about :data:`TARGETS_PER_CELL` targets; the ``k``
+    sources nearest each cell's centre form one kriging system, factorised once for all its
+    targets (moving-neighbourhood kriging by cells), and the systems of many cells are solved
+    in one batched call.
+    """
     k = min(k, len(src_pos))
     tree = cKDTree(src_pos)
-    out = np.empty(len(dst_pos))
     nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
-    batch = max(16, _BATCH_ELEMENTS // (k * k))
-    for start in range(0, len(dst_pos), batch):  # batches of targets, bounded memory
-        stop = min(start + batch, len(dst_pos))
-        dist, idx = tree.query(dst_pos[start:stop], k=k)
-        dist, idx = dist.reshape(stop - start, k), idx.reshape(stop - start, k)
-        nb = src_pos[idx]                                          # (B, k, 2)
-        d_nn = np.linalg.norm(nb[:, :, None, :] - nb[:, None, :, :], axis=-1)
+    low = dst_pos.min(axis=0)
+    extent = np.maximum(np.ptp(dst_pos, axis=0), 1.0)
+    cell = np.sqrt(TARGETS_PER_CELL * extent[0] * extent[1] / max(len(dst_pos), 1))
+    ij = np.floor((dst_pos - low) / cell).astype(np.int64)
+    _, cell_of = np.unique(ij[:, 0] * (ij[:, 1].max() + 1) + ij[:, 1], return_inverse=True)
+    order = np.argsort(cell_of, kind="stable")
+    counts = np.bincount(cell_of)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    n_cells, width = len(counts), int(counts.max())
+    # targets of each cell in a padded (cell, slot) table; -1 where a cell has fewer
+    slot = np.arange(len(dst_pos)) - np.repeat(starts, counts)
+    table = np.full((n_cells, width), -1, dtype=np.int64)
+    table[cell_of[order], slot] = order
+    centres = np.stack([np.bincount(cell_of, dst_pos[:, d]) / counts for d in (0, 1)], axis=1)
+    _, idx = tree.query(centres, k=k)
+    idx = idx.reshape(n_cells, k)
+    out = np.empty(len(dst_pos))
+    batch = max(1, _BATCH_ELEMENTS // (k * (k + width)))
+    for start in range(0, n_cells, batch):  # batches of cells, bounded memory
+        stop = min(start + batch, n_cells)
+        nb = src_pos[idx[start:stop]]                                    # (B, k, 2)
+        d_nn = np.hypot(nb[:, :, None, 0] - nb[:, None, :, 0],
+                        nb[:, :, None, 1] - nb[:, None, :, 1])
         cov = (signal_sill * np.exp(-d_nn / signal_range)
                + extra_sill * np.exp(-d_nn / extra_range))
         cov[:, np.arange(k), np.arange(k)] += nugget
-        cross = signal_sill * np.exp(-dist / signal_range)          # (B, k)
-        weights = np.linalg.solve(cov, cross[..., None])[..., 0]
-        out[start:stop] = np.einsum("bk,bk->b", weights, src_values[idx])
+        targets = table[start:stop]                                      # (B, width)
+        tp = dst_pos[np.maximum(targets, 0)]                             # (B, width, 2)
+        d_nt = np.hypot(nb[:, :, None, 0] - tp[:, None, :, 0],
+                        nb[:, :, None, 1] - tp[:, None, :, 1])           # (B, k, width)
+        weights = np.linalg.solve(cov, signal_sill * np.exp(-d_nt / signal_range))
+        values = np.einsum("bk,bkw->bw", src_values[idx[start:stop]], weights)
+        valid = targets >= 0
+        out[targets[valid]] = values[valid]
     return out
 
 
@@ -164,7 +192,9 @@ def estimate_correlated_height(
         as fitted by :func:`~depsi.processing.atmosphere.estimate_atmosphere`
         (``attrs['variogram_sill']``, ``attrs['variogram_range']``); half the sill is the
         per-epoch covariance at distance zero (a single-mother screen is the difference of two
-        epochs' screens).
+        epochs' screens), reduced to the screen's variance about the scene's mean
+        (``1 - exp(-D / range)`` for the mean distance ``D`` between points): a range longer
+        than the scene is not identified by the fit, their ratio is.
     k
         Nearest points used for each prediction; default as many as the points' density puts
         within ``aps_range`` of a point, bounded by :data:`NEIGHBOURS`.
@@ -212,7 +242,12 @@ def estimate_correlated_height(
     gain = np.sqrt(np.maximum(height_leak_gain(h2ph, years, m2ph), 0.0))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
-    signal_sill = 0.5 * float(aps_sill)
+    # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
+    # range unidentified (only their ratio is seen), and the datum removes the scene's mean
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, n, (2, 20000))
+    scene_distance = float(np.mean(np.hypot(*(positions[pairs[0]] - positions[pairs[1]]).T)))
+    signal_sill = 0.5 * float(aps_sill) * (1.0 - np.exp(-scene_distance / float(aps_range)))
     normalised = height[use] / gain[use]
     mean = normalised.mean()
     noise = fit_height_covariance(positions[use], normalised, signal_sill, float(aps_range))

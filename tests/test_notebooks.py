@@ -38,7 +38,7 @@ def test_notebook_is_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path):
-    """Execute in the notebooks folder (the notebooks find ``data/`` and ``../shared/realdata``
+    """Execute in the notebooks folder (the notebooks find ``data/`` and ``../tests/data``
     from there and write only to temporary folders); fail with the failing cell's error."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -73,6 +73,16 @@ def test_example_data_is_small():
     assert total < 8 * 2**20, f"data/ holds {total / 2**20:.1f} MiB; keep it to a few MB"
 
 
+def test_real_test_data_is_small_and_each_set_keeps_its_licence_and_provenance():
+    data = ROOT / "tests" / "data"
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    assert total < 6 * 2**20, f"tests/data holds {total / 2**20:.1f} MiB; keep it to a few MB"
+    readme = (data / "README.md").read_text()
+    for folder in sorted(p for p in data.iterdir() if p.is_dir()):
+        assert list(folder.glob("LICENSE*")), f"{folder.name}: no licence file beside the data"
+        assert f"`{folder.name}/`" in readme, f"{folder.name}: not described in README.md"
+
+
 def test_example_stm_follows_the_conventions():
     from depsi.io import open_stm
     from depsi.stm import validate

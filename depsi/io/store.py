@@ -259,7 +259,8 @@ def save_stm(
     >>> import tempfile, numpy as np, xarray as xr
     >>> ds = xr.Dataset({"amplitude": (("space", "time"), np.ones((4, 2), "f4"))},
     ...                 coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]"),
-    ...                         "azimuth": ("space", [1, 0, 1, 0]), "range": ("space", [1, 1, 0, 0])})
+    ...                         "azimuth": ("space", [1, 0, 1, 0]),
+    ...                         "range": ("space", [1, 1, 0, 0])})
     >>> out = save_stm(ds, tempfile.mkdtemp() + "/ps.zarr")
     >>> open_stm(out).azimuth.values.tolist()
     [0, 0, 1, 1]

@@ -53,7 +53,7 @@ class Family:
     ramp: float = 0.004             # m/yr across the scene (planar ramp)
     seed: int = 0
 
-    def with_seed(self, seed: int) -> "Family":
+    def with_seed(self, seed: int) -> Family:
         return replace(self, seed=seed)
 
 
@@ -85,7 +85,8 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
     epoch, interferometric: zero at the mother), ``h2ph`` (PS x epoch), ``years``.
     """
     f = family
-    rng = np.random.default_rng(np.random.SeedSequence([20261130, f.seed, zlib.crc32(f.name.encode())]))
+    rng = np.random.default_rng(
+        np.random.SeedSequence([20261130, f.seed, zlib.crc32(f.name.encode())]))
     n_az, n_rg = f.shape
     T = f.n_epochs
     mother = T // 2

@@ -446,7 +446,6 @@ def _store_record(path: Path) -> dict:
 
 def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
     import dask.array as da
-    import zarr
     from dask.base import tokenize
 
     record = _store_record(path)
@@ -728,7 +727,7 @@ def _publish(path: Path, plan: dict) -> None:
     outside the old shape or hold the old values unchanged where the old shape reaches.
     """
     staging = path / STAGING
-    for name, document in plan["arrays"].items():
+    for name in plan["arrays"]:
         folder = staging / name
         files = [p for p in folder.rglob("*") if p.is_file() and p.name != "zarr.json"] \
             if folder.exists() else []

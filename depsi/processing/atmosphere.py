@@ -126,7 +126,7 @@ def _gaussian(src_pos, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> 
     return np.einsum("nk,nkt->nt", w, values[idx])
 
 
-def _lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarray:
+def lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarray:
     """Gaussian-weighted temporal mean of each point's series (sigma ``window`` years)."""
     if window <= 0:
         return np.zeros_like(residual)
@@ -203,7 +203,7 @@ def estimate_atmosphere(
         raise ValueError(f"points_result: expected at least 3 network points with finite "
                          f"results for an atmosphere estimate, found {int(use.sum())}")
     residual = (unwrapped - model)[use]
-    observed = residual - _lowpass(residual, years, temporal_window)
+    observed = residual - lowpass(residual, years, temporal_window)
     mother = int(np.argmin(np.abs(years)))
     observed -= observed[:, mother:mother + 1]  # single-mother screens vanish at the mother
     positions = point_positions(ds)

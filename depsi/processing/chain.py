@@ -230,9 +230,7 @@ def run_ps_chain(
     if atmosphere is not None:
         out = _fit_with_atmosphere(out, solver=solver)
         if correlated_height:
-            out = estimate_correlated_height(
-                out, aps_sill=float(result.attrs["variogram_sill"]),
-                aps_range=float(result.attrs["variogram_range"]))
+            out = estimate_correlated_height(out)
     out = out.drop_vars("h2ph")
     fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
     out.attrs = {k: v for k, v in ps_stm.attrs.items()} | fitted

@@ -172,11 +172,32 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     return out
 
 
+def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
+    """Exponential variogram of the residual phases (atmosphere included) of the used points,
+    each point's temporal mean removed and the slow part (unmodelled deformation) low-passed
+    out, on at most :data:`VARIOGRAM_POINTS` points."""
+    from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, fit_variogram, lowpass
+
+    full = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    if "aps" in result:
+        full = full + result["aps"].transpose("space", "time").values.astype(np.float64)
+    chosen = np.flatnonzero(use)
+    if chosen.size > VARIOGRAM_POINTS:
+        chosen = np.sort(np.random.default_rng(1).choice(chosen, VARIOGRAM_POINTS,
+                                                         replace=False))
+    velocity = result["velocity"].values.astype(np.float64)[chosen]
+    height = result["height_error"].values.astype(np.float64)[chosen]
+    residual = full[chosen] - m2ph * (velocity[:, None] * years + h2ph[chosen] * height[:, None])
+    residual -= residual.mean(axis=1, keepdims=True)
+    residual -= lowpass(residual, years, DEFAULT_TEMPORAL_WINDOW)
+    return fit_variogram(positions[chosen], residual)
+
+
 def estimate_correlated_height(
     result: xr.Dataset,
     *,
-    aps_sill: float,
-    aps_range: float,
+    screen_variance: float | None = None,
+    screen_range: float | None = None,
     k: int | None = None,
 ) -> xr.Dataset:
     """Move the atmosphere's projection on the baselines from the height errors to the screen.
@@ -184,20 +205,22 @@ def estimate_correlated_height(
     Parameters
     ----------
     result
-        Point results: ``height_error`` (m), ``h2ph``, ``time``, positions, ``wavelength``;
-        ``unwrapped_phase`` and ``aps`` (rad) are updated when present. Points with a NaN
-        height error are neither used nor changed.
-    aps_sill, aps_range
-        Sill (rad^2) and range (m) of the exponential variogram of the single-mother screens,
-        as fitted by :func:`~depsi.processing.atmosphere.estimate_atmosphere`
-        (``attrs['variogram_sill']``, ``attrs['variogram_range']``); half the sill is the
-        per-epoch covariance at distance zero (a single-mother screen is the difference of two
-        epochs' screens), reduced to the screen's variance about the scene's mean
-        (``1 - exp(-D / range)`` for the mean distance ``D`` between points): a range longer
-        than the scene is not identified by the fit, their ratio is.
+        Point results: ``height_error`` (m), ``velocity`` (m/yr), ``h2ph``, ``time``,
+        positions, ``wavelength``; ``unwrapped_phase`` and ``aps`` (rad) are updated when
+        present. Points with a NaN height error are neither used nor changed.
+    screen_variance, screen_range
+        Variance (rad^2) and range (m) of the exponential covariance of the part of the screen
+        that changes from epoch to epoch (what leaks into heights). Default: fitted to the
+        points' residual phases (``unwrapped_phase + aps`` less the fitted model, each
+        point's temporal mean removed, which takes out the mother epoch's screen common to
+        every interferogram), by
+        :func:`~depsi.processing.atmosphere.fit_variogram`. The variance is then reduced to
+        the screen's variance about the scene's mean (``1 - exp(-D / range)`` for the mean
+        distance ``D`` between points): a range longer than the scene is not identified by
+        the fit, their ratio is.
     k
         Nearest points used for each prediction; default as many as the points' density puts
-        within ``aps_range`` of a point, bounded by :data:`NEIGHBOURS`.
+        within ``screen_range`` of a point, bounded by :data:`NEIGHBOURS`.
 
     Returns
     -------
@@ -221,13 +244,13 @@ def estimate_correlated_height(
     ...             "time": np.datetime64("2021-01-01") + 12 * np.arange(T).astype(
     ...                 "timedelta64[D]")},
     ...     attrs={"wavelength": 0.0555})
-    >>> out = estimate_correlated_height(ds, aps_sill=2.0, aps_range=500.0)
+    >>> out = estimate_correlated_height(ds, screen_variance=1.0, screen_range=500.0)
     >>> bool(out.height_error_correlated.std() < 0.5 * ds.height_error.std())
     True
     """
-    if not (np.isfinite(aps_sill) and aps_sill > 0 and np.isfinite(aps_range) and aps_range > 0):
-        raise ValueError(f"aps_sill, aps_range: expected positive finite variogram values, "
-                         f"found {aps_sill}, {aps_range}")
+    for name, value in (("screen_variance", screen_variance), ("screen_range", screen_range)):
+        if value is not None and not (np.isfinite(value) and value > 0):
+            raise ValueError(f"{name}: expected a positive finite number or None, found {value}")
     n = result.sizes["space"]
     height = result["height_error"].values.astype(np.float64)
     use = np.isfinite(height)
@@ -247,16 +270,21 @@ def estimate_correlated_height(
     rng = np.random.default_rng(0)
     pairs = rng.integers(0, n, (2, 20000))
     scene_distance = float(np.mean(np.hypot(*(positions[pairs[0]] - positions[pairs[1]]).T)))
-    signal_sill = 0.5 * float(aps_sill) * (1.0 - np.exp(-scene_distance / float(aps_range)))
+    if screen_variance is None or screen_range is None:
+        fitted = _screen_variogram(result, use, positions, years, m2ph, h2ph)
+        screen_variance = fitted["sill"] if screen_variance is None else screen_variance
+        screen_range = fitted["range"] if screen_range is None else screen_range
+    screen_range = float(screen_range)
+    signal_sill = float(screen_variance) * (1.0 - np.exp(-scene_distance / screen_range))
     normalised = height[use] / gain[use]
     mean = normalised.mean()
-    noise = fit_height_covariance(positions[use], normalised, signal_sill, float(aps_range))
+    noise = fit_height_covariance(positions[use], normalised, signal_sill, screen_range)
     if k is None:
         extent = np.ptp(positions[use], axis=0)
         density = use.sum() / max(float(extent[0] * extent[1]), 1.0)
-        k = int(np.clip(density * np.pi * float(aps_range) ** 2, *NEIGHBOURS))
+        k = int(np.clip(density * np.pi * screen_range ** 2, *NEIGHBOURS))
     predicted = _predict(positions[use], normalised - mean, positions, signal_sill=signal_sill,
-                         signal_range=float(aps_range), noise=noise, k=k)
+                         signal_range=screen_range, noise=noise, k=k)
     field = np.where(np.isfinite(gain), predicted * gain, 0.0)
     if "in_reference_area" in result and result["in_reference_area"].values[use].any():
         area = result["in_reference_area"].values.astype(bool) & use
@@ -276,6 +304,8 @@ def estimate_correlated_height(
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
                       "correlated_height_extra_sill": noise["extra_sill"],
                       "correlated_height_extra_range": noise["extra_range"],
+                      "correlated_height_screen_variance": float(screen_variance),
+                      "correlated_height_screen_range": screen_range,
                       "correlated_height_signal_sill": signal_sill})
     logger.info("correlated height: %d points, field %.2f m RMS moved into the screen (height "
                 "covariance besides the atmosphere: nugget %.3g, correlated %.3g over %.0f m)",

@@ -271,6 +271,10 @@ def estimate_correlated_height(
     pairs = rng.integers(0, n, (2, 20000))
     scene_distance = float(np.mean(np.hypot(*(positions[pairs[0]] - positions[pairs[1]]).T)))
     if screen_variance is None or screen_range is None:
+        if "unwrapped_phase" not in result or "velocity" not in result:
+            raise ValueError("result: expected 'unwrapped_phase' and 'velocity' to fit the "
+                             "screen's variogram, or screen_variance and screen_range given; "
+                             f"found {sorted(result.data_vars)}")
         fitted = _screen_variogram(result, use, positions, years, m2ph, h2ph)
         screen_variance = fitted["sill"] if screen_variance is None else screen_variance
         screen_range = fitted["range"] if screen_range is None else screen_range

@@ -39,7 +39,7 @@ DEFAULT_ALPHA = 0.001
 DEFAULT_MAX_ITERATIONS = 100
 #: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
 #: normal matrix (``n^2`` floats); above, from random probes.
-EXACT_REDUNDANCY_POINTS = 6000
+EXACT_REDUNDANCY_POINTS = 1000
 #: Random sign probes of the redundancy estimate for larger networks (relative error about
 #: ``1 / sqrt(probes)`` of the leverage).
 REDUNDANCY_PROBES = 64

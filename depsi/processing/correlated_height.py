@@ -46,7 +46,7 @@ VARIOGRAM_POINTS = 3000
 VARIOGRAM_REACH = 3.0
 _BINS = 20
 #: Targets per cell of the moving-neighbourhood kriging (one factorisation per cell).
-TARGETS_PER_CELL = 16
+TARGETS_PER_CELL = 32
 #: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
 _BATCH_ELEMENTS = 4_000_000
 

@@ -604,8 +604,7 @@ class SpaceTimeMatrix:
         Examples
         --------
         >>> import numpy as np, xarray as xr
-        >>> ds = xr.Dataset({"coherence": ("space", [0.9, 0.2, 0.8])}).expand_dims(time=1)
-        >>> ds = ds.assign(coherence=ds.coherence.isel(time=0))
+        >>> ds = xr.Dataset({"coherence": ("space", [0.9, 0.2, 0.8])}, coords={"time": [0, 1]})
         >>> ds.stm.subset(method="threshold", var="coherence", threshold=">0.7").sizes["space"]
         2
         """

@@ -400,3 +400,130 @@ def test_enrich_from_dataset_unknown_field_raises_value_error_like_stmtools(peer
                         coords={"time": stmat.time.values, "lat": [0.0, 1.0], "lon": [0.0, 1.0]})
     _raises_both(peers, stmat.drop_vars(["azimuth", "range"]), "enrich_from_dataset", raster,
                  "nope", expected=ValueError)
+
+
+# --------------------------------------------------------------------------------------------
+# sarxarray: from_binary, from_dataset, multi_look, the .slcstack accessor
+# --------------------------------------------------------------------------------------------
+
+SCENES = ("sarxarray_slc/scene_0.binaray", "sarxarray_slc/scene_1.binaray")
+
+
+def _theirs_stack(peers, func, *args, **kwargs):
+    _, _, accessors = peers
+    with _peer_accessors(accessors), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def binary_stacks(peers, realdata):
+    sarxarray = peers[1]
+    files = [realdata / f for f in SCENES]
+    theirs = _theirs_stack(peers, sarxarray.from_binary, files, (100, 100), chunks=(50, 50))
+    ours = depsi.io.from_binary(files, (100, 100), chunks=(50, 50))
+    return theirs, ours
+
+
+def test_from_binary_same_pixels(binary_stacks):
+    """Same complex values and pixel/epoch coordinates. Deliberate: depsi reads ``complex``
+    only (amplitude and phase are derived where needed, by ``.slcstack.mrm`` too)."""
+    theirs, ours = binary_stacks
+    np.testing.assert_array_equal(ours.complex.values, theirs.complex.values)
+    for name in ("azimuth", "range", "time"):
+        np.testing.assert_array_equal(ours[name].values, theirs[name].values)
+
+
+def test_from_binary_refuses_a_string_like_sarxarray(peers, realdata):
+    sarxarray = peers[1]
+    path = str(realdata / SCENES[0])
+    with pytest.raises(ValueError):
+        _theirs_stack(peers, sarxarray.from_binary, path, (100, 100))
+    # Deliberate: depsi reads one file given as a string (a one-epoch stack)
+    assert depsi.io.from_binary(path, (100, 100)).sizes["time"] == 1
+
+
+def test_mrm_same_map(peers, binary_stacks):
+    theirs, ours = binary_stacks
+    expected = _theirs_stack(peers, lambda: theirs.slcstack.mrm().values)
+    np.testing.assert_allclose(ours.slcstack.mrm().values, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("statistics", ["mean", "median"])
+def test_multi_look_same_values_and_coordinates(peers, binary_stacks, statistics):
+    sarxarray = peers[1]
+    theirs, _ = binary_stacks
+    stack = theirs[["amplitude"]]
+    expected = _theirs_stack(peers, sarxarray.multi_look, stack.copy(), (3, 4),
+                             statistics=statistics)
+    ours = depsi.io.multi_look(stack, (3, 4), statistics=statistics)
+    assert dict(ours.sizes) == dict(expected.sizes)
+    np.testing.assert_allclose(ours.amplitude.values, expected.amplitude.values, rtol=1e-6)
+    np.testing.assert_array_equal(ours.azimuth.values, expected.azimuth.values)
+    np.testing.assert_array_equal(ours.range.values, expected.range.values)
+    assert ours.attrs["multi-look"] == expected.attrs["multi-look"]
+    assert "multi-look" not in stack.attrs  # deliberate: sarxarray writes into its input
+
+
+def test_multi_look_accessor_same_as_function(binary_stacks):
+    _, ours = binary_stacks
+    np.testing.assert_array_equal(ours.slcstack.multi_look((2, 2)).complex.values,
+                                  depsi.io.multi_look(ours, (2, 2)).complex.values)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"window_size": (200, 2)},
+    {"window_size": (2, 2), "method": "nope"},
+    {"window_size": (2, 2), "statistics": "max"},
+])
+def test_multi_look_bad_arguments_raise_value_error_like_sarxarray(peers, binary_stacks, kwargs):
+    sarxarray = peers[1]
+    theirs, ours = binary_stacks
+    with pytest.raises(ValueError):
+        _theirs_stack(peers, sarxarray.multi_look, theirs, **kwargs)
+    with pytest.raises(ValueError):
+        depsi.io.multi_look(ours, **kwargs)
+
+
+def test_point_selection_same_points(peers, binary_stacks):
+    theirs, ours = binary_stacks
+    expected = _theirs_stack(peers, lambda: theirs.slcstack.point_selection(0.6, chunks=100))
+    selected = ours.slcstack.point_selection(0.6, chunks=100)
+    assert 0 < selected.sizes["space"] < 10_000
+    assert dict(selected.sizes) == dict(expected.sizes)
+    np.testing.assert_array_equal(selected.azimuth.values, expected.azimuth.values)
+    np.testing.assert_array_equal(selected.range.values, expected.range.values)
+    np.testing.assert_array_equal(selected.complex.values, expected.complex.values)
+
+
+def test_point_selection_unknown_method_raises_not_implemented_like_sarxarray(peers,
+                                                                              binary_stacks):
+    theirs, ours = binary_stacks
+    with pytest.raises(NotImplementedError):
+        _theirs_stack(peers, lambda: theirs.slcstack.point_selection(0.6, method="nmad"))
+    with pytest.raises(NotImplementedError):
+        ours.slcstack.point_selection(0.6, method="nmad")
+
+
+def test_from_dataset_same_stack_without_changing_the_input(peers, realdata):
+    """Same complex/amplitude/phase. Deliberate: sarxarray adds ``complex`` to the Dataset
+    it is given; depsi leaves it as it was."""
+    sarxarray = peers[1]
+    source = xr.open_zarr(realdata / "sarxarray_slc/zarrs/slcs_example.zarr")
+    theirs = _theirs_stack(peers, sarxarray.from_dataset, source.copy())
+    ours = depsi.io.from_dataset(source)
+    assert "complex" not in source
+    for name in ("complex", "amplitude", "phase"):
+        np.testing.assert_allclose(ours[name].values, theirs[name].values, rtol=1e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("broken", ["slcs_example_broken_dim.zarr",
+                                    "slcs_example_broken_vars.zarr"])
+def test_from_dataset_refuses_broken_stores_like_sarxarray(peers, realdata, broken):
+    sarxarray = peers[1]
+    source = xr.open_zarr(realdata / "sarxarray_slc/zarrs" / broken)
+    with pytest.raises(ValueError):
+        _theirs_stack(peers, sarxarray.from_dataset, source.copy())
+    with pytest.raises(ValueError):
+        depsi.io.from_dataset(source)

@@ -48,7 +48,8 @@ def _human_bytes(n: float) -> str:
 
 
 def describe_store(path: Path) -> str:
-    """A text summary of a Zarr store: dims, variables with dtype and chunks, attrs, size."""
+    """A text summary of a Zarr store: dims, variables with dtype, units and chunks, attrs,
+    size."""
     import xarray as xr
 
     from depsi.io.store import check_store_path, check_store_safe
@@ -65,8 +66,9 @@ def describe_store(path: Path) -> str:
         for name, var in variables.items():
             chunks = var.chunks
             chunk_text = ("chunks " + "x".join(str(max(c)) for c in chunks)) if chunks else ""
-            lines.append(f"  {name:<28} {str(var.dtype):<12} ({', '.join(var.dims)})  "
-                         f"{chunk_text}")
+            units = var.attrs.get("units") or var.encoding.get("units") or ""
+            lines.append(f"  {name:<28} {str(var.dtype):<14} {units:<22} "
+                         f"({', '.join(var.dims)})  {chunk_text}")
     if ds.attrs:
         lines.append("attributes:")
         lines.extend(f"  {k}: {v}" for k, v in ds.attrs.items())

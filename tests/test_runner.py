@@ -198,3 +198,46 @@ def test_slurm_driver_job_takes_its_own_walltime_and_memory(tmp_path):
     assert "#SBATCH --time=2-00:00:00" in text
     assert "#SBATCH --mem=1907M" in text  # 2 GB, not the workers' 16 GB
     assert "#SBATCH --cpus-per-task=1" in text
+
+
+@pytest.mark.parametrize("compute, cpus", [
+    ({"scheduler": "threads", "threads": 8}, 8),
+    ({"scheduler": "threads", "slurm": {"cores": 16}}, 16),
+    ({"scheduler": "local", "workers": 4, "threads": 2}, 8),
+    ({"scheduler": "synchronous"}, 1),
+    ({"scheduler": "slurm", "slurm": {"cores": 32, "jobs": 2}}, 1),
+])
+def test_slurm_script_asks_for_the_cores_the_scheduler_uses(tmp_path, compute, cpus):
+    from depsi.cli import slurm_batch_script
+    from depsi.pipeline.config import parse_config
+
+    text = slurm_batch_script(tmp_path / "config.yaml", config=parse_config({"compute": compute}))
+    assert f"#SBATCH --cpus-per-task={cpus}\n" in text
+    if compute["scheduler"] == "threads":  # the run uses exactly what SLURM gave the job
+        assert "--threads ${SLURM_CPUS_PER_TASK:-%d}" % cpus in text
+    if compute["scheduler"] == "slurm":
+        assert "submits 2 worker job(s) of 32 cores" in text
+
+
+def test_run_threads_option_overrides_the_configuration(tmp_path, monkeypatch):
+    import depsi.pipeline.runner as runner
+    from depsi.cli import main
+
+    seen = {}
+
+    class Summary:
+        def format(self):
+            return "summary"
+
+    def fake_run(config, **kwargs):
+        seen["threads"] = config.compute.threads
+        return Summary()
+
+    monkeypatch.setattr(runner, "run_pipeline", fake_run)
+    path = tmp_path / "config.yaml"
+    stack = tmp_path / "stack.zarr"
+    stack.mkdir()
+    path.write_text(yaml.safe_dump({"input": {"path": str(stack)},
+                                    "compute": {"scheduler": "threads", "threads": 2}}))
+    assert main(["run", str(path), "--threads", "6"]) == 0
+    assert seen["threads"] == 6

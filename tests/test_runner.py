@@ -241,3 +241,18 @@ def test_run_threads_option_overrides_the_configuration(tmp_path, monkeypatch):
                                     "compute": {"scheduler": "threads", "threads": 2}}))
     assert main(["run", str(path), "--threads", "6"]) == 0
     assert seen["threads"] == 6
+
+
+def test_run_prints_one_summary_on_stdout_and_no_escapes_when_redirected(tmp_path, capfd):
+    """Redirected output (not a terminal): no progress bars, so no carriage returns or
+    cursor-up escapes; the summary table once, on stdout, and in the workspace log."""
+    path = tmp_path / "config.yaml"
+    data = json.loads(json.dumps(SMALL)) | {"output": {"workspace": str(tmp_path / "ws"),
+                                                        "exports": []}}
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--to", "selection"]) == 0
+    out, err = capfd.readouterr()
+    assert out.count("selection  ran") == 1
+    assert "selection  ran" not in err
+    assert "\x1b[A" not in out + err and "\r" not in out + err
+    assert "selection  ran" in (tmp_path / "ws" / "depsi.log").read_text()

@@ -57,6 +57,9 @@ from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
+#: The run summary goes to the workspace log file only (not to the console's handlers).
+SUMMARY_LOGGER = logging.getLogger("depsi.run_summary")
+SUMMARY_LOGGER.propagate = False
 
 #: The steps of the pipeline, in order.
 STEPS = ("stack", "selection", "chain", "export")
@@ -570,9 +573,12 @@ def _log_to_file(path: Path) -> Iterator[None]:
     if package.getEffectiveLevel() > logging.INFO:
         package.setLevel(logging.INFO)
     package.addHandler(handler)
+    SUMMARY_LOGGER.addHandler(handler)
+    SUMMARY_LOGGER.setLevel(logging.INFO)
     try:
         yield
     finally:
+        SUMMARY_LOGGER.removeHandler(handler)
         package.removeHandler(handler)
         package.setLevel(old_level)
         handler.close()
@@ -588,6 +594,16 @@ def _step_range(start: str | None, stop: str | None) -> list[str]:
         raise ValueError(f"start {start!r} comes after stop {stop!r}; steps run in the order "
                          f"{', '.join(STEPS)}")
     return list(STEPS[first:last + 1])
+
+
+def bars_wanted(progress: bool) -> bool:
+    """Progress bars on a terminal or in a notebook; none when output is redirected (a log
+    file would otherwise fill with carriage returns and cursor-up escapes)."""
+    if not progress:
+        return False
+    if "ipykernel" in sys.modules:
+        return True
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def _dask_progress(stack: ExitStack, running: Any, progress: bool) -> None:
@@ -692,6 +708,7 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     workspace.mkdir(parents=True, exist_ok=True)
     summary = RunSummary(workspace=workspace, log_file=workspace / LOG_FILE,
                          steps={name: StepRecord(name) for name in STEPS})
+    progress = bars_wanted(progress)
     ctx = _Context(config=config, workspace=workspace, progress=progress)
     with _log_to_file(workspace / LOG_FILE), _workspace_lock(workspace):
         logger.info("depsi run: steps %s in %s (resume=%s)", ", ".join(steps), workspace,
@@ -705,6 +722,6 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
             for step in tqdm(steps, desc="depsi run", unit="step", disable=not progress):
                 _run_step(ctx, step, summary.steps[step], resume=resume)
         summary.seconds = time.perf_counter() - began
-        for line in summary.format().splitlines():
-            logger.info("%s", line)
+        for line in summary.format().splitlines():  # to the run's log file only:
+            SUMMARY_LOGGER.info("%s", line)             # the CLI prints it on stdout
     return summary

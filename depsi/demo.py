@@ -219,6 +219,7 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     from depsi.io import open_stm, save_stm
     from depsi.io.cf import LOS_SIGN_CONVENTION
     from depsi.io.export import to_csv
+    from depsi.pipeline.runner import heartbeat
     from depsi.processing.chain import run_ps_chain
     from depsi.processing.selection import ps_selection
     from depsi.simulate import write_stack_zarr
@@ -250,7 +251,7 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     start = time.perf_counter()
     logger.info("running the PS chain on %d candidates x %d epochs (network, arcs, "
                 "integration, atmosphere, densification)", ps.sizes["space"], ps.sizes["time"])
-    with _progress_bar():
+    with _progress_bar(), heartbeat("chain"):
         result = run_ps_chain(ps)
         result_path = save_stm(result, out / "stm.zarr")
     timings["chain"] = time.perf_counter() - start

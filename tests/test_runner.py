@@ -256,3 +256,16 @@ def test_run_prints_one_summary_on_stdout_and_no_escapes_when_redirected(tmp_pat
     assert "selection  ran" not in err
     assert "\x1b[A" not in out + err and "\r" not in out + err
     assert "selection  ran" in (tmp_path / "ws" / "depsi.log").read_text()
+
+
+def test_heartbeat_logs_while_a_long_step_runs(caplog):
+    import logging
+    import time as clock
+
+    from depsi.pipeline.runner import heartbeat
+
+    with caplog.at_level(logging.INFO, logger="depsi.pipeline.runner"):
+        with heartbeat("step chain", every=0.05):
+            clock.sleep(0.18)
+    beats = [r for r in caplog.records if "step chain: still running" in r.getMessage()]
+    assert 2 <= len(beats) <= 4

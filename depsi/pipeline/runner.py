@@ -596,6 +596,32 @@ def _step_range(start: str | None, stop: str | None) -> list[str]:
     return list(STEPS[first:last + 1])
 
 
+#: Seconds between the "still running" lines of a long step.
+HEARTBEAT_SECONDS = 30.0
+
+
+@contextmanager
+def heartbeat(what: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Log ``<what>: still running (N s)`` every ``every`` seconds until the block ends, so a
+    redirected log (no progress bars) shows that a long step is alive."""
+    import threading
+
+    done = threading.Event()
+    began = time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(every):
+            logger.info("%s: still running (%.0f s)", what, time.perf_counter() - began)
+
+    thread = threading.Thread(target=beat, name="depsi-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def bars_wanted(progress: bool) -> bool:
     """Progress bars on a terminal or in a notebook; none when output is redirected (a log
     file would otherwise fill with carriage returns and cursor-up escapes)."""
@@ -642,7 +668,8 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
     manifest_path(ctx.workspace, step).unlink(missing_ok=True)
     logger.info("step %s: running", step)
     began = time.perf_counter()
-    counts = _STEP_FUNCTIONS[step](ctx)
+    with heartbeat(f"step {step}"):
+        counts = _STEP_FUNCTIONS[step](ctx)
     seconds = time.perf_counter() - began
     target = _fingerprint_target(step, ctx)
     run_id = uuid.uuid4().hex

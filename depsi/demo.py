@@ -71,40 +71,8 @@ def _outline_reference_area(ax, x: np.ndarray, y: np.ndarray) -> None:
     ax.plot(x[ring], y[ring], "k--", lw=1, label="reference area")
 
 
-#: Percentile of |value| that sets symmetric colour limits: a few extreme points do not wash
-#: out the map, and the subsidence bowl does not saturate.
-COLOUR_PERCENTILE = 98
-
-
-def robust_limit(*values: np.ndarray, percentile: float = COLOUR_PERCENTILE) -> float:
-    """Symmetric colour limit: the ``percentile`` of |value| over all ``values``, NaN ignored."""
-    joined = np.abs(np.concatenate([np.ravel(v) for v in values]))
-    limit = float(np.nanpercentile(joined, percentile)) if np.isfinite(joined).any() else 1.0
-    return limit if limit > 0 else 1.0
-
-
-def lon_lat_axes(ax, lat: np.ndarray) -> None:
-    """Plain lon/lat axes (no basemap) with equal ground distance per unit on both axes."""
-    mid = np.deg2rad(np.nanmean(lat)) if np.isfinite(lat).any() else 0.0
-    ax.set_aspect(1.0 / max(np.cos(mid), 1e-6))
-    ax.set(xlabel="longitude (°E)", ylabel="latitude (°N)")
-    ax.ticklabel_format(useOffset=False, style="plain")
-    ax.tick_params(axis="x", labelrotation=0)
-
-
-def one_to_one(ax, true: np.ndarray, estimated: np.ndarray, unit: str, what: str) -> None:
-    """Estimated against true with the 1:1 line, equal axes and the RMSE in the title."""
-    ok = np.isfinite(true) & np.isfinite(estimated)
-    ax.plot(true[ok], estimated[ok], ".", ms=3, alpha=0.6, label="points")
-    low = float(min(true[ok].min(), estimated[ok].min())) if ok.any() else -1.0
-    high = float(max(true[ok].max(), estimated[ok].max())) if ok.any() else 1.0
-    ax.plot([low, high], [low, high], "k-", lw=1, label="1:1")
-    rmse = float(np.sqrt(np.mean((estimated[ok] - true[ok]) ** 2))) if ok.any() else np.nan
-    ax.set(title=f"{what}: estimated vs true (RMSE {rmse:.2f} {unit})",
-           xlabel=f"true {what} ({unit})", ylabel=f"estimated {what} ({unit})",
-           xlim=(low, high), ylim=(low, high))
-    ax.set_aspect("equal")
-    ax.legend(loc="upper left")
+# plot helpers shared with the exports (and the tutorials import them from here)
+from depsi.io.export import COLOUR_PERCENTILE, lon_lat_axes, one_to_one, robust_limit  # noqa: E402,F401
 
 
 def _aligned_truth(truth: xr.Dataset, result: xr.Dataset) -> np.ndarray:

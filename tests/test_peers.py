@@ -357,6 +357,21 @@ def test_get_order_on_scaled_lon_lat_same_keys(peers, stmat):
     np.testing.assert_array_equal(ours.astype(np.int64), theirs)
 
 
+def test_get_order_keeps_32_bits_where_stmtools_wraps_at_65536(peers, stmat):
+    """Deliberate: pymorton (under stmtools) keeps only the low 16 bits of each scaled
+    coordinate, so lat 52.3 scaled by 15000 (784 500) wraps and the order is wrong; depsi
+    interleaves 32 bits. Below 65 536 the keys are equal (tests above)."""
+    ds = stmat.assign_coords(lon=stmat.lon * 0.001 + 4.9, lat=stmat.lat * 0.001 + 52.3)
+    kwargs = {"xlabel": "lon", "ylabel": "lat", "xscale": 15000.0, "yscale": 15000.0}
+    theirs = theirs_stm(peers, ds, "get_order", **kwargs).order.values
+    ours = ours_stm(ds, "get_order", **kwargs).order.values
+    assert theirs.max() < 2**32 <= ours.max()
+    x = np.floor(ds.lon.values * 15000).astype(np.int64) & 0xFFFF
+    y = np.floor(ds.lat.values * 15000).astype(np.int64) & 0xFFFF
+    from depsi.stm.order import morton_key
+    np.testing.assert_array_equal(theirs, morton_key(y, x).astype(np.int64))
+
+
 def test_reorder_same_order_of_points(peers, stmat):
     shuffled = stmat.isel(space=np.random.default_rng(2).permutation(stmat.sizes["space"]))
     theirs = theirs_stm(peers, shuffled, "reorder")
@@ -572,3 +587,38 @@ def test_subset_density_is_offered_where_stmtools_0_1_4_has_none(peers, stmat):
     with pytest.raises(NotImplementedError):
         theirs_stm(peers, stmat, "subset", method="density", dx=10.0, dy=10.0)
     assert ours_stm(stmat, "subset", method="density", dx=10.0, dy=10.0).sizes["space"] == 5
+
+
+def test_stmtools_readme_workflow_runs_unchanged_with_the_same_points(peers, realdata, tmp_path):
+    """stmtools' README workflow (read with patterns, subset by a polygon file, enrich from
+    it, threshold on a point attribute, reorder by scaled lon/lat), run with stmtools and with
+    depsi: the same points come out."""
+    stmtools = peers[0]
+    polygon_file = tmp_path / "area.gpkg"
+    gpd.GeoDataFrame({"district": ["centre"]},
+                     geometry=[shapely.box(4.9095, 52.3455, 4.9115, 52.3470)],
+                     crs="EPSG:4326").to_file(polygon_file)
+
+    def workflow(reader, run):
+        stm = reader(realdata / CSV, spacetime_pattern={"^d_": "deformation", "^a_": "amplitude",
+                                                        "^h2ph_": "h2ph"},
+                     coords_cols={"pnt_lat": "lat", "pnt_lon": "lon"},
+                     output_chunksize={"space": 500, "time": -1})
+        stm = run(stm, "subset", method="polygon", polygon=str(polygon_file))
+        stm = run(stm, "enrich_from_polygon", str(polygon_file), "district")
+        stm = run(stm, "subset", method="threshold", var="pnt_enscoh", threshold=">0.7")
+        return run(stm, "reorder", xlabel="lon", ylabel="lat", xscale=1000.0,
+                   yscale=1000.0).compute()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = workflow(stmtools.from_csv, lambda ds, m, *a, **k: theirs_stm(peers, ds, m, *a, **k))
+    ours = workflow(depsi.from_csv, ours_stm)
+    assert 0 < ours.sizes["space"] < 2500
+    # the same Morton keys in the same sequence; points with equal keys keep their earlier
+    # order, which is file order for stmtools and depsi's stored Morton order (deliberate)
+    np.testing.assert_array_equal(ours.order.values.astype(np.int64), theirs.order.values)
+    ours, theirs = _by_point(ours, "pnt_id"), _by_point(theirs, "pnt_id")
+    np.testing.assert_array_equal(ours.pnt_id.values, theirs.pnt_id.values.astype(str))
+    np.testing.assert_allclose(ours.deformation.values, theirs.deformation.values, atol=1e-7)
+    assert (ours.district.values == "centre").all()

@@ -168,7 +168,7 @@ def _progress_bar():
     import contextlib
     import sys
 
-    from depsi.pipeline.runner import bars_wanted
+    from depsi.io.prefetch import bars_wanted
 
     if not bars_wanted(True):
         return contextlib.nullcontext()

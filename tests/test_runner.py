@@ -269,3 +269,22 @@ def test_heartbeat_logs_while_a_long_step_runs(caplog):
             clock.sleep(0.18)
     beats = [r for r in caplog.records if "step chain: still running" in r.getMessage()]
     assert 2 <= len(beats) <= 4
+
+
+def test_progress_bars_only_on_a_terminal_or_in_a_notebook(monkeypatch):
+    import sys
+
+    from depsi.io.prefetch import bars_wanted
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert not bars_wanted(True)  # pytest captures stderr: not a terminal
+    assert not bars_wanted(False)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert bars_wanted(True)
+    monkeypatch.setattr(sys, "stderr", None)
+    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    assert bars_wanted(True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import product
@@ -40,6 +41,16 @@ class _Failure:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def bars_wanted(progress: bool) -> bool:
+    """Progress bars on a terminal or in a notebook; none when output is redirected (a log
+    file would otherwise fill with carriage returns and cursor-up escapes)."""
+    if not progress:
+        return False
+    if "ipykernel" in sys.modules:
+        return True
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def _put(out: queue.Queue, value: Any, stop: threading.Event) -> bool:

@@ -53,6 +53,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from depsi.io.lock import write_lock
+from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
 
@@ -620,16 +621,6 @@ def heartbeat(what: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
-
-
-def bars_wanted(progress: bool) -> bool:
-    """Progress bars on a terminal or in a notebook; none when output is redirected (a log
-    file would otherwise fill with carriage returns and cursor-up escapes)."""
-    if not progress:
-        return False
-    if "ipykernel" in sys.modules:
-        return True
-    return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def _dask_progress(stack: ExitStack, running: Any, progress: bool) -> None:

@@ -72,8 +72,8 @@ CF: dict[str, dict[str, str]] = {
     "ps_mask": {"units": "1", "long_name": "true persistent scatterer (simulation)"},
     # results
     "velocity": {"units": "m year-1", "long_name": "line-of-sight velocity", **_LOS},
-    "displacement": {"units": "m", "long_name": "line-of-sight displacement since the mother "
-                                                "epoch", **_LOS},
+    "displacement": {"units": "m", "long_name": "line-of-sight displacement relative to the "
+                                                "first epoch", **_LOS},
     "height_error": {"units": "m", "long_name": "height relative to the reference DEM"},
     "height_error_correlated": {"units": "m",
                                 "long_name": "spatially correlated part of the height error"},

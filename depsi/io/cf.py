@@ -64,6 +64,9 @@ CF: dict[str, dict[str, str]] = {
     "amplitude_median": {"units": "1", "long_name": "median amplitude over time"},
     "amplitude_mad": {"units": "1", "long_name": "median absolute deviation of amplitude"},
     "amp_count": {"units": "1", "long_name": "number of epochs with an amplitude"},
+    "amp_sum": {"units": "1", "long_name": "sum of amplitudes over time (for updates)"},
+    "amp_sumsq": {"units": "1", "long_name": "sum of squared amplitudes over time (for "
+                                             "updates)"},
     "amplitude_dispersion": {"units": "1", "long_name": "normalised amplitude dispersion "
                                                          "(std / mean)"},
     "amplitude_dispersion_mad": {"units": "1", "long_name": "normalised amplitude dispersion "

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
@@ -427,6 +428,13 @@ def _step_chain(ctx: _Context) -> dict[str, Any]:
     counts = {"points": int(result.sizes["space"])}
     if order is not None:
         counts |= {"first_order": int((order == 1).sum()), "densified": int((order == 2).sum())}
+    if "reference" in result.attrs and "point_index" in result.variables:
+        where = np.flatnonzero(result["point_index"].values == int(result.attrs["reference"]))
+        if where.size:
+            logger.info("chain: reference point is point_index %d (azimuth %d, range %d), as "
+                        "attrs['reference'] of %s", int(result.attrs["reference"]),
+                        int(result["azimuth"].values[where[0]]),
+                        int(result["range"].values[where[0]]), path.name)
     return counts
 
 
@@ -676,7 +684,8 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
     record.status, record.seconds, record.counts = "ran", seconds, counts
     record.outputs = [str(target)]
     if step == "export":
-        record.outputs = [str(p) for p in sorted(target.iterdir())]
+        record.outputs = [str(p) for p in sorted(target.iterdir())
+                          if not p.name.startswith(".")]  # not the writers' lock files
     logger.info("step %s: done in %.1f s (%s)", step, seconds,
                 ", ".join(f"{k} {v}" for k, v in counts.items()))
 

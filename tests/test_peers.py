@@ -622,3 +622,8 @@ def test_stmtools_readme_workflow_runs_unchanged_with_the_same_points(peers, rea
     np.testing.assert_array_equal(ours.pnt_id.values, theirs.pnt_id.values.astype(str))
     np.testing.assert_allclose(ours.deformation.values, theirs.deformation.values, atol=1e-7)
     assert (ours.district.values == "centre").all()
+
+
+def test_from_csv_takes_stmtools_float_blocksize(realdata):
+    ds = depsi.from_csv(realdata / CSV, blocksize=200e6)
+    assert ds.chunks is not None and ds.sizes["space"] == 2500

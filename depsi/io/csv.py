@@ -231,6 +231,9 @@ def _chunk_bytes(blocksize: int | str) -> int:
         return parse_bytes(blocksize)
     if isinstance(blocksize, (int, np.integer)) and blocksize > 0:
         return int(blocksize)
+    if isinstance(blocksize, (float, np.floating)) and blocksize >= 1 and float(
+            blocksize).is_integer():  # stmtools' default is written 200e6
+        return int(blocksize)
     raise ValueError(
         f"blocksize: expected bytes per space chunk (e.g. 64_000_000 or '64MB'), "
         f"found {blocksize!r}"

@@ -310,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="write a commented example configuration")
     config.add_argument("--example", nargs="?", const="-", default=None, metavar="PATH",
                         help="write the example to PATH (default: standard output)")
-    config.add_argument("--overwrite", action="store_true", help="replace an existing PATH")
+    config.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
+                        help="replace an existing PATH (default: refuse)")
     config.set_defaults(func=_cmd_config)
 
     script = sub.add_parser("slurm-script", help="write an sbatch script running the pipeline")
@@ -337,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--format", choices=("zarr", "binary"), default="zarr",
                      help="Zarr store with truth group, or raw per-epoch files with DORIS-like "
                           "metadata (default zarr)")
-    sim.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    sim.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
+                     help="replace an existing store (default: refuse)")
     sim.set_defaults(func=_cmd_simulate)
 
     demo = sub.add_parser("demo", help="simulate a small stack and run the PS chain on it")
@@ -346,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=60,
                       help="number of epochs, 12 days apart (default 60: two years)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.add_argument("--overwrite", action="store_true", default=True,
-                      help="replace outputs of an earlier demo (default)")
+    demo.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=True,
+                      help="replace outputs of an earlier demo (default); --no-overwrite "
+                           "refuses an existing --out folder")
     demo.set_defaults(func=_cmd_demo)
     return parser
 

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Run the whole depsi test suite on a fresh machine: install the package with its test extras,
-# then run pytest. Extra arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`).
+# lint with ruff (the version pinned in the test extra), then run pytest: the tests and the
+# docstring examples of depsi/ (testpaths and --doctest-modules in pyproject.toml). Extra
+# arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python -m pip install --quiet --disable-pip-version-check -e ".[test,docs]"
+
+python -m ruff check depsi tests benchmarks scripts
 
 # A one-node SLURM cluster for tests/test_slurm.py. Where it cannot start (not root, no apt-get)
 # those tests skip and print why; a SLURM that was already running is left running.
@@ -16,5 +20,5 @@ fi
 bash scripts/slurm-up.sh || echo "test.sh: SLURM not started; tests/test_slurm.py will say why" >&2
 trap '[[ $slurm_was_up == 1 ]] || bash scripts/slurm-down.sh || true' EXIT
 
-# GPU tests skip by themselves where no CUDA device works.
+# GPU tests skip by themselves where no CUDA device works; real-data tests read tests/data.
 python -m pytest -p no:cacheprovider --timeout=600 "$@"

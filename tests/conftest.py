@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-#: Real SAR/InSAR data shared beside the checkout (../shared/realdata); tests skip without it.
-REALDATA = Path(os.environ.get("DEPSI_REALDATA", REPO.parent / "shared" / "realdata"))
+#: Real SAR/InSAR data kept in the repository (``tests/data``, provenance in its README.md);
+#: ``$DEPSI_REALDATA`` points the tests at another copy of the same layout.
+REALDATA = Path(os.environ.get("DEPSI_REALDATA", REPO / "tests" / "data"))
 
 
 @pytest.fixture(scope="session")
 def realdata() -> Path:
-    """Path to ``../shared/realdata``; skips the test when that folder is absent."""
+    """Path to the real data (``tests/data``); fails, never skips, when it is not there."""
     if not REALDATA.is_dir():
-        pytest.skip(f"real data folder {REALDATA} is absent")
+        pytest.fail(f"real data folder {REALDATA} is absent: expected the repository's "
+                    f"tests/data (or $DEPSI_REALDATA pointing at a copy of it)")
     return REALDATA

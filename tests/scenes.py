@@ -53,13 +53,13 @@ class Family:
     ramp: float = 0.004             # m/yr across the scene (planar ramp)
     seed: int = 0
 
-    def with_seed(self, seed: int) -> "Family":
+    def with_seed(self, seed: int) -> Family:
         return replace(self, seed=seed)
 
 
 def _exponential_field(rng, shape, length_px, n_fields):
     """``n_fields`` zero-mean unit-variance fields with covariance ``exp(-r / length)``."""
-    pad = [int(2 ** np.ceil(np.log2(s + 4 * length_px))) for s in shape]
+    pad = [int(2 ** np.ceil(np.log2(s + 2 * length_px))) for s in shape]
     ky = np.fft.fftfreq(pad[0])[:, None]
     kx = np.fft.rfftfreq(pad[1])[None, :]
     k = 2 * np.pi * np.hypot(ky, kx)
@@ -85,7 +85,8 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
     epoch, interferometric: zero at the mother), ``h2ph`` (PS x epoch), ``years``.
     """
     f = family
-    rng = np.random.default_rng(np.random.SeedSequence([20261130, f.seed, zlib.crc32(f.name.encode())]))
+    rng = np.random.default_rng(
+        np.random.SeedSequence([20261130, f.seed, zlib.crc32(f.name.encode())]))
     n_az, n_rg = f.shape
     T = f.n_epochs
     mother = T // 2
@@ -273,4 +274,27 @@ ISSUE_FAMILIES = (
            aps_length=1500.0, ps_fraction=0.015, noise_std=0.5, h2ph_variation=0.0),
     Family("issue-c", shape=(400, 400), n_epochs=30, revisit_days=24, aps_std=0.5,
            aps_length=200.0, ps_fraction=0.03, noise_std=0.3, h2ph_variation=0.0),
+)
+
+#: Families of the default test suite (3 km x 3 km, a few thousand PS): what real scenes vary.
+FAST_FAMILIES = (
+    Family("short-weak", shape=(300, 300), n_epochs=30, revisit_days=24, aps_std=0.5,
+           aps_length=200.0, ps_fraction=0.03, noise_std=0.3, h2ph_variation=0.4, seed=1),
+    Family("long-strong", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=2.0,
+           aps_length=3000.0, ps_fraction=0.02, noise_std=0.4, h2ph_variation=0.2,
+           ramp=0.008, seed=2),
+    Family("dense-6-day", shape=(250, 250), n_epochs=120, revisit_days=6, aps_std=1.0,
+           aps_length=800.0, ps_fraction=0.05, noise_std=0.5, h2ph_variation=0.4, seed=3),
+    Family("sparse", shape=(400, 400), n_epochs=90, revisit_days=12, aps_std=1.5,
+           aps_length=1500.0, ps_fraction=0.01, noise_std=0.35, h2ph_variation=0.0, seed=4),
+    Family("building-blocks", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=1.0,
+           aps_length=400.0, ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4,
+           height_blocks=200.0, seed=5),
+)
+
+#: Larger families for the slow tests: the issue's three, and correlated DEM errors at size.
+SLOW_FAMILIES = ISSUE_FAMILIES + (
+    Family("building-blocks-large", shape=(500, 500), n_epochs=60, revisit_days=12,
+           aps_std=1.0, aps_length=400.0, ps_fraction=0.03, noise_std=0.35,
+           h2ph_variation=0.4, height_blocks=300.0, seed=6),
 )

@@ -12,8 +12,7 @@ import shapely
 import xarray as xr
 
 import depsi.stm  # noqa: F401  (registers .stm)
-from depsi.stm import STMValidationError, morton_order
-from depsi.stm import accessor
+from depsi.stm import STMValidationError, accessor, morton_order
 from depsi.stm.accessor import STMKeyError
 
 gpd = pytest.importorskip("geopandas")
@@ -75,7 +74,7 @@ def test_num_points_and_num_epochs_are_sizes_of_space_and_time():
 
 def test_num_points_without_space_dim_names_the_dims_found():
     with pytest.raises(STMKeyError, match=r"'space'.*found dims \('time',\)"):
-        xr.Dataset({"a": ("time", [1.0])}).stm.num_points
+        _ = xr.Dataset({"a": ("time", [1.0])}).stm.num_points
 
 
 def test_regulate_dims_renames_labels_and_keeps_pnt_variables_space_only():

@@ -48,3 +48,33 @@ def test_info_reads_the_real_v2_store(realdata, capsys):
     assert main(["info", str(realdata / "depsi_stm_sparse" / "stm_sparse.zarr")]) == 0
     out = capsys.readouterr().out
     assert "Zarr v2" in out and "space=156" in out and "complex64" in out
+
+
+def test_overwrite_can_be_switched_on_and_off_for_every_command():
+    from depsi.cli import build_parser
+
+    parser = build_parser()
+    for command, default in ((["demo"], True), (["simulate", "s.zarr"], False),
+                             (["config"], False)):
+        assert parser.parse_args(command).overwrite is default, command
+        assert parser.parse_args([*command, "--overwrite"]).overwrite is True, command
+        assert parser.parse_args([*command, "--no-overwrite"]).overwrite is False, command
+
+
+def test_demo_with_no_overwrite_keeps_an_earlier_output(tmp_path, caplog):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "earlier.txt").write_text("kept")
+    assert main(["demo", "--out", str(out), "--no-overwrite", "--size", "16",
+                 "--epochs", "4"]) == 2
+    assert (out / "earlier.txt").read_text() == "kept"
+    assert "exists" in caplog.text
+
+
+def test_config_example_replaces_a_file_only_with_overwrite(tmp_path, caplog):
+    path = tmp_path / "depsi.yaml"
+    path.write_text("mine\n")
+    assert main(["config", "--example", str(path)]) == 2
+    assert path.read_text() == "mine\n" and "--overwrite" in caplog.text
+    assert main(["config", "--example", str(path), "--overwrite"]) == 0
+    assert path.read_text() != "mine\n"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
+from pathlib import Path
 
 import dask.array as da
 import numpy as np
@@ -113,25 +115,47 @@ def test_slurm_options_become_cluster_arguments() -> None:
     assert kwargs["local_directory"] == "/scratch"
 
 
-def _slow_double(block: np.ndarray) -> np.ndarray:
-    time.sleep(0.25)
+def _gated_double(block: np.ndarray, gate: str) -> np.ndarray:
+    """Leave a mark that a block started, then wait until the test opens ``gate``: the test
+    decides when blocks finish, so no step depends on how fast the machine is."""
+    folder = Path(gate)
+    (folder / f"started-{os.getpid()}-{uuid.uuid4().hex}").touch()
+    while not (folder / "open").exists():
+        time.sleep(0.01)
     return block * 2
 
 
-def test_local_cluster_survives_a_killed_worker(reference: np.ndarray) -> None:
+def _wait_until(condition, what: str, timeout: float = 120.0) -> None:
+    """Poll ``condition``; the timeout only turns a hang into a failure that says what."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting: {what}")
+        time.sleep(0.02)
+
+
+def test_local_cluster_survives_a_killed_worker(tmp_path: Path) -> None:
     x = da.random.RandomState(1).standard_normal((16, 50), chunks=(1, 50))
-    graph = x.map_blocks(_slow_double).sum(axis=0)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    meta = np.empty((0, 0), x.dtype)  # given, so dask never calls the gated function to find it
+    graph = x.map_blocks(_gated_double, gate=str(gate), meta=meta).sum(axis=0)
+    opened = tmp_path / "opened"
+    opened.mkdir()
+    (opened / "open").touch()
     with scheduler({"scheduler": "threads", "threads": 8}):
-        expected = graph.compute()
+        expected = x.map_blocks(_gated_double, gate=str(opened), meta=meta).sum(axis=0).compute()
 
     with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
         client = running.client
         pids = client.run(os.getpid)
         future = client.compute(graph)
-        time.sleep(1.0)  # 16 blocks x 0.25 s on 2 workers: about half done
-        assert not future.done(), "the computation ended before the worker could be killed"
+        # each worker runs one thread, so two started blocks mean both workers are busy
+        _wait_until(lambda: len(list(gate.glob("started-*"))) >= 2, "both workers in a block")
+        assert not future.done(), "the computation ended while its blocks were held"
         victim = sorted(pids.values())[0]
         os.kill(victim, signal.SIGKILL)
+        (gate / "open").touch()
         result = future.result(timeout=60)
         client.wait_for_workers(2, timeout=30)
         assert victim not in client.run(os.getpid).values()

@@ -114,7 +114,7 @@ def store(tmp_path_factory) -> Path:
 def _open_and_read(path: Path) -> None:
     ds = open_stm(path)
     for var in ds.variables.values():
-        var.values
+        _ = var.values
 
 
 @FUZZ

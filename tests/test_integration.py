@@ -161,3 +161,60 @@ def test_reference_area_is_the_datum_of_every_result():
     np.testing.assert_array_equal(alone.velocity.values, single.velocity.values)
     with pytest.raises(ValueError, match="reference_radius"):
         apply_reference_area(single, -1.0)
+
+
+def _random_network(n=300, m=3000, seed=1):
+    rng = np.random.default_rng(seed)
+    source = rng.integers(0, n, m)
+    target = (source + rng.integers(1, 20, m)) % n
+    return source, target, rng.uniform(0.5, 3.0, m)
+
+
+def test_redundancy_numbers_equal_the_dense_hat_matrix():
+    from depsi.processing.integration import _solve
+
+    source, target, weights = _random_network()
+    n = 300
+    _, leverage = _solve(source, target, weights, np.zeros((len(source), 1)), n,
+                         np.ones(n, bool), 0, leverage=True)
+    A = incidence_matrix(source, target, n).toarray()[:, 1:]  # reference 0 fixed
+    hat = np.einsum("ai,ij,aj->a", A, np.linalg.inv(A.T @ (weights[:, None] * A)), A) * weights
+    np.testing.assert_allclose(leverage, hat, atol=1e-12)
+    # trace of the hat matrix = number of unknowns: the redundancy numbers sum to m - n + 1
+    assert np.isclose((1 - leverage).sum(), len(source) - n + 1)
+
+
+def test_probed_redundancy_numbers_are_close_for_large_networks(monkeypatch):
+    from depsi.processing import integration
+
+    source, target, weights = _random_network()
+    n = 300
+    args = (source, target, weights, np.zeros((len(source), 1)), n, np.ones(n, bool), 0)
+    _, exact = integration._solve(*args, leverage=True)
+    monkeypatch.setattr(integration, "EXACT_REDUNDANCY_POINTS", 10)
+    _, probed = integration._solve(*args, leverage=True)
+    # 64 sign probes: the redundancy number (about 0.9) within a few per cent per arc
+    assert np.sqrt(np.mean((probed - exact) ** 2)) < 0.05
+    assert abs(probed.mean() - exact.mean()) < 0.01
+
+
+def test_many_planted_wrong_arcs_are_removed_in_few_iterations():
+    points, true, arcs = _estimated()
+    clean_result, clean = integrate_network(points, arcs, return_arcs=True)
+    kept = np.flatnonzero(clean.arc_kept.values)
+    rng = np.random.default_rng(3)
+    bad = np.sort(rng.choice(kept, 12, replace=False))
+    arcs = arcs.copy(deep=True)
+    amb = arcs["ambiguity"].values.copy()
+    amb[bad, -8:] += 1  # a cycle slip in the last 8 epochs of 12 arcs
+    arcs["ambiguity"] = (arcs["ambiguity"].dims, amb)
+    result, tested = integrate_network(points, arcs, return_arcs=True)
+    removed = tested.arc_removal_reason.values == 2
+    assert removed[bad].all()
+    assert removed.sum() <= clean_result.attrs["n_arcs_removed_wtest"] + 12 + 3
+    # several independent arcs go in one iteration: fewer factorisations than removed arcs
+    assert result.attrs["n_test_iterations"] < removed.sum()
+    ref = result.attrs["reference"]
+    keep = result.in_network.values
+    v_err = result.velocity.values - (true.velocity.values - true.velocity.values[ref])
+    assert np.sqrt(np.mean(v_err[keep] ** 2)) <= 1.2 * predicted_arc_std(points)[0]

@@ -38,17 +38,22 @@ def test_prefetched_yields_every_item_in_order():
     assert list(prefetched(lambda x: 2 * x, range(7), prefetch=3)) == [(i, 2 * i) for i in range(7)]
 
 
-def test_prefetched_overlaps_load_with_consumer():
+def test_prefetched_loads_the_next_item_while_the_consumer_holds_this_one():
+    """Overlap as behaviour, not speed: while the consumer still holds item k, item k + 1 gets
+    loaded on the worker thread (a serial loop would load it only when asked for it)."""
+    loaded = [threading.Event() for _ in range(6)]
+    loaders = set()
+
     def load(item):
-        time.sleep(0.04)
+        loaders.add(threading.current_thread().name)
+        loaded[item].set()
         return item
 
-    start = time.perf_counter()
-    for _ in prefetched(load, range(10), prefetch=2):
-        time.sleep(0.04)
-    elapsed = time.perf_counter() - start
-    # serial would take 10 * (0.04 + 0.04) = 0.8 s; overlapped about 11 * 0.04 = 0.44 s
-    assert elapsed < 0.7
+    for item, _ in prefetched(load, range(len(loaded)), prefetch=2):
+        if item + 1 < len(loaded):
+            # the timeout only turns a serial implementation's hang into a failure
+            assert loaded[item + 1].wait(timeout=60), f"item {item + 1} was not loaded ahead"
+    assert loaders == {"depsi-prefetch"}
 
 
 def test_prefetched_reads_at_most_prefetch_ahead():

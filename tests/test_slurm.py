@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,21 +107,31 @@ def test_slurm_cluster_with_two_jobs_equals_threads(slurm_env: dict, tmp_path: P
 
 def test_slurm_run_completes_after_a_worker_job_is_cancelled(
         slurm_env: dict, tmp_path: Path) -> None:
-    def slow_double(block: np.ndarray) -> np.ndarray:
-        # Local, so it travels by value: SLURM workers cannot import this test module.
-        time.sleep(0.2)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+
+    def gated_double(block: np.ndarray, gate: str) -> np.ndarray:
+        # Local, so it travels by value: SLURM workers cannot import this test module. The test
+        # decides when blocks finish (by creating gate/open), so nothing depends on speed.
+        (Path(gate) / f"started-{os.getpid()}-{uuid.uuid4().hex}").touch()
+        while not (Path(gate) / "open").exists():
+            time.sleep(0.01)
         return block * 2
 
     x = da.random.RandomState(2).standard_normal((20, 40), chunks=(1, 40))
-    graph = x.map_blocks(slow_double).sum(axis=0)
-    with scheduler(scheduler="threads", threads=8):
-        expected = graph.compute()
+    meta = np.empty((0, 0), x.dtype)  # given, so dask never calls the gated function to find it
+    graph = x.map_blocks(gated_double, gate=str(gate), meta=meta).sum(axis=0)
+    expected = (x * 2).sum(axis=0).compute(scheduler="synchronous")
     with scheduler(_slurm_compute(tmp_path, jobs=2)) as running:
         future = running.client.compute(graph)
-        time.sleep(0.8)  # 20 blocks x 0.2 s on 2 workers: under half done
-        assert not future.done()
+        deadline = time.monotonic() + 120  # only turns a hang into a failure
+        while not list(gate.glob("started-*")):
+            assert time.monotonic() < deadline, "no block started on the SLURM workers"
+            time.sleep(0.05)
+        assert not future.done(), "the computation ended while its blocks were held"
         victim = next(iter(running.cluster.workers.values())).job_id
         subprocess.run(["scancel", str(victim)], check=True, timeout=30)
+        (gate / "open").touch()
         result = future.result(timeout=120)
     np.testing.assert_array_equal(result, expected)
     assert _queue() == []

@@ -89,8 +89,9 @@ def test_failed_write_leaves_no_store_and_keeps_the_old_one(tmp_path):
         raise RuntimeError("disk on fire")
 
     bad = point_stm(seed=1)
-    bad["complex"] = (("space", "time"),
-                      da.from_array(bad["complex"].values, chunks=(100, -1)).map_blocks(explode, dtype="c8"))
+    exploding = da.from_array(bad["complex"].values, chunks=(100, -1)).map_blocks(explode,
+                                                                                 dtype="c8")
+    bad["complex"] = (("space", "time"), exploding)
     with pytest.raises(RuntimeError, match="disk on fire"):
         save_stm(bad, path, overwrite=True)
     np.testing.assert_array_equal(open_stm(path)["complex"].values, old)

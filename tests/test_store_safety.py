@@ -281,7 +281,7 @@ def test_a_truncated_chunk_raises_naming_variable_and_chunk(epochs, tmp_path):
     chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
     ds = open_stm(path)  # opening reads no chunk data
     with pytest.raises(StoreIntegrityError, match=r"variable 'complex', chunk.*checksum"):
-        ds["complex"].values
+        _ = ds["complex"].values
     with pytest.raises(StoreIntegrityError, match="'complex'"):
         verify_store(path)
 
@@ -293,7 +293,7 @@ def test_a_flipped_byte_raises(epochs, tmp_path):
     data[len(data) // 2] ^= 0xFF
     chunk.write_bytes(bytes(data))
     with pytest.raises(StoreIntegrityError, match="'amplitude'"):
-        open_stm(path)["amplitude"].values
+        _ = open_stm(path)["amplitude"].values
 
 
 def test_a_missing_chunk_of_a_complete_store_raises_instead_of_reading_fill(epochs, tmp_path):
@@ -308,7 +308,7 @@ def test_a_chunk_removed_after_opening_raises_when_read(epochs, tmp_path):
     ds = open_stm(path)
     _chunk_files(path, "h2ph")[-1].unlink()
     with pytest.raises(StoreIntegrityError, match=r"variable 'h2ph', chunk .*found none"):
-        ds["h2ph"].values
+        _ = ds["h2ph"].values
 
 
 def test_an_all_nan_chunk_is_written_and_reads_back(tmp_path):

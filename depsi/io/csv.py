@@ -165,9 +165,10 @@ def _point_array(series: pd.Series, name: str, path: Path) -> np.ndarray:
         bad = series[pd.to_numeric(series, errors="coerce").isna() & series.notna()]
         raise STMValidationError(
             f"column {series.name!r} in {str(path)!r}: expected numbers, found "
-            f"{len(bad)} non-numeric value(s) such as {str(bad.iloc[0])[:40] if len(bad) else ''!r}")
-    if name == "point_id" or series.name == "pnt_id" or not (pd.api.types.is_numeric_dtype(series)
-                                  or pd.api.types.is_bool_dtype(series)):
+            f"{len(bad)} non-numeric value(s) such as "
+            f"{str(bad.iloc[0])[:40] if len(bad) else ''!r}")
+    if name == "point_id" or series.name == "pnt_id" or not (
+            pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)):
         # fixed-width unicode of the longest value: nothing is truncated in Zarr or NetCDF
         return series.fillna("").astype(str).to_numpy(dtype=str)
     if name in INTEGER_COORDINATES:

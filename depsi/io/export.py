@@ -8,9 +8,23 @@ half-written file under the final name. Values stay in SI units (m, m/yr).
 
 Examples
 --------
->>> from depsi.io.export import to_csv, to_geotiff                     # doctest: +SKIP
->>> to_csv(result, "points.csv")                                      # doctest: +SKIP
->>> to_geotiff(result, "velocity.tif", resolution=0.0005)             # doctest: +SKIP
+>>> import tempfile
+>>> import numpy as np, xarray as xr
+>>> from depsi.io.export import to_csv, to_geotiff
+>>> result = xr.Dataset(
+...     {"velocity": ("space", [0.002, -0.001, 0.0]),
+...      "height_error": ("space", [1.5, -0.5, 0.2]),
+...      "temporal_coherence": ("space", [0.95, 0.90, 0.99]),
+...      "displacement": (("space", "time"), [[0.0, 0.1e-3], [0.0, -0.2e-3], [0.0, 0.0]])},
+...     coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]"),
+...             "azimuth": ("space", [12, 40, 7]), "range": ("space", [305, 11, 90]),
+...             "lat": ("space", [52.3700, 52.3710, 52.3720]),
+...             "lon": ("space", [4.8900, 4.8910, 4.8920])})
+>>> folder = tempfile.mkdtemp()
+>>> to_csv(result, f"{folder}/points.csv").name
+'points.csv'
+>>> to_geotiff(result, f"{folder}/velocity.tif", resolution=0.0005).name
+'velocity.tif'
 """
 
 from __future__ import annotations
@@ -124,9 +138,20 @@ def to_csv(result: xr.Dataset, path: str | os.PathLike) -> Path:
 
     Examples
     --------
-    >>> import pandas as pd                                           # doctest: +SKIP
-    >>> pd.read_csv(to_csv(result, "points.csv")).columns[:3].tolist()  # doctest: +SKIP
-    ['pnt_id', 'lat', 'lon']
+    >>> import tempfile
+    >>> import numpy as np, pandas as pd, xarray as xr
+    >>> result = xr.Dataset(
+    ...     {"velocity": ("space", [0.002, -0.001]), "height_error": ("space", [1.5, -0.5]),
+    ...      "temporal_coherence": ("space", [0.95, 0.90]),
+    ...      "displacement": (("space", "time"), [[0.0, 0.1e-3], [0.0, -0.2e-3]])},
+    ...     coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]"),
+    ...             "azimuth": ("space", [12, 40]), "range": ("space", [305, 11]),
+    ...             "lat": ("space", [52.370, 52.371]), "lon": ("space", [4.890, 4.891])})
+    >>> table = pd.read_csv(to_csv(result, tempfile.mkdtemp() + "/points.csv"))
+    >>> table.columns[:3].tolist(), table.columns[-2:].tolist()
+    (['pnt_id', 'lat', 'lon'], ['d_20200101', 'd_20200113'])
+    >>> table.pnt_id.tolist()
+    ['L12P305', 'L40P11']
     """
     table = point_table(result)
     with _atomic_path(path) as tmp:
@@ -264,8 +289,18 @@ def to_geotiff(result: xr.Dataset, path: str | os.PathLike, *, variable: str = "
 
     Examples
     --------
-    >>> import rioxarray                                              # doctest: +SKIP
-    >>> grid = rioxarray.open_rasterio(to_geotiff(result, "v.tif")).squeeze()  # doctest: +SKIP
+    >>> import tempfile
+    >>> import numpy as np, rioxarray, xarray as xr
+    >>> result = xr.Dataset(
+    ...     {"velocity": ("space", [0.002, -0.001, 0.0])},
+    ...     coords={"lat": ("space", [52.3700, 52.3710, 52.3720]),
+    ...             "lon": ("space", [4.8900, 4.8910, 4.8920])})
+    >>> path = to_geotiff(result, tempfile.mkdtemp() + "/v.tif", resolution=0.001)
+    >>> grid = rioxarray.open_rasterio(path).squeeze()
+    >>> str(grid.rio.crs), int(np.isfinite(grid).sum())  # one cell per point, NaN elsewhere
+    ('EPSG:4326', 3)
+    >>> round(float(np.nanmax(grid)), 6)
+    0.002
     """
     try:
         import rioxarray  # noqa: F401  (registers the .rio accessor)

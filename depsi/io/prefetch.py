@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 import dask
 import dask.array
-from dask.array.core import concatenate3
 import numpy as np
 import xarray as xr
+from dask.array.core import concatenate3
 from tqdm.auto import tqdm
 
 from depsi.io.store import DEFAULT_CHUNK_BYTES

@@ -618,14 +618,14 @@ def from_snap(
 
     Examples
     --------
+    The real SNAP pair in a clone's test data (``tests/data``, see its README):
+
     >>> from pathlib import Path
-    >>> folder = Path("../shared/realdata/sarxarray_slc/zarrs")
-    >>> if folder.is_dir():
-    ...     ds = from_snap(sorted(folder.glob("*-coreg.znap")))
-    ...     print(dict(ds.sizes), round(ds.attrs["wavelength"], 4))
-    ... else:
-    ...     print({'azimuth': 84, 'range': 338, 'time': 2}, 0.0555)
-    {'azimuth': 84, 'range': 338, 'time': 2} 0.0555
+    >>> import depsi
+    >>> folder = Path(depsi.__file__).parents[1] / "tests" / "data" / "sarxarray_slc" / "zarrs"
+    >>> ds = from_snap(sorted(folder.glob("*-coreg.znap")))
+    >>> dict(ds.sizes), round(ds.attrs["wavelength"], 4)
+    ({'azimuth': 84, 'range': 338, 'time': 2}, 0.0555)
     """
     if not isinstance(polarisation, str) or not re.fullmatch(r"[HV]{2}", polarisation):
         raise ValueError(f"polarisation: expected one of 'VV', 'VH', 'HH', 'HV', "

@@ -260,7 +260,8 @@ def save_stm(
     >>> import tempfile, numpy as np, xarray as xr
     >>> ds = xr.Dataset({"amplitude": (("space", "time"), np.ones((4, 2), "f4"))},
     ...                 coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]"),
-    ...                         "azimuth": ("space", [1, 0, 1, 0]), "range": ("space", [1, 1, 0, 0])})
+    ...                         "azimuth": ("space", [1, 0, 1, 0]),
+    ...                         "range": ("space", [1, 1, 0, 0])})
     >>> out = save_stm(ds, tempfile.mkdtemp() + "/ps.zarr")
     >>> open_stm(out).azimuth.values.tolist()
     [0, 0, 1, 1]
@@ -448,7 +449,6 @@ def _store_record(path: Path) -> dict:
 
 def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
     import dask.array as da
-    import zarr
     from dask.base import tokenize
 
     record = _store_record(path)
@@ -753,7 +753,7 @@ def _publish(path: Path, plan: dict) -> None:
     outside the old shape or hold the old values unchanged where the old shape reaches.
     """
     staging = path / STAGING
-    for name, document in plan["arrays"].items():
+    for name in plan["arrays"]:
         folder = staging / name
         files = [p for p in folder.rglob("*") if p.is_file() and p.name != "zarr.json"] \
             if folder.exists() else []

@@ -280,7 +280,10 @@ def _parabolic_offsets(xp, power, best, n_nodes, stride):
     index = (best // stride) % n_nodes
     inner = (index > 0) & (index < n_nodes - 1)
     size = power.shape[1]
-    at = lambda i: xp.take_along_axis(power, xp.clip(i, 0, size - 1)[:, None], axis=1)[:, 0]
+
+    def at(i):
+        return xp.take_along_axis(power, xp.clip(i, 0, size - 1)[:, None], axis=1)[:, 0]
+
     p0, pm, pp = at(best), at(best - stride), at(best + stride)
     curvature = pm - 2 * p0 + pp
     ok = inner & (curvature < 0)

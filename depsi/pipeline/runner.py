@@ -23,10 +23,17 @@ config) is redone, never trusted.
 
 Examples
 --------
->>> from depsi.pipeline import parse_config, run_pipeline          # doctest: +SKIP
->>> config = parse_config({"output": {"workspace": "ws"}})         # doctest: +SKIP
->>> summary = run_pipeline(config, resume=True)                   # doctest: +SKIP
->>> summary.steps["chain"].counts["n_points"]                      # doctest: +SKIP
+A small simulated stack, from the SLC stack to the exports:
+
+>>> import tempfile
+>>> from depsi.pipeline import parse_config, run_pipeline
+>>> config = parse_config({"input": {"simulate": {"shape": [60, 60], "n_epochs": 20}},
+...                        "output": {"workspace": tempfile.mkdtemp()}})
+>>> summary = run_pipeline(config, progress=False)
+>>> [summary.steps[step].status for step in ("stack", "selection", "chain", "export")]
+['ran', 'ran', 'ran', 'ran']
+>>> summary.steps["chain"].counts["points"] > 0
+True
 """
 
 from __future__ import annotations
@@ -723,8 +730,14 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
 
     Examples
     --------
-    >>> summary = run_pipeline(config, resume=True, stop="selection")  # doctest: +SKIP
-    >>> summary.steps["selection"].status                               # doctest: +SKIP
+    >>> import tempfile
+    >>> from depsi.pipeline import parse_config
+    >>> config = parse_config({"input": {"simulate": {"shape": [40, 40], "n_epochs": 10}},
+    ...                        "output": {"workspace": tempfile.mkdtemp()}})
+    >>> run_pipeline(config, stop="selection", progress=False).steps["selection"].status
+    'ran'
+    >>> summary = run_pipeline(config, resume=True, stop="selection", progress=False)
+    >>> summary.steps["selection"].status  # its product and manifest are still valid
     'skipped'
     """
     from depsi.cluster import scheduler

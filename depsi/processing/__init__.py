@@ -1,4 +1,5 @@
-"""Scientific steps on STMs: each a lazy ``Dataset -> Dataset`` function calling kernels per block."""
+"""Scientific steps on STMs: each a lazy ``Dataset -> Dataset`` function calling kernels per
+block."""
 
 from depsi.processing.arcs import estimate_arcs
 from depsi.processing.atmosphere import estimate_atmosphere, interpolate_aps

@@ -134,8 +134,15 @@ def estimate_arcs(
 
     Examples
     --------
-    >>> est = estimate_arcs(form_network(points))   # doctest: +SKIP
-    >>> est.temporal_coherence.mean().compute()      # doctest: +SKIP
+    >>> from depsi.processing import form_network, ps_selection, single_mother_interferograms
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> est = estimate_arcs(form_network(points))
+    >>> est.velocity.dims, est.ambiguity.dims
+    (('arc',), ('arc', 'time'))
+    >>> bool(est.temporal_coherence.mean() > 0.5)
+    True
     """
     validate(arcs, "arcs", require=("phase", "h2ph"), require_wavelength=True)
     years = time_in_years(arcs)

@@ -126,7 +126,7 @@ def _gaussian(src_pos, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> 
     return np.einsum("nk,nkt->nt", w, values[idx])
 
 
-def _lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarray:
+def lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarray:
     """Gaussian-weighted temporal mean of each point's series (sigma ``window`` years)."""
     if window <= 0:
         return np.zeros_like(residual)
@@ -172,8 +172,16 @@ def estimate_atmosphere(
 
     Examples
     --------
-    >>> with_aps = estimate_atmosphere(integrate_network(points, arcs))  # doctest: +SKIP
-    >>> corrected = with_aps.phase - with_aps.aps                          # doctest: +SKIP
+    >>> from depsi.processing import (estimate_arcs, form_network, integrate_network,
+    ...                               ps_selection, single_mother_interferograms)
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> result = integrate_network(points, estimate_arcs(form_network(points)))
+    >>> with_aps = estimate_atmosphere(result)
+    >>> with_aps.aps.dims, with_aps.attrs["aps_method"] in ("kriging", "gaussian")
+    (('space', 'time'), True)
+    >>> corrected = with_aps.unwrapped_phase - with_aps.aps
     """
     validate(points_result, "points",
              require=("unwrapped_phase", "velocity", "height_error", "h2ph"),
@@ -195,7 +203,7 @@ def estimate_atmosphere(
         raise ValueError(f"points_result: expected at least 3 network points with finite "
                          f"results for an atmosphere estimate, found {int(use.sum())}")
     residual = (unwrapped - model)[use]
-    observed = residual - _lowpass(residual, years, temporal_window)
+    observed = residual - lowpass(residual, years, temporal_window)
     mother = int(np.argmin(np.abs(years)))
     observed -= observed[:, mother:mother + 1]  # single-mother screens vanish at the mother
     positions = point_positions(ds)
@@ -230,7 +238,19 @@ def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray) -> xr.D
 
     Examples
     --------
-    >>> screen = interpolate_aps(with_aps, candidates)   # doctest: +SKIP
+    >>> import numpy as np
+    >>> from depsi.processing import (estimate_arcs, estimate_atmosphere, form_network,
+    ...                               integrate_network, ps_selection,
+    ...                               single_mother_interferograms)
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> best = np.argsort(points.amplitude_dispersion.values)
+    >>> first, candidates = points.isel(space=best[:40]), points.isel(space=best[40:])
+    >>> with_aps = estimate_atmosphere(integrate_network(first, estimate_arcs(form_network(first))))
+    >>> screen = interpolate_aps(with_aps, candidates)
+    >>> screen.shape == (candidates.sizes["space"], 20), str(screen.dtype)
+    (True, 'float32')
     """
     for name in ("aps_observed",):
         if name not in aps:

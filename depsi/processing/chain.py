@@ -149,8 +149,15 @@ def run_ps_chain(
 
     Examples
     --------
-    >>> result = run_ps_chain(ps_stm)                                  # doctest: +SKIP
-    >>> result.velocity.where(result.temporal_coherence > 0.8)         # doctest: +SKIP
+    >>> from depsi.processing import ps_selection
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, truth = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> result = run_ps_chain(ps_selection(stack), first_order=40)
+    >>> result.attrs["n_first_order"], result.attrs["n_densified"] > 0
+    (40, True)
+    >>> coherent = result.velocity.where(result.temporal_coherence > 0.8)
+    >>> sorted(result.order.to_series().unique().tolist())
+    [1, 2]
     """
     points = ps_stm
     if "complex" in points and (("phase" not in points) or "interferogram" not in points.attrs):
@@ -223,9 +230,7 @@ def run_ps_chain(
     if atmosphere is not None:
         out = _fit_with_atmosphere(out, solver=solver)
         if correlated_height:
-            out = estimate_correlated_height(
-                out, aps_sill=float(result.attrs["variogram_sill"]),
-                aps_range=float(result.attrs["variogram_range"]))
+            out = estimate_correlated_height(out)
     out = out.drop_vars("h2ph")
     fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
     out.attrs = {k: v for k, v in ps_stm.attrs.items()} | fitted

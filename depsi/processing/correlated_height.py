@@ -45,6 +45,8 @@ VARIOGRAM_POINTS = 3000
 #: Distance bins of that variogram, out to this many atmosphere correlation lengths.
 VARIOGRAM_REACH = 3.0
 _BINS = 20
+#: Targets per cell of the moving-neighbourhood kriging (one factorisation per cell).
+TARGETS_PER_CELL = 16
 #: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
 _BATCH_ELEMENTS = 4_000_000
 
@@ -123,32 +125,79 @@ def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> d
 
 
 def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, k):
-    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples (batched)."""
+    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples.
+
+    Targets are grouped in square cells of about :data:`TARGETS_PER_CELL` targets; the ``k``
+    sources nearest each cell's centre form one kriging system, factorised once for all its
+    targets (moving-neighbourhood kriging by cells), and the systems of many cells are solved
+    in one batched call.
+    """
     k = min(k, len(src_pos))
     tree = cKDTree(src_pos)
-    out = np.empty(len(dst_pos))
     nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
-    batch = max(16, _BATCH_ELEMENTS // (k * k))
-    for start in range(0, len(dst_pos), batch):  # batches of targets, bounded memory
-        stop = min(start + batch, len(dst_pos))
-        dist, idx = tree.query(dst_pos[start:stop], k=k)
-        dist, idx = dist.reshape(stop - start, k), idx.reshape(stop - start, k)
-        nb = src_pos[idx]                                          # (B, k, 2)
-        d_nn = np.linalg.norm(nb[:, :, None, :] - nb[:, None, :, :], axis=-1)
+    low = dst_pos.min(axis=0)
+    extent = np.maximum(np.ptp(dst_pos, axis=0), 1.0)
+    cell = np.sqrt(TARGETS_PER_CELL * extent[0] * extent[1] / max(len(dst_pos), 1))
+    ij = np.floor((dst_pos - low) / cell).astype(np.int64)
+    _, cell_of = np.unique(ij[:, 0] * (ij[:, 1].max() + 1) + ij[:, 1], return_inverse=True)
+    order = np.argsort(cell_of, kind="stable")
+    counts = np.bincount(cell_of)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    n_cells, width = len(counts), int(counts.max())
+    # targets of each cell in a padded (cell, slot) table; -1 where a cell has fewer
+    slot = np.arange(len(dst_pos)) - np.repeat(starts, counts)
+    table = np.full((n_cells, width), -1, dtype=np.int64)
+    table[cell_of[order], slot] = order
+    centres = np.stack([np.bincount(cell_of, dst_pos[:, d]) / counts for d in (0, 1)], axis=1)
+    _, idx = tree.query(centres, k=k)
+    idx = idx.reshape(n_cells, k)
+    out = np.empty(len(dst_pos))
+    batch = max(1, _BATCH_ELEMENTS // (k * (k + width)))
+    for start in range(0, n_cells, batch):  # batches of cells, bounded memory
+        stop = min(start + batch, n_cells)
+        nb = src_pos[idx[start:stop]]                                    # (B, k, 2)
+        d_nn = np.hypot(nb[:, :, None, 0] - nb[:, None, :, 0],
+                        nb[:, :, None, 1] - nb[:, None, :, 1])
         cov = (signal_sill * np.exp(-d_nn / signal_range)
                + extra_sill * np.exp(-d_nn / extra_range))
         cov[:, np.arange(k), np.arange(k)] += nugget
-        cross = signal_sill * np.exp(-dist / signal_range)          # (B, k)
-        weights = np.linalg.solve(cov, cross[..., None])[..., 0]
-        out[start:stop] = np.einsum("bk,bk->b", weights, src_values[idx])
+        targets = table[start:stop]                                      # (B, width)
+        tp = dst_pos[np.maximum(targets, 0)]                             # (B, width, 2)
+        d_nt = np.hypot(nb[:, :, None, 0] - tp[:, None, :, 0],
+                        nb[:, :, None, 1] - tp[:, None, :, 1])           # (B, k, width)
+        weights = np.linalg.solve(cov, signal_sill * np.exp(-d_nt / signal_range))
+        values = np.einsum("bk,bkw->bw", src_values[idx[start:stop]], weights)
+        valid = targets >= 0
+        out[targets[valid]] = values[valid]
     return out
+
+
+def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
+    """Exponential variogram of the residual phases (atmosphere included) of the used points,
+    each point's temporal mean removed and the slow part (unmodelled deformation) low-passed
+    out, on at most :data:`VARIOGRAM_POINTS` points."""
+    from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, fit_variogram, lowpass
+
+    full = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    if "aps" in result:
+        full = full + result["aps"].transpose("space", "time").values.astype(np.float64)
+    chosen = np.flatnonzero(use)
+    if chosen.size > VARIOGRAM_POINTS:
+        chosen = np.sort(np.random.default_rng(1).choice(chosen, VARIOGRAM_POINTS,
+                                                         replace=False))
+    velocity = result["velocity"].values.astype(np.float64)[chosen]
+    height = result["height_error"].values.astype(np.float64)[chosen]
+    residual = full[chosen] - m2ph * (velocity[:, None] * years + h2ph[chosen] * height[:, None])
+    residual -= residual.mean(axis=1, keepdims=True)
+    residual -= lowpass(residual, years, DEFAULT_TEMPORAL_WINDOW)
+    return fit_variogram(positions[chosen], residual)
 
 
 def estimate_correlated_height(
     result: xr.Dataset,
     *,
-    aps_sill: float,
-    aps_range: float,
+    screen_variance: float | None = None,
+    screen_range: float | None = None,
     k: int | None = None,
 ) -> xr.Dataset:
     """Move the atmosphere's projection on the baselines from the height errors to the screen.
@@ -156,18 +205,22 @@ def estimate_correlated_height(
     Parameters
     ----------
     result
-        Point results: ``height_error`` (m), ``h2ph``, ``time``, positions, ``wavelength``;
-        ``unwrapped_phase`` and ``aps`` (rad) are updated when present. Points with a NaN
-        height error are neither used nor changed.
-    aps_sill, aps_range
-        Sill (rad^2) and range (m) of the exponential variogram of the single-mother screens,
-        as fitted by :func:`~depsi.processing.atmosphere.estimate_atmosphere`
-        (``attrs['variogram_sill']``, ``attrs['variogram_range']``); half the sill is the
-        per-epoch covariance at distance zero (a single-mother screen is the difference of two
-        epochs' screens).
+        Point results: ``height_error`` (m), ``velocity`` (m/yr), ``h2ph``, ``time``,
+        positions, ``wavelength``; ``unwrapped_phase`` and ``aps`` (rad) are updated when
+        present. Points with a NaN height error are neither used nor changed.
+    screen_variance, screen_range
+        Variance (rad^2) and range (m) of the exponential covariance of the part of the screen
+        that changes from epoch to epoch (what leaks into heights). Default: fitted to the
+        points' residual phases (``unwrapped_phase + aps`` less the fitted model, each
+        point's temporal mean removed, which takes out the mother epoch's screen common to
+        every interferogram), by
+        :func:`~depsi.processing.atmosphere.fit_variogram`. The variance is then reduced to
+        the screen's variance about the scene's mean (``1 - exp(-D / range)`` for the mean
+        distance ``D`` between points): a range longer than the scene is not identified by
+        the fit, their ratio is.
     k
         Nearest points used for each prediction; default as many as the points' density puts
-        within ``aps_range`` of a point, bounded by :data:`NEIGHBOURS`.
+        within ``screen_range`` of a point, bounded by :data:`NEIGHBOURS`.
 
     Returns
     -------
@@ -191,13 +244,13 @@ def estimate_correlated_height(
     ...             "time": np.datetime64("2021-01-01") + 12 * np.arange(T).astype(
     ...                 "timedelta64[D]")},
     ...     attrs={"wavelength": 0.0555})
-    >>> out = estimate_correlated_height(ds, aps_sill=2.0, aps_range=500.0)
+    >>> out = estimate_correlated_height(ds, screen_variance=1.0, screen_range=500.0)
     >>> bool(out.height_error_correlated.std() < 0.5 * ds.height_error.std())
     True
     """
-    if not (np.isfinite(aps_sill) and aps_sill > 0 and np.isfinite(aps_range) and aps_range > 0):
-        raise ValueError(f"aps_sill, aps_range: expected positive finite variogram values, "
-                         f"found {aps_sill}, {aps_range}")
+    for name, value in (("screen_variance", screen_variance), ("screen_range", screen_range)):
+        if value is not None and not (np.isfinite(value) and value > 0):
+            raise ValueError(f"{name}: expected a positive finite number or None, found {value}")
     n = result.sizes["space"]
     height = result["height_error"].values.astype(np.float64)
     use = np.isfinite(height)
@@ -212,16 +265,30 @@ def estimate_correlated_height(
     gain = np.sqrt(np.maximum(height_leak_gain(h2ph, years, m2ph), 0.0))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
-    signal_sill = 0.5 * float(aps_sill)
+    # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
+    # range unidentified (only their ratio is seen), and the datum removes the scene's mean
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, n, (2, 20000))
+    scene_distance = float(np.mean(np.hypot(*(positions[pairs[0]] - positions[pairs[1]]).T)))
+    if screen_variance is None or screen_range is None:
+        if "unwrapped_phase" not in result or "velocity" not in result:
+            raise ValueError("result: expected 'unwrapped_phase' and 'velocity' to fit the "
+                             "screen's variogram, or screen_variance and screen_range given; "
+                             f"found {sorted(result.data_vars)}")
+        fitted = _screen_variogram(result, use, positions, years, m2ph, h2ph)
+        screen_variance = fitted["sill"] if screen_variance is None else screen_variance
+        screen_range = fitted["range"] if screen_range is None else screen_range
+    screen_range = float(screen_range)
+    signal_sill = float(screen_variance) * (1.0 - np.exp(-scene_distance / screen_range))
     normalised = height[use] / gain[use]
     mean = normalised.mean()
-    noise = fit_height_covariance(positions[use], normalised, signal_sill, float(aps_range))
+    noise = fit_height_covariance(positions[use], normalised, signal_sill, screen_range)
     if k is None:
         extent = np.ptp(positions[use], axis=0)
         density = use.sum() / max(float(extent[0] * extent[1]), 1.0)
-        k = int(np.clip(density * np.pi * float(aps_range) ** 2, *NEIGHBOURS))
+        k = int(np.clip(density * np.pi * screen_range ** 2, *NEIGHBOURS))
     predicted = _predict(positions[use], normalised - mean, positions, signal_sill=signal_sill,
-                         signal_range=float(aps_range), noise=noise, k=k)
+                         signal_range=screen_range, noise=noise, k=k)
     field = np.where(np.isfinite(gain), predicted * gain, 0.0)
     if "in_reference_area" in result and result["in_reference_area"].values[use].any():
         area = result["in_reference_area"].values.astype(bool) & use
@@ -241,6 +308,8 @@ def estimate_correlated_height(
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
                       "correlated_height_extra_sill": noise["extra_sill"],
                       "correlated_height_extra_range": noise["extra_range"],
+                      "correlated_height_screen_variance": float(screen_variance),
+                      "correlated_height_screen_range": screen_range,
                       "correlated_height_signal_sill": signal_sill})
     logger.info("correlated height: %d points, field %.2f m RMS moved into the screen (height "
                 "covariance besides the atmosphere: nugget %.3g, correlated %.3g over %.0f m)",

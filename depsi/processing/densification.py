@@ -197,8 +197,21 @@ def densify(
 
     Examples
     --------
-    >>> dense = densify(candidates, first_order)            # doctest: +SKIP
-    >>> dense.where(dense.accepted.compute(), drop=True)     # doctest: +SKIP
+    >>> import numpy as np
+    >>> from depsi.processing import (estimate_arcs, form_network, integrate_network,
+    ...                               ps_selection, single_mother_interferograms)
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> best = np.argsort(points.amplitude_dispersion.values)
+    >>> first, candidates = points.isel(space=best[:40]), points.isel(space=best[40:])
+    >>> first_order = integrate_network(first, estimate_arcs(form_network(first)))
+    >>> dense = densify(candidates, first_order)
+    >>> dense.velocity.dims, int(dense.n_arcs.max())
+    (('space',), 3)
+    >>> accepted = dense.where(dense.accepted.compute(), drop=True)
+    >>> accepted.sizes["space"] > 0
+    True
     """
     validate(candidates, "points", require=("phase", "h2ph"), require_wavelength=True)
     if k < 1:

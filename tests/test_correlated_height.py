@@ -1,0 +1,87 @@
+"""The atmosphere's projection on the baselines, predicted from the heights' spatial structure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from depsi.processing.correlated_height import estimate_correlated_height, height_leak_gain
+from scenes import _exponential_field
+
+WAVELENGTH = 0.0555
+M2PH = -4 * np.pi / WAVELENGTH
+
+
+def _points(height, n, seed=0, n_epochs=40, size=300):
+    """Points on a 3 km square (10 m pixels) with one h2ph series, a leak field of 400 m
+    correlation and the given true heights; returns the dataset and the leak (m)."""
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(size * size, n, replace=False)
+    az, rg = np.divmod(flat, size)
+    h2ph = np.tile(rng.normal(0, 2.2e-4, n_epochs), (n, 1))
+    time = np.datetime64("2021-01-01") + 12 * np.arange(n_epochs).astype("timedelta64[D]")
+    years = (time - time[0]) / np.timedelta64(1, "D") / 365.25
+    gain = np.sqrt(height_leak_gain(h2ph, years, M2PH))
+    field = _exponential_field(rng, (size, size), 40.0, 1)[0][az, rg]  # unit variance
+    leak = gain * field
+    ds = xr.Dataset({"height_error": ("space", height(az, rg) + leak),
+                     "velocity": ("space", np.zeros(n)),
+                     "h2ph": (("space", "time"), h2ph)},
+                    coords={"azimuth": ("space", az), "range": ("space", rg), "time": time},
+                    attrs={"wavelength": WAVELENGTH, "azimuth_spacing": 10.0,
+                           "range_spacing": 10.0})
+    return ds, leak
+
+
+def _rms(x):
+    return float(np.sqrt(np.mean((x - np.median(x)) ** 2)))
+
+
+def test_leak_gain_is_the_height_variance_of_unit_white_phase():
+    rng = np.random.default_rng(1)
+    years = np.linspace(0, 2, 50)
+    h2ph = rng.normal(0, 2e-4, (1, 50))
+    design = np.column_stack([M2PH * years, M2PH * h2ph[0], np.ones(50)])
+    fits = np.linalg.lstsq(design, rng.normal(0, 1, (50, 20000)), rcond=None)[0]
+    assert height_leak_gain(h2ph, years, M2PH)[0] == pytest.approx(np.var(fits[1]), rel=0.05)
+
+
+def test_prediction_removes_most_of_the_leak_under_white_heights():
+    rng = np.random.default_rng(2)
+    n = 2700
+    white = rng.normal(0, 8.0, n)
+    ds, leak = _points(lambda az, rg: white, n, n_epochs=40)
+    out = estimate_correlated_height(ds, screen_variance=1.0, screen_range=400.0)
+    truth = ds["height_error"].values - leak
+    before = _rms(ds["height_error"].values - truth)
+    after = _rms(out["height_error"].values - truth)
+    # measured (seed 2): leak 2.75 m RMS -> 1.75 m; the prediction is not the true heights
+    assert after < 0.7 * before
+    # each point's own height enters its prediction with a small weight: measured 0.15 (a
+    # fixed 65 m Gaussian smoothing, the chain's former step, gave 0.65 on the issue's scene)
+    assert abs(np.corrcoef(out["height_error_correlated"].values, white)[0, 1]) < 0.3
+
+
+def test_heights_correlated_in_blocks_are_not_moved_into_the_screen():
+    rng = np.random.default_rng(3)
+    blocks = rng.normal(0, 8.0, (20, 20))  # 150 m blocks of buildings sharing a DEM error
+    ds, leak = _points(lambda az, rg: blocks[az // 15, rg // 15], 2700, n_epochs=40)
+    out = estimate_correlated_height(ds, screen_variance=1.0, screen_range=400.0)
+    truth = ds["height_error"].values - leak
+    before = _rms(ds["height_error"].values - truth)
+    after = _rms(out["height_error"].values - truth)
+    assert after <= before
+    assert out.attrs["correlated_height_extra_sill"] > 0  # the blocks were recognised
+
+
+def test_bad_screen_parameters_are_refused():
+    ds, _ = _points(lambda az, rg: np.zeros(len(az)), 100)
+    with pytest.raises(ValueError, match="screen_range"):
+        estimate_correlated_height(ds, screen_variance=1.0, screen_range=-5.0)
+
+
+def test_screen_statistics_need_phases_when_not_given():
+    ds, _ = _points(lambda az, rg: np.zeros(len(az)), 100)
+    with pytest.raises(ValueError, match="unwrapped_phase"):
+        estimate_correlated_height(ds)

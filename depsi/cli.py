@@ -213,7 +213,7 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
         if slurm.gpus_per_job:
             lines.append(f"#SBATCH --gres=gpu:{slurm.gpus_per_job}")
         what = f"the computation runs inside this job on {cpus} core(s)"
-    threads = (" --threads ${SLURM_CPUS_PER_TASK:-%d}" % cpus
+    threads = (f" --threads ${{SLURM_CPUS_PER_TASK:-{cpus}}}"
                if config.compute.scheduler == "threads" else "")
     lines += [f"#SBATCH {directive}" for directive in slurm.job_directives]
     lines += ["", "set -euo pipefail", *slurm.job_script_prologue,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -314,7 +313,8 @@ def test_enrich_from_polygon_same_values_inside(peers, stmat, polygons):
     ours = ours_stm(stmat, "enrich_from_polygon", polygons, ["id", "name"]).compute()
     inside = np.array([v is not None for v in theirs["id"].values])
     assert inside.sum() == 20
-    np.testing.assert_array_equal(ours["id"].values[inside], theirs["id"].values[inside].astype(float))
+    np.testing.assert_array_equal(ours["id"].values[inside],
+                                  theirs["id"].values[inside].astype(float))
     np.testing.assert_array_equal(ours["name"].values[inside],
                                   theirs["name"].values[inside].astype(str))
     assert np.isnan(ours["id"].values[~inside]).all()
@@ -325,7 +325,8 @@ def test_enrich_from_polygon_with_a_single_field_name(peers, stmat, polygons):
     theirs = theirs_stm(peers, stmat, "enrich_from_polygon", polygons, "id").compute()
     ours = ours_stm(stmat, "enrich_from_polygon", polygons, "id").compute()
     inside = np.array([v is not None for v in theirs["id"].values])
-    np.testing.assert_array_equal(ours["id"].values[inside], theirs["id"].values[inside].astype(float))
+    np.testing.assert_array_equal(ours["id"].values[inside],
+                                  theirs["id"].values[inside].astype(float))
 
 
 @pytest.mark.parametrize("args", [
@@ -612,7 +613,8 @@ def test_stmtools_readme_workflow_runs_unchanged_with_the_same_points(peers, rea
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = workflow(stmtools.from_csv, lambda ds, m, *a, **k: theirs_stm(peers, ds, m, *a, **k))
+        theirs = workflow(stmtools.from_csv,
+                          lambda ds, m, *a, **k: theirs_stm(peers, ds, m, *a, **k))
     ours = workflow(depsi.from_csv, ours_stm)
     assert 0 < ours.sizes["space"] < 2500
     # the same Morton keys in the same sequence; points with equal keys keep their earlier

@@ -214,7 +214,7 @@ def test_slurm_script_asks_for_the_cores_the_scheduler_uses(tmp_path, compute, c
     text = slurm_batch_script(tmp_path / "config.yaml", config=parse_config({"compute": compute}))
     assert f"#SBATCH --cpus-per-task={cpus}\n" in text
     if compute["scheduler"] == "threads":  # the run uses exactly what SLURM gave the job
-        assert "--threads ${SLURM_CPUS_PER_TASK:-%d}" % cpus in text
+        assert f"--threads ${{SLURM_CPUS_PER_TASK:-{cpus}}}" in text
     if compute["scheduler"] == "slurm":
         assert "submits 2 worker job(s) of 32 cores" in text
 

@@ -506,9 +506,11 @@ class SpaceTimeMatrix:
         """Add a space variable ``order``: the Morton key of (``xlabel``, ``ylabel``).
 
         The key interleaves the bits of x (even bits) and y (odd bits), the same keys as
-        stmtools (pymorton's ``interleave(x, y)``). Coordinates are multiplied by ``xscale``/``yscale`` and floored to integers first, as in
-        stmtools: for float coordinates such as lat/lon the scale sets the resolution of the
-        order. Scaled values must lie in [0, 2**32). Lazy coordinates give a lazy ``order``.
+        stmtools (pymorton's ``interleave(x, y)``; pymorton keeps only 16 bits per coordinate,
+        depsi 32). Coordinates are multiplied by ``xscale``/``yscale`` and floored to integers
+        first, as in stmtools: for float coordinates such as lat/lon the scale sets the
+        resolution of the order. Scaled values must lie in [0, 2**32). Lazy coordinates give
+        a lazy ``order``.
 
         Examples
         --------

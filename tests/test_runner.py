@@ -280,11 +280,22 @@ def test_progress_bars_only_on_a_terminal_or_in_a_notebook(monkeypatch):
         def isatty(self):
             return True
 
-    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    class ZMQInteractiveShell:  # the kernel's shell, by name
+        pass
+
+    class IPython:
+        shell = None
+
+        @classmethod
+        def get_ipython(cls):
+            return cls.shell
+
+    monkeypatch.setitem(sys.modules, "IPython", IPython)
+    monkeypatch.setitem(sys.modules, "ipykernel", object())  # imported, but no kernel runs
     assert not bars_wanted(True)  # pytest captures stderr: not a terminal
     assert not bars_wanted(False)
     monkeypatch.setattr(sys, "stderr", Terminal())
     assert bars_wanted(True)
     monkeypatch.setattr(sys, "stderr", None)
-    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    IPython.shell = ZMQInteractiveShell()
     assert bars_wanted(True)

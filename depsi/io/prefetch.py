@@ -48,9 +48,22 @@ def bars_wanted(progress: bool) -> bool:
     file would otherwise fill with carriage returns and cursor-up escapes)."""
     if not progress:
         return False
-    if "ipykernel" in sys.modules:
+    if _in_notebook():
         return True
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (where tqdm.auto draws widgets), not merely when
+    ipykernel has been imported somewhere."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # noqa: BLE001 - any failure means: not in a kernel
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def _put(out: queue.Queue, value: Any, stop: threading.Event) -> bool:

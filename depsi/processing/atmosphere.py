@@ -157,10 +157,6 @@ def estimate_atmosphere(
         Sigma (years) of the temporal Gaussian low-pass of the residual phase; what it passes
         is treated as unmodelled deformation, the rest as atmosphere plus noise.
 
-    The screen's projection on the perpendicular baselines stays in the height errors here
-    (the fitted model absorbed it); :func:`depsi.processing.correlated_height.
-    estimate_correlated_height` moves it into the screen with the variogram fitted here.
-
     Returns
     -------
     xarray.Dataset
@@ -169,6 +165,13 @@ def estimate_atmosphere(
         high-passed residual the screen was estimated from; NaN off the network). Attrs
         ``aps_method``, ``variogram_nugget``, ``variogram_sill``, ``variogram_range``, used by
         :func:`interpolate_aps`.
+
+    Notes
+    -----
+    The screen's projection on the perpendicular baselines stays in the height errors here
+    (the fitted model absorbed it);
+    :func:`depsi.processing.correlated_height.estimate_correlated_height` predicts it from the
+    spatial structure of the heights.
 
     Examples
     --------

@@ -48,7 +48,8 @@ def _human_bytes(n: float) -> str:
 
 
 def describe_store(path: Path) -> str:
-    """A text summary of a Zarr store: dims, variables with dtype and chunks, attrs, size."""
+    """A text summary of a Zarr store: dims, variables with dtype, units and chunks, attrs,
+    size."""
     import xarray as xr
 
     from depsi.io.store import check_store_path, check_store_safe
@@ -65,8 +66,9 @@ def describe_store(path: Path) -> str:
         for name, var in variables.items():
             chunks = var.chunks
             chunk_text = ("chunks " + "x".join(str(max(c)) for c in chunks)) if chunks else ""
-            lines.append(f"  {name:<28} {str(var.dtype):<12} ({', '.join(var.dims)})  "
-                         f"{chunk_text}")
+            units = var.attrs.get("units") or var.encoding.get("units") or ""
+            lines.append(f"  {name:<28} {str(var.dtype):<14} {units:<22} "
+                         f"({', '.join(var.dims)})  {chunk_text}")
     if ds.attrs:
         lines.append("attributes:")
         lines.extend(f"  {k}: {v}" for k, v in ds.attrs.items())
@@ -114,6 +116,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from depsi.pipeline.runner import run_pipeline
 
     config = _load_checked(Path(args.config))
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads: expected a positive number, found {args.threads}")
+        config = config.model_copy(update={
+            "compute": config.compute.model_copy(update={"threads": args.threads})})
     summary = run_pipeline(config, resume=args.resume, start=args.start, stop=args.stop,
                            progress=not args.no_progress)
     sys.stdout.write(summary.format() + "\n")
@@ -192,23 +199,58 @@ def slurm_batch_script(config_path: Path, *, config=None, job_name: str = "depsi
         lines.append(f"#SBATCH --partition={slurm.queue}")
     if slurm.account:
         lines.append(f"#SBATCH --account={slurm.account}")
+    cpus = job_cpus(config.compute)
     if driver_is_light:  # the workers are separate jobs; the driver holds the graph and results
-        lines += ["#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
+        lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={cpus}",
                   f"#SBATCH --mem={_sbatch_memory(slurm.driver_memory or slurm.memory)}"]
+        what = (f"this job is the driver; it submits {slurm.jobs} worker job(s) of "
+                f"{slurm.cores} cores, {slurm.memory}"
+                + (f", {slurm.gpus_per_job} GPU(s)" if slurm.gpus_per_job else "")
+                + f" and {slurm.walltime} each (compute.slurm)")
     else:  # the whole computation runs inside this job
-        lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={slurm.cores}",
+        lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={cpus}",
                   f"#SBATCH --mem={_sbatch_memory(slurm.memory)}"]
         if slurm.gpus_per_job:
             lines.append(f"#SBATCH --gres=gpu:{slurm.gpus_per_job}")
+        what = f"the computation runs inside this job on {cpus} core(s)"
+    threads = (f" --threads ${{SLURM_CPUS_PER_TASK:-{cpus}}}"
+               if config.compute.scheduler == "threads" else "")
     lines += [f"#SBATCH {directive}" for directive in slurm.job_directives]
     lines += ["", "set -euo pipefail", *slurm.job_script_prologue,
-              f"# scheduler {config.compute.scheduler}: "
-              + ("this job is the driver; it submits the worker jobs of compute.slurm itself"
-                 if driver_is_light else "the computation runs inside this job"),
+              f"# scheduler {config.compute.scheduler}: {what}",
               "# resubmitting this script continues after the last complete product",
               f"{shlex.quote(sys.executable)} -m depsi.cli -v run "
-              f"{shlex.quote(str(Path(config_path).resolve()))} --resume --no-progress", ""]
+              f"{shlex.quote(str(Path(config_path).resolve()))} --resume --no-progress{threads}",
+              ""]
     return "\n".join(lines)
+
+
+def job_cpus(compute) -> int:
+    """Cores the batch job asks for: what the configured scheduler will use inside it.
+
+    ``synchronous``: 1. ``threads``: ``compute.threads``, else ``compute.slurm.cores`` (the
+    run is then told to use exactly the cores SLURM gives, ``--threads``). ``processes``/
+    ``local``: workers x threads per worker where given, else ``compute.slurm.cores``.
+    ``slurm``: 1, the driver only schedules; the worker jobs get ``compute.slurm``'s cores.
+
+    Examples
+    --------
+    >>> from depsi.pipeline.config import ComputeConfig
+    >>> job_cpus(ComputeConfig(scheduler="threads", threads=8))
+    8
+    >>> job_cpus(ComputeConfig(scheduler="local", workers=4, threads=2))
+    8
+    >>> job_cpus(ComputeConfig(scheduler="slurm"))
+    1
+    """
+    scheduler = compute.scheduler
+    if scheduler in ("synchronous", "slurm"):
+        return 1
+    if scheduler == "threads":
+        return compute.threads or compute.slurm.cores
+    if compute.workers:
+        return compute.workers * (compute.threads or 1)
+    return max(compute.slurm.cores, compute.threads or 1)
 
 
 def _check_directive_values(values: dict[str, str | None]) -> None:
@@ -260,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--to", dest="stop", choices=STEP_NAMES, default=None,
                      help="last step to run")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--threads", type=int, default=None, metavar="N",
+                     help="threads of the threads scheduler, over compute.threads (a batch "
+                          "job passes the cores SLURM gave it)")
     run.set_defaults(func=_cmd_run)
 
     config = sub.add_parser("config", help="write a commented example configuration")

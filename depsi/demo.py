@@ -71,46 +71,110 @@ def _outline_reference_area(ax, x: np.ndarray, y: np.ndarray) -> None:
     ax.plot(x[ring], y[ring], "k--", lw=1, label="reference area")
 
 
+# plot helpers shared with the exports (and the tutorials import them from here)
+from depsi.io.export import COLOUR_PERCENTILE, lon_lat_axes, one_to_one, robust_limit  # noqa: E402,F401
+
+
+def _aligned_truth(truth: xr.Dataset, result: xr.Dataset) -> np.ndarray:
+    """True displacement (m) at the result's points, on the estimates' datum: relative to the
+    reference area, and zero at the epoch where the estimates are zero."""
+    true = relative_truth(truth, result, "displacement")
+    estimated = result["displacement"].values
+    zero = int(np.nanargmin(np.nanmean(np.abs(estimated), axis=0)))
+    return true - true[:, zero:zero + 1]
+
+
 def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
-    """Velocity map (estimated and true), height errors and a few time series, as one PNG."""
+    """Velocity maps (estimated and true), estimated vs true velocity and height with 1:1
+    lines, temporal coherence, and displacement series beside the truth, as one PNG.
+
+    Line of sight: positive towards the satellite (docs/concepts.md); maps on lon/lat axes
+    with equal ground scale; symmetric colour limits at the 98th percentile of |velocity|.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    ref = int(np.flatnonzero(result["point_index"].values == result.attrs["reference"])[0])
-    az, rg = result["azimuth"].values, result["range"].values
-    true_v = relative_truth(truth, result, "velocity")
-    v_mm = 1e3 * result["velocity"].values
-    limit = np.nanpercentile(np.abs(1e3 * true_v), 99)
+    from depsi.io.cf import LOS_SIGN_CONVENTION
 
+    ref = int(np.flatnonzero(result["point_index"].values == result.attrs["reference"])[0])
+    lon, lat = result["lon"].values, result["lat"].values
+    true_v = 1e3 * relative_truth(truth, result, "velocity")
+    v_mm = 1e3 * result["velocity"].values
+    limit = robust_limit(v_mm, true_v)
     area = reference_area_mask(result)
-    fig, axes = plt.subplots(2, 2, figsize=(12, 10))
-    for ax, values, title in ((axes[0, 0], v_mm, "estimated velocity (mm/yr)"),
-                              (axes[0, 1], 1e3 * true_v, "true velocity (mm/yr)")):
-        sc = ax.scatter(rg, az, c=values, s=4, cmap="RdBu", vmin=-limit, vmax=limit)
-        _outline_reference_area(ax, rg[area], az[area])
-        ax.plot(rg[ref], az[ref], "k*", ms=14, label="reference")
-        ax.set(title=title, xlabel="range (pixels)", ylabel="azimuth (pixels)")
-        ax.invert_yaxis()
-        ax.legend(loc="lower right")
-        fig.colorbar(sc, ax=ax)
-    true_h = relative_truth(truth, result, "height_error")
-    axes[1, 0].plot(true_h, result["height_error"].values, ".", ms=2)
-    axes[1, 0].set(title="height error: estimated vs true (m)", xlabel="true (m)",
-                   ylabel="estimated (m)")
+
+    fig, axes = plt.subplots(2, 3, figsize=(17, 10.5))
+    for ax, values, title in ((axes[0, 0], v_mm, "estimated LOS velocity"),
+                              (axes[0, 1], true_v, "true LOS velocity")):
+        sc = ax.scatter(lon, lat, c=values, s=6, cmap="RdBu", vmin=-limit, vmax=limit)
+        _outline_reference_area(ax, lon[area], lat[area])
+        ax.plot(lon[ref], lat[ref], "k*", ms=14, label="reference point")
+        ax.set_title(title)
+        lon_lat_axes(ax, lat)
+        ax.legend(loc="lower right", fontsize=8)
+        bar = fig.colorbar(sc, ax=ax, extend="both", shrink=0.85)
+        bar.set_label("LOS velocity (mm/yr), + towards satellite")
+    one_to_one(axes[0, 2], true_v, v_mm, "mm/yr", "velocity")
+
+    one_to_one(axes[1, 0], relative_truth(truth, result, "height_error"),
+               result["height_error"].values, "m", "height error")
+
+    coherence = result["temporal_coherence"].values
+    low = float(np.nanpercentile(coherence, 100 - COLOUR_PERCENTILE)) if np.isfinite(
+        coherence).any() else 0.0
+    sc = axes[1, 1].scatter(lon, lat, c=coherence, s=6, cmap="viridis",
+                            vmin=min(low, 0.99), vmax=1)
+    axes[1, 1].set_title("temporal coherence")
+    lon_lat_axes(axes[1, 1], lat)
+    fig.colorbar(sc, ax=axes[1, 1], shrink=0.85).set_label("temporal coherence (-)")
+
+    ax = axes[1, 2]
     times = result["time"].values
+    true_d = 1e3 * _aligned_truth(truth, result)
     order = np.argsort(v_mm)
-    for index in (order[0], order[len(order) // 2], order[-1]):
-        axes[1, 1].plot(times, 1e3 * result["displacement"].values[index], ".-",
-                        label=f"point {int(result['point_index'].values[index])}")
-    axes[1, 1].set(title="displacement time series (mm)", ylabel="mm")
-    axes[1, 1].legend()
-    fig.autofmt_xdate()
+    for k, index in enumerate((order[0], order[len(order) // 2], order[-1])):
+        colour = f"C{k}"
+        label = f"point {int(result['point_index'].values[index])}"
+        ax.plot(times, 1e3 * result["displacement"].values[index], ".", color=colour,
+                label=f"{label} estimated")
+        ax.plot(times, true_d[index], "-", color=colour, lw=1.2, label=f"{label} true")
+    ax.set(title="LOS displacement: estimated (dots) and true (lines)",
+           ylabel="LOS displacement (mm), + towards satellite")
+    ax.axhline(0, color="0.6", lw=0.5)
+    locator = mdates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"depsi demo: {result.sizes['space']} points, {result.sizes['time']} epochs. "
+                 f"Sign convention: {LOS_SIGN_CONVENTION}.", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _reference_point(result: xr.Dataset) -> tuple[int, int, int]:
+    """(point_index, azimuth, range) of ``attrs['reference']``, the chain's reference point."""
+    ref = int(result.attrs["reference"])
+    where = int(np.flatnonzero(result["point_index"].values == ref)[0])
+    return ref, int(result["azimuth"].values[where]), int(result["range"].values[where])
+
+
+def _progress_bar():
+    """Dask's progress bar on a terminal or in a notebook (steps over 2 s); else nothing."""
+    import contextlib
+    import sys
+
+    from depsi.io.prefetch import bars_wanted
+
+    if not bars_wanted(True):
+        return contextlib.nullcontext()
+    from dask.diagnostics import ProgressBar
+
+    return ProgressBar(minimum=2.0, out=sys.stderr)
 
 
 def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
@@ -121,7 +185,9 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     the estimates compare with the simulator's truth.
     """
     from depsi.io import open_stm, save_stm
+    from depsi.io.cf import LOS_SIGN_CONVENTION
     from depsi.io.export import to_csv
+    from depsi.pipeline.runner import heartbeat
     from depsi.processing.chain import run_ps_chain
     from depsi.processing.selection import ps_selection
     from depsi.simulate import write_stack_zarr
@@ -151,9 +217,16 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
                 DEMO_NAD_THRESHOLD)
 
     start = time.perf_counter()
-    result = run_ps_chain(ps)
-    result_path = save_stm(result, out / "stm.zarr")
+    logger.info("running the PS chain on %d candidates x %d epochs (network, arcs, "
+                "integration, atmosphere, densification)", ps.sizes["space"], ps.sizes["time"])
+    with _progress_bar(), heartbeat("chain"):
+        result = run_ps_chain(ps)
+        result_path = save_stm(result, out / "stm.zarr")
     timings["chain"] = time.perf_counter() - start
+    logger.info("reference point: point_index %d (azimuth %d, range %d), attrs['reference']; "
+                "%d points in the reference area", *_reference_point(result),
+                int(reference_area_mask(result).sum()))
+    logger.info("sign convention: %s", LOS_SIGN_CONVENTION)
 
     figures = compare_with_truth(result, truth)
     to_csv(result, out / "points.csv")

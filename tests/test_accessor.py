@@ -140,16 +140,18 @@ def test_register_datatype_rejects_unknown_datatype():
 
 def test_get_order_gives_morton_keys_of_scaled_coordinates():
     ds = xr.Dataset(coords={"azimuth": ("space", [1, 0, 1]), "range": ("space", [1, 0, 0])})
-    assert ds.stm.get_order()["order"].values.tolist() == [3, 0, 2]
+    # x (azimuth) takes the even bits, y (range) the odd ones, as stmtools/pymorton
+    assert ds.stm.get_order()["order"].values.tolist() == [3, 0, 1]
     ll = xr.Dataset(coords={"lat": ("space", [0.26, 0.05]), "lon": ("space", [0.11, 0.05])})
-    # scaled by 10 and floored: (2, 1) -> 0b1001 = 9, (0, 0) -> 0
-    assert ll.stm.get_order("lat", "lon", 10, 10)["order"].values.tolist() == [9, 0]
+    # scaled by 10 and floored: x=2 -> 0b0100, y=1 -> 0b0010, key 6; (0, 0) -> 0
+    assert ll.stm.get_order("lat", "lon", 10, 10)["order"].values.tolist() == [6, 0]
 
 
 def test_reorder_sorts_points_and_keeps_data_with_them():
     ds = make_stm(6, 7)
     shuffled = ds.isel(space=np.random.default_rng(1).permutation(ds.sizes["space"]))
-    out = shuffled.stm.reorder()
+    # depsi stores points with azimuth in the odd bits: that is stmtools' order of (range, azimuth)
+    out = shuffled.stm.reorder(xlabel="range", ylabel="azimuth")
     np.testing.assert_array_equal(out["azimuth"].values, ds["azimuth"].values)
     np.testing.assert_array_equal(out["amplitude"].values, ds["amplitude"].values)
     assert np.all(np.diff(out["order"].values.astype(np.int64)) > 0)

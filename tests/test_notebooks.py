@@ -55,6 +55,11 @@ def test_notebook_runs(path):
     errors = [output for cell in notebook.cells if cell.cell_type == "code"
               for output in cell.get("outputs", []) if output.get("output_type") == "error"]
     assert not errors, f"{path.name}: {errors[0]['ename']}: {errors[0]['evalue']}"
+    stderr = "".join(output.get("text", "") for cell in notebook.cells
+                     if cell.cell_type == "code" for output in cell.get("outputs", [])
+                     if output.get("name") == "stderr")
+    for symptom in ("IProgress not found", "Failed to open Zarr store with consolidated"):
+        assert symptom not in stderr, f"{path.name}: {symptom!r} in the cells' stderr"
     print(f"{path.name}: {elapsed:.1f} s")
 
 

@@ -198,3 +198,104 @@ def test_slurm_driver_job_takes_its_own_walltime_and_memory(tmp_path):
     assert "#SBATCH --time=2-00:00:00" in text
     assert "#SBATCH --mem=1907M" in text  # 2 GB, not the workers' 16 GB
     assert "#SBATCH --cpus-per-task=1" in text
+
+
+@pytest.mark.parametrize("compute, cpus", [
+    ({"scheduler": "threads", "threads": 8}, 8),
+    ({"scheduler": "threads", "slurm": {"cores": 16}}, 16),
+    ({"scheduler": "local", "workers": 4, "threads": 2}, 8),
+    ({"scheduler": "synchronous"}, 1),
+    ({"scheduler": "slurm", "slurm": {"cores": 32, "jobs": 2}}, 1),
+])
+def test_slurm_script_asks_for_the_cores_the_scheduler_uses(tmp_path, compute, cpus):
+    from depsi.cli import slurm_batch_script
+    from depsi.pipeline.config import parse_config
+
+    text = slurm_batch_script(tmp_path / "config.yaml", config=parse_config({"compute": compute}))
+    assert f"#SBATCH --cpus-per-task={cpus}\n" in text
+    if compute["scheduler"] == "threads":  # the run uses exactly what SLURM gave the job
+        assert f"--threads ${{SLURM_CPUS_PER_TASK:-{cpus}}}" in text
+    if compute["scheduler"] == "slurm":
+        assert "submits 2 worker job(s) of 32 cores" in text
+
+
+def test_run_threads_option_overrides_the_configuration(tmp_path, monkeypatch):
+    import depsi.pipeline.runner as runner
+    from depsi.cli import main
+
+    seen = {}
+
+    class Summary:
+        def format(self):
+            return "summary"
+
+    def fake_run(config, **kwargs):
+        seen["threads"] = config.compute.threads
+        return Summary()
+
+    monkeypatch.setattr(runner, "run_pipeline", fake_run)
+    path = tmp_path / "config.yaml"
+    stack = tmp_path / "stack.zarr"
+    stack.mkdir()
+    path.write_text(yaml.safe_dump({"input": {"path": str(stack)},
+                                    "compute": {"scheduler": "threads", "threads": 2}}))
+    assert main(["run", str(path), "--threads", "6"]) == 0
+    assert seen["threads"] == 6
+
+
+def test_run_prints_one_summary_on_stdout_and_no_escapes_when_redirected(tmp_path, capfd):
+    """Redirected output (not a terminal): no progress bars, so no carriage returns or
+    cursor-up escapes; the summary table once, on stdout, and in the workspace log."""
+    path = tmp_path / "config.yaml"
+    data = json.loads(json.dumps(SMALL)) | {"output": {"workspace": str(tmp_path / "ws"),
+                                                        "exports": []}}
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--to", "selection"]) == 0
+    out, err = capfd.readouterr()
+    assert out.count("selection  ran") == 1
+    assert "selection  ran" not in err
+    assert "\x1b[A" not in out + err and "\r" not in out + err
+    assert "selection  ran" in (tmp_path / "ws" / "depsi.log").read_text()
+
+
+def test_heartbeat_logs_while_a_long_step_runs(caplog):
+    import logging
+    import time as clock
+
+    from depsi.pipeline.runner import heartbeat
+
+    with caplog.at_level(logging.INFO, logger="depsi.pipeline.runner"):
+        with heartbeat("step chain", every=0.05):
+            clock.sleep(0.18)
+    beats = [r for r in caplog.records if "step chain: still running" in r.getMessage()]
+    assert 2 <= len(beats) <= 4
+
+
+def test_progress_bars_only_on_a_terminal_or_in_a_notebook(monkeypatch):
+    import sys
+
+    from depsi.io.prefetch import bars_wanted
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    class ZMQInteractiveShell:  # the kernel's shell, by name
+        pass
+
+    class IPython:
+        shell = None
+
+        @classmethod
+        def get_ipython(cls):
+            return cls.shell
+
+    monkeypatch.setitem(sys.modules, "IPython", IPython)
+    monkeypatch.setitem(sys.modules, "ipykernel", object())  # imported, but no kernel runs
+    assert not bars_wanted(True)  # pytest captures stderr: not a terminal
+    assert not bars_wanted(False)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert bars_wanted(True)
+    monkeypatch.setattr(sys, "stderr", None)
+    IPython.shell = ZMQInteractiveShell()
+    assert bars_wanted(True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -94,15 +94,42 @@ def _read_header(path: Path, sep: str) -> list[str]:
         ) from err
 
 
-def _epoch_columns(columns: list[str], path: Path, names: Mapping[str, str]):
+def _pattern_prefix(column: str, patterns: Mapping[str, str] | None,
+                    space: re.Pattern | None) -> tuple[str, str] | None:
+    """(prefix or pattern, date digits) of a per-epoch column; None for a point column."""
+    if patterns is None:
+        if (space.match(column) if space is not None else column.startswith("pnt_")):
+            return None
+        match = _EPOCH_COLUMN.match(column)
+        return None if match is None else (match["prefix"], match["date"])
+    for pattern in patterns:
+        if re.match(pattern, column):
+            return pattern, column.rsplit("_", 1)[-1]
+    return None
+
+
+def _check_patterns(columns: list[str], path: Path, space_pattern: str | None,
+                    spacetime_pattern: Mapping[str, str] | None) -> None:
+    """As stmtools: every pattern given must match at least one column."""
+    for pattern in ([space_pattern] if space_pattern is not None else []) + list(
+            spacetime_pattern or {}):
+        if not any(re.match(pattern, c) for c in columns):
+            raise STMValidationError(
+                f"CSV file {str(path)!r}: expected pattern {pattern!r} to match a column, "
+                f"found none among {columns[:8]}{' ...' if len(columns) > 8 else ''}")
+
+
+def _epoch_columns(columns: list[str], path: Path, names: Mapping[str, str],
+                   patterns: Mapping[str, str] | None = None,
+                   space: re.Pattern | None = None):
     """Map each per-epoch column to (variable, date); check the dates and the prefixes."""
     epochs: dict[str, tuple[str, np.datetime64]] = {}
     prefix_of: dict[str, str] = {}
     for column in columns:
-        match = None if column.startswith("pnt_") else _EPOCH_COLUMN.match(column)
-        if match is None:
+        found = _pattern_prefix(column, patterns, space)
+        if found is None:
             continue
-        prefix, digits = match["prefix"], match["date"]
+        prefix, digits = found
         try:
             if len(digits) != 8:
                 raise ValueError("not 8 digits")
@@ -112,7 +139,7 @@ def _epoch_columns(columns: list[str], path: Path, names: Mapping[str, str]):
                 f"column {column!r} in {str(path)!r}: expected a date YYYYMMDD after "
                 f"'{prefix}_', found {digits!r}"
             ) from None
-        name = names.get(prefix, prefix)
+        name = patterns[prefix] if patterns is not None else names.get(prefix, prefix)
         if prefix_of.setdefault(name, prefix) != prefix:
             raise STMValidationError(
                 f"CSV file {str(path)!r}: expected one column prefix per variable, found "
@@ -140,8 +167,8 @@ def _point_array(series: pd.Series, name: str, path: Path) -> np.ndarray:
             f"column {series.name!r} in {str(path)!r}: expected numbers, found "
             f"{len(bad)} non-numeric value(s) such as "
             f"{str(bad.iloc[0])[:40] if len(bad) else ''!r}")
-    if name == "point_id" or not (pd.api.types.is_numeric_dtype(series)
-                                  or pd.api.types.is_bool_dtype(series)):
+    if name == "point_id" or series.name == "pnt_id" or not (
+            pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)):
         # fixed-width unicode of the longest value: nothing is truncated in Zarr or NetCDF
         return series.fillna("").astype(str).to_numpy(dtype=str)
     if name in INTEGER_COORDINATES:
@@ -178,16 +205,18 @@ def _epoch_block(frame: pd.DataFrame, epochs, variables, times, path: Path):
     return out
 
 
-def _read_blocks(path: Path, sep: str, usecols: list[str], point_columns, epochs):
+def _read_blocks(path: Path, sep: str, usecols: list[str], point_columns, epochs,
+                 point_name=None):
+    name_of = point_name or _point_name
     variables = list(dict.fromkeys(name for name, _ in epochs.values()))
     times = np.unique(np.array([date for _, date in epochs.values()], dtype="datetime64[ns]"))
-    points: dict[str, list[np.ndarray]] = {_point_name(c): [] for c in point_columns}
+    points: dict[str, list[np.ndarray]] = {name_of(c): [] for c in point_columns}
     series: dict[str, list[np.ndarray]] = {name: [] for name in variables}
     reader = pd.read_csv(path, sep=sep, usecols=usecols, chunksize=ROWS_PER_READ,
                          dtype={"pnt_id": str})
     for frame in reader:
         for column in point_columns:
-            name = _point_name(column)
+            name = name_of(column)
             points[name].append(_point_array(frame[column], name, path))
         for name, block in _epoch_block(frame, epochs, variables, times, path).items():
             series[name].append(block)
@@ -203,6 +232,9 @@ def _chunk_bytes(blocksize: int | str) -> int:
         return parse_bytes(blocksize)
     if isinstance(blocksize, (int, np.integer)) and blocksize > 0:
         return int(blocksize)
+    if isinstance(blocksize, (float, np.floating)) and blocksize >= 1 and float(
+            blocksize).is_integer():  # stmtools' default is written 200e6
+        return int(blocksize)
     raise ValueError(
         f"blocksize: expected bytes per space chunk (e.g. 64_000_000 or '64MB'), "
         f"found {blocksize!r}"
@@ -215,6 +247,10 @@ def from_csv(
     blocksize: int | str | None = None,
     prefixes: Mapping[str, str] | None = None,
     sep: str = ",",
+    space_pattern: str | None = None,
+    spacetime_pattern: Mapping[str, str] | None = None,
+    coords_cols: Sequence[str] | Mapping[str, str] | None = None,
+    output_chunksize: Mapping[str, int] | None = None,
 ) -> xr.Dataset:
     """Read a DePSI-style CSV export into a point STM (dims ``space``, ``time``).
 
@@ -233,6 +269,16 @@ def from_csv(
         ``h2ph`` -> ``h2ph``); other prefixes keep their name.
     sep
         Column separator.
+    space_pattern, spacetime_pattern, coords_cols, output_chunksize
+        stmtools' keywords, with stmtools' meaning. ``space_pattern``: regular expression of
+        the point columns (default: every column that is not per-epoch); other columns are
+        skipped with a warning. ``spacetime_pattern``: {regular expression: variable name}
+        of the per-epoch columns, replacing ``prefixes`` (the date is the text after the last
+        ``_``). ``coords_cols``: the point columns that become coordinates, a list, or a dict
+        that also renames them; when given, point columns keep their CSV names (``pnt_id``,
+        ``pnt_line``, ...) as in stmtools. ``output_chunksize``: chunks of the result, e.g.
+        ``{"space": 5000, "time": -1}`` (Dask-backed). A pattern that matches no column
+        raises.
 
     Returns
     -------
@@ -248,7 +294,15 @@ def from_csv(
     ------
     STMValidationError
         No ``<prefix>_YYYYMMDD`` column; a column whose digits are no valid date; two prefixes
-        for one variable; non-integer pixel indices; non-numeric epoch values.
+        for one variable; non-integer pixel indices; non-numeric epoch values; a pattern that
+        matches no column (a ``ValueError``, as in stmtools).
+
+    Notes
+    -----
+    Differences from stmtools' ``from_csv`` on purpose (docs/migration.md): points are in
+    Morton order, not file order; ``pnt_id`` keeps its whole text (stmtools 0.1.4 keeps one
+    character); per-epoch values are float32; dates must be YYYYMMDD; there is no ``space``
+    index coordinate.
 
     Examples
     --------
@@ -259,6 +313,8 @@ def from_csv(
     >>> ds = from_csv(f)
     >>> ds.point_id.values.tolist(), ds.displacement.dtype.name
     (['L0P0', 'L1P1'], 'float32')
+    >>> from_csv(f, spacetime_pattern={"^d_": "deformation"}).pnt_id.values.tolist()
+    ['L0P0', 'L1P1']
     """
     path = Path(path)
     columns = _read_header(path, sep)
@@ -266,9 +322,20 @@ def from_csv(
     index_column = columns[0] if columns and (columns[0] == "" or
                                               columns[0].startswith("Unnamed: 0")) else None
     columns = [c for c in columns if c != index_column]
-    epochs = _epoch_columns(columns, path, names)
+    stmtools_style = coords_cols is not None or spacetime_pattern is not None
+    _check_patterns(columns, path, space_pattern, spacetime_pattern)
+    space = re.compile(space_pattern) if space_pattern is not None else None
+    epochs = _epoch_columns(columns, path, names, spacetime_pattern, space)
     point_columns = [c for c in columns if c not in epochs]
-    point_names = [_point_name(c) for c in point_columns]
+    if space is not None:
+        skipped = [c for c in point_columns if not space.match(c)]
+        if skipped:
+            logger.warning("%s: columns matching no pattern are skipped: %s", path, skipped)
+        point_columns = [c for c in point_columns if space.match(c)]
+    renames = _coordinate_names(coords_cols, point_columns, path)
+    point_name = (lambda c: renames.get(c, c)) if stmtools_style else _point_name
+    coordinates = set(renames.values()) if coords_cols is not None else set(COORDINATES)
+    point_names = [point_name(c) for c in point_columns]
     clash = {n for n in point_names if point_names.count(n) > 1} | (
         set(point_names) & {n for n, _ in epochs.values()})
     if clash:
@@ -277,29 +344,52 @@ def from_csv(
             "from more than one column"
         )
     unknown = [c for c in point_columns if not c.startswith("pnt_")]
-    if unknown:
+    if unknown and space is None:
         logger.info("%s: columns without pnt_ prefix read as point attributes: %s", path, unknown)
 
-    points, series, times = _read_blocks(path, sep, columns, point_columns, epochs)
-    if "azimuth" in points and "range" in points:
-        order = morton_order(points["azimuth"], points["range"])
+    points, series, times = _read_blocks(path, sep, list(dict.fromkeys(
+        [*point_columns, *epochs])), point_columns, epochs, point_name)
+    pixel = {"azimuth": point_name("pnt_line") if "pnt_line" in point_columns else "azimuth",
+             "range": point_name("pnt_pixel") if "pnt_pixel" in point_columns else "range"}
+    if pixel["azimuth"] in points and pixel["range"] in points:
+        order = morton_order(points[pixel["azimuth"]], points[pixel["range"]])
         points = {n: v[order] for n, v in points.items()}
         series = {n: v[order] for n, v in series.items()}
     else:
         logger.warning("%s: no pnt_line/pnt_pixel columns; points kept in file order", path)
 
     coords = {"time": times}
-    coords |= {n: ("space", v) for n, v in points.items() if n in COORDINATES}
-    data = {n: ("space", v) for n, v in points.items() if n not in COORDINATES}
+    coords |= {n: ("space", v) for n, v in points.items() if n in coordinates}
+    data = {n: ("space", v) for n, v in points.items() if n not in coordinates}
     data |= {n: (("space", "time"), v) for n, v in series.items()}
     ds = xr.Dataset(data, coords=coords, attrs={"source_file": path.name})
     for name, units in UNITS.items():
         if name in ds.variables:
             ds[name].attrs["units"] = units
-    validate(ds, kind="points", unique_positions=True)
-    if blocksize is not None:
+    validate(ds, kind="points", unique_positions=not stmtools_style)
+    if output_chunksize is not None:
+        ds = ds.chunk(dict(output_chunksize))
+    elif blocksize is not None:
         from depsi.io.store import space_chunk_size
 
         ds = ds.chunk({"space": space_chunk_size(ds, _chunk_bytes(blocksize)), "time": -1})
     logger.info("read %d points x %d epochs from %s", ds.sizes["space"], ds.sizes["time"], path)
     return ds
+
+
+def _coordinate_names(coords_cols, point_columns: list[str], path: Path) -> dict[str, str]:
+    """{column: coordinate name} from stmtools' ``coords_cols`` (a list or a renaming dict)."""
+    if coords_cols is None:
+        return {}
+    if isinstance(coords_cols, Mapping):
+        renames = dict(coords_cols)
+    elif isinstance(coords_cols, str):
+        renames = {coords_cols: coords_cols}
+    else:
+        renames = {c: c for c in coords_cols}
+    missing = [c for c in renames if c not in point_columns]
+    if missing:
+        raise STMValidationError(
+            f"coords_cols {missing}: expected point columns of {str(path)!r}, found "
+            f"{point_columns[:8]}{' ...' if len(point_columns) > 8 else ''}")
+    return renames

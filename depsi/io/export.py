@@ -42,6 +42,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from depsi.io.cf import cf_attributes
+
 logger = logging.getLogger(__name__)
 
 #: Per-point columns of the CSV and GeoPackage exports, in order (displacement follows as
@@ -256,7 +258,8 @@ def grid_points(result: xr.Dataset, *, variable: str = "velocity",
     if coordinates == "lonlat":  # north up: first row is the northernmost
         grid, y_centres = grid[::-1], y_centres[::-1]
     out = xr.DataArray(grid, dims=("y", "x"), coords={"y": y_centres, "x": x_centres},
-                       name=variable, attrs={**result[variable].attrs,
+                       name=variable, attrs={**cf_attributes(variable),
+                                             **result[variable].attrs,
                                              "resolution": float(resolution),
                                              "max_points_per_cell": int(counts.max())})
     return out
@@ -331,6 +334,42 @@ def _save_figure(fig, path: str | os.PathLike, *, dpi: int = 90) -> Path:
     return Path(path)
 
 
+#: Percentile of |value| that sets symmetric colour limits: a few extreme points do not wash
+#: out the map, and the subsidence bowl does not saturate.
+COLOUR_PERCENTILE = 98
+
+
+def robust_limit(*values: np.ndarray, percentile: float = COLOUR_PERCENTILE) -> float:
+    """Symmetric colour limit: the ``percentile`` of |value| over all ``values``, NaN ignored."""
+    joined = np.abs(np.concatenate([np.ravel(v) for v in values]))
+    limit = float(np.nanpercentile(joined, percentile)) if np.isfinite(joined).any() else 1.0
+    return limit if limit > 0 else 1.0
+
+
+def lon_lat_axes(ax, lat: np.ndarray) -> None:
+    """Plain lon/lat axes (no basemap) with equal ground distance per unit on both axes."""
+    mid = np.deg2rad(np.nanmean(lat)) if np.isfinite(lat).any() else 0.0
+    ax.set_aspect(1.0 / max(np.cos(mid), 1e-6))
+    ax.set(xlabel="longitude (°E)", ylabel="latitude (°N)")
+    ax.ticklabel_format(useOffset=False, style="plain")
+    ax.tick_params(axis="x", labelrotation=0)
+
+
+def one_to_one(ax, true: np.ndarray, estimated: np.ndarray, unit: str, what: str) -> None:
+    """Estimated against true with the 1:1 line, equal axes and the RMSE in the title."""
+    ok = np.isfinite(true) & np.isfinite(estimated)
+    ax.plot(true[ok], estimated[ok], ".", ms=3, alpha=0.6, label="points")
+    low = float(min(true[ok].min(), estimated[ok].min())) if ok.any() else -1.0
+    high = float(max(true[ok].max(), estimated[ok].max())) if ok.any() else 1.0
+    ax.plot([low, high], [low, high], "k-", lw=1, label="1:1")
+    rmse = float(np.sqrt(np.mean((estimated[ok] - true[ok]) ** 2))) if ok.any() else np.nan
+    ax.set(title=f"{what}: estimated vs true (RMSE {rmse:.2f} {unit})",
+           xlabel=f"true {what} ({unit})", ylabel=f"estimated {what} ({unit})",
+           xlim=(low, high), ylim=(low, high))
+    ax.set_aspect("equal")
+    ax.legend(loc="upper left")
+
+
 def plot_velocity_map(result: xr.Dataset, path: str | os.PathLike) -> Path:
     """Velocity of every point (mm/yr) on lon/lat (or range/azimuth), as an image file.
 
@@ -351,7 +390,7 @@ def plot_velocity_map(result: xr.Dataset, path: str | os.PathLike) -> Path:
     lonlat = "lon" in result.variables and "lat" in result.variables
     x, y = (result["lon"], result["lat"]) if lonlat else (result["range"], result["azimuth"])
     velocity_mm = 1e3 * np.asarray(result["velocity"].values, dtype=np.float64)
-    limit = float(np.nanpercentile(np.abs(velocity_mm), 99)) if velocity_mm.size else 1.0
+    limit = robust_limit(velocity_mm) if velocity_mm.size else 1.0
     fig, ax = plt.subplots(figsize=(8, 7))
     scatter = ax.scatter(np.asarray(x.values), np.asarray(y.values), c=velocity_mm, s=6,
                          cmap="RdBu", vmin=-limit, vmax=limit)
@@ -359,14 +398,17 @@ def plot_velocity_map(result: xr.Dataset, path: str | os.PathLike) -> Path:
         ref = np.flatnonzero(result["point_index"].values == result.attrs["reference"])
         if ref.size:
             ax.plot(np.asarray(x.values)[ref], np.asarray(y.values)[ref], "k*", ms=14,
-                    label="reference")
+                    label="reference point")
             ax.legend(loc="lower right")
-    ax.set(title=f"velocity (mm/yr), {result.sizes['space']} points",
-           xlabel="longitude (deg)" if lonlat else "range (pixels)",
-           ylabel="latitude (deg)" if lonlat else "azimuth (pixels)")
-    if not lonlat:
+    ax.set_title(f"LOS velocity, {result.sizes['space']} points\n"
+                 "line of sight: + towards the satellite, - away from it", fontsize=10)
+    if lonlat:
+        lon_lat_axes(ax, np.asarray(y.values, dtype=np.float64))
+    else:
+        ax.set(xlabel="range (pixels)", ylabel="azimuth (pixels)")
         ax.invert_yaxis()
-    fig.colorbar(scatter, ax=ax, label="mm/yr")
+    bar = fig.colorbar(scatter, ax=ax, extend="both", shrink=0.85)
+    bar.set_label("LOS velocity (mm/yr), + towards satellite")
     fig.tight_layout()
     return _save_figure(fig, path)
 
@@ -411,9 +453,16 @@ def plot_time_series(result: xr.Dataset, path: str | os.PathLike, *,
         velocity = 1e3 * float(result["velocity"].values[p])
         ax.plot(times, 1e3 * np.asarray(displacement[p].values), ".-",
                 label=f"{label} ({velocity:.1f} mm/yr)")
-    ax.set(title="displacement time series", ylabel="displacement (mm)")
+    ax.set(title="LOS displacement time series (+ towards the satellite)",
+           ylabel="LOS displacement (mm)")
+    ax.axhline(0, color="0.6", lw=0.5)
+    if np.issubdtype(np.asarray(times).dtype, np.datetime64):
+        import matplotlib.dates as mdates
+
+        locator = mdates.AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     ax.legend()
-    fig.autofmt_xdate()
     fig.tight_layout()
     return _save_figure(fig, path)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import product
@@ -40,6 +41,29 @@ class _Failure:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def bars_wanted(progress: bool) -> bool:
+    """Progress bars on a terminal or in a notebook; none when output is redirected (a log
+    file would otherwise fill with carriage returns and cursor-up escapes)."""
+    if not progress:
+        return False
+    if _in_notebook():
+        return True
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (where tqdm.auto draws widgets), not merely when
+    ipykernel has been imported somewhere."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # noqa: BLE001 - any failure means: not in a kernel
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def _put(out: queue.Queue, value: Any, stop: threading.Event) -> bool:

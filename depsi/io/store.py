@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from depsi.io.cf import with_cf_attributes
 from depsi.io.lock import write_lock
 from depsi.stm.order import morton_order
 from depsi.stm.schema import DIMS, STMValidationError, validate
@@ -274,7 +275,7 @@ def save_stm(
     validate(ds, kind=kind, unique_positions=True)
     if reorder and kind == "points" and {"azimuth", "range"} <= set(ds.variables):
         ds = to_morton_order(ds)
-    ds = _chunked(_clean_encoding(ds), kind, chunk_bytes)
+    ds = _chunked(_clean_encoding(with_cf_attributes(ds)), kind, chunk_bytes)
     ds.attrs = {k: v for k, v in ds.attrs.items() if k != STORE_ATTR}
     ds.attrs[STORE_ATTR] = {"format": 1, "complete": True,
                             "epochs": int(ds.sizes["time"]) if "time" in ds.dims else None,
@@ -293,6 +294,7 @@ def save_stm(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        consolidate_metadata(tmp)
         _fault_point("save:written")
         move_into_place(tmp, path)
     logger.info("wrote %s STM %s to %s", kind, dict(ds.sizes), path)
@@ -433,7 +435,8 @@ def _store_arrays(path: Path) -> dict:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Object at \.depsi-append")
-        return dict(zarr.open_group(path, mode="r").arrays())
+        # the arrays themselves, never the consolidated copy in the root
+        return dict(zarr.open_group(path, mode="r", use_consolidated=False).arrays())
 
 
 def _store_record(path: Path) -> dict:
@@ -637,6 +640,29 @@ def _write_json_atomic(path: Path, document: dict) -> None:
     os.replace(tmp, path)
 
 
+def _consolidated(path: Path, root: dict) -> dict:
+    """The root document ``root`` with Zarr v3 consolidated metadata of the arrays in ``path``.
+
+    Plain ``xr.open_zarr`` reads consolidated metadata first and warns when there is none.
+    The arrays' own ``zarr.json`` files stay the truth depsi reads (``open_stm`` never uses
+    the consolidated copy); writing the root last, atomically, keeps the copy in step.
+    """
+    arrays = {}
+    for child in sorted(path.iterdir()):
+        meta = child / "zarr.json"
+        if child.is_dir() and child.name != STAGING and meta.is_file():
+            arrays[child.name] = json.loads(meta.read_text())
+    return {**root, "consolidated_metadata": {"kind": "inline", "must_understand": False,
+                                              "metadata": arrays}}
+
+
+def consolidate_metadata(path: str | os.PathLike) -> None:
+    """Write consolidated metadata into the root ``zarr.json`` of a flat Zarr v3 store."""
+    path = Path(path)
+    root = json.loads((path / "zarr.json").read_text())
+    _write_json_atomic(path / "zarr.json", _consolidated(path, root))
+
+
 def _encoded(var: xr.Variable, name: str, old: xr.Variable, dtype: np.dtype, path: Path):
     """The new epochs of ``name`` encoded as the store holds ``old`` (units, fill, dtype)."""
     if var.dtype.kind == "M":
@@ -743,7 +769,7 @@ def _publish(path: Path, plan: dict) -> None:
         if i == 0:
             _fault_point("append:metadata")
     _fault_point("append:before-commit")
-    _write_json_atomic(path / "zarr.json", plan["root"])
+    _write_json_atomic(path / "zarr.json", _consolidated(path, plan["root"]))
     _fault_point("append:committed")
     (path / JOURNAL).unlink()
     shutil.rmtree(staging, ignore_errors=True)

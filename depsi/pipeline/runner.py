@@ -56,14 +56,19 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
 from depsi.io.lock import write_lock
+from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
 
 logger = logging.getLogger(__name__)
+#: The run summary goes to the workspace log file only (not to the console's handlers).
+SUMMARY_LOGGER = logging.getLogger("depsi.run_summary")
+SUMMARY_LOGGER.propagate = False
 
 #: The steps of the pipeline, in order.
 STEPS = ("stack", "selection", "chain", "export")
@@ -430,6 +435,13 @@ def _step_chain(ctx: _Context) -> dict[str, Any]:
     counts = {"points": int(result.sizes["space"])}
     if order is not None:
         counts |= {"first_order": int((order == 1).sum()), "densified": int((order == 2).sum())}
+    if "reference" in result.attrs and "point_index" in result.variables:
+        where = np.flatnonzero(result["point_index"].values == int(result.attrs["reference"]))
+        if where.size:
+            logger.info("chain: reference point is point_index %d (azimuth %d, range %d), as "
+                        "attrs['reference'] of %s", int(result.attrs["reference"]),
+                        int(result["azimuth"].values[where[0]]),
+                        int(result["range"].values[where[0]]), path.name)
     return counts
 
 
@@ -577,9 +589,12 @@ def _log_to_file(path: Path) -> Iterator[None]:
     if package.getEffectiveLevel() > logging.INFO:
         package.setLevel(logging.INFO)
     package.addHandler(handler)
+    SUMMARY_LOGGER.addHandler(handler)
+    SUMMARY_LOGGER.setLevel(logging.INFO)
     try:
         yield
     finally:
+        SUMMARY_LOGGER.removeHandler(handler)
         package.removeHandler(handler)
         package.setLevel(old_level)
         handler.close()
@@ -595,6 +610,32 @@ def _step_range(start: str | None, stop: str | None) -> list[str]:
         raise ValueError(f"start {start!r} comes after stop {stop!r}; steps run in the order "
                          f"{', '.join(STEPS)}")
     return list(STEPS[first:last + 1])
+
+
+#: Seconds between the "still running" lines of a long step.
+HEARTBEAT_SECONDS = 30.0
+
+
+@contextmanager
+def heartbeat(what: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Log ``<what>: still running (N s)`` every ``every`` seconds until the block ends, so a
+    redirected log (no progress bars) shows that a long step is alive."""
+    import threading
+
+    done = threading.Event()
+    began = time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(every):
+            logger.info("%s: still running (%.0f s)", what, time.perf_counter() - began)
+
+    thread = threading.Thread(target=beat, name="depsi-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _dask_progress(stack: ExitStack, running: Any, progress: bool) -> None:
@@ -633,7 +674,8 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
     manifest_path(ctx.workspace, step).unlink(missing_ok=True)
     logger.info("step %s: running", step)
     began = time.perf_counter()
-    counts = _STEP_FUNCTIONS[step](ctx)
+    with heartbeat(f"step {step}"):
+        counts = _STEP_FUNCTIONS[step](ctx)
     seconds = time.perf_counter() - began
     target = _fingerprint_target(step, ctx)
     run_id = uuid.uuid4().hex
@@ -649,7 +691,8 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
     record.status, record.seconds, record.counts = "ran", seconds, counts
     record.outputs = [str(target)]
     if step == "export":
-        record.outputs = [str(p) for p in sorted(target.iterdir())]
+        record.outputs = [str(p) for p in sorted(target.iterdir())
+                          if not p.name.startswith(".")]  # not the writers' lock files
     logger.info("step %s: done in %.1f s (%s)", step, seconds,
                 ", ".join(f"{k} {v}" for k, v in counts.items()))
 
@@ -705,6 +748,7 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     workspace.mkdir(parents=True, exist_ok=True)
     summary = RunSummary(workspace=workspace, log_file=workspace / LOG_FILE,
                          steps={name: StepRecord(name) for name in STEPS})
+    progress = bars_wanted(progress)
     ctx = _Context(config=config, workspace=workspace, progress=progress)
     with _log_to_file(workspace / LOG_FILE), _workspace_lock(workspace):
         logger.info("depsi run: steps %s in %s (resume=%s)", ", ".join(steps), workspace,
@@ -718,6 +762,6 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
             for step in tqdm(steps, desc="depsi run", unit="step", disable=not progress):
                 _run_step(ctx, step, summary.steps[step], resume=resume)
         summary.seconds = time.perf_counter() - began
-        for line in summary.format().splitlines():
-            logger.info("%s", line)
+        for line in summary.format().splitlines():  # to the run's log file only:
+            SUMMARY_LOGGER.info("%s", line)             # the CLI prints it on stdout
     return summary

@@ -636,6 +636,9 @@ def _write_point_state(path: Path, old: xr.Dataset, new: xr.Dataset, threshold: 
         "statistics_end": str(times[-1]),
         "statistics_epochs": int(old.attrs.get("statistics_epochs", 0)) + int(times.size),
         "history": f"{old.attrs.get('history', '')}\n{step}".strip()})
+    from depsi.io.store import consolidate_metadata
+
+    consolidate_metadata(path)  # a flag array may be new: keep plain xr.open_zarr in step
 
 
 # --------------------------------------------------------------------------------------------

@@ -59,6 +59,11 @@ class STMKeyError(STMValidationError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownMethodError(ValueError, NotImplementedError):
+    """A ``method=`` that is not offered; catchable as ``ValueError`` and, as in stmtools,
+    as ``NotImplementedError``."""
+
+
 def _present(ds: xr.Dataset) -> str:
     return f"variables {sorted(map(str, ds.variables))}"
 
@@ -500,9 +505,12 @@ class SpaceTimeMatrix:
                   yscale: float = 1.0) -> xr.Dataset:
         """Add a space variable ``order``: the Morton key of (``xlabel``, ``ylabel``).
 
-        Coordinates are multiplied by ``xscale``/``yscale`` and floored to integers first, as in
-        stmtools: for float coordinates such as lat/lon the scale sets the resolution of the
-        order. Scaled values must lie in [0, 2**32). Lazy coordinates give a lazy ``order``.
+        The key interleaves the bits of x (even bits) and y (odd bits), the same keys as
+        stmtools (pymorton's ``interleave(x, y)``; pymorton keeps only 16 bits per coordinate,
+        depsi 32). Coordinates are multiplied by ``xscale``/``yscale`` and floored to integers
+        first, as in stmtools: for float coordinates such as lat/lon the scale sets the
+        resolution of the order. Scaled values must lie in [0, 2**32). Lazy coordinates give
+        a lazy ``order``.
 
         Examples
         --------
@@ -510,13 +518,17 @@ class SpaceTimeMatrix:
         >>> ds = xr.Dataset(coords={"azimuth": ("space", [1, 0]), "range": ("space", [1, 0])})
         >>> ds.stm.get_order()["order"].values.tolist()
         [3, 0]
+        >>> ds = xr.Dataset(coords={"azimuth": ("space", [1, 0]), "range": ("space", [0, 1])})
+        >>> ds.stm.get_order()["order"].values.tolist()
+        [1, 2]
         """
         ds = self._obj
         x = _require_space_only(ds, xlabel, "coordinate").data
         y = _require_space_only(ds, ylabel, "coordinate").data
 
         def key(xv, yv):
-            return morton_key(_scaled(xv, xscale, xlabel), _scaled(yv, yscale, ylabel))
+            # x takes the even bits, y the odd ones: pymorton's interleave(x, y), as stmtools
+            return morton_key(_scaled(yv, yscale, ylabel), _scaled(xv, xscale, xlabel))
 
         if isinstance(x, da.Array) or isinstance(y, da.Array):
             x, y = da.asarray(x), da.asarray(y)
@@ -583,15 +595,24 @@ class SpaceTimeMatrix:
             The selected points; the variable or coordinates that decide are computed, the
             data stay lazy and are only indexed.
 
+        Raises
+        ------
+        KeyError
+            No ``space`` or no ``time`` dimension (as stmtools; see ``regulate_dims``).
+        ValueError
+            A missing or malformed argument of the method; an unknown ``method`` (also a
+            ``NotImplementedError``, as in stmtools).
+
         Examples
         --------
         >>> import numpy as np, xarray as xr
-        >>> ds = xr.Dataset({"coherence": ("space", [0.9, 0.2, 0.8])})
+        >>> ds = xr.Dataset({"coherence": ("space", [0.9, 0.2, 0.8])}, coords={"time": [0, 1]})
         >>> ds.stm.subset(method="threshold", var="coherence", threshold=">0.7").sizes["space"]
         2
         """
         ds = self._obj
         _require_dim(ds, "space")
+        _require_dim(ds, "time")  # as stmtools: a STM without time is regulated first
         if method == "threshold":
             keep = self._threshold_mask(var, threshold)
         elif method == "density":
@@ -602,7 +623,7 @@ class SpaceTimeMatrix:
             inside = self._polygon_index(polygon, [], xlabel, ylabel, crs)[0]
             keep = np.flatnonzero(np.asarray(inside) >= 0)
         else:
-            raise ValueError(
+            raise UnknownMethodError(
                 f"method: expected 'threshold', 'density' or 'polygon', found {method!r}"
             )
         if keep.dtype == bool:

@@ -1,0 +1,140 @@
+"""CF-style attributes (``units``, ``long_name``, ``standard_name``) for what depsi writes.
+
+:func:`with_cf_attributes` fills them in on a copy of a Dataset from one table, ``CF``,
+keyed by depsi's conventional names (DESIGN.md §3); :func:`~depsi.io.store.save_stm` and the
+exports apply it, so the steps themselves never deal with attributes. Attributes a variable
+already has are kept.
+
+Sign convention (docs/concepts.md): ``phase = m2ph * (displacement + h2ph * height_error)``
+with ``m2ph = -4 pi / wavelength``; a positive line-of-sight displacement is a movement
+towards the satellite, negative away from it (e.g. subsidence).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xarray as xr
+
+logger = logging.getLogger(__name__)
+
+#: Line-of-sight sign convention, stated once; written as the ``comment`` of LOS variables.
+LOS_SIGN_CONVENTION = ("line of sight; positive towards the satellite, negative away from it "
+                       "(phase = -4 pi / wavelength * displacement)")
+
+_LOS = {"comment": LOS_SIGN_CONVENTION}
+
+#: name -> attributes. ``units`` follow UDUNITS ("1" dimensionless, "m year-1"); datetime
+#: coordinates get their units from the CF time encoding, so none here.
+CF: dict[str, dict[str, str]] = {
+    # coordinates
+    "time": {"long_name": "acquisition time", "standard_name": "time"},
+    "lat": {"units": "degrees_north", "long_name": "latitude", "standard_name": "latitude"},
+    "lon": {"units": "degrees_east", "long_name": "longitude", "standard_name": "longitude"},
+    "x": {"units": "m", "long_name": "projected x coordinate",
+          "standard_name": "projection_x_coordinate"},
+    "y": {"units": "m", "long_name": "projected y coordinate",
+          "standard_name": "projection_y_coordinate"},
+    "azimuth": {"units": "1", "long_name": "azimuth (line) pixel index"},
+    "range": {"units": "1", "long_name": "range (column) pixel index"},
+    "point_id": {"long_name": "point identifier"},
+    "point_index": {"units": "1", "long_name": "index of the point among the PS candidates"},
+    "source": {"units": "1", "long_name": "index of the arc's first point"},
+    "target": {"units": "1", "long_name": "index of the arc's second point"},
+    "bperp": {"units": "m", "long_name": "perpendicular baseline to the mother epoch"},
+    "order": {"units": "1", "long_name": "network order of the point (1 first order)"},
+    # observations
+    "complex": {"units": "1", "long_name": "single-look complex value"},
+    "amplitude": {"units": "1", "long_name": "SLC amplitude"},
+    "phase": {"units": "rad", "long_name": "interferometric phase, wrapped to (-pi, pi]"},
+    "unwrapped_phase": {"units": "rad", "long_name": "unwrapped interferometric phase"},
+    "h2ph": {"units": "1", "long_name": "height-to-phase factor B_perp / (R sin(theta))"},
+    "aps": {"units": "rad", "long_name": "atmospheric phase screen"},
+    "aps_observed": {"units": "rad", "long_name": "atmospheric phase observed at the point"},
+    "fo_aps_observed": {"units": "rad",
+                        "long_name": "atmospheric phase observed at first-order points"},
+    "fo_reference_phase": {"units": "rad", "long_name": "phase of the first-order reference"},
+    "residual": {"units": "rad", "long_name": "phase residual of the model"},
+    "reference_noise": {"units": "rad", "long_name": "phase noise of the reference point"},
+    "ambiguity": {"units": "1", "long_name": "integer phase ambiguity (cycles)"},
+    # amplitude statistics and selection
+    "amplitude_mean": {"units": "1", "long_name": "mean amplitude over time"},
+    "amplitude_std": {"units": "1", "long_name": "standard deviation of amplitude over time"},
+    "amplitude_median": {"units": "1", "long_name": "median amplitude over time"},
+    "amplitude_mad": {"units": "1", "long_name": "median absolute deviation of amplitude"},
+    "amp_count": {"units": "1", "long_name": "number of epochs with an amplitude"},
+    "amp_sum": {"units": "1", "long_name": "sum of amplitudes over time (for updates)"},
+    "amp_sumsq": {"units": "1", "long_name": "sum of squared amplitudes over time (for "
+                                             "updates)"},
+    "amplitude_dispersion": {"units": "1", "long_name": "normalised amplitude dispersion "
+                                                         "(std / mean)"},
+    "amplitude_dispersion_mad": {"units": "1", "long_name": "normalised amplitude dispersion "
+                                                             "(MAD / median)"},
+    "selected": {"units": "1", "long_name": "selected as PS candidate"},
+    "ps_mask": {"units": "1", "long_name": "true persistent scatterer (simulation)"},
+    # results
+    "velocity": {"units": "m year-1", "long_name": "line-of-sight velocity", **_LOS},
+    "displacement": {"units": "m", "long_name": "line-of-sight displacement relative to the "
+                                                "first epoch", **_LOS},
+    "height_error": {"units": "m", "long_name": "height relative to the reference DEM"},
+    "height_error_correlated": {"units": "m",
+                                "long_name": "spatially correlated part of the height error"},
+    "temporal_coherence": {"units": "1", "long_name": "temporal coherence (0..1)"},
+    "in_reference_area": {"units": "1", "long_name": "point in the reference area"},
+    "flag": {"units": "1", "long_name": "quality flag"},
+    "length": {"units": "m", "long_name": "arc length"},
+    "coherence": {"units": "1", "long_name": "coherence (0..1)"},
+    "arc_coherence": {"units": "1", "long_name": "ensemble coherence of the arc (0..1)"},
+    "seasonal_amplitude": {"units": "m", "long_name": "seasonal displacement amplitude",
+                           **_LOS},
+}
+
+
+def cf_attributes(name: str) -> dict[str, str]:
+    """The CF attributes of ``name`` (a copy; empty when the table has no entry)."""
+    return dict(CF.get(str(name), {}))
+
+
+def _fallback(var: xr.Variable, name: str) -> dict[str, str]:
+    """Attributes for a name the table does not know: a long_name; units "1" only for flags."""
+    attrs = {"long_name": str(name).replace("_", " ")}
+    if var.dtype == bool:
+        attrs["units"] = "1"
+    return attrs
+
+
+def with_cf_attributes(ds: xr.Dataset) -> xr.Dataset:
+    """A copy of ``ds`` with ``units``/``long_name``/``standard_name`` on every variable and
+    coordinate that the table ``CF`` knows (existing attributes win).
+
+    Numbers without an entry keep what they have and get a ``long_name`` from their name; a
+    numeric variable left without ``units`` is logged once. Datetime coordinates get no
+    ``units`` attribute: xarray writes their CF time units itself.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> ds = xr.Dataset({"velocity": ("space", np.zeros(2, "f4"))})
+    >>> with_cf_attributes(ds).velocity.attrs["units"]
+    'm year-1'
+    >>> ds.velocity.attrs
+    {}
+    """
+    out = ds.copy()  # shallow: new variables share data, attrs are copied per variable
+    missing = []
+    for name, var in out.variables.items():
+        wanted = cf_attributes(name) or _fallback(var, name)
+        if np.issubdtype(var.dtype, np.datetime64) or np.issubdtype(var.dtype, np.timedelta64):
+            wanted.pop("units", None)
+            if "units" in var.encoding or "units" in var.attrs:
+                wanted = {k: v for k, v in wanted.items() if k != "units"}
+        elif var.dtype.kind in "USO":
+            wanted.pop("units", None)
+        attrs = {**wanted, **var.attrs}
+        var.attrs = attrs
+        if var.dtype.kind in "biufc" and "units" not in attrs:
+            missing.append(str(name))
+    if missing:
+        logger.info("no units known for %s; written without a units attribute", missing)
+    return out

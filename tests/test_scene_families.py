@@ -32,8 +32,15 @@ import pytest
 
 from depsi.processing.chain import run_ps_chain
 from depsi.processing.selection import ps_selection
-from scenes import FAST_FAMILIES, SLOW_FAMILIES, format_figures, kriging_floor, make_scene, \
-    score, truth_index
+from scenes import (
+    FAST_FAMILIES,
+    SLOW_FAMILIES,
+    format_figures,
+    kriging_floor,
+    make_scene,
+    score,
+    truth_index,
+)
 
 logger = logging.getLogger(__name__)
 

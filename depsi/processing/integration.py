@@ -418,9 +418,13 @@ def integrate_network(
         "n_arcs_removed_with_point": int((arc_reason == 3).sum()),
         "removal_reason_legend": str(POINT_REASONS),
     })
+    # name the reference as the input names it: point_index (the chain's index into its
+    # input) when the points carry one, else the index into these points
+    named = (f"point_index {int(points['point_index'].values[ref])}"
+             if "point_index" in points.coords else f"{ref}")
     logger.info("integration: %d/%d points, %d/%d arcs kept (%d rejected by w-test in %d "
-                "iterations), reference %d", point_ok.sum(), n, arc_ok.sum(), len(source),
-                n_tested_out, iterations, ref)
+                "iterations), reference %s", point_ok.sum(), n, arc_ok.sum(), len(source),
+                n_tested_out, iterations, named)
     if reference_radius is not None:
         result = apply_reference_area(result, reference_radius)
     if not return_arcs:

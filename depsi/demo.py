@@ -190,7 +190,7 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     from depsi.pipeline.runner import heartbeat
     from depsi.processing.chain import run_ps_chain
     from depsi.processing.selection import ps_selection
-    from depsi.simulate import write_stack_zarr
+    from depsi.simulate import accuracy, write_stack_zarr
 
     out = Path(out)
     if out.exists():
@@ -235,6 +235,13 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
                 "against the truth; %.0f %% of the true PS found",
                 figures["n_points"], 1e3 * figures["velocity_rmse"],
                 figures["height_error_rmse"], 100 * figures["fraction_of_true_ps_found"])
+    floors = accuracy(result, ps, truth)
+    logger.info("against what physics allows on the %d true PS with coherence >= 0.8 (median "
+                "datum): velocity %.2f mm/yr (floors: noise %.2f, no atmosphere correction "
+                "%.2f), height error %.2f m (floors %.2f / %.2f)", floors["n_compared"],
+                1e3 * floors["velocity_rmse"], 1e3 * floors["velocity_noise_floor"],
+                1e3 * floors["velocity_nocorr_floor"], floors["height_rmse"],
+                floors["height_noise_floor"], floors["height_nocorr_floor"])
     logger.info("time per step: %s", ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     logger.info("products: %s, %s, %s, %s, %s", stack_path, ps_path, result_path,
                 out / "points.csv", out / "velocity.png")

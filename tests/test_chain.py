@@ -84,3 +84,16 @@ def test_chain_forms_interferograms_from_selection_output():
     result = run_ps_chain(slc, first_order=150, atmosphere=None)
     v, _, _ = _errors(result, true)
     assert np.sqrt(np.mean(v**2)) <= 1.2 * predicted_arc_std(points)[0]
+
+
+def test_chain_leaves_its_input_and_its_attrs_untouched():
+    import xarray as xr
+
+    points, _ = simulated_points(aps_std=0.5)
+    before = points.copy(deep=True)
+    attrs = dict(points.attrs)
+    result = run_ps_chain(points, first_order=150)
+    xr.testing.assert_identical(points, before)
+    assert points.attrs == attrs
+    # the reference is an index into the input, among the kept points
+    assert result.attrs["reference"] in set(result["point_index"].values.tolist())

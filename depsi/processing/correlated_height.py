@@ -114,7 +114,7 @@ def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> d
 
     try:
         (nugget, extra_sill, extra_range), _ = curve_fit(
-            model, h, remainder, p0=[max(remainder[0], 1e-6), 0.0 + 1e-6, signal_range],
+            model, h, remainder, p0=[max(remainder[0], 1e-6), 1e-6, signal_range],
             bounds=([1e-9, 0.0, 0.05 * h[0] + 1e-9], [np.inf, np.inf, 100 * h[-1]]),
             sigma=1.0 / np.sqrt(counts), maxfev=5000)
     except (RuntimeError, ValueError):

@@ -97,7 +97,7 @@ def test_estimate_model_on_cupy_matches_numpy():
     d = rng.normal(0, 0.001, (400, 30)).astype("f4") + np.linspace(0, 0.01, 30, dtype="f4")
     stm = xr.Dataset({"displacement": (("space", "time"), d)}, coords={"time": time})
     stm = stm.chunk({"space": 100})
-    cpu = estimate_model(stm, solver="numpy").compute()
-    gpu = estimate_model(stm, solver="cupy").compute()
+    cpu = estimate_model(stm, devices=["cpu"]).compute()
+    gpu = estimate_model(stm, devices=["cuda:0"]).compute()
     for name in ("offset", "velocity", "sigma2", "residual"):
         assert _relative_rms(gpu[name].values, cpu[name].values) < RELATIVE_RMS, name

@@ -467,3 +467,44 @@ def device_of(array: Any) -> Device:
     if is_cupy_array(array):
         return Device("cuda", int(array.device.id))
     return Device("cpu", 0)
+
+
+def resolve_devices(devices: Sequence[Device | str | int] | None = None) -> list[Device]:
+    """The devices a step spreads its space chunks over: ``devices`` when given (checked
+    before any work), else those of :func:`configure_devices` (:func:`get_devices`).
+
+    Examples
+    --------
+    >>> resolve_devices(["cpu:0", "cpu:1"])
+    [Device('cpu:0'), Device('cpu:1')]
+    """
+    if devices is None:
+        return get_devices()
+    chosen = [parse_device(d) for d in devices]
+    if not chosen:
+        raise ValueError("devices: expected at least one device, found an empty list")
+    _check_cuda_devices(chosen)
+    return chosen
+
+
+def chunk_device(devices: Sequence[Device], chunk_index: int) -> Device:
+    """The device of chunk ``chunk_index``: round-robin over ``devices``, the same assignment
+    for every step (DESIGN.md §5).
+
+    Examples
+    --------
+    >>> chunk_device([Device("cpu", 0), Device("cpu", 1)], 3)
+    Device('cpu:1')
+    """
+    return devices[int(chunk_index) % len(devices)]
+
+
+def chunk_index(chunk_starts: Sequence[int], first_position: int) -> int:
+    """Index of the chunk that begins at or before ``first_position`` (chunk starts sorted).
+
+    Examples
+    --------
+    >>> chunk_index([0, 100, 250], 100), chunk_index([0, 100, 250], 260)
+    (1, 2)
+    """
+    return int(np.searchsorted(np.asarray(chunk_starts), first_position, side="right")) - 1

@@ -8,11 +8,21 @@ adds ``height_error``, ``velocity``, ``temporal_coherence`` and ``ambiguity`` (D
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
+from pydantic import Field, field_validator
 
-from depsi.kernels.backend import get_namespace, to_host
+from depsi.kernels.backend import (
+    Device,
+    chunk_device,
+    chunk_index,
+    resolve_devices,
+    to_device,
+    to_host,
+    use_device,
+)
 from depsi.kernels.periodogram import (
     MISSING_AMBIGUITY,
     default_step,
@@ -22,6 +32,7 @@ from depsi.kernels.periodogram import (
     wrap_phase,
 )
 from depsi.processing.network import ARC_CHUNK, time_in_years
+from depsi.sections import Section, ordered_pair
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -30,6 +41,25 @@ logger = logging.getLogger(__name__)
 DEFAULT_HEIGHT_RANGE = (-50.0, 50.0)
 #: Default search range of the velocity difference of an arc (m/yr).
 DEFAULT_VELOCITY_RANGE = (-0.05, 0.05)
+
+
+class ArcsConfig(Section):
+    """The ensemble-coherence (periodogram) search of every arc, and of densification's arcs."""
+
+    height_range: tuple[float, float] = Field(
+        DEFAULT_HEIGHT_RANGE, description="Height-error differences searched, [low, high] m.")
+    velocity_range: tuple[float, float] = Field(
+        DEFAULT_VELOCITY_RANGE, description="Velocity differences searched, [low, high] m/yr.")
+    height_step: float | None = Field(
+        None, gt=0, description="Grid step of the height error, m; null: the modelled phase "
+                                "changes by at most pi/2 between grid nodes.")
+    velocity_step: float | None = Field(
+        None, gt=0, description="Grid step of the velocity, m/yr; null: as height_step.")
+
+    @field_validator("height_range", "velocity_range")
+    @classmethod
+    def _ordered(cls, pair: tuple[float, float], info) -> tuple[float, float]:
+        return ordered_pair(pair, info.field_name)
 
 _TWO_PI = 2.0 * np.pi
 
@@ -71,10 +101,9 @@ def _velocity_only(phase, years, *, wavelength, velocity_range, velocity_step):
     return velocity, coherence, ambiguity
 
 
-def _arc_block(phase, h2ph, *, years, wavelength, height_range, velocity_range, height_step,
-               velocity_step, solver, with_height=True):
-    """Periodogram of one block of arcs; NumPy in, NumPy out (CuPy inside when asked)."""
-    xp = get_namespace(solver)
+def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, velocity_range,
+               height_step, velocity_step, devices, chunk_starts, with_height=True):
+    """Periodogram of one block of arcs on its chunk's device; NumPy in, NumPy out."""
     if phase.shape[0] == 0:
         empty = np.zeros(0)
         return (empty, empty, empty, np.zeros(phase.shape, np.int32), np.zeros(0, np.int8))
@@ -84,9 +113,12 @@ def _arc_block(phase, h2ph, *, years, wavelength, height_range, velocity_range, 
             velocity_range=velocity_range, velocity_step=velocity_step)
         return (np.zeros(len(velocity)), velocity, coherence, ambiguity,
                 np.zeros(len(velocity), np.int8))
-    result = periodogram(xp.asarray(phase), xp.asarray(h2ph), years, wavelength=wavelength,
-                         height_range=height_range, velocity_range=velocity_range,
-                         height_step=height_step, velocity_step=velocity_step)
+    device = chunk_device(devices, chunk_index(chunk_starts, int(position[0])))
+    with use_device(device):
+        result = periodogram(to_device(phase, device), to_device(h2ph, device), years,
+                             wavelength=wavelength, height_range=height_range,
+                             velocity_range=velocity_range, height_step=height_step,
+                             velocity_step=velocity_step)
     return (to_host(result.height_error), to_host(result.velocity), to_host(result.coherence),
             to_host(result.ambiguity), to_host(result.flag))
 
@@ -98,7 +130,7 @@ def estimate_arcs(
     velocity_range: tuple[float, float] = DEFAULT_VELOCITY_RANGE,
     height_step: float | None = None,
     velocity_step: float | None = None,
-    solver: str = "auto",
+    devices: Sequence[Device | str | int] | None = None,
     height: bool | None = None,
 ) -> xr.Dataset:
     """Estimate height-error and velocity differences of every arc with the periodogram.
@@ -114,8 +146,9 @@ def estimate_arcs(
     height_step, velocity_step
         Grid steps; by default the kernel's (the modelled phase changes by at most pi/2 across
         the epochs between grid nodes), refined below the step afterwards.
-    solver
-        ``"auto"``, ``"numpy"`` or ``"cupy"``: where the periodogram runs.
+    devices
+        Devices the arc chunks are spread over, round-robin (e.g. ``["cuda:0", "cuda:1"]``);
+        default: those of :func:`depsi.kernels.backend.configure_devices`.
     height
         Estimate the height-error difference. ``None`` (default): only when ``h2ph`` varies
         over the epochs (a stack without baselines, e.g. ``h2ph`` all zero, cannot resolve
@@ -165,15 +198,21 @@ def estimate_arcs(
     if "arc" in h2ph.dims and "time" not in h2ph.dims:
         h2ph = h2ph.expand_dims(time=arcs["time"].values, axis=-1)
         h2ph_core = ["time"]
+    chosen = resolve_devices(devices)
+    position = xr.DataArray(np.arange(arcs.sizes["arc"]), dims="arc")
+    if phase.chunks is not None:
+        position = position.chunk({"arc": phase.chunks[0]})
+    chunk_starts = np.cumsum((0,) + tuple(phase.chunks[0] if phase.chunks else ()))[:-1]
     outputs = xr.apply_ufunc(
-        _arc_block, phase, h2ph,
-        input_core_dims=[["time"], h2ph_core],
+        _arc_block, phase, h2ph, position,
+        input_core_dims=[["time"], h2ph_core, []],
         output_core_dims=[[], [], [], ["time"], []],
         dask="parallelized",
         output_dtypes=[np.float64, np.float64, np.float64, np.int32, np.int8],
         kwargs=dict(years=years, wavelength=float(arcs.attrs["wavelength"]),
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
-                    height_step=height_step, velocity_step=velocity_step, solver=solver,
+                    height_step=height_step, velocity_step=velocity_step,
+                    devices=tuple(chosen), chunk_starts=tuple(int(c) for c in chunk_starts),
                     with_height=bool(height)),
     )
     height_error, velocity, coherence, ambiguity, flag = outputs

@@ -15,11 +15,13 @@ from typing import Literal
 
 import numpy as np
 import xarray as xr
+from pydantic import Field
 from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import curve_fit
 from scipy.spatial import cKDTree
 
 from depsi.processing.network import phase_to_metres, point_positions, time_in_years
+from depsi.sections import Section
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -27,6 +29,22 @@ logger = logging.getLogger(__name__)
 #: Default width (years, Gaussian sigma) of the temporal low-pass that keeps unmodelled
 #: deformation out of the screen.
 DEFAULT_TEMPORAL_WINDOW = 0.25
+
+
+class AtmosphereConfig(Section):
+    """The atmospheric phase screen and its leak into the height errors."""
+
+    method: Literal["auto", "kriging", "gaussian", "none"] = Field(
+        "auto", description="Spatial interpolation of the screen per epoch: kriging, gaussian, "
+                            "auto (kriging up to a few thousand points, else gaussian) or "
+                            "none (no atmospheric correction).")
+    temporal_window: float = Field(
+        DEFAULT_TEMPORAL_WINDOW, gt=0, description="Low-pass width (years) separating "
+                                                   "unmodelled deformation from atmosphere.")
+    correlated_height: bool = Field(
+        True, description="Move the atmosphere's projection on the baselines (a smooth field "
+                          "in the height errors) into the screen, predicted from all result "
+                          "points (needs a method other than none).")
 #: ``method="auto"`` uses kriging up to this many points, Gaussian neighbours above.
 KRIGING_MAX_POINTS = 3000
 #: Neighbours of the Gaussian-weighted estimate.

@@ -1,97 +1,389 @@
-"""The PS chain in one call: from a point STM to velocities, heights and time series.
+"""The PS chain as steps: from a point STM to velocities, heights and time series.
 
-``run_ps_chain`` wires the steps of DESIGN.md §1: single-mother interferograms (when needed),
-first-order selection, network, arc estimation, integration with testing, atmosphere,
-a second network pass on atmosphere-corrected phases, and densification of all other points.
+Each step is a function of its inputs and one :class:`ChainConfig`, whose sections (defined
+beside each step's code) hold every parameter and its default once:
+
+================ ===================================== ======================= ================
+step             does                                  reads                   product
+================ ===================================== ======================= ================
+network          first-order points and their arcs     ``network``             first-order STM
+arcs             periodogram of every arc              ``network``, ``arcs``   arc STM
+integration      network solution, arc testing         ``integration``         first-order
+                                                                               result
+atmosphere       screen, second network pass,          ``atmosphere``,         first-order
+                 reference noise and area              ``network``, ``arcs``,  result with
+                                                       ``integration``         ``aps``
+densification    every other point tied to the         ``densification``,      accepted points
+                 first-order points                    ``arcs``
+model            velocity and height with the          ``atmosphere``          result STM
+                 atmosphere, correlated heights
+================ ===================================== ======================= ================
+
+:func:`run_ps_chain` composes the steps in memory; ``depsi run`` (:mod:`depsi.pipeline`) runs
+the same functions with the same config and checkpoints each product, so a run killed in
+densification resumes there.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
+from pydantic import Field, ValidationError
 
-from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, estimate_arcs
-from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, estimate_atmosphere
+from depsi.kernels.backend import Device
+from depsi.processing.arcs import ArcsConfig, estimate_arcs
+from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
-from depsi.processing.densification import DEFAULT_K, densify
+from depsi.processing.densification import DensificationConfig, densify
 from depsi.processing.integration import (
-    DEFAULT_MIN_COHERENCE,
+    IntegrationConfig,
     apply_reference_area,
     integrate_network,
     remove_reference_noise,
 )
 from depsi.processing.model import estimate_model
-from depsi.processing.network import form_network, phase_to_metres, time_in_years, wrap_phase
+from depsi.processing.network import (
+    NetworkConfig,
+    arcs_from_edges,
+    network_edges,
+    phase_to_metres,
+    point_positions,
+    time_in_years,
+    wrap_phase,
+)
+from depsi.sections import Section, describe_errors
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
-
-#: First-order points taken (best amplitude dispersion) when ``first_order`` is None.
-DEFAULT_FIRST_ORDER = 2000
-
-#: Radius (m) of the reference area: results are relative to the mean over the first-order
-#: network points within it (about 250 points at 2000 first-order points per 100 km^2). The
-#: datum error is spatially correlated over about a kilometre (atmosphere finer than the
-#: screen estimate, projected on the baselines), so smaller areas average little of it out.
-DEFAULT_REFERENCE_RADIUS = 2000.0
 
 #: Variables of the result STM.
 RESULT_VARIABLES = ("velocity", "height_error", "displacement", "temporal_coherence",
                     "ambiguity", "aps", "unwrapped_phase")
 
+#: Dimension of the network product's arcs (``edge_source``, ``edge_target`` into its space).
+EDGE = "edge"
 
-def _first_order_indices(points: xr.Dataset, first_order: int | float | None) -> np.ndarray:
-    """Indices of the first-order points: best N, or NAD <= threshold, by amplitude dispersion."""
+Devices = Sequence[Device | str | int] | None
+
+
+class ChainConfig(Section):
+    """Every parameter of the PS chain, one section per step (the YAML file's sections)."""
+
+    network: NetworkConfig = Field(
+        default_factory=NetworkConfig, description="First-order network of arcs.")
+    arcs: ArcsConfig = Field(default_factory=ArcsConfig, description="Per-arc estimation.")
+    integration: IntegrationConfig = Field(
+        default_factory=IntegrationConfig, description="Spatial integration over the network.")
+    atmosphere: AtmosphereConfig = Field(
+        default_factory=AtmosphereConfig, description="Atmospheric phase screen.")
+    densification: DensificationConfig = Field(
+        default_factory=DensificationConfig, description="Densification of the PS set.")
+
+
+#: Sections of :class:`ChainConfig` each step reads: a change in one redoes the step.
+STEP_SECTIONS = {
+    "network": ("network", "integration.reference"),
+    "arcs": ("arcs",),
+    "integration": ("integration",),
+    "atmosphere": ("network", "arcs", "integration", "atmosphere"),
+    "densification": ("arcs", "densification"),
+    "model": ("atmosphere",),
+}
+
+#: Flat keywords of :func:`run_ps_chain` and the (section, field) each sets.
+KEYWORDS = {
+    "first_order": ("network", "first_order"),
+    "max_dispersion": ("network", "max_dispersion"),
+    "network_method": ("network", "method"),
+    "max_arc_length": ("network", "max_length"),
+    "height_range": ("arcs", "height_range"),
+    "velocity_range": ("arcs", "velocity_range"),
+    "min_arc_coherence": ("integration", "min_coherence"),
+    "alpha": ("integration", "alpha"),
+    "max_iterations": ("integration", "max_iterations"),
+    "reference": ("integration", "reference"),
+    "reference_radius": ("integration", "reference_radius"),
+    "reference_noise": ("integration", "reference_noise"),
+    "atmosphere": ("atmosphere", "method"),
+    "temporal_window": ("atmosphere", "temporal_window"),
+    "correlated_height": ("atmosphere", "correlated_height"),
+    "k": ("densification", "k"),
+    "max_distance": ("densification", "max_distance"),
+    "min_coherence": ("densification", "min_coherence"),
+}
+
+
+def chain_config(config: ChainConfig | dict | None = None, **overrides: Any) -> ChainConfig:
+    """A validated :class:`ChainConfig`: ``config`` (default: every default) with overrides.
+
+    Overrides are a section name with a mapping (``network={"k": 3}``) or one of the flat
+    keywords of :data:`KEYWORDS` (``first_order=500``, ``atmosphere=None`` for ``"none"``).
+
+    Examples
+    --------
+    >>> chain_config(first_order=500, network={"k": 3}).network.model_dump(
+    ...     include={"first_order", "k"})
+    {'first_order': 500, 'k': 3}
+    >>> chain_config(atmosphere=None).atmosphere.method
+    'none'
+    """
+    if config is None:
+        data: dict[str, Any] = {}
+    elif isinstance(config, ChainConfig):
+        data = config.model_dump()
+    elif isinstance(config, dict):
+        data = {name: dict(value) for name, value in config.items()}
+    else:
+        raise TypeError(f"config: expected a ChainConfig or a mapping, found "
+                        f"{type(config).__name__}")
+    for name, value in overrides.items():
+        if name in ChainConfig.model_fields and (name not in KEYWORDS
+                                                 or isinstance(value, (dict, Section))):
+            if isinstance(value, Section):
+                value = value.model_dump()
+            if not isinstance(value, dict):
+                raise TypeError(f"{name}: expected a mapping of that section's fields, found "
+                                f"{type(value).__name__}")
+            data.setdefault(name, {}).update(value)
+        elif name in KEYWORDS:
+            section, field = KEYWORDS[name]
+            if name == "atmosphere" and value is None:
+                value = "none"
+            data.setdefault(section, {})[field] = value
+        else:
+            known = sorted(set(KEYWORDS) | set(ChainConfig.model_fields))
+            raise TypeError(f"run_ps_chain: unknown option {name!r}; expected one of "
+                            f"{', '.join(known)}")
+    try:
+        return ChainConfig.model_validate(data)
+    except ValidationError as err:
+        raise ValueError("chain configuration: " + "; ".join(describe_errors(err))) from None
+
+
+# ----------------------------------------------------------------------------------- the steps
+def prepare_points(ps_stm: xr.Dataset) -> xr.Dataset:
+    """The chain's input points: single-mother interferograms (formed from ``complex`` when
+    the STM holds SLC values) with ``point_index`` (position along the input's space)."""
+    points = ps_stm
+    if "complex" in points and (("phase" not in points) or "interferogram" not in points.attrs):
+        # SLC values (e.g. straight from ps_selection, whose ``phase`` is the SLC phase):
+        # form single-mother interferograms first
+        from depsi.processing.interferogram import single_mother_interferograms
+
+        points = single_mother_interferograms(points)
+    validate(points, "points", require=("phase", "h2ph"), require_wavelength=True)
+    return points.assign_coords(point_index=("space", np.arange(points.sizes["space"])))
+
+
+def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray:
+    """Indices of the first-order points: the ``first_order`` of lowest amplitude dispersion,
+    among those at or below ``max_dispersion``."""
     n = points.sizes["space"]
     if "amplitude_dispersion" not in points:
-        count = n if first_order is None or isinstance(first_order, float) else first_order
-        logger.info("no amplitude_dispersion: the first %d points are first-order", count)
-        return np.arange(min(n, int(count)))
+        logger.info("no amplitude_dispersion: the first %d points are first-order",
+                    min(n, config.first_order))
+        return np.arange(min(n, config.first_order))
     nad = np.asarray(points["amplitude_dispersion"].values, dtype=np.float64)
     nad = np.where(np.isfinite(nad), nad, np.inf)
-    if isinstance(first_order, float):
-        chosen = np.flatnonzero(nad <= first_order)
-    else:
-        count = DEFAULT_FIRST_ORDER if first_order is None else int(first_order)
-        chosen = np.sort(np.argsort(nad, kind="stable")[:count])
+    eligible = np.isfinite(nad)
+    if config.max_dispersion is not None:
+        eligible &= nad <= config.max_dispersion
+    ranked = np.argsort(np.where(eligible, nad, np.inf), kind="stable")
+    chosen = np.sort(ranked[:min(config.first_order, int(eligible.sum()))])
     if len(chosen) < 3:
-        raise ValueError(f"first_order: expected at least 3 first-order points, found "
-                         f"{len(chosen)} (first_order={first_order})")
+        raise ValueError(f"network: expected at least 3 first-order points, found "
+                         f"{len(chosen)} (first_order={config.first_order}, "
+                         f"max_dispersion={config.max_dispersion})")
     return chosen
 
 
-def _network_pass(points, *, method, height_range, velocity_range, min_coherence, alpha,
-                  reference, solver):
-    arcs = form_network(points, method=method)
-    arcs = estimate_arcs(arcs, height_range=height_range, velocity_range=velocity_range,
-                         solver=solver)
-    return integrate_network(points, arcs, reference=reference, min_coherence=min_coherence,
-                             alpha=alpha)
+def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
+    """Refuse, before any work, settings the points cannot meet; the first-order indices."""
+    chosen = first_order_indices(points, config.network)
+    reference = config.integration.reference
+    if reference is not None and not np.isin(int(reference), chosen):
+        raise ValueError(f"integration.reference: point {reference} is not among the "
+                         f"first-order points; choose one with low amplitude dispersion")
+    if config.atmosphere.correlated_height and config.atmosphere.method == "none":
+        logger.info("atmosphere.correlated_height needs an atmosphere method: not applied")
+    return chosen
+
+
+def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
+    """The first-order points (computed) and the arcs between them.
+
+    Returns
+    -------
+    xarray.Dataset
+        The first-order point STM (``point_index`` into the chain's input) with the arcs as
+        ``edge_source``, ``edge_target`` (dim ``edge``, indices into its space).
+    """
+    chosen = check_config(points, config)
+    first = points.isel(space=chosen).compute()
+    section = config.network
+    source, target = network_edges(point_positions(first), method=section.method, k=section.k,
+                                   n_sectors=section.n_sectors, max_length=section.max_length)
+    network = first.assign({"edge_source": (EDGE, source), "edge_target": (EDGE, target)})
+    network.attrs = {**first.attrs, "network_method": section.method,
+                     "n_first_order": int(len(chosen))}
+    return network
+
+
+def _network_points(network: xr.Dataset) -> xr.Dataset:
+    return network.drop_dims(EDGE) if EDGE in network.dims else network
+
+
+def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None
+              ) -> xr.Dataset:
+    """Every arc of the network estimated by the periodogram (computed arc STM)."""
+    points = _network_points(network)
+    arcs = arcs_from_edges(points, network["edge_source"].values,
+                           network["edge_target"].values)
+    arcs.attrs["network_method"] = network.attrs.get("network_method", config.network.method)
+    section = config.arcs
+    return estimate_arcs(arcs, height_range=section.height_range,
+                         velocity_range=section.velocity_range, height_step=section.height_step,
+                         velocity_step=section.velocity_step, devices=devices).compute()
+
+
+def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:
+    if reference is None:
+        return None
+    found = np.flatnonzero(points["point_index"].values == int(reference))
+    if not found.size:
+        raise ValueError(f"integration.reference: point {reference} is not among the "
+                         f"first-order points; choose one with low amplitude dispersion")
+    return int(found[0])
+
+
+def integration_step(network: xr.Dataset, arcs: xr.Dataset, config: ChainConfig
+                     ) -> xr.Dataset:
+    """The network solution with arc testing: every first-order point, ``in_network`` kept."""
+    points = _network_points(network)
+    section = config.integration
+    return integrate_network(points, arcs,
+                             reference=_local_reference(points, section.reference),
+                             min_coherence=section.min_coherence, alpha=section.alpha,
+                             max_iterations=section.max_iterations)
+
+
+def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
+                    devices: Devices = None) -> xr.Dataset:
+    """The screen from the first pass, a second network pass on corrected phases, then the
+    reference point's noise and the reference area (``method: none``: only the latter two)."""
+    section = config.atmosphere
+    points = _network_points(network)
+    if section.method == "none":
+        result = first.assign(aps=xr.zeros_like(first["unwrapped_phase"]))
+    else:
+        keep = np.flatnonzero(first["in_network"].values)
+        local = int(np.flatnonzero(keep == first.attrs["reference"])[0])
+        kept = first.isel(space=keep)
+        kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
+        screen = estimate_atmosphere(kept, method=section.method,
+                                     temporal_window=section.temporal_window)
+        corrected = points.isel(space=keep)
+        corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
+                                     .astype(np.float32))
+        net = config.network
+        source, target = network_edges(point_positions(corrected), method=net.method, k=net.k,
+                                       n_sectors=net.n_sectors, max_length=net.max_length)
+        arcs = arcs_step(corrected.assign({"edge_source": (EDGE, source),
+                                           "edge_target": (EDGE, target)}),
+                         config, devices=devices)
+        integration = config.integration
+        result = integrate_network(corrected, arcs, reference=local,
+                                   min_coherence=integration.min_coherence,
+                                   alpha=integration.alpha,
+                                   max_iterations=integration.max_iterations)
+        result["aps"] = screen["aps"]
+        result["aps_observed"] = screen["aps_observed"]
+        result.attrs.update({a: screen.attrs[a] for a in screen.attrs
+                             if a.startswith("variogram_") or a == "aps_method"})
+    if config.integration.reference_noise:
+        result = remove_reference_noise(result)
+    # before densification: densified points are tied to these values and reference phase
+    result = apply_reference_area(result, config.integration.reference_radius)
+    result.attrs = {**result.attrs,
+                    "n_first_order": int(network.attrs.get("n_first_order",
+                                                           network.sizes["space"]))}
+    return result
+
+
+def _kept(first: xr.Dataset) -> xr.Dataset:
+    return first.isel(space=np.flatnonzero(first["in_network"].values))
+
+
+def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
+                       devices: Devices = None) -> xr.Dataset:
+    """Every point not kept in the network, estimated from arcs to its nearest first-order
+    points; the accepted ones, as result variables with ``order`` 2."""
+    first_kept = _kept(first)
+    others = np.setdiff1d(np.arange(points.sizes["space"]), first_kept["point_index"].values)
+    if not others.size:
+        return _result_view(first_kept.isel(space=slice(0, 0)), order=2)
+    section, arcs = config.densification, config.arcs
+    dense = densify(points.isel(space=others), first_kept, k=section.k,
+                    max_distance=section.max_distance, min_coherence=section.min_coherence,
+                    height_range=arcs.height_range, velocity_range=arcs.velocity_range,
+                    height_step=arcs.height_step, velocity_step=arcs.velocity_step,
+                    devices=devices).compute()
+    accepted = dense.isel(space=np.flatnonzero(dense["accepted"].values))
+    logger.info("densification: %d of %d candidates accepted", accepted.sizes["space"],
+                others.size)
+    return _result_view(accepted, order=2)
+
+
+def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
+               *, devices: Devices = None) -> xr.Dataset:
+    """The result STM: first-order and densified points in the input's order, velocity and
+    height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
+    first_kept = _kept(first)
+    reference_global = int(first["point_index"].values[first.attrs["reference"]])
+    out = xr.concat([_result_view(first_kept, order=1), dense], dim="space", coords="minimal",
+                    compat="override", combine_attrs="drop")
+    out = out.isel(space=np.argsort(out["point_index"].values, kind="stable"))
+    area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
+    out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
+    h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
+    out = out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values)))
+    out.attrs = {"wavelength": float(points.attrs["wavelength"]),
+                 "mother_time": str(points.attrs.get("mother_time", ""))}
+    section = config.atmosphere
+    if section.method != "none":
+        out = _fit_with_atmosphere(out, devices=devices)
+        if section.correlated_height:
+            out = estimate_correlated_height(out)
+    out = out.drop_vars("h2ph")
+    fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
+    out.attrs = dict(points.attrs) | fitted
+    out.attrs.pop("interferogram", None)
+    out.attrs.update({
+        "wavelength": float(points.attrs["wavelength"]),
+        "mother_time": str(points.attrs.get("mother_time", "")),
+        "reference": reference_global,
+        "reference_radius": float(first.attrs["reference_radius"]),
+        "n_reference_area": int(first.attrs["n_reference_area"]),
+        "n_first_order": int(first.attrs["n_first_order"]),
+        "n_first_order_kept": int(first_kept.sizes["space"]),
+        "n_densified": int((out["order"].values == 2).sum()),
+        "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
+    })
+    return validate(out, "points")
 
 
 def run_ps_chain(
     ps_stm: xr.Dataset,
+    config: ChainConfig | dict | None = None,
     *,
-    first_order: int | float | None = None,
-    network_method: Literal["delaunay", "redundant"] = "redundant",
-    height_range: tuple[float, float] = DEFAULT_HEIGHT_RANGE,
-    velocity_range: tuple[float, float] = DEFAULT_VELOCITY_RANGE,
-    min_arc_coherence: float = DEFAULT_MIN_COHERENCE,
-    alpha: float = 0.001,
-    reference: int | None = None,
-    reference_radius: float | None = DEFAULT_REFERENCE_RADIUS,
-    atmosphere: Literal["auto", "kriging", "gaussian"] | None = "auto",
-    temporal_window: float = DEFAULT_TEMPORAL_WINDOW,
-    correlated_height: bool = True,
-    reference_noise: bool = True,
-    k: int = DEFAULT_K,
-    min_coherence: float = 0.7,
-    solver: str = "auto",
+    devices: Devices = None,
+    **overrides: Any,
 ) -> xr.Dataset:
-    """Run the PS chain from a point STM to the result STM.
+    """Run the PS chain from a point STM to the result STM: the steps of this module in turn.
 
     Parameters
     ----------
@@ -99,41 +391,22 @@ def run_ps_chain(
         Point STM with wrapped single-mother ``phase`` (or ``complex`` SLC values, from which
         interferograms are formed), ``h2ph``, ``azimuth``/``range`` (or ``x``/``y``), ``time``
         and ``wavelength``; ``amplitude_dispersion`` chooses the first-order points.
-    first_order
-        An int: that many points of lowest amplitude dispersion form the first-order network;
-        a float: those with amplitude dispersion at or below it; ``None``:
-        :data:`DEFAULT_FIRST_ORDER` best.
-    network_method
-        ``"redundant"`` (default: many loops for arc testing) or ``"delaunay"``.
-    height_range, velocity_range
-        Periodogram search ranges of arc differences (m, m/yr).
-    min_arc_coherence, alpha, reference
-        Network integration: arc coherence threshold, w-test significance, reference point
-        (index into ``ps_stm.space``; ``None`` chooses one near the centre).
-    reference_radius
-        Radius (m) of the reference area around the reference point: every result is relative
-        to the plain mean over the first-order network points within it, which averages out
-        the reference point's own noise (StaMPS' ``ref_radius``). ``None`` or 0: relative to
-        the reference point alone. See
-        :func:`~depsi.processing.integration.apply_reference_area`.
-    atmosphere
-        Method of :func:`~depsi.processing.atmosphere.estimate_atmosphere`; ``None`` skips it.
-    temporal_window
-        Low-pass width (years) separating unmodelled deformation from atmosphere.
-    correlated_height
-        After densification, move the atmosphere's projection on the baselines (a smooth
-        field in the height errors) into the screen, predicted from all result points; see
-        :func:`~depsi.processing.correlated_height.estimate_correlated_height`. Assumes DEM
-        errors are uncorrelated with the atmosphere; spatially correlated DEM errors are
-        recognised from the heights' variogram and left in the heights. Needs
-        ``atmosphere``.
-    reference_noise
-        Estimate the reference point's own noise from its neighbours and remove it from every
-        point (:func:`~depsi.processing.integration.remove_reference_noise`).
-    k, min_coherence
-        Densification: first-order points per candidate and the acceptance threshold.
-    solver
-        Where the periodograms run: ``"auto"``, ``"numpy"`` or ``"cupy"``.
+    config
+        A :class:`ChainConfig` (or a mapping of its sections); default: every default. The
+        same object ``depsi run`` reads from the YAML file's sections.
+    devices
+        Devices the chunks of every step are spread over, round-robin (e.g.
+        ``["cuda:0", "cuda:1"]``); default: those of
+        :func:`depsi.kernels.backend.configure_devices`.
+    **overrides
+        A section by name with a mapping of its fields (``network={"k": 3}``), or a flat
+        keyword of :data:`KEYWORDS`: ``first_order`` (count of first-order points),
+        ``max_dispersion``, ``network_method``, ``max_arc_length``, ``height_range``,
+        ``velocity_range``, ``min_arc_coherence``, ``alpha``, ``max_iterations``,
+        ``reference`` (index into ``ps_stm.space``), ``reference_radius``,
+        ``reference_noise``, ``atmosphere`` (``None`` for ``"none"``), ``temporal_window``,
+        ``correlated_height``, ``k``, ``max_distance``, ``min_coherence`` (densification).
+        See the sections' field descriptions (``depsi config --example``).
 
     Returns
     -------
@@ -155,100 +428,20 @@ def run_ps_chain(
     >>> result = run_ps_chain(ps_selection(stack), first_order=40)
     >>> result.attrs["n_first_order"], result.attrs["n_densified"] > 0
     (40, True)
-    >>> coherent = result.velocity.where(result.temporal_coherence > 0.8)
     >>> sorted(result.order.to_series().unique().tolist())
     [1, 2]
     """
-    points = ps_stm
-    if "complex" in points and (("phase" not in points) or "interferogram" not in points.attrs):
-        # SLC values (e.g. straight from ps_selection, whose ``phase`` is the SLC phase):
-        # form single-mother interferograms first
-        from depsi.processing.interferogram import single_mother_interferograms
-
-        points = single_mother_interferograms(points)
-    validate(points, "points", require=("phase", "h2ph"), require_wavelength=True)
-    points = points.assign_coords(point_index=("space", np.arange(points.sizes["space"])))
-    first_idx = _first_order_indices(points, first_order)
-    ref_local = None
-    if reference is not None:
-        found = np.flatnonzero(first_idx == int(reference))
-        if not found.size:
-            raise ValueError(f"reference: point {reference} is not among the first-order "
-                             f"points; choose one with low amplitude dispersion")
-        ref_local = int(found[0])
-    first = points.isel(space=first_idx).compute()
-    options = dict(method=network_method, height_range=height_range,
-                   velocity_range=velocity_range, min_coherence=min_arc_coherence, alpha=alpha,
-                   solver=solver)
-    result = _network_pass(first, reference=ref_local, **options)
-    if atmosphere is not None:
-        keep = np.flatnonzero(result["in_network"].values)
-        network = result.isel(space=keep)
-        # a new attrs dict: isel shares the parent's, which must keep the global reference
-        network.attrs = {**result.attrs,
-                         "reference": int(np.flatnonzero(keep == result.attrs["reference"])[0])}
-        net = estimate_atmosphere(network, method=atmosphere, temporal_window=temporal_window)
-        corrected = first.isel(space=keep)
-        corrected["phase"] = wrap_phase(corrected["phase"] - net["aps"].values).astype(np.float32)
-        ref_local = int(np.flatnonzero(keep == result.attrs["reference"])[0])
-        second = _network_pass(corrected, reference=ref_local, **options)
-        second["aps"] = net["aps"]
-        second["aps_observed"] = net["aps_observed"]
-        second.attrs.update({a: net.attrs[a] for a in net.attrs
-                             if a.startswith("variogram_") or a == "aps_method"})
-        result = second
-    else:
-        result["aps"] = xr.zeros_like(result["unwrapped_phase"])
-    if reference_noise:
-        result = remove_reference_noise(result)
-    # before densification: densified points are tied to these values and reference phase
-    result = apply_reference_area(result, reference_radius)
-    first_kept = result.isel(space=np.flatnonzero(result["in_network"].values))
-    reference_global = int(first_kept["point_index"].values[
-        int(np.flatnonzero(first_kept["point_index"].values
-                           == result["point_index"].values[result.attrs["reference"]])[0])])
-
-    others = np.setdiff1d(np.arange(points.sizes["space"]), first_kept["point_index"].values)
-    pieces = [_result_view(first_kept, order=1)]
-    if others.size:
-        dense = densify(points.isel(space=others), first_kept, k=k,
-                        min_coherence=min_coherence, height_range=height_range,
-                        velocity_range=velocity_range, solver=solver).compute()
-        accepted = dense.isel(space=np.flatnonzero(dense["accepted"].values))
-        pieces.append(_result_view(accepted, order=2))
-        logger.info("densification: %d of %d candidates accepted", accepted.sizes["space"],
-                    others.size)
-    out = xr.concat(pieces, dim="space", coords="minimal", compat="override",
-                    combine_attrs="drop")
-    out = out.isel(space=np.argsort(out["point_index"].values, kind="stable"))
-    area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
-    out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
-    h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
-    out = out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values)))
-    out.attrs = {"wavelength": float(points.attrs["wavelength"]),
-                 "mother_time": str(points.attrs.get("mother_time", ""))}
-    if atmosphere is not None:
-        out = _fit_with_atmosphere(out, solver=solver)
-        if correlated_height:
-            out = estimate_correlated_height(out)
-    out = out.drop_vars("h2ph")
-    fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
-    out.attrs = {k: v for k, v in ps_stm.attrs.items()} | fitted
-    out.attrs.update({
-        "wavelength": float(points.attrs["wavelength"]),
-        "mother_time": str(points.attrs.get("mother_time", "")),
-        "reference": reference_global,
-        "reference_radius": float(result.attrs["reference_radius"]),
-        "n_reference_area": int(result.attrs["n_reference_area"]),
-        "n_first_order": int(len(first_idx)),
-        "n_first_order_kept": int(first_kept.sizes["space"]),
-        "n_densified": int((out["order"].values == 2).sum()),
-        "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
-    })
-    return validate(out, "points")
+    config = chain_config(config, **overrides)
+    points = prepare_points(ps_stm)
+    network = network_step(points, config)
+    arcs = arcs_step(network, config, devices=devices)
+    first = integration_step(network, arcs, config)
+    first = atmosphere_step(network, first, config, devices=devices)
+    dense = densification_step(points, first, config, devices=devices)
+    return model_step(points, first, dense, config, devices=devices)
 
 
-def _fit_with_atmosphere(out: xr.Dataset, *, solver: str) -> xr.Dataset:
+def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     """Velocity and height error fitted to each point's unwrapped phase *with* its atmosphere.
 
     The estimated screen serves unwrapping and the displacement series, but its own error
@@ -263,7 +456,7 @@ def _fit_with_atmosphere(out: xr.Dataset, *, solver: str) -> xr.Dataset:
     full = (out["unwrapped_phase"] + out["aps"]).transpose("space", "time") / m2ph
     observed = out[["h2ph"]].assign(observed=full.astype(np.float64))
     fit = estimate_model(observed, terms=("offset", "velocity", "height_error"),
-                         variable="observed", solver=solver).compute()
+                         variable="observed", devices=devices).compute()
     velocity = fit["velocity"].values
     height = fit["height_error"].values
     ok = np.isfinite(velocity) & np.isfinite(height)

@@ -10,12 +10,23 @@ embarrassingly parallel (DESIGN.md §1).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+import dask.array as da
 import numpy as np
 import xarray as xr
+from pydantic import Field
 from scipy.spatial import cKDTree
 
-from depsi.kernels.backend import get_namespace, to_host
+from depsi.kernels.backend import (
+    Device,
+    chunk_device,
+    chunk_index,
+    resolve_devices,
+    to_device,
+    to_host,
+    use_device,
+)
 from depsi.kernels.periodogram import MISSING_AMBIGUITY, periodogram
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
 from depsi.processing.atmosphere import interpolate_aps
@@ -26,6 +37,7 @@ from depsi.processing.network import (
     time_in_years,
     wrap_phase,
 )
+from depsi.sections import Section
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -35,6 +47,18 @@ DEFAULT_MIN_COHERENCE = 0.7
 #: First-order points tied to each candidate by default.
 DEFAULT_K = 3
 
+
+class DensificationConfig(Section):
+    """Densification: every other point tied to its nearest first-order points."""
+
+    k: int = Field(DEFAULT_K, ge=1, description="First-order points each candidate is tied to.")
+    max_distance: float | None = Field(
+        None, gt=0, description="Longest arc from a candidate to a first-order point, m; "
+                                "null: no limit.")
+    min_coherence: float = Field(
+        DEFAULT_MIN_COHERENCE, ge=0, le=1,
+        description="Candidates with a lower temporal coherence are not kept.")
+
 _TWO_PI = 2.0 * np.pi
 _FIRST = "first_order"
 _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase": np.float32,
@@ -43,8 +67,10 @@ _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase
 
 
 def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min_coherence,
-                   height_range, velocity_range, solver) -> xr.Dataset:
-    """Densify one chunk of candidates against all first-order points (NumPy in and out)."""
+                   height_range, velocity_range, height_step, velocity_step, devices,
+                   chunk_starts) -> xr.Dataset:
+    """Densify one chunk of candidates against all first-order points (NumPy in and out; the
+    periodogram on the chunk's device)."""
     n, T = block.sizes["space"], block.sizes["time"]
     years = time_in_years(block)
     wavelength = float(block.attrs["wavelength"])
@@ -76,12 +102,15 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
 
     arc_phase = wrap_phase(base[:, None, :] - f_unw[idx])  # (n, k, T)
     arc_h2ph = 0.5 * (h2ph[:, None, :] + f_h2ph[idx])
-    xp = get_namespace(solver)
     if n:
-        res = periodogram(xp.asarray(arc_phase.reshape(n * k_eff, T)),
-                          xp.asarray(arc_h2ph.reshape(n * k_eff, T)), years,
-                          wavelength=wavelength, height_range=height_range,
-                          velocity_range=velocity_range)
+        position = int(block["chunk_position"].values[0])
+        device = chunk_device(devices, chunk_index(chunk_starts, position))
+        with use_device(device):
+            res = periodogram(to_device(arc_phase.reshape(n * k_eff, T), device),
+                              to_device(arc_h2ph.reshape(n * k_eff, T), device), years,
+                              wavelength=wavelength, height_range=height_range,
+                              velocity_range=velocity_range, height_step=height_step,
+                              velocity_step=velocity_step)
         d_vel = to_host(res.velocity).reshape(n, k_eff)
         d_hgt = to_host(res.height_error).reshape(n, k_eff)
         coh = to_host(res.coherence).reshape(n, k_eff)
@@ -160,7 +189,9 @@ def densify(
     min_coherence: float = DEFAULT_MIN_COHERENCE,
     height_range: tuple[float, float] = DEFAULT_HEIGHT_RANGE,
     velocity_range: tuple[float, float] = DEFAULT_VELOCITY_RANGE,
-    solver: str = "auto",
+    height_step: float | None = None,
+    velocity_step: float | None = None,
+    devices: Sequence[Device | str | int] | None = None,
 ) -> xr.Dataset:
     """Estimate every candidate point from arcs to its ``k`` nearest first-order points.
 
@@ -181,10 +212,12 @@ def densify(
         Arcs longer than this (m) are not used (``None``: no limit).
     min_coherence
         Candidates whose combined temporal coherence is below this get ``accepted = False``.
-    height_range, velocity_range
-        Periodogram search ranges of the arc differences (m, m/yr).
-    solver
-        ``"auto"``, ``"numpy"`` or ``"cupy"`` for the periodogram.
+    height_range, velocity_range, height_step, velocity_step
+        Periodogram search ranges and grid steps of the arc differences (m, m/yr); see
+        :func:`depsi.processing.arcs.estimate_arcs`.
+    devices
+        Devices the candidate chunks are spread over, round-robin; default: those of
+        :func:`depsi.kernels.backend.configure_devices`.
 
     Returns
     -------
@@ -227,9 +260,10 @@ def densify(
     # would otherwise become one chunk, inconsistent with the data
     cand = cand.chunk({"space": cand["phase"].chunks[0], "time": -1})
     n, T = cand.sizes["space"], cand.sizes["time"]
-    template = xr.Dataset(coords=cand.coords, attrs=cand.attrs)
+    chosen = resolve_devices(devices)
     space_chunks = cand.chunks["space"]
-    import dask.array as da
+    cand["chunk_position"] = ("space", da.arange(n, chunks=(space_chunks,)))
+    template = xr.Dataset(coords=cand.coords, attrs=cand.attrs)
 
     for name, dtype in _OUTPUTS.items():
         if name in ("velocity", "height_error", "temporal_coherence", "accepted", "n_arcs"):
@@ -241,7 +275,9 @@ def densify(
         _densify_block, cand, args=[table], template=template,
         kwargs=dict(k=int(k), max_distance=max_distance, min_coherence=min_coherence,
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
-                    solver=solver))
+                    height_step=height_step, velocity_step=velocity_step,
+                    devices=tuple(chosen),
+                    chunk_starts=tuple(int(c) for c in np.cumsum((0,) + space_chunks)[:-1])))
     result.attrs.update({"densify_k": int(k), "densify_min_coherence": min_coherence})
     logger.info("densification of %d candidates against %d first-order points (lazy)",
                 n, table.sizes[_FIRST])

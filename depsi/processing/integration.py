@@ -15,6 +15,7 @@ import logging
 import numpy as np
 import scipy.sparse as sp
 import xarray as xr
+from pydantic import Field
 from scipy.linalg import lapack
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
@@ -26,6 +27,7 @@ from depsi.processing.network import (
     time_in_years,
     wrap_phase,
 )
+from depsi.sections import Section
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,37 @@ DEFAULT_ALPHA = 0.001
 #: At most this many testing iterations (each removes the worst failing arc of every
 #: independent part of the network, then solves again).
 DEFAULT_MAX_ITERATIONS = 100
+
+#: Radius (m) of the reference area: results are relative to the mean over the first-order
+#: network points within it (about 250 points at 2000 first-order points per 100 km^2). The
+#: datum error is spatially correlated over about a kilometre (atmosphere finer than the
+#: screen estimate, projected on the baselines), so smaller areas average little of it out.
+DEFAULT_REFERENCE_RADIUS = 2000.0
+
+
+class IntegrationConfig(Section):
+    """Spatial integration of the arcs over the network, arc testing and the reference."""
+
+    min_coherence: float = Field(
+        DEFAULT_MIN_COHERENCE, ge=0, le=1,
+        description="Arcs with a lower ensemble coherence are not used.")
+    alpha: float = Field(
+        DEFAULT_ALPHA, gt=0, lt=1, description="Significance level of each arc's w-test "
+                                               "(family-wise over its misclosures).")
+    max_iterations: int = Field(
+        DEFAULT_MAX_ITERATIONS, ge=0, description="Most testing iterations (each removes the "
+                                                  "worst failing arcs and solves again).")
+    reference: int | None = Field(
+        None, ge=0, description="Reference point: its index along the space of the point STM "
+                                "(a first-order point); null: the most coherent point near "
+                                "the centre of the network.")
+    reference_radius: float | None = Field(
+        DEFAULT_REFERENCE_RADIUS, ge=0,
+        description="Results are relative to the mean over the network points within this "
+                    "distance (m) of the reference point; null or 0: the point alone.")
+    reference_noise: bool = Field(
+        True, description="Estimate the reference point's own noise from its neighbours and "
+                          "remove it from every point.")
 #: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
 #: normal matrix (``n^2`` floats); above, from random probes.
 EXACT_REDUNDANCY_POINTS = 1000

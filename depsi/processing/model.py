@@ -19,9 +19,7 @@ import xarray as xr
 from depsi.kernels.backend import (
     Device,
     array_namespace,
-    get_devices,
-    get_namespace,
-    parse_device,
+    resolve_devices,
     to_device,
     to_host,
     use_device,
@@ -43,26 +41,6 @@ def _term_names(terms: Sequence[str], extra: Mapping[str, Any]) -> list[str]:
     _, names = design_matrix(np.zeros(1), terms=terms, h2ph=np.zeros(1),
                              extra={k: np.zeros(1) for k in extra})
     return names
-
-
-def _resolve_devices(solver: str, devices: Sequence[Device | str | int] | None) -> list[Device]:
-    """The devices blocks run on, consistent with ``solver``; raises before any work."""
-    chosen = [parse_device(d) for d in devices] if devices is not None else None
-    if solver == "numpy":
-        chosen = chosen or [Device("cpu", 0)]
-        if any(d.kind != "cpu" for d in chosen):
-            raise ValueError(f"solver 'numpy' runs on CPU devices only, found {chosen}")
-    elif solver == "cupy":
-        get_namespace("cupy")  # raises with the reason when CuPy or the GPU does not work
-        chosen = chosen or [d for d in get_devices() if d.kind == "cuda"]
-        if not chosen or any(d.kind != "cuda" for d in chosen):
-            raise ValueError(f"solver 'cupy' runs on CUDA devices only, found {chosen}")
-    else:
-        get_namespace(solver)  # validates the name
-        chosen = chosen or get_devices()
-    if not chosen:
-        raise ValueError("devices: expected at least one device, found none")
-    return chosen
 
 
 def _as_time_vector(values: Any, name: str, n_time: int) -> np.ndarray:
@@ -121,7 +99,6 @@ def estimate_model(
     variable: str = "displacement",
     weights: str | xr.DataArray | None = None,
     extra: Mapping[str, Any] | None = None,
-    solver: str = "auto",
     devices: Sequence[Device | str | int] | None = None,
 ) -> xr.Dataset:
     """Fit a temporal displacement model to every point, lazily per space chunk.
@@ -149,8 +126,6 @@ def estimate_model(
     extra
         User regressors, name to ``(time,)`` values (e.g. temperature); coefficients in metres
         per unit.
-    solver
-        ``"auto"``, ``"numpy"`` or ``"cupy"`` (which raises where no GPU works).
     devices
         Devices to spread chunks over, round-robin by chunk index (e.g. ``["cuda:0", "cuda:1"]``
         or ``["cpu:0", "cpu:1"]``); default :func:`depsi.kernels.backend.get_devices`.
@@ -176,7 +151,7 @@ def estimate_model(
     >>> t = np.array([0.0, 0.498, 1.002])
     >>> d = np.array([0.001 + 0.01 * t, -0.002 * t]).astype("f4")
     >>> stm = xr.Dataset({"displacement": (("space", "time"), d)}, coords={"time": time})
-    >>> est = estimate_model(stm, terms=("offset", "velocity"), solver="numpy")
+    >>> est = estimate_model(stm, terms=("offset", "velocity"), devices=["cpu"])
     >>> est.velocity.round(4).values.tolist()
     [0.01, -0.002]
     """
@@ -202,7 +177,7 @@ def estimate_model(
     time_years = years_since(stm["time"].values)
     regressors = {k: _as_time_vector(v, k, stm.sizes["time"]) for k, v in extra.items()}
     names = _term_names(terms, regressors)  # validates the term names
-    chosen = _resolve_devices(solver, devices)
+    chosen = resolve_devices(devices)
 
     y = obs.transpose("space", "time").data
     chunks = y.chunks[0] if isinstance(y, da.Array) else -1

@@ -13,6 +13,9 @@ from typing import Literal
 import dask.array as da
 import numpy as np
 import xarray as xr
+from pydantic import Field, field_validator
+
+from depsi.sections import Section
 from scipy.spatial import Delaunay, QhullError, cKDTree
 
 from depsi.stm.schema import STMValidationError, validate
@@ -29,6 +32,26 @@ DEFAULT_RANGE_SPACING = 4.0
 ARC_CHUNK = 65536
 
 _TWO_PI = 2.0 * np.pi
+
+
+class NetworkConfig(Section):
+    """The first-order network: which points carry it, and the arcs between them."""
+
+    first_order: int = Field(
+        2000, ge=3, description="First-order points: this many of lowest amplitude "
+                                "dispersion (all points when the STM has no "
+                                "amplitude_dispersion).")
+    max_dispersion: float | None = Field(
+        None, gt=0, description="Only points with amplitude dispersion at or below this can "
+                                "be first order; null: no limit.")
+    method: Literal["redundant", "delaunay"] = Field(
+        "redundant", description="redundant: each point tied to its k nearest neighbours in "
+                                 "each of n_sectors directions (many loops for arc testing); "
+                                 "delaunay: the triangulation.")
+    k: int = Field(2, ge=1, description="Neighbours per direction sector (redundant).")
+    n_sectors: int = Field(8, ge=1, description="Direction sectors (redundant).")
+    max_length: float | None = Field(
+        None, gt=0, description="Longest arc kept, metres; null keeps every arc.")
 
 
 def wrap_phase(phase):
@@ -187,6 +210,47 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
     return arcs
 
 
+def network_edges(
+    positions: np.ndarray,
+    *,
+    method: Literal["delaunay", "redundant"] = "delaunay",
+    k: int = 2,
+    n_sectors: int = 8,
+    max_length: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arcs (``source < target`` index pairs) among points at ``positions`` (m, ``(n, 2)``).
+
+    See :func:`form_network` for ``method``, ``k``, ``n_sectors`` and ``max_length``.
+
+    Examples
+    --------
+    >>> source, target = network_edges(np.array([[0.0, 0], [10, 0], [0, 10], [10, 10]]))
+    >>> len(source)
+    5
+    """
+    n = len(positions)
+    if method == "delaunay":
+        if n < 3:
+            raise ValueError(f"points: expected at least 3 points for a Delaunay network, "
+                             f"found {n}")
+        source, target = delaunay_edges(positions)
+        if max_length is not None:
+            length = np.hypot(*(positions[target] - positions[source]).T)
+            keep = length <= max_length
+            source, target = source[keep], target[keep]
+    elif method == "redundant":
+        if k < 1 or n_sectors < 1:
+            raise ValueError(f"k, n_sectors: expected >= 1, found k={k}, n_sectors={n_sectors}")
+        source, target = redundant_edges(positions, k=k, n_sectors=n_sectors,
+                                         max_length=max_length)
+    else:
+        raise ValueError(f"method: expected 'delaunay' or 'redundant', found {method!r}")
+    if len(source) == 0:
+        raise ValueError(f"network: no arcs formed among {n} points (max_length={max_length})")
+    logger.info("network (%s): %d arcs among %d points", method, len(source), n)
+    return source, target
+
+
 def form_network(
     points: xr.Dataset,
     *,
@@ -240,30 +304,12 @@ def form_network(
     ('arc', 'time')
     """
     validate(points, "points", require=("phase", "h2ph"))
-    n = points.sizes["space"]
     positions = point_positions(points, azimuth_spacing=azimuth_spacing,
                                 range_spacing=range_spacing)
-    if method == "delaunay":
-        if n < 3:
-            raise ValueError(f"points: expected at least 3 points for a Delaunay network, "
-                             f"found {n}")
-        source, target = delaunay_edges(positions)
-        if max_length is not None:
-            length = np.hypot(*(positions[target] - positions[source]).T)
-            keep = length <= max_length
-            source, target = source[keep], target[keep]
-    elif method == "redundant":
-        if k < 1 or n_sectors < 1:
-            raise ValueError(f"k, n_sectors: expected >= 1, found k={k}, n_sectors={n_sectors}")
-        source, target = redundant_edges(positions, k=k, n_sectors=n_sectors,
-                                         max_length=max_length)
-    else:
-        raise ValueError(f"method: expected 'delaunay' or 'redundant', found {method!r}")
-    if len(source) == 0:
-        raise ValueError(f"network: no arcs formed among {n} points (max_length={max_length})")
+    source, target = network_edges(positions, method=method, k=k, n_sectors=n_sectors,
+                                   max_length=max_length)
     arcs = arcs_from_edges(points, source, target, positions)
     arcs.attrs["network_method"] = method
-    logger.info("network (%s): %d arcs among %d points", method, len(source), n)
     return validate(arcs, "arcs")
 
 

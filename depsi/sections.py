@@ -1,0 +1,68 @@
+"""The base of every configuration section: a strict pydantic model.
+
+Each processing step defines its parameters and their defaults once, as a section derived from
+:class:`Section` beside the step's code; :mod:`depsi.pipeline.config` composes those sections
+into the YAML file's model. Unknown keys are errors, numbers must be finite, and text is one
+printable line (values reach log lines and batch scripts).
+
+Examples
+--------
+>>> from pydantic import Field
+>>> class Demo(Section):
+...     k: int = Field(3, ge=1, description="Neighbours.")
+>>> Demo(k=4).k
+4
+>>> Demo(k=2.0).k  # a whole number written as a float is still a count
+2
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class Section(BaseModel):
+    """A configuration section: unknown keys forbidden, finite numbers, assignment validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_line_of_text(cls, value: Any) -> Any:
+        """Strings reach log lines and batch scripts: no newlines or control characters."""
+        for text in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(text, (str, Path)) and _CONTROL.search(str(text)):
+                raise ValueError(f"expected one line of printable text, found control "
+                                 f"character(s) in {str(text)[:60]!r}")
+        return value
+
+
+def ordered_pair(pair: tuple[float, float], name: str) -> tuple[float, float]:
+    """``pair`` when ``pair[0] < pair[1]``, else a ValueError naming ``name``."""
+    if not pair[0] < pair[1]:
+        raise ValueError(f"{name}: expected [low, high] with low < high, got {list(pair)}")
+    return pair
+
+
+def describe_errors(err: Any) -> list[str]:
+    """One line per problem of a pydantic ``ValidationError``: the dotted key, what was
+    expected and (cut to 200 characters) the value found."""
+    lines = []
+    for error in err.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key!r}")
+        elif error["type"] == "value_error" or "input" not in error:
+            lines.append(f"{key}: {message}")
+        else:
+            shown = repr(error["input"])
+            shown = shown if len(shown) <= 200 else shown[:200] + "..."
+            lines.append(f"{key}: {message} (got {shown})")
+    return lines

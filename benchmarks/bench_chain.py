@@ -169,7 +169,7 @@ def bench_end_to_end(shape, n_epochs=N_EPOCHS):
 
 def main(argv):
     quick = "--quick" in argv
-    print(f"bench_chain: {os.cpu_count()} CPUs, NumPy solver")
+    print(f"bench_chain: {os.cpu_count()} CPUs, devices: CPU")
     bench_arcs()
     bench_integration([1_000, 10_000] if quick else [1_000, 10_000, 100_000])
     bench_densification(n_candidates=10_000 if quick else 50_000)

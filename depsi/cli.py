@@ -14,7 +14,8 @@ from pathlib import Path
 logger = logging.getLogger("depsi.cli")
 
 #: Steps of ``depsi run --from/--to`` (the pipeline runner's ``STEPS``).
-STEP_NAMES = ("stack", "selection", "chain", "export")
+STEP_NAMES = ("stack", "selection", "network", "arcs", "integration", "atmosphere",
+              "densification", "model", "export")
 
 DESCRIPTION = """\
 depsi: Persistent Scatterer InSAR time series on space-time matrices (STM).
@@ -22,7 +23,7 @@ depsi: Persistent Scatterer InSAR time series on space-time matrices (STM).
 An STM is an xarray Dataset with dims (space, time), stored as chunked Zarr and
 processed lazily with Dask. Commands:
 
-  depsi run CONFIG.yaml      run the pipeline (stack, selection, chain, export) in a workspace;
+  depsi run CONFIG.yaml      run the pipeline (stack, selection, the chain's steps, export);
                              --resume continues after the last complete product, --from/--to
   depsi config --example     write a commented example configuration (every key, its default)
   depsi slurm-script CONFIG  write an sbatch script whose job runs `depsi run CONFIG --resume`

@@ -33,6 +33,7 @@ SIMULATE = {"shape": [120, 120], "n_epochs": 20, "seed": 7, "ps_fraction": 0.03}
 
 def config_data(workspace: Path, **compute) -> dict:
     return {"input": {"simulate": dict(SIMULATE)},
+            "network": {"first_order": 150},  # the other points go through densification
             "output": {"workspace": str(workspace), "exports": ["csv"]},
             "compute": {"scheduler": "threads", "threads": 2, **compute}}
 
@@ -94,26 +95,47 @@ def _run_and_kill_when(config_path: Path, ready, timeout: float = 120.0,
     assert process.returncode == -signal.SIGKILL
 
 
-def test_sigkilled_run_resumes_without_redoing_finished_steps(reference, tmp_path):
+#: A `depsi run` that stalls inside densification (after the atmosphere step's product and
+#: manifest are written), touching a flag file: the kill lands in that step every time.
+_STALLING_DENSIFICATION = """
+import pathlib, sys, time
+import depsi.processing.chain as chain
+def stall(*args, **kwargs):
+    pathlib.Path(sys.argv[2]).touch()
+    time.sleep(600)
+chain.densify = stall
+from depsi.cli import main
+sys.exit(main(["run", sys.argv[1], "--no-progress"]))
+"""
+
+EARLIER = ("stack", "selection", "network", "arcs", "integration", "atmosphere")
+
+
+def test_sigkill_inside_densification_resumes_without_redoing_earlier_steps(reference,
+                                                                             tmp_path):
     workspace = tmp_path / "ws"
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config_data(workspace)))
-    selection_done = manifest_path(workspace, "selection")
-    _run_and_kill_when(config_path, selection_done.exists)  # the chain step has just begun
+    stalled = tmp_path / "stalled"
+    _run_and_kill_when(config_path, stalled.exists, command=[
+        sys.executable, "-c", _STALLING_DENSIFICATION, str(config_path), str(stalled)])
 
-    assert not manifest_path(workspace, "chain").exists()
-    manifest_before = selection_done.read_text()
-    stamps = {p: p.stat().st_mtime_ns for p in (selection_done, workspace / "ps.zarr")}
+    assert not manifest_path(workspace, "densification").exists()
+    manifests = {step: manifest_path(workspace, step).read_text() for step in EARLIER}
+    products = [workspace / name for name in ("ps.zarr", "network.zarr", "arcs.zarr",
+                                              "integration.zarr", "atmosphere.zarr")]
+    stamps = {p: p.stat().st_mtime_ns for p in products}
 
     from depsi.cli import main
 
     assert main(["run", str(config_path), "--resume", "--no-progress"]) == 0
-    assert selection_done.read_text() == manifest_before
+    assert {step: manifest_path(workspace, step).read_text() for step in EARLIER} == manifests
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     log = (workspace / "depsi.log").read_text().split("--resume")[-1]
     last_run = log[log.rfind("depsi run: steps"):]
-    assert "step selection: skipped" in last_run and "step stack: skipped" in last_run
-    assert "step chain: redone (no manifest chain.done.json)" in last_run
+    for step in EARLIER:
+        assert f"step {step}: skipped" in last_run, step
+    assert "step densification: redone (no manifest densification.done.json)" in last_run
     assert not list(workspace.glob(".*writing*"))
     assert_same_result(workspace, reference)
 
@@ -129,10 +151,10 @@ def test_sigkill_while_the_product_is_being_written_leaves_no_trusted_product(re
     # killed with the complete result in its temporary sibling, not yet under its name
     assert list(workspace.glob(".stm.zarr.*"))
     assert not (workspace / "stm.zarr").exists()
-    assert not manifest_path(workspace, "chain").exists()
+    assert not manifest_path(workspace, "model").exists()
     summary = run_pipeline(parse_config(config_data(workspace)), resume=True, progress=False)
-    assert summary.steps["chain"].status == "ran"
-    assert summary.steps["selection"].status == "skipped"
+    assert summary.steps["model"].status == "ran"
+    assert summary.steps["densification"].status == "skipped"
     assert not list(workspace.glob(".stm.zarr.*"))
     assert_same_result(workspace, reference)
 
@@ -229,7 +251,7 @@ def test_workers_with_a_small_memory_limit_complete_the_chain(large_stack, tmp_p
     result = open_stm(tmp_path / "ws" / "stm.zarr")
     # The tiled scene is not one physical scene: its deformation, atmosphere and h2ph jump at
     # every tile seam, so arcs across seams are rightly rejected; a fair share must survive.
-    assert summary.steps["chain"].counts["points"] == result.sizes["space"]
+    assert summary.steps["model"].counts["points"] == result.sizes["space"]
     assert result.sizes["space"] > 0.1 * summary.steps["selection"].counts["selected"]
     assert np.isfinite(result["velocity"].values).all()
     assert np.isfinite(result["displacement"].values).all()
@@ -264,5 +286,5 @@ def test_local_cluster_run_survives_a_worker_killed_mid_step(reference, tmp_path
     summary = run_pipeline(config, progress=False)
     killer.join(timeout=5)
     assert killed, "no worker process was found to kill"
-    assert summary.steps["chain"].status == "ran"
+    assert summary.steps["model"].status == "ran"
     assert_same_result(workspace, reference)

@@ -14,7 +14,7 @@ import yaml
 from depsi.cli import main
 from depsi.io import open_stm
 from depsi.pipeline import PipelineError, RunSummary, load_config, parse_config, run_pipeline
-from depsi.pipeline.runner import chain_options, manifest_path, product_fingerprint
+from depsi.pipeline.runner import PRODUCTS, STEPS, manifest_path, product_fingerprint
 
 SMALL = {"input": {"simulate": {"shape": [96, 96], "n_epochs": 16, "seed": 4,
                                 "ps_fraction": 0.04}},
@@ -41,13 +41,12 @@ def test_run_writes_every_product_and_its_manifest(finished):
     config, summary = finished
     workspace = config.output.workspace
     assert isinstance(summary, RunSummary)
-    assert [r.status for r in summary.steps.values()] == ["ran"] * 4
-    for step, product in (("stack", "stack.zarr"), ("selection", "ps.zarr"),
-                          ("chain", "stm.zarr"), ("export", "exports")):
+    assert [r.status for r in summary.steps.values()] == ["ran"] * len(STEPS)
+    for step, product in PRODUCTS.items():
         manifest = json.loads(manifest_path(workspace, step).read_text())
         assert manifest["fingerprint"] == product_fingerprint(workspace / product)
     result = open_stm(workspace / "stm.zarr")
-    assert summary.steps["chain"].counts["points"] == result.sizes["space"] > 50
+    assert summary.steps["model"].counts["points"] == result.sizes["space"] > 50
     table = pd.read_csv(workspace / "exports" / "points.csv")
     np.testing.assert_allclose(table["velocity"], result["velocity"].values, rtol=1e-6)
 
@@ -55,35 +54,38 @@ def test_run_writes_every_product_and_its_manifest(finished):
 def test_run_logs_to_the_workspace_with_a_summary(finished):
     config, summary = finished
     log = (config.output.workspace / "depsi.log").read_text()
-    assert "step chain: done" in log and "depsi run finished" in log
+    assert "step model: done" in log and "step densification: done" in log and "depsi run finished" in log
     assert "stm.zarr" in summary.format() and "selection" in summary.format()
     assert not (config.output.workspace / "depsi.lock").exists()
 
 
 def test_resume_skips_every_finished_step(finished):
     config, _ = finished
-    before = manifest_path(config.output.workspace, "chain").read_text()
+    before = manifest_path(config.output.workspace, "model").read_text()
     summary = run_pipeline(config, resume=True, progress=False)
-    assert [r.status for r in summary.steps.values()] == ["skipped"] * 4
-    assert manifest_path(config.output.workspace, "chain").read_text() == before
+    assert [r.status for r in summary.steps.values()] == ["skipped"] * len(STEPS)
+    assert manifest_path(config.output.workspace, "model").read_text() == before
 
 
-def test_changed_chain_settings_redo_chain_and_export_only(finished, tmp_path):
+def test_changed_densification_settings_redo_only_the_steps_after_it(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
     shutil.copytree(config.output.workspace, workspace)
     changed = small_config(workspace, densification={"min_coherence": 0.8})
     summary = run_pipeline(changed, resume=True, progress=False)
-    assert [r.status for r in summary.steps.values()] == ["skipped", "skipped", "ran", "ran"]
+    ran = [name for name, r in summary.steps.items() if r.status == "ran"]
+    assert ran == ["densification", "model", "export"]
+    assert {r.status for name, r in summary.steps.items() if name not in ran} == {"skipped"}
 
 
 def test_a_product_without_manifest_is_redone_not_trusted(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
     shutil.copytree(config.output.workspace, workspace)
-    manifest_path(workspace, "chain").unlink()
+    manifest_path(workspace, "model").unlink()
     summary = run_pipeline(small_config(workspace), resume=True, progress=False)
-    assert summary.steps["chain"].status == "ran"
+    assert summary.steps["model"].status == "ran"
+    assert summary.steps["densification"].status == "skipped"
     assert summary.steps["export"].status == "ran"  # its input was rewritten
 
 
@@ -96,43 +98,34 @@ def test_a_damaged_product_is_redone_and_stale_temporaries_removed(finished, tmp
     stale = workspace / ".stm.zarr.writing-deadbeef"
     stale.mkdir()
     summary = run_pipeline(small_config(workspace), resume=True, progress=False)
-    assert [r.status for r in summary.steps.values()] == ["skipped", "ran", "ran", "ran"]
+    assert [r.status for r in summary.steps.values()] == ["skipped"] + ["ran"] * (len(STEPS) - 1)
     assert not stale.exists()
     assert "amplitude" in open_stm(workspace / "ps.zarr")
 
 
 def test_from_needs_the_earlier_products_and_names_the_missing_one(finished, tmp_path):
     with pytest.raises(PipelineError, match=r"stack\.zarr"):
-        run_pipeline(small_config(tmp_path / "empty"), start="chain", progress=False)
+        run_pipeline(small_config(tmp_path / "empty"), start="network", progress=False)
     config, _ = finished
     workspace = tmp_path / "ws"
     shutil.copytree(config.output.workspace, workspace)
     shutil.rmtree(workspace / "ps.zarr")
     with pytest.raises(PipelineError, match=r"ps\.zarr is missing"):
-        run_pipeline(small_config(workspace), start="chain", progress=False)
+        run_pipeline(small_config(workspace), start="network", progress=False)
 
 
 def test_from_and_to_run_a_sub_range(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
     shutil.copytree(config.output.workspace, workspace)
-    summary = run_pipeline(small_config(workspace), start="chain", stop="chain",
-                           progress=False)
-    assert [r.status for r in summary.steps.values()] == ["reused", "reused", "ran", "not run"]
+    summary = run_pipeline(small_config(workspace), start="densification",
+                           stop="densification", progress=False)
+    assert [r.status for r in summary.steps.values()] == ["reused"] * 6 + ["ran"] + ["not run"] * 2
 
 
 def test_start_after_stop_is_refused(tmp_path):
     with pytest.raises(ValueError, match="comes after"):
         run_pipeline(small_config(tmp_path), start="export", stop="selection")
-
-
-def test_chain_options_follow_the_config():
-    config = parse_config({"atmosphere": {"method": "none"}, "arcs": {"height_range": 30.0},
-                           "densification": {"k": 3}})
-    options = chain_options(config)
-    assert options["atmosphere"] is None
-    assert options["height_range"] == (-30.0, 30.0)
-    assert options["k"] == 3
 
 
 # ---------------------------------------------------------------------------------------- CLI
@@ -168,7 +161,7 @@ def test_cli_run_then_resume(tmp_path, capsys):
     assert main(["run", str(path), "--to", "selection", "--no-progress"]) == 0
     assert main(["run", str(path), "--resume", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "selection  skipped" in out and "chain      ran" in out
+    assert "selection     skipped" in out and "densification ran" in out
 
 
 def test_cli_slurm_script_has_the_directives_and_runs_resume(tmp_path, capsys):
@@ -252,10 +245,10 @@ def test_run_prints_one_summary_on_stdout_and_no_escapes_when_redirected(tmp_pat
     path.write_text(yaml.safe_dump(data))
     assert main(["run", str(path), "--to", "selection"]) == 0
     out, err = capfd.readouterr()
-    assert out.count("selection  ran") == 1
-    assert "selection  ran" not in err
+    assert out.count("selection     ran") == 1
+    assert "selection     ran" not in err
     assert "\x1b[A" not in out + err and "\r" not in out + err
-    assert "selection  ran" in (tmp_path / "ws" / "depsi.log").read_text()
+    assert "selection     ran" in (tmp_path / "ws" / "depsi.log").read_text()
 
 
 def test_heartbeat_logs_while_a_long_step_runs(caplog):

@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from depsi.processing.arcs import ArcsConfig
+from depsi.processing.atmosphere import AtmosphereConfig
+from depsi.processing.chain import ChainConfig
+from depsi.processing.densification import DensificationConfig
+from depsi.processing.integration import IntegrationConfig
+from depsi.processing.network import NetworkConfig
+from depsi.processing.selection import SelectionConfig
+from depsi.sections import Section as _Section
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +64,6 @@ MAX_CONFIG_DEPTH = 32
 #: Longest value shown in an error message (a huge value is cut, not printed whole).
 _MAX_SHOWN = 200
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _SLURM_NAME = re.compile(r"^[\w.,:+@=/-]+$")
 
 
@@ -65,21 +73,6 @@ def _shown(value: Any) -> str:
         return f"a {type(value).__name__} of {len(value)} items"
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
-
-
-class _Section(BaseModel):
-    # finite numbers only: .inf or .nan is never a meaningful parameter of a step
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _one_line_of_text(cls, value: Any) -> Any:
-        """Strings reach log lines and batch scripts: no newlines or control characters."""
-        for text in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(text, (str, Path)) and _CONTROL.search(str(text)):
-                raise ValueError(f"expected one line of printable text, found control "
-                                 f"character(s) in {str(text)[:60]!r}")
-        return value
 
 
 def _check_bytes(value: str | None, *, allow_auto: bool = True) -> str | None:
@@ -161,82 +154,6 @@ class InputConfig(_Section):
 
 
 # ---------------------------------------------------------------------------- processing steps
-class SelectionConfig(_Section):
-    """Persistent scatterer candidate selection from amplitude statistics."""
-
-    method: Literal["nad", "nmad"] = Field(
-        "nad", description="Amplitude statistic: nad (std/mean) or nmad (MAD/median).")
-    threshold: float = Field(
-        0.25, gt=0, description="Pixels whose statistic is below this value become candidates.")
-    engine: Literal["dask", "stream"] = Field(
-        "dask", description="dask: one lazy graph over the stack; stream: blocks read with a "
-                            "background prefetch queue (lower memory on huge stacks).")
-
-
-class NetworkConfig(_Section):
-    """The first-order network of arcs between selected points."""
-
-    method: Literal["delaunay", "redundant"] = Field(
-        "delaunay", description="delaunay: triangulation; redundant: arcs to the k nearest "
-                                "neighbours (more arcs, more robust).")
-    k: int = Field(8, ge=1, description="Neighbours per point for the redundant network.")
-    max_length: float | None = Field(
-        None, gt=0, description="Longest arc kept, in metres; null keeps every arc.")
-
-
-class ArcsConfig(_Section):
-    """Search grid of the per-arc ensemble-coherence (periodogram) estimation."""
-
-    height_range: float = Field(
-        40.0, gt=0, description="Height errors searched, -range..+range, in metres.")
-    height_step: float = Field(0.5, gt=0, description="Grid step of the height error, metres.")
-    velocity_range: float = Field(
-        0.05, gt=0, description="Velocities searched, -range..+range, in metres per year.")
-    velocity_step: float = Field(
-        0.0005, gt=0, description="Grid step of the velocity, metres per year.")
-    min_coherence: float = Field(
-        0.5, ge=0, le=1, description="Arcs with a lower ensemble coherence are dropped.")
-
-    @model_validator(mode="after")
-    def _steps_fit(self) -> ArcsConfig:
-        for name in ("height", "velocity"):
-            step, half = getattr(self, f"{name}_step"), getattr(self, f"{name}_range")
-            if step > half:
-                raise ValueError(f"{name}_step {step} is larger than {name}_range {half}")
-        return self
-
-
-class IntegrationConfig(_Section):
-    """Spatial integration of the arc estimates over the network."""
-
-    reference: int | Literal["auto"] = Field(
-        "auto", description="Reference point: its index along space, or auto (the most "
-                            "coherent point near the scene centre).")
-    min_coherence: float = Field(
-        0.75, ge=0, le=1, description="Points with a lower temporal coherence after "
-                                      "integration are not used as first-order points.")
-
-
-class AtmosphereConfig(_Section):
-    """Atmospheric phase screen estimation."""
-
-    method: Literal["none", "filter"] = Field(
-        "filter", description="filter: temporal low-pass of the residual phase, then spatial "
-                              "interpolation per epoch; none: no atmospheric correction.")
-    window: float = Field(
-        0.25, gt=0, description="Length of the temporal low-pass window, in years.")
-
-
-class DensificationConfig(_Section):
-    """Densification: every remaining candidate tied to first-order points."""
-
-    k: int = Field(5, ge=1, description="First-order points each candidate is tied to.")
-    max_distance: float = Field(
-        1000.0, gt=0, description="Longest arc from a candidate to a first-order point, metres.")
-    min_coherence: float = Field(
-        0.7, ge=0, le=1, description="Candidates with a lower temporal coherence are dropped.")
-
-
 class OutputConfig(_Section):
     """Where results go and in which forms."""
 
@@ -352,11 +269,10 @@ class ComputeConfig(_Section):
     worker_timeout: float = Field(
         120.0, gt=0, description="Seconds to wait for local or SLURM workers to start before "
                                  "failing.")
-    solver: Literal["auto", "numpy", "cupy"] = Field(
-        "auto", description="Array backend of the kernels: auto (cupy when a CUDA device "
-                            "works, else numpy), numpy or cupy.")
-    devices: list[int] | None = Field(
-        None, description="CUDA devices to use, e.g. [0, 1]; null: every device found.")
+    devices: list[int | str] | None = Field(
+        None, description="Devices every step spreads its chunks over, round-robin: CUDA "
+                          "indices or names, e.g. [0, 1] or ['cuda:0', 'cpu']; null: every "
+                          "CUDA device found, else the CPU.")
     slurm: SlurmConfig = Field(
         default_factory=SlurmConfig, description="SLURM worker jobs (scheduler slurm only).")
 
@@ -373,18 +289,20 @@ class PipelineConfig(_Section):
     input: InputConfig = Field(default_factory=InputConfig, description="The SLC stack.")
     selection: SelectionConfig = Field(
         default_factory=SelectionConfig, description="PS candidate selection.")
-    network: NetworkConfig = Field(
-        default_factory=NetworkConfig, description="First-order network of arcs.")
-    arcs: ArcsConfig = Field(default_factory=ArcsConfig, description="Per-arc estimation.")
-    integration: IntegrationConfig = Field(
-        default_factory=IntegrationConfig, description="Spatial integration over the network.")
-    atmosphere: AtmosphereConfig = Field(
-        default_factory=AtmosphereConfig, description="Atmospheric phase screen.")
-    densification: DensificationConfig = Field(
-        default_factory=DensificationConfig, description="Densification of the PS set.")
+    network: NetworkConfig = ChainConfig.model_fields["network"]
+    arcs: ArcsConfig = ChainConfig.model_fields["arcs"]
+    integration: IntegrationConfig = ChainConfig.model_fields["integration"]
+    atmosphere: AtmosphereConfig = ChainConfig.model_fields["atmosphere"]
+    densification: DensificationConfig = ChainConfig.model_fields["densification"]
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     compute: ComputeConfig = Field(
         default_factory=ComputeConfig, description="Scheduler, workers and devices.")
+
+    def chain(self) -> ChainConfig:
+        """The sections of the PS chain, as :func:`~depsi.processing.chain.run_ps_chain` takes
+        them (the same objects, not copies)."""
+        return ChainConfig.model_construct(**{name: getattr(self, name)
+                                              for name in ChainConfig.model_fields})
 
 
 # ----------------------------------------------------------------------------- load and write

@@ -3,15 +3,24 @@
 Steps, in order (:data:`STEPS`), each with one product in the workspace folder
 (``config.output.workspace``):
 
-======== ============================================ ==========================================
-step     does                                         product
-======== ============================================ ==========================================
-stack    opens the input stack, or simulates one      ``stack.zarr`` (simulated) or the input
-selection PS candidates by amplitude dispersion       ``ps.zarr``
-chain    network, arcs, integration, atmosphere,      ``stm.zarr``
-         densification (``run_ps_chain``)
-export   CSV, GeoPackage, GeoTIFF, plots               ``exports/``
-======== ============================================ ==========================================
+============= ============================================ =================================
+step          does                                         product
+============= ============================================ =================================
+stack         opens the input stack, or simulates one      ``stack.zarr`` (simulated) or the
+                                                           input
+selection     PS candidates by amplitude dispersion        ``ps.zarr``
+network       first-order points and their arcs            ``network.zarr``
+arcs          periodogram of every arc                     ``arcs.zarr``
+integration   network solution with arc testing            ``integration.zarr``
+atmosphere    screen, second network pass, reference      ``atmosphere.zarr``
+densification every other point against the network        ``densification.zarr``
+model         velocity and height with the atmosphere      ``stm.zarr``
+export        CSV, GeoPackage, GeoTIFF, plots              ``exports/``
+============= ============================================ =================================
+
+The chain's steps are the functions of :mod:`depsi.processing.chain`, called with the same
+:class:`~depsi.processing.chain.ChainConfig` that :func:`~depsi.processing.chain.run_ps_chain`
+takes (``config.chain()``), so ``depsi run`` and ``run_ps_chain`` compute the same result.
 
 Every product is written atomically (a temporary sibling moved into place when complete), and
 only then is a small manifest ``<step>.done.json`` written beside it: the hash of the config
@@ -30,9 +39,9 @@ A small simulated stack, from the SLC stack to the exports:
 >>> config = parse_config({"input": {"simulate": {"shape": [60, 60], "n_epochs": 20}},
 ...                        "output": {"workspace": tempfile.mkdtemp()}})
 >>> summary = run_pipeline(config, progress=False)
->>> [summary.steps[step].status for step in ("stack", "selection", "chain", "export")]
-['ran', 'ran', 'ran', 'ran']
->>> summary.steps["chain"].counts["points"] > 0
+>>> sorted({record.status for record in summary.steps.values()})
+['ran']
+>>> summary.steps["model"].counts["points"] > 0
 True
 """
 
@@ -40,7 +49,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -64,6 +72,7 @@ from depsi.io.lock import write_lock
 from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
+from depsi.processing.chain import STEP_SECTIONS as CHAIN_SECTIONS
 
 logger = logging.getLogger(__name__)
 #: The run summary goes to the workspace log file only (not to the console's handlers).
@@ -71,23 +80,33 @@ SUMMARY_LOGGER = logging.getLogger("depsi.run_summary")
 SUMMARY_LOGGER.propagate = False
 
 #: The steps of the pipeline, in order.
-STEPS = ("stack", "selection", "chain", "export")
+STEPS = ("stack", "selection", "network", "arcs", "integration", "atmosphere", "densification",
+         "model", "export")
+
+#: The chain's steps (functions of :mod:`depsi.processing.chain`).
+CHAIN_STEPS = STEPS[2:-1]
 
 #: Product of each step, relative to the workspace (the stack step of a real input reads the
 #: input in place and writes no product).
-PRODUCTS = {"stack": "stack.zarr", "selection": "ps.zarr", "chain": "stm.zarr",
-            "export": "exports"}
+PRODUCTS = {"stack": "stack.zarr", "selection": "ps.zarr", "network": "network.zarr",
+            "arcs": "arcs.zarr", "integration": "integration.zarr",
+            "atmosphere": "atmosphere.zarr", "densification": "densification.zarr",
+            "model": "stm.zarr", "export": "exports"}
 
 #: Config sections (dotted) each step depends on; a change in one of them redoes the step.
 STEP_SECTIONS = {
     "stack": ("input",),
     "selection": ("selection",),
-    "chain": ("network", "arcs", "integration", "atmosphere", "densification"),
+    **CHAIN_SECTIONS,
     "export": ("output.exports",),
 }
 
-#: The step whose product each step reads.
-UPSTREAM = {"stack": None, "selection": "stack", "chain": "selection", "export": "chain"}
+#: The steps whose products each step reads.
+UPSTREAM = {"stack": (), "selection": ("stack",), "network": ("selection",),
+            "arcs": ("network",), "integration": ("network", "arcs"),
+            "atmosphere": ("network", "integration"),
+            "densification": ("selection", "atmosphere"),
+            "model": ("selection", "atmosphere", "densification"), "export": ("model",)}
 
 #: Name of the log file written in the workspace.
 LOG_FILE = "depsi.log"
@@ -161,9 +180,9 @@ class RunSummary:
                  f"workspace: {self.workspace}"]
         for record in self.steps.values():
             counts = ", ".join(f"{k} {v}" for k, v in record.counts.items())
-            lines.append(f"  {record.name:<10} {record.status:<8} {record.seconds:7.1f} s"
+            lines.append(f"  {record.name:<13} {record.status:<8} {record.seconds:7.1f} s"
                          f"{'  ' + counts if counts else ''}")
-            lines.extend(f"             -> {output}" for output in record.outputs)
+            lines.extend(f"                -> {output}" for output in record.outputs)
         if self.log_file is not None:
             lines.append(f"log: {self.log_file}")
         return "\n".join(lines)
@@ -251,6 +270,7 @@ class _Context:
     progress: bool
     products: dict[str, Path] = field(default_factory=dict)
     run_ids: dict[str, str] = field(default_factory=dict)
+    devices: list | None = None
 
 
 def _input_product(config: PipelineConfig, workspace: Path) -> Path:
@@ -374,62 +394,88 @@ def _step_selection(ctx: _Context) -> dict[str, Any]:
             "selected": int(points.sizes["space"]), "epochs": int(points.sizes["time"])}
 
 
-def chain_options(config: PipelineConfig) -> dict[str, Any]:
-    """Keyword arguments of :func:`~depsi.processing.chain.run_ps_chain` from ``config``.
+def _points(ctx: _Context) -> xr.Dataset:
+    """The chain's input points from ``ps.zarr`` (interferograms formed lazily)."""
+    from depsi.io import open_stm
+    from depsi.processing.chain import prepare_points
 
-    Options that the chain does not (yet) take are left out and logged at debug level.
-
-    Parameters
-    ----------
-    config
-        The pipeline configuration.
-
-    Returns
-    -------
-    dict
-        Keyword arguments for ``run_ps_chain``.
-    """
-    from depsi.processing.chain import run_ps_chain
-
-    arcs, atmosphere = config.arcs, config.atmosphere
-    wanted = {
-        "network_method": config.network.method,
-        "network_k": config.network.k,
-        "max_arc_length": config.network.max_length,
-        "height_range": (-arcs.height_range, arcs.height_range),
-        "velocity_range": (-arcs.velocity_range, arcs.velocity_range),
-        "height_step": arcs.height_step,
-        "velocity_step": arcs.velocity_step,
-        "min_arc_coherence": arcs.min_coherence,
-        "reference": (None if config.integration.reference == "auto"
-                      else config.integration.reference),
-        "atmosphere": None if atmosphere.method == "none" else "auto",
-        "temporal_window": atmosphere.window,
-        "k": config.densification.k,
-        "max_distance": config.densification.max_distance,
-        "min_coherence": config.densification.min_coherence,
-        "solver": config.compute.solver,
-    }
-    accepted = inspect.signature(run_ps_chain).parameters
-    left_out = sorted(name for name in wanted if name not in accepted)
-    if left_out:
-        logger.debug("run_ps_chain takes no %s; those settings use the chain's defaults",
-                     ", ".join(left_out))
-    return {name: value for name, value in wanted.items() if name in accepted}
+    return prepare_points(open_stm(ctx.products["selection"]))
 
 
-def _step_chain(ctx: _Context) -> dict[str, Any]:
+def _product(ctx: _Context, step: str) -> xr.Dataset:
+    from depsi.io import open_stm
+
+    return open_stm(ctx.products[step])
+
+
+def _save(ctx: _Context, step: str, ds: xr.Dataset) -> xr.Dataset:
+    """Write a chain step's product (space in the order the next steps index it)."""
     from depsi.io import open_stm, save_stm
-    from depsi.processing.chain import run_ps_chain
 
-    points = open_stm(ctx.products["selection"])
+    path = save_stm(ds, ctx.workspace / PRODUCTS[step], overwrite=True, reorder=False,
+                    chunk_bytes=point_chunk_bytes(ctx.config))
+    ctx.products[step] = path
+    return open_stm(path)
+
+
+def _step_network(ctx: _Context) -> dict[str, Any]:
+    from depsi.processing.chain import network_step
+
+    network = _save(ctx, "network", network_step(_points(ctx), ctx.config.chain()))
+    return {"first_order": int(network.sizes["space"]), "arcs": int(network.sizes["edge"])}
+
+
+def _step_arcs(ctx: _Context) -> dict[str, Any]:
+    from depsi.processing.chain import arcs_step
+
+    arcs = arcs_step(_product(ctx, "network"), ctx.config.chain(), devices=ctx.devices)
+    arcs = _save(ctx, "arcs", arcs)
+    return {"arcs": int(arcs.sizes["arc"])}
+
+
+def _step_integration(ctx: _Context) -> dict[str, Any]:
+    from depsi.processing.chain import integration_step
+
+    first = integration_step(_product(ctx, "network"), _product(ctx, "arcs").compute(),
+                             ctx.config.chain())
+    first = _save(ctx, "integration", first)
+    return {"first_order": int(first.sizes["space"]),
+            "kept": int(first["in_network"].values.sum())}
+
+
+def _step_atmosphere(ctx: _Context) -> dict[str, Any]:
+    from depsi.processing.chain import atmosphere_step
+
+    first = atmosphere_step(_product(ctx, "network").compute(),
+                            _product(ctx, "integration").compute(), ctx.config.chain(),
+                            devices=ctx.devices)
+    first = _save(ctx, "atmosphere", first)
+    return {"kept": int(first["in_network"].values.sum())}
+
+
+def _step_densification(ctx: _Context) -> dict[str, Any]:
+    from depsi.processing.chain import densification_step
+
     # Fancy indexing of multi-chunk points would otherwise split chunks differently per
     # variable (by itemsize), leaving the chain's map_blocks inputs with unequal chunks.
     with dask.config.set({"array.slicing.split_large_chunks": False}):
-        result = run_ps_chain(points, **chain_options(ctx.config))
-    path = save_stm(result, ctx.workspace / PRODUCTS["chain"], overwrite=True,
+        dense = densification_step(_points(ctx), _product(ctx, "atmosphere").compute(),
+                                   ctx.config.chain(), devices=ctx.devices)
+    dense = _save(ctx, "densification", dense)
+    return {"accepted": int(dense.sizes["space"])}
+
+
+def _step_model(ctx: _Context) -> dict[str, Any]:
+    from depsi.io import open_stm, save_stm
+    from depsi.processing.chain import model_step
+
+    with dask.config.set({"array.slicing.split_large_chunks": False}):
+        result = model_step(_points(ctx), _product(ctx, "atmosphere").compute(),
+                            _product(ctx, "densification").compute(), ctx.config.chain(),
+                            devices=ctx.devices)
+    path = save_stm(result, ctx.workspace / PRODUCTS["model"], overwrite=True,
                     chunk_bytes=point_chunk_bytes(ctx.config))
-    ctx.products["chain"] = path
+    ctx.products["model"] = path
     result = open_stm(path)
     order = result["order"].values if "order" in result else None
     counts = {"points": int(result.sizes["space"])}
@@ -449,7 +495,7 @@ def _step_export(ctx: _Context) -> dict[str, Any]:
     from depsi.io import open_stm
     from depsi.io.export import EXPORTERS
 
-    result = open_stm(ctx.products["chain"]).compute()
+    result = open_stm(ctx.products["model"]).compute()
     folder = ctx.workspace / PRODUCTS["export"]
     files = []
     with write_lock(folder):
@@ -468,7 +514,10 @@ def _step_export(ctx: _Context) -> dict[str, Any]:
     return {"files": len(files)}
 
 
-_STEP_FUNCTIONS = {"stack": _step_stack, "selection": _step_selection, "chain": _step_chain,
+_STEP_FUNCTIONS = {"stack": _step_stack, "selection": _step_selection,
+                   "network": _step_network, "arcs": _step_arcs,
+                   "integration": _step_integration, "atmosphere": _step_atmosphere,
+                   "densification": _step_densification, "model": _step_model,
                    "export": _step_export}
 
 
@@ -479,7 +528,7 @@ def _product_opens(step: str, path: Path, config: PipelineConfig) -> bool:
     try:
         if step == "stack":
             open_stack(config, path=path)
-        elif step in ("selection", "chain"):
+        elif step != "export":
             open_stm(path)
         elif not path.is_dir():
             return False
@@ -503,10 +552,9 @@ def valid_manifest(ctx: _Context, step: str) -> tuple[dict[str, Any] | None, str
         return None, f"no manifest {manifest_path(ctx.workspace, step).name}"
     if manifest.get("config_hash") != section_hash(ctx.config, step):
         return None, f"config sections {', '.join(STEP_SECTIONS[step])} changed"
-    upstream = UPSTREAM[step]
-    if upstream is not None and manifest.get("inputs", {}).get(upstream) != ctx.run_ids.get(
-            upstream):
-        return None, f"its input {PRODUCTS[upstream]} was rewritten since"
+    for upstream in UPSTREAM[step]:
+        if manifest.get("inputs", {}).get(upstream) != ctx.run_ids.get(upstream):
+            return None, f"its input {PRODUCTS[upstream]} was rewritten since"
     path = _fingerprint_target(step, ctx)
     try:
         fingerprint = product_fingerprint(path)
@@ -679,11 +727,10 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
     seconds = time.perf_counter() - began
     target = _fingerprint_target(step, ctx)
     run_id = uuid.uuid4().hex
-    upstream = UPSTREAM[step]
     _write_json_atomic(manifest_path(ctx.workspace, step), {
         "version": MANIFEST_VERSION, "step": step, "run_id": run_id,
         "config_hash": section_hash(ctx.config, step),
-        "inputs": {upstream: ctx.run_ids[upstream]} if upstream else {},
+        "inputs": {upstream: ctx.run_ids[upstream] for upstream in UPSTREAM[step]},
         "product": str(target), "fingerprint": product_fingerprint(target),
         "counts": counts, "seconds": round(seconds, 3), "finished": time.time(),
     })
@@ -749,7 +796,8 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     summary = RunSummary(workspace=workspace, log_file=workspace / LOG_FILE,
                          steps={name: StepRecord(name) for name in STEPS})
     progress = bars_wanted(progress)
-    ctx = _Context(config=config, workspace=workspace, progress=progress)
+    ctx = _Context(config=config, workspace=workspace, progress=progress,
+                   devices=config.compute.devices)
     with _log_to_file(workspace / LOG_FILE), _workspace_lock(workspace):
         logger.info("depsi run: steps %s in %s (resume=%s)", ", ".join(steps), workspace,
                     resume)

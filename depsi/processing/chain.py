@@ -243,7 +243,8 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     points = _network_points(network)
     arcs = arcs_from_edges(points, network["edge_source"].values,
                            network["edge_target"].values)
-    arcs.attrs["network_method"] = network.attrs.get("network_method", config.network.method)
+    if "network_method" in network.attrs:
+        arcs.attrs["network_method"] = network.attrs["network_method"]
     section = config.arcs
     return estimate_arcs(arcs, height_range=section.height_range,
                          velocity_range=section.velocity_range, height_step=section.height_step,

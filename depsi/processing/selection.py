@@ -14,13 +14,14 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import dask
 import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
+from pydantic import Field
 from scipy.spatial import cKDTree
 
 from depsi.io.prefetch import default_block_shape, iter_blocks
@@ -34,6 +35,7 @@ from depsi.kernels.statistics import (
     statistics_block,
 )
 from depsi.processing.interferogram import with_amplitude_and_phase
+from depsi.sections import Section
 from depsi.stm.order import morton_order
 from depsi.stm.schema import STMValidationError, validate
 
@@ -44,6 +46,18 @@ METHODS = {"nad": "amplitude_dispersion", "nmad": "amplitude_dispersion_mad"}
 
 #: Engines of ``ps_selection``: lazy Dask graph, or one streaming pass with prefetching.
 ENGINES = ("dask", "stream")
+
+
+class SelectionConfig(Section):
+    """Persistent scatterer candidate selection from amplitude statistics."""
+
+    method: Literal["nad", "nmad"] = Field(
+        "nad", description="Amplitude statistic: nad (std/mean) or nmad (MAD/median).")
+    threshold: float = Field(
+        0.25, gt=0, description="Pixels whose statistic is below this value become candidates.")
+    engine: Literal["dask", "stream"] = Field(
+        "dask", description="dask: one lazy graph over the stack; stream: blocks read with a "
+                            "background prefetch queue (lower memory on huge stacks).")
 
 #: Running sums kept per point so that the NAD can be updated with new epochs.
 SUM_VARIABLES = ("amp_count", "amp_sum", "amp_sumsq")

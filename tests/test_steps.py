@@ -1,0 +1,186 @@
+"""The chain as steps (issue 12): every config field reaches a step and changes what it
+computes, `depsi run` equals `run_ps_chain` for the same settings, and the config's defaults
+are the library's."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from depsi.io import open_stm
+from depsi.pipeline import parse_config, run_pipeline
+from depsi.pipeline.config import PipelineConfig, example_config_yaml
+from depsi.processing import chain as chain_module
+from depsi.processing.chain import (
+    ChainConfig,
+    arcs_step,
+    atmosphere_step,
+    chain_config,
+    densification_step,
+    integration_step,
+    model_step,
+    network_step,
+    prepare_points,
+    run_ps_chain,
+)
+from depsi.processing.selection import SelectionConfig, ps_selection
+from depsi.simulate import simulate_stack
+
+#: For every field of every chain section, a value other than its default that must change
+#: the products of the steps. A new field without an entry here fails
+#: test_every_chain_field_has_a_test.
+ALTERNATES = {
+    "network.first_order": 100,
+    "network.max_dispersion": 0.12,
+    "network.method": "delaunay",
+    "network.k": 3,
+    "network.n_sectors": 4,
+    "network.max_length": 150.0,
+    "arcs.height_range": (-30.0, 30.0),
+    "arcs.velocity_range": (-0.03, 0.03),
+    "arcs.height_step": 2.0,
+    "arcs.velocity_step": 0.002,
+    "integration.min_coherence": 0.8,
+    "integration.alpha": 0.2,
+    "integration.max_iterations": 0,
+    "integration.reference": None,  # set to a first-order point by the fixture
+    "integration.reference_radius": 0.0,
+    "integration.reference_noise": False,
+    "atmosphere.method": "gaussian",
+    "atmosphere.temporal_window": 0.1,
+    "atmosphere.correlated_height": False,
+    "densification.k": 5,
+    "densification.max_distance": 60.0,
+    "densification.min_coherence": 0.9,
+}
+
+
+def _fields(model: type) -> list[str]:
+    return [f"{section}.{name}" for section, info in model.model_fields.items()
+            for name in info.annotation.model_fields]
+
+
+@pytest.fixture(scope="module")
+def points():
+    stack, _ = simulate_stack(shape=(100, 100), n_epochs=20, seed=11, ps_fraction=0.05)
+    return prepare_points(ps_selection(stack).compute())
+
+
+def _products(points: xr.Dataset, config: ChainConfig) -> dict[str, xr.Dataset]:
+    network = network_step(points, config)
+    arcs = arcs_step(network, config)
+    first = integration_step(network, arcs, config)
+    final = atmosphere_step(network, first, config)
+    dense = densification_step(points, final, config)
+    result = model_step(points, final, dense, config)
+    return {"network": network, "arcs": arcs, "integration": first, "atmosphere": final,
+            "densification": dense, "model": result}
+
+
+@pytest.fixture(scope="module")
+def base(points):
+    return _products(points, chain_config(first_order=150))
+
+
+def test_every_chain_field_has_a_test():
+    assert sorted(_fields(ChainConfig)) == sorted(ALTERNATES)
+
+
+def test_run_ps_chain_is_the_composition_of_the_steps(points, base):
+    result = run_ps_chain(points, first_order=150)
+    assert result.identical(base["model"])
+
+
+@pytest.mark.parametrize("field", sorted(ALTERNATES))
+def test_every_chain_field_changes_the_products(points, base, field):
+    section, name = field.split(".")
+    value = ALTERNATES[field]
+    if field == "integration.reference":
+        value = int(base["network"]["point_index"].values[7])
+    assert value != getattr(getattr(ChainConfig(), section), name)
+    config = chain_config(first_order=150, **{section: {name: value}})
+    products = _products(points, config)
+    changed = [step for step, ds in products.items() if not ds.identical(base[step])]
+    assert changed, f"{field}={value!r} changed no product"
+
+
+def test_config_defaults_are_the_library_defaults():
+    config = PipelineConfig()
+    assert config.chain() == ChainConfig() == chain_config()
+    from depsi.processing.arcs import estimate_arcs
+    from depsi.processing.atmosphere import estimate_atmosphere
+    from depsi.processing.densification import densify
+    from depsi.processing.integration import integrate_network
+
+    def default(function, name):
+        return inspect.signature(function).parameters[name].default
+
+    chain = ChainConfig()
+    assert default(estimate_arcs, "height_range") == chain.arcs.height_range
+    assert default(estimate_arcs, "velocity_range") == chain.arcs.velocity_range
+    assert default(integrate_network, "min_coherence") == chain.integration.min_coherence
+    assert default(integrate_network, "alpha") == chain.integration.alpha
+    assert default(integrate_network, "max_iterations") == chain.integration.max_iterations
+    assert default(estimate_atmosphere, "temporal_window") == chain.atmosphere.temporal_window
+    assert default(estimate_atmosphere, "method") == chain.atmosphere.method
+    assert default(densify, "k") == chain.densification.k
+    assert default(densify, "min_coherence") == chain.densification.min_coherence
+    assert default(densify, "max_distance") == chain.densification.max_distance
+    for name, value in SelectionConfig().model_dump().items():
+        assert default(ps_selection, name) == value, name
+    text = example_config_yaml()
+    assert "first_order: 2000" in text and "method: redundant" in text
+    assert "height_range: [-50.0, 50.0]" in text and "k: 3" in text
+
+
+def test_a_count_is_never_read_as_a_threshold():
+    assert parse_config({"network": {"first_order": 2000.0}}).network.first_order == 2000
+    with pytest.raises(ValueError, match="first_order"):
+        parse_config({"network": {"first_order": 0.25}})
+    with pytest.raises(ValueError, match="first_order"):
+        run_ps_chain(xr.Dataset(), first_order=0.25)
+
+
+def test_unknown_chain_option_is_refused_naming_it():
+    with pytest.raises(TypeError, match="'network_k'"):
+        chain_config(network_k=5)
+    with pytest.raises(ValueError, match="unknown key 'network.k_nearest'"):
+        chain_config(network={"k_nearest": 5})
+
+
+def test_depsi_run_equals_run_ps_chain(tmp_path):
+    data = {"input": {"simulate": {"shape": [96, 96], "n_epochs": 16, "seed": 2,
+                                   "ps_fraction": 0.05}},
+            "network": {"first_order": 200, "k": 3},
+            "arcs": {"height_range": [-40.0, 40.0]},
+            "integration": {"reference_radius": 500.0},
+            "densification": {"k": 4, "min_coherence": 0.75},
+            "output": {"workspace": str(tmp_path / "ws"), "exports": []},
+            "compute": {"scheduler": "threads", "threads": 2}}
+    config = parse_config(json.loads(json.dumps(data)))
+    run_pipeline(config, progress=False)
+    got = open_stm(tmp_path / "ws" / "stm.zarr").compute()
+    expected = run_ps_chain(open_stm(tmp_path / "ws" / "ps.zarr"), config.chain())
+    # the product is stored in Morton order like every point STM: compare by point_index
+    got = got.isel(space=np.argsort(got["point_index"].values))
+    expected = expected.isel(space=np.argsort(expected["point_index"].values))
+    assert got.sizes == expected.sizes and expected.sizes["space"] > 100
+    assert (expected["order"].values == 2).sum() > 0
+    for name in expected.variables:
+        np.testing.assert_array_equal(got[name].values, expected[name].values, err_msg=name)
+    for key in ("reference", "n_first_order", "n_densified", "n_reference_area"):
+        assert got.attrs[key] == expected.attrs[key], key
+
+
+def test_steps_read_only_their_sections():
+    """The pipeline hashes each step's sections to decide what to redo: a section a step reads
+    must be among them (checked by reading the step functions' source)."""
+    for step, sections in chain_module.STEP_SECTIONS.items():
+        source = inspect.getsource(getattr(chain_module, f"{step}_step"))
+        read = {s for s in ChainConfig.model_fields if f"config.{s}" in source}
+        declared = {s.split(".")[0] for s in sections}
+        assert read <= declared, (step, read - declared)

@@ -180,20 +180,34 @@ def prepare_points(ps_stm: xr.Dataset) -> xr.Dataset:
 
 
 def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray:
-    """Indices of the first-order points: the ``first_order`` of lowest amplitude dispersion,
-    among those at or below ``max_dispersion``."""
+    """Indices of the first-order points, by amplitude dispersion (lowest first).
+
+    Among the points at or below ``max_dispersion``: the best ``first_order`` points; or, when
+    more than ``first_order`` cells of ``cell_size`` m hold such points (a scene larger than
+    ``first_order x cell_size^2``), the best point of every cell, so that the density of the
+    network, and the length of its arcs, do not depend on the scene's size.
+    """
     n = points.sizes["space"]
-    if "amplitude_dispersion" not in points:
-        logger.info("no amplitude_dispersion: the first %d points are first-order",
-                    min(n, config.first_order))
-        return np.arange(min(n, config.first_order))
-    nad = np.asarray(points["amplitude_dispersion"].values, dtype=np.float64)
-    nad = np.where(np.isfinite(nad), nad, np.inf)
+    if "amplitude_dispersion" in points:
+        nad = np.asarray(points["amplitude_dispersion"].values, dtype=np.float64)
+    else:
+        logger.info("no amplitude_dispersion: first-order points are taken in space order")
+        nad = np.zeros(n)
     eligible = np.isfinite(nad)
     if config.max_dispersion is not None:
         eligible &= nad <= config.max_dispersion
-    ranked = np.argsort(np.where(eligible, nad, np.inf), kind="stable")
-    chosen = np.sort(ranked[:min(config.first_order, int(eligible.sum()))])
+    candidates = np.flatnonzero(eligible)
+    # stable sort: equal dispersions (or none given) keep the order of space
+    ranked = candidates[np.argsort(nad[candidates], kind="stable")]
+    chosen = np.sort(ranked[:config.first_order])
+    if config.cell_size is not None and len(ranked) > config.first_order:
+        cells = np.floor(point_positions(points)[ranked] / config.cell_size).astype(np.int64)
+        _, first_in_cell = np.unique(cells, axis=0, return_index=True)  # best, as ranked
+        if len(first_in_cell) > config.first_order:
+            chosen = np.sort(ranked[first_in_cell])
+            logger.info("first order: the best point of each of %d cells of %.0f m "
+                        "(more than first_order=%d)", len(chosen), config.cell_size,
+                        config.first_order)
     if len(chosen) < 3:
         raise ValueError(f"network: expected at least 3 first-order points, found "
                          f"{len(chosen)} (first_order={config.first_order}, "

@@ -458,6 +458,12 @@ def integrate_network(
     logger.info("integration: %d/%d points, %d/%d arcs kept (%d rejected by w-test in %d "
                 "iterations), reference %s", point_ok.sum(), n, arc_ok.sum(), len(source),
                 n_tested_out, iterations, named)
+    outside = int((point_reason == 2).sum())
+    if outside:
+        logger.warning("integration: the network broke into pieces; %d of %d points (%.1f %%) "
+                       "are not connected to the piece holding the reference (%d points) and "
+                       "leave the network; the chain densifies them against it", outside, n,
+                       100.0 * outside / n, int(point_ok.sum()))
     if reference_radius is not None:
         result = apply_reference_area(result, reference_radius)
     if not return_arcs:

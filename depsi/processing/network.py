@@ -44,6 +44,12 @@ class NetworkConfig(Section):
     max_dispersion: float | None = Field(
         None, gt=0, description="Only points with amplitude dispersion at or below this can "
                                 "be first order; null: no limit.")
+    cell_size: float | None = Field(
+        150.0, gt=0, description="On a scene with more cells of cell_size x cell_size m "
+                                 "holding points than first_order, the first-order points are "
+                                 "the best point of each such cell instead, so arcs stay short "
+                                 "against the atmosphere's correlation length whatever the "
+                                 "scene's size; null: always first_order points.")
     method: Literal["redundant", "delaunay"] = Field(
         "redundant", description="redundant: each point tied to its k nearest neighbours in "
                                  "each of n_sectors directions (many loops for arc testing); "

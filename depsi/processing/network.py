@@ -13,11 +13,10 @@ from typing import Literal
 import dask.array as da
 import numpy as np
 import xarray as xr
-from pydantic import Field, field_validator
-
-from depsi.sections import Section
+from pydantic import Field
 from scipy.spatial import Delaunay, QhullError, cKDTree
 
+from depsi.sections import Section
 from depsi.stm.schema import STMValidationError, validate
 
 logger = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ densification resumes there.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +64,10 @@ logger = logging.getLogger(__name__)
 #: Variables of the result STM.
 RESULT_VARIABLES = ("velocity", "height_error", "displacement", "temporal_coherence",
                     "ambiguity", "aps", "unwrapped_phase")
+
+#: Points per block of the final fit: bounds its float64 temporaries (about 2 KB per point
+#: and epoch) whatever the number of points.
+FIT_BLOCK = 65536
 
 #: Dimension of the network product's arcs (``edge_source``, ``edge_target`` into its space).
 EDGE = "edge"
@@ -346,11 +351,22 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
                     max_distance=section.max_distance, min_coherence=section.min_coherence,
                     height_range=arcs.height_range, velocity_range=arcs.velocity_range,
                     height_step=arcs.height_step, velocity_step=arcs.velocity_step,
-                    devices=devices).compute()
-    accepted = dense.isel(space=np.flatnonzero(dense["accepted"].values))
+                    devices=devices)
+    # a few chunks at a time, keeping only the accepted points: memory follows the chunk
+    # size and the result, not every candidate's full series at once
+    bounds = np.cumsum((0,) + dense.chunks["space"])
+    batch = max(2, os.cpu_count() or 1)
+    parts = []
+    for first_chunk in range(0, len(bounds) - 1, batch):
+        rows = slice(int(bounds[first_chunk]), int(bounds[min(first_chunk + batch,
+                                                                len(bounds) - 1)]))
+        part = _result_view(dense.isel(space=rows).compute(), order=2, keep=("accepted",))
+        parts.append(part.isel(space=np.flatnonzero(part["accepted"].values)))
+    accepted = xr.concat(parts, dim="space", coords="minimal", compat="override",
+                         combine_attrs="override").drop_vars("accepted")
     logger.info("densification: %d of %d candidates accepted", accepted.sizes["space"],
                 others.size)
-    return _result_view(accepted, order=2)
+    return accepted
 
 
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
@@ -468,33 +484,41 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     and temporal coherence follow from the new values.
     """
     m2ph = phase_to_metres(float(out.attrs["wavelength"]))
-    full = (out["unwrapped_phase"] + out["aps"]).transpose("space", "time") / m2ph
-    observed = out[["h2ph"]].assign(observed=full.astype(np.float64))
-    fit = estimate_model(observed, terms=("offset", "velocity", "height_error"),
-                         variable="observed", devices=devices).compute()
-    velocity = fit["velocity"].values
-    height = fit["height_error"].values
-    ok = np.isfinite(velocity) & np.isfinite(height)
-    velocity = np.where(ok, velocity, out["velocity"].values)
-    height = np.where(ok, height, out["height_error"].values)
     years = time_in_years(out)
-    unwrapped = out["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
-    h2ph = np.broadcast_to(out["h2ph"].transpose("space", ...).values.astype(np.float64)
-                           .reshape(out.sizes["space"], -1), unwrapped.shape)
-    residual = unwrapped - m2ph * (velocity[:, None] * years + h2ph * height[:, None])
-    displacement = unwrapped / m2ph - h2ph * height[:, None]
-    displacement -= displacement[:, :1]
+    n = out.sizes["space"]
+    velocity = np.empty(n, np.float32)
+    height = np.empty(n, np.float32)
+    coherence = np.empty(n, np.float32)
+    displacement = np.empty((n, out.sizes["time"]), np.float32)
+    # blocks of points bound the float64 temporaries (each point is fitted on its own)
+    for start in range(0, n, FIT_BLOCK):
+        block = out.isel(space=slice(start, start + FIT_BLOCK))
+        rows = slice(start, start + block.sizes["space"])
+        unwrapped = block["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+        full = (unwrapped + block["aps"].transpose("space", "time").values) / m2ph
+        observed = block[["h2ph"]].assign(observed=(("space", "time"), full))
+        fit = estimate_model(observed, terms=("offset", "velocity", "height_error"),
+                             variable="observed", devices=devices).compute()
+        v, h = fit["velocity"].values, fit["height_error"].values
+        ok = np.isfinite(v) & np.isfinite(h)
+        v = np.where(ok, v, block["velocity"].values)
+        h = np.where(ok, h, block["height_error"].values)
+        h2ph = np.broadcast_to(block["h2ph"].transpose("space", ...).values.astype(np.float64)
+                               .reshape(block.sizes["space"], -1), unwrapped.shape)
+        residual = unwrapped - m2ph * (v[:, None] * years + h2ph * h[:, None])
+        shifted = unwrapped / m2ph - h2ph * h[:, None]
+        displacement[rows] = shifted - shifted[:, :1]
+        velocity[rows], height[rows] = v, h
+        coherence[rows] = np.abs(np.mean(np.exp(1j * residual), axis=1))
     return out.assign(
-        velocity=("space", velocity.astype(np.float32)),
-        height_error=("space", height.astype(np.float32)),
-        displacement=(("space", "time"), displacement.astype(np.float32)),
-        temporal_coherence=("space", np.abs(np.mean(np.exp(1j * residual), axis=1))
-                            .astype(np.float32)))
+        velocity=("space", velocity), height_error=("space", height),
+        displacement=(("space", "time"), displacement),
+        temporal_coherence=("space", coherence))
 
 
-def _result_view(ds: xr.Dataset, *, order: int) -> xr.Dataset:
-    """The result variables of one set of points, with their ``order`` (1 or 2)."""
-    out = ds[list(RESULT_VARIABLES)]
+def _result_view(ds: xr.Dataset, *, order: int, keep: tuple[str, ...] = ()) -> xr.Dataset:
+    """The result variables of one set of points (and ``keep``), with their ``order``."""
+    out = ds[list(RESULT_VARIABLES) + list(keep)]
     out = out.assign(order=("space", np.full(ds.sizes["space"], order, dtype=np.int8)))
     drop = [c for c in out.coords if c not in ("time", "azimuth", "range", "lat", "lon", "x", "y",
                                                  "point_index") and "space" in out[c].dims]

@@ -83,3 +83,29 @@ def test_densified_points_follow_the_reference_area_datum():
     d_phase = (area.unwrapped_phase.values[keep][0] - result.unwrapped_phase.values[keep][0])
     change = after.unwrapped_phase.values[ok] - before.unwrapped_phase.values[ok]
     assert np.abs(change - d_phase[None, :]).max() < 1e-3
+
+
+def test_the_screen_is_factorised_once_for_every_chunk(monkeypatch):
+    """Kriging the first-order screen to the candidates: one Cholesky factorisation per call
+    of densify, however many space chunks it has (issue 14)."""
+    import depsi.processing.atmosphere as atmosphere_module
+    from depsi.processing.atmosphere import estimate_atmosphere, interpolate_aps
+
+    points, _, result, _, others = _split(aps_std=1.0)
+    with_aps = estimate_atmosphere(result.isel(space=np.flatnonzero(result.in_network.values)),
+                                   method="kriging")
+    calls = []
+    real = atmosphere_module.cho_factor
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(atmosphere_module, "cho_factor", counting)
+    candidates = points.isel(space=others).chunk({"space": 25})
+    dense = densify(candidates, with_aps)
+    assert len(dense.chunks["space"]) >= 4
+    dense = dense.compute()
+    assert len(calls) == 1
+    expected = interpolate_aps(with_aps, candidates).values
+    np.testing.assert_allclose(dense.aps.values, expected, rtol=1e-6, atol=1e-6)

@@ -118,26 +118,64 @@ def fit_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0) -
     return {"nugget": float(nugget), "sill": float(sill), "range": float(length)}
 
 
-def _kriging(src_pos, values, dst_pos, variogram) -> np.ndarray:
-    """Simple kriging of each epoch (its mean removed) of ``values (N, T)`` at ``dst_pos``."""
-    sill, length, nugget = variogram["sill"], variogram["range"], variogram["nugget"]
-    mean = values.mean(axis=0, keepdims=True)
-    dist = np.hypot(*(src_pos[:, None, :] - src_pos[None, :, :]).transpose(2, 0, 1))
-    cov = sill * np.exp(-dist / length)
-    cov[np.diag_indices_from(cov)] += max(nugget, 1e-6 * sill)
-    weights = cho_solve(cho_factor(cov, lower=True), values - mean)  # (N, T), all epochs
-    out = np.empty((len(dst_pos), values.shape[1]))
-    step = max(1, int(2**24 // max(len(src_pos), 1)))
-    for start in range(0, len(dst_pos), step):  # chunks of targets, bounded memory
-        d = np.hypot(*(dst_pos[start:start + step, None, :] - src_pos[None]).transpose(2, 0, 1))
-        out[start:start + step] = (sill * np.exp(-d / length)) @ weights + mean
-    return out
+class ScreenInterpolator:
+    """An estimated screen, ready to be evaluated at any points: the kriging system is solved
+    (or the KD-tree of the Gaussian method built) once, and every call (one per space chunk of
+    densification) reuses it.
+
+    Call it with an ``(N, 2)`` array of positions in metres; it returns the ``(N, T)`` float32
+    screen (rad).
+    """
+
+    def __init__(self, src_pos: np.ndarray, values: np.ndarray, variogram: dict, method: str):
+        self.method = method
+        self.variogram = dict(variogram)
+        self.src_pos = np.asarray(src_pos, dtype=np.float64)
+        if method == "kriging":
+            sill, length = variogram["sill"], variogram["range"]
+            self.mean = values.mean(axis=0, keepdims=True)
+            dist = np.hypot(*(self.src_pos[:, None, :] - self.src_pos[None, :, :])
+                            .transpose(2, 0, 1))
+            cov = sill * np.exp(-dist / length)
+            cov[np.diag_indices_from(cov)] += max(variogram["nugget"], 1e-6 * sill)
+            # (N, T): every epoch's weights from one factorisation
+            self.weights = cho_solve(cho_factor(cov, lower=True), values - self.mean)
+        else:
+            self.values = values
+            self.tree = cKDTree(self.src_pos)
+
+    def __call__(self, dst_pos: np.ndarray) -> np.ndarray:
+        dst_pos = np.asarray(dst_pos, dtype=np.float64)
+        if self.method != "kriging":
+            return _gaussian(self.tree, self.values, dst_pos,
+                             0.5 * self.variogram["range"]).astype(np.float32)
+        sill, length = self.variogram["sill"], self.variogram["range"]
+        out = np.empty((len(dst_pos), self.weights.shape[1]), np.float32)
+        step = max(1, int(2**24 // max(len(self.src_pos), 1)))
+        for start in range(0, len(dst_pos), step):  # chunks of targets, bounded memory
+            d = np.hypot(*(dst_pos[start:start + step, None, :] - self.src_pos[None])
+                         .transpose(2, 0, 1))
+            out[start:start + step] = (sill * np.exp(-d / length)) @ self.weights + self.mean
+        return out
 
 
-def _gaussian(src_pos, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> np.ndarray:
+def screen_interpolator(aps: xr.Dataset) -> ScreenInterpolator:
+    """The screen of :func:`estimate_atmosphere` (``aps_observed``, variogram attrs) as a
+    :class:`ScreenInterpolator`, its kriging system solved once."""
+    if "aps_observed" not in aps:
+        raise KeyError(f"aps: expected variable 'aps_observed' from estimate_atmosphere, found "
+                       f"{sorted(aps.data_vars)}")
+    observed = aps["aps_observed"].transpose("space", "time").values.astype(np.float64)
+    use = np.isfinite(observed).all(axis=1)
+    variogram = {k: float(aps.attrs[f"variogram_{k}"]) for k in ("nugget", "sill", "range")}
+    return ScreenInterpolator(point_positions(aps)[use], observed[use], variogram,
+                              aps.attrs.get("aps_method", "kriging"))
+
+
+def _gaussian(tree, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> np.ndarray:
     """Gaussian-weighted mean of the ``k`` nearest sources (sigma ``length_scale``)."""
-    k = min(k, len(src_pos))
-    dist, idx = cKDTree(src_pos).query(dst_pos, k=k)
+    k = min(k, tree.n)
+    dist, idx = tree.query(dst_pos, k=k)
     dist, idx = dist.reshape(len(dst_pos), k), idx.reshape(len(dst_pos), k)
     w = np.exp(-0.5 * (dist / length_scale) ** 2) + 1e-12
     w /= w.sum(axis=1, keepdims=True)
@@ -273,19 +311,8 @@ def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray) -> xr.D
     >>> screen.shape == (candidates.sizes["space"], 20), str(screen.dtype)
     (True, 'float32')
     """
-    for name in ("aps_observed",):
-        if name not in aps:
-            raise KeyError(f"aps: expected variable {name!r} from estimate_atmosphere, found "
-                           f"{sorted(aps.data_vars)}")
-    observed = aps["aps_observed"].transpose("space", "time").values.astype(np.float64)
-    use = np.isfinite(observed).all(axis=1)
-    src = point_positions(aps)[use]
     dst = (np.asarray(to_points, dtype=np.float64) if isinstance(to_points, np.ndarray)
            else point_positions(to_points))
-    variogram = {k: float(aps.attrs[f"variogram_{k}"]) for k in ("nugget", "sill", "range")}
-    if aps.attrs.get("aps_method", "kriging") == "kriging":
-        values = _kriging(src, observed[use], dst, variogram)
-    else:
-        values = _gaussian(src, observed[use], dst, 0.5 * variogram["range"])
+    values = screen_interpolator(aps)(dst)
     return xr.DataArray(values.astype(np.float32), dims=("space", "time"),
                         coords={"time": aps["time"].values})

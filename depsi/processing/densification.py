@@ -29,7 +29,7 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.periodogram import MISSING_AMBIGUITY, periodogram
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
-from depsi.processing.atmosphere import interpolate_aps
+from depsi.processing.atmosphere import ScreenInterpolator, screen_interpolator
 from depsi.processing.integration import phase_variance_from_coherence
 from depsi.processing.network import (
     phase_to_metres,
@@ -68,7 +68,7 @@ _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase
 
 def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min_coherence,
                    height_range, velocity_range, height_step, velocity_step, devices,
-                   chunk_starts) -> xr.Dataset:
+                   chunk_starts, screen) -> xr.Dataset:
     """Densify one chunk of candidates against all first-order points (NumPy in and out; the
     periodogram on the chunk's device)."""
     n, T = block.sizes["space"], block.sizes["time"]
@@ -85,13 +85,8 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
     phase = block["phase"].transpose("space", "time").values.astype(np.float64)
     h2ph = np.broadcast_to(block["h2ph"].transpose("space", ...).values.astype(np.float64)
                            .reshape(n, -1), (n, T))
-    if "fo_aps_observed" in first:
-        aps_src = xr.Dataset({"aps_observed": (("space", "time"),
-                                               first["fo_aps_observed"].values)},
-                             coords={"time": block["time"].values,
-                                     "x": ("space", f_pos[:, 0]), "y": ("space", f_pos[:, 1])},
-                             attrs=first.attrs)
-        aps = interpolate_aps(aps_src, c_pos).values.astype(np.float64)
+    if screen is not None:
+        aps = screen(c_pos).astype(np.float64)
     else:
         aps = np.zeros((n, T))
     reference_phase = first["fo_reference_phase"].values.astype(np.float64)
@@ -178,6 +173,17 @@ def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
         table["fo_unwrapped_phase"][1]).all(axis=1)
     ds = xr.Dataset(table, coords={"time": fo["time"].values}, attrs=attrs)
     return ds.isel({_FIRST: np.flatnonzero(finite)})
+
+
+def _screen(table: xr.Dataset) -> ScreenInterpolator | None:
+    """The first-order screen, its kriging system solved once for every chunk."""
+    if "fo_aps_observed" not in table:
+        return None
+    source = xr.Dataset({"aps_observed": (("space", "time"), table["fo_aps_observed"].values)},
+                        coords={"time": table["time"].values,
+                                "x": ("space", table["fo_x"].values),
+                                "y": ("space", table["fo_y"].values)}, attrs=table.attrs)
+    return screen_interpolator(source)
 
 
 def densify(
@@ -276,7 +282,7 @@ def densify(
         kwargs=dict(k=int(k), max_distance=max_distance, min_coherence=min_coherence,
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
                     height_step=height_step, velocity_step=velocity_step,
-                    devices=tuple(chosen),
+                    devices=tuple(chosen), screen=_screen(table),
                     chunk_starts=tuple(int(c) for c in np.cumsum((0,) + space_chunks)[:-1])))
     result.attrs.update({"densify_k": int(k), "densify_min_coherence": min_coherence})
     logger.info("densification of %d candidates against %d first-order points (lazy)",

@@ -390,6 +390,14 @@ def bench_size(n_points: int, args) -> dict:
 
 
 # ------------------------------------------------------------------------------ the report
+def _count(count: int | None, n: int) -> str:
+    """A count of points and its share of ``n``, with three significant digits."""
+    if count is None:
+        return "-"
+    share = 100.0 * count / n
+    return f"{count:,} ({share:.3g} %)"
+
+
 def _fmt(value, spec: str, missing: str = "-") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return missing
@@ -399,7 +407,7 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
 def markdown(rows: list[dict]) -> str:
     head = ("| points | scene | generate s (peak GB) | status | wall s | CPU s | points/s | "
             "peak RSS GB | velocity RMSE mm/yr (floors noise / no corr.) | height RMSE m "
-            "(floors) | in result | coherent | growth |")
+            "(floors) | first order kept | in result | coherent | growth |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     previous = None
     for row in rows:
@@ -427,8 +435,9 @@ def markdown(rows: list[dict]) -> str:
             f"{_fmt(wall, '.1f')} | {_fmt(row.get('chain_cpu_s'), '.1f')} | "
             f"{_fmt(n / wall if wall else None, ',.0f')} | {_fmt(peak and peak / GB, '.2f')} | "
             f"{velocity if acc else '-'} | {height if acc else '-'} | "
-            f"{_fmt(acc.get('result_fraction'), '.1%')} | "
-            f"{_fmt(acc.get('coherent_fraction'), '.1%')} | {growth} |")
+            f"{_fmt(acc.get('n_first_order'), ',')} | {_count(acc.get('n_result'), n)} | "
+            f"{_count(acc.get('n_coherent'), n)} | "
+            f"{growth} |")
         if wall:
             previous = (n, wall)
     return "\n".join(lines)
@@ -502,12 +511,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rss-gb", type=float,
                         default=0.6 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
                         / GB, help="kill a child whose process tree grows past this")
+    parser.add_argument("--report", nargs="+", type=Path, metavar="RESULTS_JSON",
+                        help="print the tables of saved results-*.json files (rows in the "
+                             "order given) instead of running")
     parser.add_argument("--child", nargs=2, metavar=("SCENE", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         sys.exit(child_main(Path(args.child[0]), Path(args.child[1]), json.loads(args.options),
                             args.local_cluster))
+    if args.report:
+        rows = [row for path in args.report for row in json.loads(path.read_text())]
+        print_report(rows, "from " + ", ".join(p.name for p in args.report))
+        return
     args.options = dict(args.chain_option)
     args.max_rss = args.max_rss_gb * GB if args.max_rss_gb else None
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -520,8 +536,12 @@ def main(argv: list[str] | None = None) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (args.cache / f"results-{stamp}.json").write_text(json.dumps(rows, indent=1, default=str))
     mode = "LocalCluster 2 x 2 GB" if args.local_cluster else "threads"
-    print(f"\nPS chain at scale ({mode}; options {args.options or 'default'}; "
-          f"cache {args.cache})\n")
+    print_report(rows, f"{mode}; options {args.options or 'default'}; cache {args.cache}")
+
+
+def print_report(rows: list[dict], what: str) -> None:
+    """The tables, failures and workers' memory of ``rows``, as markdown."""
+    print(f"\nPS chain at scale ({what})\n")
     print(markdown(rows))
     print("\nPer step (wall s / CPU s / peak RSS GB after the step):\n")
     print(steps_markdown(rows))

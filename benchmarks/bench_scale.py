@@ -64,6 +64,11 @@ MIN_COHERENCE = 0.8
 LOCAL_CLUSTER = {"scheduler": "local", "workers": 2, "threads": 1, "memory_limit": "2GB"}
 #: Seconds between samples of the child's memory (and the workers', with a cluster).
 SAMPLE_S = 0.5
+#: The timed step each function of the chain belongs to (its outermost frame in a stack).
+STEP_OF = {"open_stm": "open", "prepare_points": "prepare", "network_step": "network",
+           "arcs_step": "arcs", "integration_step": "integration",
+           "atmosphere_step": "atmosphere", "densification_step": "densification",
+           "model_step": "model", "run_ps_chain": "run_ps_chain", "accuracy": "accuracy"}
 GB = 2**30
 
 
@@ -207,13 +212,21 @@ class _WorkerMemory:
                 "workers_seen": len(self.addresses)}
 
 
-def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster: bool) -> int:
-    """Run in the chain's child process: open, run, score; write the figures to ``out_path``."""
+def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster: bool,
+               stack_sample_s: float = 0.0) -> int:
+    """Run in the chain's child process: open, run, score; write the figures to ``out_path``.
+
+    With ``stack_sample_s`` every thread's stack is written to ``<out>.stacks`` that often
+    (``faulthandler``), a sampling profile :func:`hotspots` reads afterwards.
+    """
     import faulthandler
     import logging
     from contextlib import ExitStack
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if stack_sample_s > 0:
+        stacks = open(out_path.with_suffix(".stacks"), "w")  # noqa: SIM115 - open till exit
+        faulthandler.dump_traceback_later(stack_sample_s, repeat=True, file=stacks)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     record = _Recorder(out_path.with_suffix(".progress"))
     out = {"status": "running", "options": options, "local_cluster": local_cluster}
@@ -246,6 +259,7 @@ def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster:
                    running_step=record.running or _failed_step(traceback.format_exc()))
         if workers is not None:
             out["workers"] = workers.stop()
+    faulthandler.cancel_dump_traceback_later()
     out_path.write_text(json.dumps(out, default=str))
     return 0 if out["status"] == "ok" else 1
 
@@ -342,6 +356,40 @@ def busy_stacks(dump: str) -> str:
     return "\n\n".join(busy or blocks)
 
 
+def hotspots(stacks: Path, top: int = 4) -> dict:
+    """A sampling profile from the stack dumps of a child: per step (found from the outermost
+    chain function on any thread), its samples and the innermost depsi frames most often on
+    some thread, each with its share of the step's samples."""
+    import collections
+    import re
+
+    text = stacks.read_text(errors="replace") if stacks.exists() else ""
+    samples: collections.Counter = collections.Counter()
+    frames: dict = collections.defaultdict(collections.Counter)
+    for dump in text.split("Timeout (")[1:]:
+        threads = [[line.strip() for line in block.splitlines()
+                    if line.strip().startswith("File ")] for block in dump.split("\n\n")]
+        step = "other"
+        for names in (re.findall(r" in (\w+)$", f) for t in threads for f in reversed(t)):
+            if names and names[0] in STEP_OF:
+                step = STEP_OF[names[0]]
+                break
+        samples[step] += 1
+        seen = set()
+        for thread in threads:
+            at = next((i for i, f in enumerate(thread)
+                       if "/depsi/" in f and "/benchmarks/" not in f), None)
+            if at is None or any("/dask/" in f for f in thread[:at]):
+                continue  # no depsi code, or waiting for Dask's threads (sampled themselves)
+            match = re.search(r'/depsi/(.+)", line (\d+) in (\w+)', thread[at])
+            if match:
+                seen.add(f"{match.group(1)}:{match.group(2)} {match.group(3)}")
+        frames[step].update(seen)
+    return {step: {"samples": count,
+                   "frames": [(frame, n / count) for frame, n in frames[step].most_common(top)]}
+            for step, count in samples.items()}
+
+
 def _log_tail(log: Path, lines: int = 40) -> str:
     text = log.read_text(errors="replace") if log.exists() else ""
     return "\n".join(text.splitlines()[-lines:])
@@ -372,12 +420,17 @@ def bench_size(n_points: int, args) -> dict:
     mode = "local" if args.local_cluster else "chain"
     out = args.cache / f"{folder.name}.{mode}.json"
     log = out.with_suffix(".log")
-    for stale in (out, out.with_suffix(".progress")):
+    for stale in (out, out.with_suffix(".progress"), out.with_suffix(".stacks")):
         stale.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", str(folder), str(out),
-               "--options", json.dumps(args.options)] + (["--local-cluster"] * args.local_cluster)
+               "--options", json.dumps(args.options),
+               "--stack-sample-s", str(args.stack_sample_s)] + (
+        ["--local-cluster"] * args.local_cluster)
     row["child"] = run_child(command, log, timeout=args.timeout, max_rss=args.max_rss)
     row["log"] = str(log)
+    if args.stack_sample_s > 0:
+        row["hotspots"] = hotspots(out.with_suffix(".stacks"))
+        row["stack_sample_s"] = args.stack_sample_s
     if out.exists():
         row.update(json.loads(out.read_text()))
     else:
@@ -511,6 +564,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-rss-gb", type=float,
                         default=0.6 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
                         / GB, help="kill a child whose process tree grows past this")
+    parser.add_argument("--stack-sample-s", type=float, default=2.0,
+                        help="seconds between stack samples of the chain's child (a sampling "
+                             "profile per step; 0: none)")
     parser.add_argument("--report", nargs="+", type=Path, metavar="RESULTS_JSON",
                         help="print the tables of saved results-*.json files (rows in the "
                              "order given) instead of running")
@@ -519,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         sys.exit(child_main(Path(args.child[0]), Path(args.child[1]), json.loads(args.options),
-                            args.local_cluster))
+                            args.local_cluster, args.stack_sample_s))
     if args.report:
         rows = [row for path in args.report for row in json.loads(path.read_text())]
         print_report(rows, "from " + ", ".join(p.name for p in args.report))
@@ -545,6 +601,14 @@ def print_report(rows: list[dict], what: str) -> None:
     print(markdown(rows))
     print("\nPer step (wall s / CPU s / peak RSS GB after the step):\n")
     print(steps_markdown(rows))
+    for row in rows:
+        if row.get("hotspots"):
+            print(f"\n{row['n_points']:,} points, where the time went (stacks every "
+                  f"{row['stack_sample_s']:g} s; innermost depsi frame on any thread, share of "
+                  f"the step's samples):\n")
+            for step, spot in row["hotspots"].items():
+                frames = ", ".join(f"{frame} {share:.0%}" for frame, share in spot["frames"])
+                print(f"- {step} ({spot['samples']} samples): {frames or '-'}")
     for row in rows:
         if row.get("status") != "ok":
             print(f"\n{row['n_points']:,} points: {row.get('status')}: {row.get('error')}")

@@ -23,7 +23,10 @@ For each size:
    difference (the datum), beside the noise and no-correction floors of the oracle fits on the
    same points, the fractions of the PS in the result and coherent there, and the growth
    exponent of the wall time between consecutive sizes (``log(t2/t1) / log(n2/n1)``, 1 =
-   linear). Per step: wall, CPU and peak RSS after the step.
+   linear), and the chain's wall time over that of one decoded read of its input in the same
+   child (``x read``, the baseline). Per step: wall, CPU and peak RSS after the step, and a
+   sampling profile (every thread's stack every ``--stack-sample-s``): the depsi lines where
+   each step spends its time.
 
 A size that fails (an exception: its traceback is kept), runs past ``--timeout`` or grows past
 ``--max-rss-gb`` (the child's process tree, sampled) is reported as such, with the step it was
@@ -136,6 +139,19 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     first = record("atmosphere", lambda: chain.atmosphere_step(network, first, config))
     dense = record("densification", lambda: chain.densification_step(points, first, config))
     return record("model", lambda: chain.model_step(points, first, dense, config))
+
+
+def read_baseline(path: Path) -> float:
+    """Seconds to read and decode the chain's input once (``phase`` and ``h2ph``, chunk by
+    chunk, bounded memory): the floor of any pass over the points."""
+    import dask
+
+    from depsi.io.store import open_stm
+
+    start = time.perf_counter()
+    ps_stm = open_stm(path)
+    dask.compute(ps_stm["phase"].data.sum(), ps_stm["h2ph"].data.sum())
+    return time.perf_counter() - start
 
 
 def _rms_about_median(values: np.ndarray) -> float:
@@ -252,6 +268,9 @@ def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster:
                 workers = None
         out["steps"] = record.steps
         out["accuracy"] = accuracy(result, scene_folder / scene_module.TRUTH_STORE)
+        del result
+        out["read_s"] = min(read_baseline(scene_folder / scene_module.PS_STORE)
+                            for _ in range(2))  # the first pays for imports and cold caches
         out["status"] = "ok"
     except BaseException as err:  # reported to the parent, which carries on with the next size
         out.update(status="failed", error=f"{type(err).__name__}: {err}",
@@ -459,7 +478,7 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
 
 def markdown(rows: list[dict]) -> str:
     head = ("| points | scene | generate s (peak GB) | status | wall s | CPU s | points/s | "
-            "peak RSS GB | velocity RMSE mm/yr (floors noise / no corr.) | height RMSE m "
+            "x read | peak RSS GB | velocity RMSE mm/yr (floors noise / no corr.) | height RMSE m "
             "(floors) | first order kept | in result | coherent | growth |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     previous = None
@@ -486,7 +505,9 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {n:,} | {_fmt(scene.get('extent_km'), '.0f')} km | {generate} | {status} | "
             f"{_fmt(wall, '.1f')} | {_fmt(row.get('chain_cpu_s'), '.1f')} | "
-            f"{_fmt(n / wall if wall else None, ',.0f')} | {_fmt(peak and peak / GB, '.2f')} | "
+            f"{_fmt(n / wall if wall else None, ',.0f')} | "
+            f"{_fmt(wall / row['read_s'] if wall and row.get('read_s') else None, ',.0f')} | "
+            f"{_fmt(peak and peak / GB, '.2f')} | "
             f"{velocity if acc else '-'} | {height if acc else '-'} | "
             f"{_fmt(acc.get('n_first_order'), ',')} | {_count(acc.get('n_result'), n)} | "
             f"{_count(acc.get('n_coherent'), n)} | "

@@ -1,6 +1,12 @@
-"""The conventions module: phase wrapping, m2ph, time baselines, sentinels, constants."""
+"""The conventions module: phase wrapping, m2ph, time baselines, sentinels, constants; and the
+guard that no module of depsi defines a second copy of them."""
 
 from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
 
 import dask.array as da
 import numpy as np
@@ -18,6 +24,8 @@ from depsi.conventions import (
     years_since,
 )
 from depsi.stm.schema import STMValidationError, years_since_mother
+
+SOURCE = Path(__file__).resolve().parents[1] / "depsi"
 
 
 # ------------------------------------------------------------------------------ phase wrapping
@@ -101,3 +109,73 @@ def test_constants_and_month_names():
     assert SPEED_OF_LIGHT == 299792458.0 and DAYS_PER_YEAR == 365.25
     assert len(MONTH_ABBREVIATIONS) == 12 and MONTH_ABBREVIATIONS[2] == "Mar"
     assert MONTH_NUMBERS["mar"] == 3 and MONTH_NUMBERS["dec"] == 12
+
+
+# ------------------------------------------------------------ one definition in all of depsi
+#: Functions and constants that only depsi/conventions.py may define.
+CONVENTION_NAMES = {"wrap_phase", "phase_per_metre", "phase_to_metres", "years_since",
+                    "time_in_years", "MISSING_AMBIGUITY", "SPEED_OF_LIGHT", "DAYS_PER_YEAR",
+                    "MONTH_ABBREVIATIONS", "MONTH_NUMBERS", "_MONTHS"}
+#: Numbers that only depsi/conventions.py may write: days per year, the speed of light.
+CONVENTION_NUMBERS = {365.25, 299792458}
+#: Text patterns of a second copy (in code, not in comments or docstrings).
+CONVENTION_PATTERNS = ("def wrap_phase", "4 * np.pi /", "4.0 * np.pi /", "4*np.pi/", "365.25",
+                       "299792458", "299_792_458")
+
+
+def _modules():
+    return [p for p in sorted(SOURCE.rglob("*.py")) if p.name != "conventions.py"
+            or p.parent != SOURCE]
+
+
+def _code_without_strings_and_comments(text: str) -> str:
+    kept = []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type in (tokenize.STRING, tokenize.COMMENT):
+            continue
+        if token.type == getattr(tokenize, "FSTRING_MIDDLE", None):
+            continue
+        kept.append(token.string)
+    return " ".join(kept)
+
+
+def _second_copies(path: Path) -> list[str]:
+    text = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                node.name in CONVENTION_NAMES):
+            found.append(f"defines {node.name}() (line {node.lineno})")
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in CONVENTION_NAMES:
+                found.append(f"assigns {target.id} (line {node.lineno})")
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and (
+                not isinstance(node.value, bool) and node.value in CONVENTION_NUMBERS):
+            found.append(f"writes the number {node.value} (line {node.lineno})")
+        if isinstance(node, ast.Constant) and node.value in ("Jan", "jan"):
+            found.append(f"spells month names (line {node.lineno})")
+    code = " ".join(_code_without_strings_and_comments(text).split())
+    squeezed = code.replace(" ", "")
+    for pattern in CONVENTION_PATTERNS:
+        if pattern in code or pattern.replace(" ", "") in squeezed:
+            found.append(f"contains {pattern!r}")
+    return found
+
+
+def test_no_module_defines_a_second_copy_of_a_convention():
+    copies = {str(p.relative_to(SOURCE.parent)): c for p in _modules() if (c := _second_copies(p))}
+    assert not copies, f"define these in depsi/conventions.py only: {copies}"
+
+
+def test_the_guard_finds_a_second_copy(tmp_path):
+    copy = tmp_path / "copy.py"
+    copy.write_text("import numpy as np\n\n\ndef wrap_phase(p):\n    return p\n\n\n"
+                    "M2PH = -4 * np.pi / 0.0555  # m2ph\nYEAR = 365.25\nC = 299_792_458.0\n"
+                    'DOC = "years of 365.25 days"  # strings and comments are fine\n')
+    found = _second_copies(copy)
+    assert any("wrap_phase" in f for f in found)
+    assert any("4 * np.pi /" in f for f in found)
+    assert any("365.25" in f for f in found) and any("299792458" in f for f in found)
+    assert not any("DOC" in f for f in found)

@@ -6,15 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
 from depsi.kernels.flags import Flag
-from depsi.kernels.periodogram import (
-    MISSING_AMBIGUITY,
-    default_step,
-    ensemble_coherence,
-    grid_nodes,
-    periodogram,
-    wrap_phase,
-)
+from depsi.kernels.periodogram import default_step, ensemble_coherence, grid_nodes, periodogram
 
 WAVELENGTH = 0.0555
 M2PH = -4 * np.pi / WAVELENGTH

@@ -25,7 +25,8 @@ import pandas as pd
 import xarray as xr
 from dask.base import tokenize
 
-from depsi.io.metadata import SPEED_OF_LIGHT, WAVELENGTH_RANGE, MetadataError, resolve_metadata
+from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.io.metadata import WAVELENGTH_RANGE, MetadataError, resolve_metadata
 from depsi.io.store import DEFAULT_CHUNK_BYTES
 from depsi.stm.schema import STMValidationError, validate
 
@@ -400,8 +401,6 @@ def _size_hint(size: int, shape: tuple[int, int]) -> str:
 _SNAP_BAND = re.compile(r"^(?P<kind>i|q|h2ph)_(?:(?P<swath>[A-Z]{2}\d)_)?(?P<pol>[HV]{2})"
                         r"(?:_(?P<role>mst|slv\d*))?_(?P<date>\d{2}[A-Za-z]{3}\d{4})$")
 _SNAP_DATE = re.compile(r"(\d{2})([A-Za-z]{3})(\d{4})")
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))}
 #: SNAP writes UTC times as [days, seconds, microseconds] since 2000-01-01.
 _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
 
@@ -409,7 +408,7 @@ _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
 def _snap_date(text: str, what: str) -> np.datetime64:
     """``19Mar2023`` -> ``2023-03-19`` at 00:00, without the locale."""
     match = _SNAP_DATE.fullmatch(text)
-    month = _MONTHS.get(match.group(2).lower()) if match else None
+    month = MONTH_NUMBERS.get(match.group(2).lower()) if match else None
     try:
         if month is None:
             raise ValueError("unknown month")

@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
 from depsi.kernels.backend import array_namespace, batch_size, device_of, to_host
 from depsi.kernels.flags import FLAG_DTYPE, Flag
 from depsi.kernels.lstsq import DEFAULT_RCOND, _solve_transposed
-from depsi.kernels.temporal import phase_per_metre
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,6 @@ REFINE_ITERATIONS = 8
 #: Newton's quadratic convergence leaves an error of the order of its square.
 REFINE_TOLERANCE = 1e-6
 
-#: ``ambiguity`` at epochs with no valid phase (int32 has no NaN).
-MISSING_AMBIGUITY = np.iinfo(np.int32).min
-
 _TWO_PI = 2 * np.pi
 
 #: Coherences closer than this are equal: at the peak the coherence is flat to round-off, and
@@ -67,18 +64,6 @@ _COHERENCE_TIE = 1e-14
 
 #: Precision of the coarse-grid coherence (complex64 sums over the epochs).
 _GRID_PRECISION = 1e-5
-
-
-def wrap_phase(phase: Any) -> Any:
-    """Wrap radians to ``(-pi, pi]``.
-
-    Examples
-    --------
-    >>> wrap_phase(np.array([np.pi, -np.pi, 3 * np.pi / 2])).round(4).tolist()
-    [3.1416, 3.1416, -1.5708]
-    """
-    xp = array_namespace(phase)
-    return np.pi - xp.mod(np.pi - phase, _TWO_PI)
 
 
 def ensemble_coherence(residual_phase: Any) -> Any:
@@ -156,8 +141,8 @@ class PeriodogramResult:
         The largest coherence on the coarse grid (complex64 sums: ~1e-6 relative precision).
     ambiguity : (K, T) int32
         Integer cycles ``a_t`` with ``phase_t + 2 pi a_t = model_t + offset + residual_phase_t``:
-        ``phase + 2 pi ambiguity`` is the unwrapped phase. :data:`MISSING_AMBIGUITY` where the
-        epoch is missing.
+        ``phase + 2 pi ambiguity`` is the unwrapped phase.
+        :data:`~depsi.conventions.MISSING_AMBIGUITY` where the epoch is missing.
     residual_phase : (K, T) float64
         ``wrap(phase_t - model_t - offset)`` in ``(-pi, pi]``; NaN where the epoch is missing.
     n_valid : (K,) int

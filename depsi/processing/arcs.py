@@ -12,17 +12,11 @@ import logging
 import numpy as np
 import xarray as xr
 
+from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
 from depsi.kernels.backend import get_namespace, to_host
-from depsi.kernels.periodogram import (
-    MISSING_AMBIGUITY,
-    default_step,
-    ensemble_coherence,
-    grid_nodes,
-    periodogram,
-    wrap_phase,
-)
-from depsi.processing.network import ARC_CHUNK, time_in_years
-from depsi.stm.schema import validate
+from depsi.kernels.periodogram import default_step, ensemble_coherence, grid_nodes, periodogram
+from depsi.processing.network import ARC_CHUNK
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +39,7 @@ def _velocity_only(phase, years, *, wavelength, velocity_range, velocity_step):
     Used when ``h2ph`` carries no information (all zero or constant): the height-error term is
     then not identifiable and is fixed at zero rather than estimated.
     """
-    m2ph = -4.0 * np.pi / wavelength
+    m2ph = phase_per_metre(wavelength)
     step = velocity_step or default_step(float(np.ptp(years)), wavelength) / VELOCITY_ONLY_REFINE
     nodes = grid_nodes(*velocity_range, step)
     valid = np.isfinite(phase)
@@ -145,7 +139,7 @@ def estimate_arcs(
     True
     """
     validate(arcs, "arcs", require=("phase", "h2ph"), require_wavelength=True)
-    years = time_in_years(arcs)
+    years = years_since_mother(arcs)
     if height is None:
         spread = arcs["h2ph"].max("time") - arcs["h2ph"].min("time")
         height = bool(spread.max().compute() > 0) if "time" in arcs["h2ph"].dims else False

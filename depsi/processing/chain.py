@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 import xarray as xr
 
+from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, estimate_arcs
 from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
@@ -24,8 +25,8 @@ from depsi.processing.integration import (
     remove_reference_noise,
 )
 from depsi.processing.model import estimate_model
-from depsi.processing.network import form_network, phase_to_metres, time_in_years, wrap_phase
-from depsi.stm.schema import validate
+from depsi.processing.network import form_network
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ def _fit_with_atmosphere(out: xr.Dataset, *, solver: str) -> xr.Dataset:
     velocity and height error by batched least squares on the same ambiguities; displacement
     and temporal coherence follow from the new values.
     """
-    m2ph = phase_to_metres(float(out.attrs["wavelength"]))
+    m2ph = phase_per_metre(float(out.attrs["wavelength"]))
     full = (out["unwrapped_phase"] + out["aps"]).transpose("space", "time") / m2ph
     observed = out[["h2ph"]].assign(observed=full.astype(np.float64))
     fit = estimate_model(observed, terms=("offset", "velocity", "height_error"),
@@ -269,7 +270,7 @@ def _fit_with_atmosphere(out: xr.Dataset, *, solver: str) -> xr.Dataset:
     ok = np.isfinite(velocity) & np.isfinite(height)
     velocity = np.where(ok, velocity, out["velocity"].values)
     height = np.where(ok, height, out["height_error"].values)
-    years = time_in_years(out)
+    years = years_since_mother(out)
     unwrapped = out["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
     h2ph = np.broadcast_to(out["h2ph"].transpose("space", ...).values.astype(np.float64)
                            .reshape(out.sizes["space"], -1), unwrapped.shape)

@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import shutil
-import uuid
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -54,6 +53,7 @@ from depsi.conventions import (
     wrap_phase,
     years_since,
 )
+from depsi.io.paths import TEMPORARY, temporary_sibling
 
 logger = logging.getLogger(__name__)
 
@@ -697,7 +697,7 @@ def write_stack_zarr(path: str | os.PathLike, *, overwrite: bool = False,
     path = Path(path)
     _refuse_existing(path, overwrite)
     stack, truth = simulate_stack(**simulate_kwargs)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp = temporary_sibling(path, TEMPORARY)
     logger.info("writing simulated stack %s (%.3g GB complex) via %s", path,
                 stack["complex"].nbytes / 1e9, tmp)
     try:

@@ -61,6 +61,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from depsi.io.lock import write_lock
+from depsi.io.paths import temporary_sibling
 from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
@@ -235,7 +236,7 @@ def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | N
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(path)
     with open(tmp, "w") as handle:
         json.dump(data, handle, indent=2, sort_keys=True, default=str)
         handle.flush()
@@ -454,7 +455,7 @@ def _step_export(ctx: _Context) -> dict[str, Any]:
     files = []
     with write_lock(folder):
         recover_interrupted(folder)
-        tmp = folder.with_name(f".{folder.name}.writing-{uuid.uuid4().hex[:8]}")
+        tmp = temporary_sibling(folder)
         tmp.mkdir(parents=True)
         try:
             for name in ctx.config.output.exports:

@@ -275,7 +275,7 @@ def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None)
     xarray.Dataset
         Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
     """
-    from depsi.io import from_geotiff, from_snap, open_slc_zarr
+    from depsi.io import from_geotiff, from_snap, open_binary_folder, open_slc_zarr
 
     fmt = config.input.format
     if fmt == "simulated":
@@ -290,33 +290,7 @@ def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None)
     if fmt == "geotiff":
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
         return from_geotiff(files)
-    return _open_binary_folder(source)
-
-
-def _open_binary_folder(folder: Path) -> xr.Dataset:
-    """A folder of ``slc_YYYYMMDD.raw`` with DORIS ``master.res``/``slave_*.res`` files."""
-    import dask.array as da
-    import numpy as np
-
-    from depsi.io import from_binary, read_metadata_stack
-
-    res_files = sorted(p for p in folder.glob("*.res") if not p.name.startswith("ifgs_"))
-    if not res_files:
-        raise FileNotFoundError(f"input.path: no DORIS .res files in {str(folder)!r}")
-    metadata = read_metadata_stack(res_files)
-    shape = (int(metadata["number_of_lines"]), int(metadata["number_of_pixels"]))
-    dates = [np.datetime_as_string(np.datetime64(d, "D")).replace("-", "")
-             for d in metadata["dates"]]
-    slc_files = [folder / f"slc_{date}.raw" for date in dates]
-    stack = from_binary(slc_files, shape, metadata=metadata)
-    h2ph_files = [folder / f"h2ph_{date}.raw" for date in dates]
-    if all(p.exists() for p in h2ph_files):
-        layers = [da.from_array(np.memmap(p, dtype="<f4", mode="r", shape=shape),
-                                chunks=stack["complex"].data.chunks[:2]) for p in h2ph_files]
-        order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
-        h2ph = da.stack([layers[i] for i in order], axis=-1)
-        stack["h2ph"] = (("azimuth", "range", "time"), h2ph.rechunk(stack["complex"].chunks))
-    return stack
+    return open_binary_folder(source)
 
 
 def _step_stack(ctx: _Context) -> dict[str, Any]:

@@ -12,9 +12,9 @@ import logging
 import numpy as np
 import xarray as xr
 
-from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
+from depsi.conventions import MISSING_AMBIGUITY
 from depsi.kernels.backend import get_namespace, to_host
-from depsi.kernels.periodogram import default_step, ensemble_coherence, grid_nodes, periodogram
+from depsi.kernels.periodogram import periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.stm.schema import validate, years_since_mother
 
@@ -25,46 +25,6 @@ DEFAULT_HEIGHT_RANGE = (-50.0, 50.0)
 #: Default search range of the velocity difference of an arc (m/yr).
 DEFAULT_VELOCITY_RANGE = (-0.05, 0.05)
 
-_TWO_PI = 2.0 * np.pi
-
-
-#: Velocity grid of the velocity-only search (no baseline information): this many times finer
-#: than the periodogram's default step, then a parabola through the best node's neighbours.
-VELOCITY_ONLY_REFINE = 8
-
-
-def _velocity_only(phase, years, *, wavelength, velocity_range, velocity_step):
-    """Velocity-only ensemble-coherence search of ``phase (K, T)``: one GEMM over a fine grid.
-
-    Used when ``h2ph`` carries no information (all zero or constant): the height-error term is
-    then not identifiable and is fixed at zero rather than estimated.
-    """
-    m2ph = phase_per_metre(wavelength)
-    step = velocity_step or default_step(float(np.ptp(years)), wavelength) / VELOCITY_ONLY_REFINE
-    nodes = grid_nodes(*velocity_range, step)
-    valid = np.isfinite(phase)
-    z = np.where(valid, np.exp(1j * np.where(valid, phase, 0.0)), 0.0).astype(np.complex64)
-    power = np.abs(z @ np.exp(-1j * m2ph * np.outer(years, nodes)).astype(np.complex64))
-    best = power.argmax(axis=1)
-    rows = np.arange(len(best))
-    inner = (best > 0) & (best < len(nodes) - 1)
-    p0 = power[rows, best]
-    pm = power[rows, np.maximum(best - 1, 0)]
-    pp = power[rows, np.minimum(best + 1, len(nodes) - 1)]
-    curvature = pm - 2 * p0 + pp
-    ok = inner & (curvature < 0)
-    shift = np.clip(np.where(ok, 0.5 * (pm - pp) / np.where(ok, curvature, -1.0), 0.0), -.5, .5)
-    spacing = nodes[1] - nodes[0] if len(nodes) > 1 else 0.0
-    velocity = nodes[best] + shift * spacing
-    model = m2ph * velocity[:, None] * years[None, :]
-    offset = np.angle(np.sum(z * np.exp(-1j * model), axis=1))
-    residual = wrap_phase(np.where(valid, phase, 0.0) - model - offset[:, None])
-    coherence = ensemble_coherence(np.where(valid, residual, np.nan))
-    cycles = np.rint((model + offset[:, None] + residual - np.where(valid, phase, 0.0)) / _TWO_PI)
-    ambiguity = np.where(valid, cycles, MISSING_AMBIGUITY).astype(np.int32)
-    return velocity, coherence, ambiguity
-
-
 def _arc_block(phase, h2ph, *, years, wavelength, height_range, velocity_range, height_step,
                velocity_step, solver, with_height=True):
     """Periodogram of one block of arcs; NumPy in, NumPy out (CuPy inside when asked)."""
@@ -72,15 +32,11 @@ def _arc_block(phase, h2ph, *, years, wavelength, height_range, velocity_range, 
     if phase.shape[0] == 0:
         empty = np.zeros(0)
         return (empty, empty, empty, np.zeros(phase.shape, np.int32), np.zeros(0, np.int8))
-    if not with_height:
-        velocity, coherence, ambiguity = _velocity_only(
-            np.asarray(phase, dtype=np.float64), years, wavelength=wavelength,
-            velocity_range=velocity_range, velocity_step=velocity_step)
-        return (np.zeros(len(velocity)), velocity, coherence, ambiguity,
-                np.zeros(len(velocity), np.int8))
-    result = periodogram(xp.asarray(phase), xp.asarray(h2ph), years, wavelength=wavelength,
-                         height_range=height_range, velocity_range=velocity_range,
-                         height_step=height_step, velocity_step=velocity_step)
+    # without height, the kernel's velocity-only search (h2ph=None): height_error exactly 0
+    result = periodogram(xp.asarray(phase), xp.asarray(h2ph) if with_height else None, years,
+                         wavelength=wavelength, height_range=height_range,
+                         velocity_range=velocity_range, height_step=height_step,
+                         velocity_step=velocity_step)
     return (to_host(result.height_error), to_host(result.velocity), to_host(result.coherence),
             to_host(result.ambiguity), to_host(result.flag))
 
@@ -114,7 +70,8 @@ def estimate_arcs(
         Estimate the height-error difference. ``None`` (default): only when ``h2ph`` varies
         over the epochs (a stack without baselines, e.g. ``h2ph`` all zero, cannot resolve
         height, and the periodogram would flag every arc rank-deficient with NaN results).
-        Without it the search is over velocity alone, ``height_error`` is exactly 0 (fixed, not
+        Without it the search is over velocity alone (the kernel's ``h2ph=None`` case, see
+        :func:`depsi.kernels.periodogram.periodogram`), ``height_error`` is exactly 0 (fixed, not
         estimated) and ``attrs['height_estimated']`` is False. ``True`` with an ``h2ph`` that
         does not vary gives flagged NaN arcs (see :class:`depsi.kernels.flags.Flag`).
 

@@ -33,10 +33,11 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 import scipy.linalg  # noqa: E402
 
+from depsi.conventions import wrap_phase  # noqa: E402
 from depsi.kernels.backend import cupy_available  # noqa: E402
 from depsi.kernels.lstsq import lstsq_batched  # noqa: E402
 from depsi.kernels.network_inversion import invert_network  # noqa: E402
-from depsi.kernels.periodogram import periodogram, wrap_phase  # noqa: E402
+from depsi.kernels.periodogram import periodogram  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 SCALE = 10 if QUICK else 1

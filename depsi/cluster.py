@@ -3,6 +3,10 @@ computation inside it synchronous, threaded, multi-process, LocalCluster or SLUR
 execution, and closes every pool, cluster, client and job on the way out (success, error or
 Ctrl-C). The same graph gives the same numbers on each (DESIGN.md §6).
 
+The ``compute`` section of the configuration (:class:`ComputeConfig`, with
+:class:`SlurmConfig` and :class:`AdaptiveConfig`) is defined here, beside the schedulers it
+describes; :mod:`depsi.pipeline.config` composes it into the whole configuration.
+
 Examples
 --------
 >>> import dask.array as da
@@ -18,6 +22,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,16 +31,135 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import dask
+from pydantic import Field, field_validator, model_validator
 
-from depsi.pipeline.config import ComputeConfig, PipelineConfig, SlurmConfig
+from depsi.sections import Section, check_bytes
 
 logger = logging.getLogger(__name__)
 
 #: Seconds to wait, after closing a SLURMCluster, for its cancelled jobs to leave ``squeue``.
 SLURM_DRAIN_TIMEOUT_S = 15.0
+
+#: Schedulers :func:`scheduler` offers.
+SCHEDULERS = ("synchronous", "threads", "processes", "local", "slurm")
+
+_WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$|^\d+$")
+_SLURM_NAME = re.compile(r"^[\w.,:+@=/-]+$")
+
+
+# ------------------------------------------------------------------ the compute configuration
+class AdaptiveConfig(Section):
+    """Adaptive scaling: SLURM worker jobs are submitted and cancelled with the load."""
+
+    minimum: int = Field(0, ge=0, description="Fewest worker jobs kept.")
+    maximum: int = Field(4, ge=1, description="Most worker jobs at once.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdaptiveConfig:
+        if self.minimum > self.maximum:
+            raise ValueError(f"minimum {self.minimum} is larger than maximum {self.maximum}")
+        return self
+
+
+class SlurmConfig(Section):
+    """Worker jobs of a dask-jobqueue SLURMCluster (scheduler 'slurm')."""
+
+    queue: str | None = Field(None, description="Partition (sbatch -p); null: the default.")
+    account: str | None = Field(None, description="Account charged (sbatch -A); null: none.")
+    cores: int = Field(1, ge=1, description="Cores per worker job.")
+    processes: int = Field(1, ge=1, description="Dask worker processes per job (cores are "
+                                                "split between them).")
+    memory: str = Field("4GB", description="Memory per worker job, e.g. 4GB or 16GiB.")
+    walltime: str = Field("01:00:00", description="Time limit per worker job, [D-]HH:MM:SS.")
+    driver_memory: str | None = Field(
+        None, description="Memory of the driver job that `depsi slurm-script` writes (it holds "
+                          "the graph and gathered results, not the data); null: `memory`.")
+    driver_walltime: str | None = Field(
+        None, description="Time limit of that driver job: it must cover the whole run, while "
+                          "worker jobs may be replaced; null: `walltime`.")
+    job_directives: list[str] = Field(
+        [], description="Extra #SBATCH lines, e.g. ['--constraint=amd', '--qos=short'].")
+    job_script_prologue: list[str] = Field(
+        [], description="Shell lines run before the worker starts, e.g. "
+                        "['module load cuda', 'source venv/bin/activate'].")
+    gpus_per_job: int = Field(0, ge=0, description="GPUs per worker job (--gres=gpu:N).")
+    jobs: int = Field(1, ge=1, description="Fixed number of worker jobs (ignored with "
+                                           "adaptive).")
+    adaptive: AdaptiveConfig | None = Field(
+        None, description="Adaptive scaling between minimum and maximum jobs; null: fixed "
+                          "scaling with 'jobs'.")
+    interface: str | None = Field(
+        None, description="Network interface of scheduler and workers, e.g. ib0, or lo on a "
+                          "one-node test cluster; null: the host's address.")
+    local_directory: str | None = Field(
+        None, description="Node-local scratch folder for worker spill files; null: $TMPDIR "
+                          "or /tmp.")
+    log_directory: str | None = Field(
+        None, description="Folder for the worker jobs' SLURM output files; null: the folder "
+                          "the run was started in.")
+
+    @field_validator("queue", "account", "interface")
+    @classmethod
+    def _slurm_name(cls, name: str | None) -> str | None:
+        if name is not None and not _SLURM_NAME.match(name):
+            raise ValueError(f"expected a name of letters, digits and . , : + @ = / - _, "
+                             f"found {name[:60]!r}")
+        return name
+
+    @field_validator("memory", "driver_memory")
+    @classmethod
+    def _memory(cls, memory: str | None) -> str | None:
+        return None if memory is None else check_bytes(memory, allow_auto=False)
+
+    @field_validator("walltime", "driver_walltime")
+    @classmethod
+    def _walltime(cls, walltime: str | None) -> str | None:
+        if walltime is None:
+            return None
+        if not _WALLTIME.match(walltime):
+            raise ValueError(f"expected [D-]HH:MM:SS such as '01:30:00', got {walltime!r}")
+        return walltime
+
+    @model_validator(mode="after")
+    def _scaling(self) -> SlurmConfig:
+        if self.cores % self.processes:
+            raise ValueError(f"cores {self.cores} is not a multiple of processes "
+                             f"{self.processes}")
+        return self
+
+
+class ComputeConfig(Section):
+    """Where and how the computation runs (see docs/hpc.md)."""
+
+    scheduler: Literal["synchronous", "threads", "processes", "local", "slurm"] = Field(
+        "threads", description="synchronous (debugging), threads, processes, local (a "
+                               "distributed LocalCluster) or slurm (a SLURMCluster).")
+    workers: int | None = Field(
+        None, ge=1, description="Worker processes for processes/local; null: one per core "
+                                "(local: chosen by Dask).")
+    threads: int | None = Field(
+        None, ge=1, description="Threads for threads, or per worker for local; null: chosen "
+                                "by Dask.")
+    memory_limit: str | None = Field(
+        "auto", description="Memory per local worker (e.g. 2GB); auto: the machine's memory "
+                            "split between workers; null: no limit.")
+    worker_timeout: float = Field(
+        120.0, gt=0, description="Seconds to wait for local or SLURM workers to start before "
+                                 "failing.")
+    devices: list[int | str] | None = Field(
+        None, description="Devices every step spreads its chunks over, round-robin: CUDA "
+                          "indices or names, e.g. [0, 1] or ['cuda:0', 'cpu']; null: every "
+                          "CUDA device found, else the CPU.")
+    slurm: SlurmConfig = Field(
+        default_factory=SlurmConfig, description="SLURM worker jobs (scheduler slurm only).")
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit(cls, memory_limit: str | None) -> str | None:
+        return check_bytes(memory_limit)
 
 
 class SchedulerStartError(RuntimeError):
@@ -64,10 +188,16 @@ class RunningScheduler:
     cluster: Any = None
 
 
-def _as_compute_config(config: ComputeConfig | PipelineConfig | Mapping[str, Any] | None,
+class _HasCompute(Protocol):
+    """A whole configuration (:class:`depsi.pipeline.config.PipelineConfig`): its ``compute``."""
+
+    compute: ComputeConfig
+
+
+def _as_compute_config(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None,
                        overrides: Mapping[str, Any]) -> ComputeConfig:
-    if isinstance(config, PipelineConfig):
-        config = config.compute
+    if isinstance(getattr(config, "compute", None), ComputeConfig):
+        config = config.compute  # a whole pipeline configuration: its compute section
     if config is None:
         data: dict[str, Any] = {}
     elif isinstance(config, ComputeConfig):
@@ -82,16 +212,17 @@ def _as_compute_config(config: ComputeConfig | PipelineConfig | Mapping[str, Any
 
 
 @contextmanager
-def scheduler(config: ComputeConfig | PipelineConfig | Mapping[str, Any] | None = None, /,
+def scheduler(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None = None, /,
               **overrides: Any) -> Iterator[RunningScheduler]:
     """Run the Dask computations inside the ``with`` block on the chosen scheduler.
 
     Parameters
     ----------
     config
-        The ``compute`` section (:class:`~depsi.pipeline.config.ComputeConfig`), a whole
-        :class:`~depsi.pipeline.config.PipelineConfig`, or a mapping with the same keys;
-        ``None`` uses the defaults (``threads``).
+        The ``compute`` section (:class:`ComputeConfig`), a whole
+        :class:`~depsi.pipeline.config.PipelineConfig` (anything with a ``ComputeConfig`` as
+        its ``compute``), or a mapping with the same keys; ``None`` uses the defaults
+        (``threads``).
     **overrides
         Keys of ``ComputeConfig`` that replace those of ``config``, e.g. ``scheduler="local"``.
 

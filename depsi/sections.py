@@ -1,9 +1,9 @@
-"""The base of every configuration section: a strict pydantic model.
+"""The base of every configuration section: a strict pydantic model, and shared validators.
 
-Each processing step defines its parameters and their defaults once, as a section derived from
-:class:`Section` beside the step's code; :mod:`depsi.pipeline.config` composes those sections
-into the YAML file's model. Unknown keys are errors, numbers must be finite, and text is one
-printable line (values reach log lines and batch scripts).
+A section is the one home of a part's parameters and defaults (a processing step's, the
+scheduler's), defined beside the code that uses it; :mod:`depsi.pipeline.config` composes them
+into the configuration of ``depsi run``. This module sits at the bottom of the layers (it
+imports nothing of depsi), so every layer can define its own sections.
 
 Examples
 --------
@@ -25,11 +25,25 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_BYTES = re.compile(r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
 
 
 class Section(BaseModel):
-    """A configuration section: unknown keys forbidden, finite numbers, assignment validated."""
+    """A configuration section: unknown keys, ``.inf``/``.nan`` and multi-line text are errors.
 
+    Examples
+    --------
+    >>> from pydantic import ValidationError
+    >>> class Example(Section):
+    ...     size: int = 1
+    >>> try:
+    ...     Example(sise=2)
+    ... except ValidationError as err:
+    ...     err.errors()[0]["type"]
+    'extra_forbidden'
+    """
+
+    # finite numbers only: .inf or .nan is never a meaningful parameter of a step
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="after")
@@ -41,6 +55,25 @@ class Section(BaseModel):
                 raise ValueError(f"expected one line of printable text, found control "
                                  f"character(s) in {str(text)[:60]!r}")
         return value
+
+
+def check_bytes(value: str | None, *, allow_auto: bool = True) -> str | None:
+    """A memory size such as ``'4GB'`` or ``'500MiB'`` (or ``'auto'``, or None) unchanged.
+
+    Raises
+    ------
+    ValueError
+        For anything else, naming the value.
+
+    Examples
+    --------
+    >>> check_bytes("16GiB"), check_bytes("auto")
+    ('16GiB', 'auto')
+    """
+    if value is None or (allow_auto and value == "auto") or _BYTES.match(value):
+        return value
+    raise ValueError(f"expected a size such as '4GB', '500MiB'{' or auto' if allow_auto else ''}, "
+                     f"got {value!r}")
 
 
 def ordered_pair(pair: tuple[float, float], name: str) -> tuple[float, float]:

@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import shutil
-import uuid
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -47,10 +46,16 @@ import xarray as xr
 import zarr
 from tqdm.auto import tqdm
 
-logger = logging.getLogger(__name__)
+from depsi.conventions import (
+    MONTH_ABBREVIATIONS,
+    SPEED_OF_LIGHT,
+    phase_per_metre,
+    wrap_phase,
+    years_since,
+)
+from depsi.io.paths import TEMPORARY, temporary_sibling
 
-#: Speed of light in vacuum (m/s).
-SPEED_OF_LIGHT = 299_792_458.0
+logger = logging.getLogger(__name__)
 
 #: Edge (pixels) of the fixed tiles that randomness is drawn on; changing it changes the stacks.
 TILE_SIZE = 256
@@ -108,7 +113,6 @@ BOWL_SHARE = 0.8
 _WGS84_A = 6378137.0
 _WGS84_E2 = 6.69437999014e-3
 _GM = 3.986004418e14
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 # keys that separate the random streams: SeedSequence([seed, key, ...])
 _KEY_BPERP, _KEY_FIELD, _KEY_APS, _KEY_TILE_STATIC, _KEY_TILE_EPOCH = 1, 2, 3, 4, 5
@@ -152,7 +156,7 @@ class _Scene:
 
     @property
     def m2ph(self) -> float:
-        return -4.0 * np.pi / self.wavelength
+        return phase_per_metre(self.wavelength)
 
 
 def _check_arguments(*, shape, n_epochs, seed, ps_fraction, wavelength, revisit_days,
@@ -246,7 +250,7 @@ def _build_scene(*, shape, n_epochs, seed, ps_fraction, wavelength, start, revis
                          ) from err
     step = np.timedelta64(round(float(revisit_days) * 86400), "s")
     time = (first + np.arange(n_epochs) * step).astype("datetime64[ns]")
-    years = (time - time[0]) / np.timedelta64(1, "D") / 365.25
+    years = years_since(time, time[0])  # displacement is zero at the first epoch
 
     bperp = _rng(seed, _KEY_BPERP).normal(0.0, BPERP_STD, n_epochs)
     bperp[mother] = 0.0
@@ -693,7 +697,7 @@ def write_stack_zarr(path: str | os.PathLike, *, overwrite: bool = False,
     path = Path(path)
     _refuse_existing(path, overwrite)
     stack, truth = simulate_stack(**simulate_kwargs)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    tmp = temporary_sibling(path, TEMPORARY)
     logger.info("writing simulated stack %s (%.3g GB complex) via %s", path,
                 stack["complex"].nbytes / 1e9, tmp)
     try:
@@ -730,7 +734,7 @@ def _doris_time(moment: np.datetime64) -> str:
     text = np.datetime_as_string(moment.astype("datetime64[us]"), unit="us")
     year, month, rest = text.split("-", 2)
     day, clock = rest.split("T")
-    return f"{year}-{_MONTHS[int(month) - 1]}-{day} {clock}"
+    return f"{year}-{MONTH_ABBREVIATIONS[int(month) - 1]}-{day} {clock}"
 
 
 def _section(name: str, lines: list[str]) -> list[str]:
@@ -1091,7 +1095,7 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
     True
     """
     from depsi.processing.interferogram import single_mother_interferograms
-    from depsi.processing.network import phase_to_metres, time_in_years, wrap_phase
+    from depsi.stm.schema import years_since_mother
 
     if "complex" in points and "interferogram" not in points.attrs:
         points = single_mother_interferograms(points)
@@ -1102,9 +1106,9 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
     true = truth[["ps_mask", "velocity", "height_error", "aps", "displacement"]].isel(at).compute()
     compared = (true["ps_mask"].values
                 & (result["temporal_coherence"].values >= min_coherence))
-    years = time_in_years(points)
+    years = years_since_mother(points)
     mother = int(np.argmin(np.abs(years)))
-    m2ph = phase_to_metres(float(points.attrs["wavelength"]))
+    m2ph = phase_per_metre(float(points.attrs["wavelength"]))
     phase = points["phase"].transpose("space", "time").values[index].astype(np.float64)
     h2ph = np.broadcast_to(points["h2ph"].transpose("space", ...).values[index]
                            .astype(np.float64).reshape(len(index), -1), phase.shape)

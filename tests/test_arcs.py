@@ -7,8 +7,8 @@ import pytest
 import xarray as xr
 
 from depsi.processing.arcs import estimate_arcs
-from depsi.processing.network import form_network, time_in_years
-from depsi.stm.schema import STMValidationError
+from depsi.processing.network import form_network
+from depsi.stm.schema import STMValidationError, years_since_mother
 from test_network import simulated_points
 
 PS_NOISE = 0.3  # rad per SLC epoch in the simulator; an arc carries sqrt(2) of it per epoch
@@ -18,7 +18,7 @@ def predicted_arc_std(points):
     """Std of an arc's (velocity, height error) from its LSQ covariance with noise
     sqrt(2) * PS_NOISE per epoch (the mother's noise is a constant, absorbed by the offset)."""
     m2ph = -4 * np.pi / points.attrs["wavelength"]
-    years = time_in_years(points)
+    years = years_since_mother(points)
     h2ph = points.h2ph.values.mean(axis=0)
     design = np.column_stack([m2ph * years, m2ph * h2ph, np.ones_like(years)])
     cov = 2 * PS_NOISE**2 * np.linalg.inv(design.T @ design)
@@ -47,7 +47,7 @@ def test_ambiguities_unwrap_the_arc_phase_to_the_model():
     arcs = estimate_arcs(form_network(points)).compute()
     unwrapped = arcs.phase.values + 2 * np.pi * arcs.ambiguity.values
     m2ph = -4 * np.pi / points.attrs["wavelength"]
-    years = time_in_years(points)
+    years = years_since_mother(points)
     model = m2ph * (arcs.velocity.values[:, None] * years + arcs.h2ph.values
                     * arcs.height_error.values[:, None])
     residual = unwrapped - model
@@ -80,7 +80,7 @@ def test_zero_h2ph_gives_velocity_only_arcs_by_default():
     assert arcs.attrs["height_estimated"] == 0
     assert (arcs.height_error.values == 0).all() and (arcs.flag.values == 0).all()
     dv = true.velocity.values[arcs.target.values] - true.velocity.values[arcs.source.values]
-    years = time_in_years(points)
+    years = years_since_mother(points)
     sd_v = np.sqrt(2) * PS_NOISE / (4 * np.pi / points.attrs["wavelength"]
                                     * np.sqrt(np.sum((years - years.mean()) ** 2)))
     assert np.sqrt(np.mean((arcs.velocity.values - dv) ** 2)) <= 1.5 * sd_v

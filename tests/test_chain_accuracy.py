@@ -38,10 +38,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from depsi.conventions import phase_per_metre
 from depsi.processing.chain import run_ps_chain
-from depsi.processing.network import phase_to_metres, time_in_years
 from depsi.processing.selection import ps_selection
 from depsi.simulate import PIXEL_SPACING, simulate_stack
+from depsi.stm.schema import years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ MIN_COHERENCE = 0.8
 def _apply_floor(points, aps, ref):
     """RMS velocity and height that the true screen (relative to the reference point) alone
     leaks into a least-squares fit of [m2ph t, m2ph h2ph, 1]: what no estimator removes."""
-    years = time_in_years(points)
-    m2ph = phase_to_metres(points.attrs["wavelength"])
+    years = years_since_mother(points)
+    m2ph = phase_per_metre(points.attrs["wavelength"])
     h2ph = points["h2ph"].values.astype(np.float64).mean(axis=0)
     design = np.column_stack([m2ph * years, m2ph * h2ph, np.ones_like(years)])
     leak = np.linalg.lstsq(design, (aps - aps[ref]).T, rcond=None)[0]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from depsi.conventions import wrap_phase
 from depsi.kernels.backend import cupy_available, to_host
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.network_inversion import invert_network
-from depsi.kernels.periodogram import periodogram, wrap_phase
+from depsi.kernels.periodogram import periodogram
 
 pytestmark = [
     pytest.mark.gpu,

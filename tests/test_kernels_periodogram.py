@@ -6,15 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
 from depsi.kernels.flags import Flag
-from depsi.kernels.periodogram import (
-    MISSING_AMBIGUITY,
-    default_step,
-    ensemble_coherence,
-    grid_nodes,
-    periodogram,
-    wrap_phase,
-)
+from depsi.kernels.periodogram import default_step, ensemble_coherence, grid_nodes, periodogram
 
 WAVELENGTH = 0.0555
 M2PH = -4 * np.pi / WAVELENGTH
@@ -242,3 +236,101 @@ def test_shape_errors_name_the_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         periodogram(args["phase"], args["h2ph"], args["time_years"], wavelength=WAVELENGTH)
+
+
+# ------------------------------------------------------------ velocity only (h2ph=None)
+def _previous_velocity_only(phase, years, *, wavelength, velocity_range, velocity_step):
+    """The NumPy-only velocity search that depsi.processing.arcs had before it became the
+    kernel's ``h2ph=None`` case, kept verbatim (with its own phase wrapping) as the reference."""
+    def wrap(x):
+        return np.pi - np.mod(np.pi - x, 2 * np.pi)
+
+    m2ph = -4.0 * np.pi / wavelength
+    step = velocity_step or default_step(float(np.ptp(years)), wavelength) / 8
+    nodes = grid_nodes(*velocity_range, step)
+    valid = np.isfinite(phase)
+    z = np.where(valid, np.exp(1j * np.where(valid, phase, 0.0)), 0.0).astype(np.complex64)
+    power = np.abs(z @ np.exp(-1j * m2ph * np.outer(years, nodes)).astype(np.complex64))
+    best = power.argmax(axis=1)
+    rows = np.arange(len(best))
+    inner = (best > 0) & (best < len(nodes) - 1)
+    p0 = power[rows, best]
+    pm = power[rows, np.maximum(best - 1, 0)]
+    pp = power[rows, np.minimum(best + 1, len(nodes) - 1)]
+    curvature = pm - 2 * p0 + pp
+    ok = inner & (curvature < 0)
+    shift = np.clip(np.where(ok, 0.5 * (pm - pp) / np.where(ok, curvature, -1.0), 0.0), -.5, .5)
+    spacing = nodes[1] - nodes[0] if len(nodes) > 1 else 0.0
+    velocity = nodes[best] + shift * spacing
+    model = m2ph * velocity[:, None] * years[None, :]
+    offset = np.angle(np.sum(z * np.exp(-1j * model), axis=1))
+    residual = wrap(np.where(valid, phase, 0.0) - model - offset[:, None])
+    coherence = ensemble_coherence(np.where(valid, residual, np.nan))
+    cycles = np.rint((model + offset[:, None] + residual - np.where(valid, phase, 0.0))
+                     / (2 * np.pi))
+    ambiguity = np.where(valid, cycles, MISSING_AMBIGUITY).astype(np.int32)
+    return velocity, coherence, ambiguity
+
+
+def _velocity_only_arcs(rng, K, T, sigma, missing=0.0):
+    t = np.sort(rng.uniform(0, 4, T))
+    t -= t[0]
+    velocity = rng.uniform(-0.04, 0.04, K)
+    phase = wrap_phase(M2PH * velocity[:, None] * t + rng.uniform(-np.pi, np.pi, (K, 1))
+                       + rng.normal(0, sigma, (K, T)))
+    phase[rng.random((K, T)) < missing] = np.nan
+    return t, velocity, phase
+
+
+def test_velocity_only_case_equals_the_previous_numpy_search():
+    rng = np.random.default_rng(12)
+    t, _, phase = _velocity_only_arcs(rng, 500, 45, 0.6, missing=0.05)
+    phase = phase.astype(np.float32)  # as arc phases are stored
+    for step in (None, 2e-4):
+        velocity, coherence, ambiguity = _previous_velocity_only(
+            phase.astype(np.float64), t, wavelength=WAVELENGTH, velocity_range=(-0.05, 0.05),
+            velocity_step=step)
+        res = periodogram(phase, None, t, wavelength=WAVELENGTH, velocity_range=(-0.05, 0.05),
+                          velocity_step=step)
+        np.testing.assert_array_equal(res.velocity, velocity)
+        np.testing.assert_array_equal(res.coherence, coherence)
+        np.testing.assert_array_equal(res.ambiguity, ambiguity)
+        assert (res.height_error == 0).all() and (res.flag == Flag.OK).all()
+
+
+def test_velocity_only_recovers_velocity_and_reconstructs_the_phase():
+    rng = np.random.default_rng(13)
+    sigma = 0.3
+    t, velocity, phase = _velocity_only_arcs(rng, 400, 60, sigma)
+    res = periodogram(phase, None, t, wavelength=WAVELENGTH)
+    # the Cramer-Rao std of the velocity with the constant phase estimated too
+    crb = sigma / (abs(M2PH) * np.sqrt(np.sum((t - t.mean()) ** 2)))
+    assert np.std((res.velocity - velocity) / crb) < 1.3
+    unwrapped = phase + 2 * np.pi * res.ambiguity
+    model = M2PH * res.velocity[:, None] * t + res.offset[:, None] + res.residual_phase
+    np.testing.assert_allclose(unwrapped, model, atol=1e-9)
+    assert np.allclose(res.coherence, np.abs(np.mean(np.exp(1j * res.residual_phase), axis=1)))
+
+
+def test_velocity_only_batches_flags_and_refusals():
+    rng = np.random.default_rng(14)
+    t, _, phase = _velocity_only_arcs(rng, 50, 20, 0.5)
+    phase[3, 1:] = np.nan  # one epoch left: too few for velocity and the constant phase
+    phase[4] = np.nan
+    one = periodogram(phase, None, t, wavelength=WAVELENGTH)
+    many = periodogram(phase, None, t, wavelength=WAVELENGTH, max_batch=7)
+    # the grid sums are complex64 GEMMs, whose rounding depends on the batch's shape
+    for name in ("velocity", "coherence", "offset"):
+        np.testing.assert_allclose(getattr(many, name), getattr(one, name), rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
+    for name in ("ambiguity", "flag", "n_valid"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=name)
+    assert one.flag[3] == one.flag[4] == Flag.TOO_FEW_OBSERVATIONS
+    assert np.isnan(one.velocity[[3, 4]]).all() and (one.ambiguity[4] == MISSING_AMBIGUITY).all()
+    assert (np.delete(one.flag, [3, 4]) == Flag.OK).all()
+    coarse = periodogram(phase, None, t, wavelength=WAVELENGTH, refine=False)
+    nodes = grid_nodes(-0.05, 0.05, default_step(np.ptp(t), WAVELENGTH) / 8)
+    assert np.isin(coarse.velocity[:3], nodes).all()
+    with pytest.raises(ValueError, match="extra_regressors: expected none without h2ph"):
+        periodogram(phase, None, t, wavelength=WAVELENGTH,
+                    extra_regressors={"s": (np.sin(t), (-1, 1))})

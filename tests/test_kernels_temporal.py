@@ -1,17 +1,12 @@
-"""Temporal model helpers: time baselines and design matrices in metres."""
+"""Temporal model helpers: design matrices in metres (time baselines: test_conventions)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from depsi.kernels.temporal import design_matrix, phase_per_metre, years_since
-
-
-def test_years_since_first_epoch_in_years_of_365_25_days():
-    time = np.array(["2020-01-01", "2020-01-13", "2024-01-01"], dtype="datetime64[ns]")
-    np.testing.assert_allclose(years_since(time), [0.0, 12 / 365.25, 1461 / 365.25])
-    assert years_since(time, reference="2020-01-13")[0] == pytest.approx(-12 / 365.25)
+from depsi.conventions import phase_per_metre
+from depsi.kernels.temporal import design_matrix
 
 
 def test_design_matrix_columns_and_names():

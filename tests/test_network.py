@@ -12,14 +12,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depsi.processing.network import (
-    form_network,
-    point_positions,
-    redundant_edges,
-    time_in_years,
-    wrap_phase,
-)
-from depsi.stm.schema import STMValidationError, validate
+from depsi.conventions import wrap_phase
+from depsi.processing.network import form_network, point_positions, redundant_edges
+from depsi.stm.schema import STMValidationError, validate, years_since_mother
 
 
 @functools.lru_cache(maxsize=8)
@@ -144,7 +139,7 @@ def test_too_few_points_and_bad_method_raise_clear_errors():
 
 def test_time_in_years_counts_from_mother_and_wrap_is_half_open():
     points = _random_points()
-    years = time_in_years(points)
+    years = years_since_mother(points)
     assert years[0] == 0.0 and np.isclose(years[1], 12 / 365.25)
     assert wrap_phase(np.array(-np.pi)) == pytest.approx(np.pi)
 

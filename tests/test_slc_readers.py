@@ -22,6 +22,7 @@ from depsi.io.slc import (
     from_binary,
     from_geotiff,
     from_snap,
+    open_binary_folder,
     open_slc_zarr,
 )
 from depsi.stm.schema import STMValidationError
@@ -173,6 +174,28 @@ def test_binary_unknown_dtype_and_bad_wavelength_are_refused(tmp_path: Path) -> 
 # --- SNAP znap ---------------------------------------------------------------------------------
 
 @pytest.mark.realdata
+def test_binary_folder_with_doris_metadata_equals_the_simulated_stack(tmp_path: Path) -> None:
+    from depsi.pipeline.config import parse_config
+    from depsi.pipeline.runner import open_stack
+    from depsi.simulate import simulate_stack, write_stack_binary
+
+    kwargs = {"shape": (20, 24), "n_epochs": 4, "seed": 5}
+    write_stack_binary(tmp_path, progress=False, **kwargs)
+    stack, _ = simulate_stack(**kwargs)
+    ds = open_binary_folder(tmp_path)
+    np.testing.assert_array_equal(ds["time"].values, stack["time"].values)
+    np.testing.assert_array_equal(ds["complex"].values, stack["complex"].values)
+    np.testing.assert_array_equal(ds["h2ph"].values, stack["h2ph"].values)
+    assert ds.attrs["wavelength"] == pytest.approx(stack.attrs["wavelength"])
+    config = parse_config({"input": {"path": str(tmp_path), "format": "binary"}})
+    xr.testing.assert_identical(open_stack(config), ds)  # the pipeline's binary input
+
+
+def test_binary_folder_without_doris_metadata_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="expected DORIS .res files"):
+        open_binary_folder(tmp_path)
+
+
 def test_snap_pair_equals_a_direct_numpy_read_of_i_and_q(snap: xr.Dataset,
                                                          snap_products: list[Path]) -> None:
     np.testing.assert_array_equal(snap.time.values, SNAP_DATES)

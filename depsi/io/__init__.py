@@ -3,7 +3,7 @@
 from depsi.io.csv import from_csv
 from depsi.io.metadata import MetadataError, read_metadata, read_metadata_stack
 from depsi.io.prefetch import iter_blocks, prefetched
-from depsi.io.slc import from_binary, from_geotiff, from_snap, open_slc_zarr
+from depsi.io.slc import from_binary, from_geotiff, from_snap, open_binary_folder, open_slc_zarr
 from depsi.io.stack import from_dataset, multi_look
 from depsi.io.store import DEFAULT_CHUNK_BYTES, append_epochs, open_stm, save_stm
 
@@ -18,6 +18,7 @@ __all__ = [
     "from_snap",
     "iter_blocks",
     "multi_look",
+    "open_binary_folder",
     "open_slc_zarr",
     "open_stm",
     "prefetched",

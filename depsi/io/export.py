@@ -29,10 +29,8 @@ Examples
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
-import uuid
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,13 +60,14 @@ def _atomic_path(path: str | os.PathLike):
     siblings of earlier, killed exports of the same file are removed under it.
     """
     from depsi.io.lock import write_lock
+    from depsi.io.paths import temporary_sibling, temporary_siblings
 
     path = Path(path)
     with write_lock(path):
-        for stale in path.parent.glob(f".{glob.escape(path.stem)}.writing-*{path.suffix}"):
+        for stale in temporary_siblings(path, keep_suffix=True):
             logger.warning("removing %s, left by an interrupted export of %s", stale, path)
             stale.unlink(missing_ok=True)
-        tmp = path.with_name(f".{path.stem}.writing-{uuid.uuid4().hex[:8]}{path.suffix}")
+        tmp = temporary_sibling(path, keep_suffix=True)
         try:
             yield tmp
             os.replace(tmp, path)

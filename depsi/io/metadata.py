@@ -21,11 +21,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-logger = logging.getLogger(__name__)
+from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
 
-#: Speed of light in vacuum (m/s), used to turn range times into ranges and frequency into
-#: wavelength.
-SPEED_OF_LIGHT = 299_792_458.0
+logger = logging.getLogger(__name__)
 
 #: Plausible radar wavelengths (m): from Ka band (8 mm) to P band (about 0.7 m), with margin.
 WAVELENGTH_RANGE = (1e-3, 1.0)
@@ -42,8 +40,6 @@ DRIVERS = ("doris4", "doris5", "auto")
 
 Driver = Literal["doris4", "doris5", "auto"]
 
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))}
 
 #: ``First_pixel_azimuth_time (UTC)`` layouts: DORIS v4 ``01-Mar-2018 17:19:09.165000``,
 #: DORIS v5 ``2018-Mar-06 17:24:29.954980``.
@@ -225,7 +221,7 @@ def parse_azimuth_time(text: str, driver: str) -> np.datetime64:
     match = _TIME_PATTERNS[driver].match(text.strip())
     if not match:
         raise ValueError(f"expected layout {_TIME_LAYOUT[driver]!r}")
-    month = _MONTHS.get(match["mon"].lower())
+    month = MONTH_NUMBERS.get(match["mon"].lower())
     if month is None:
         raise ValueError(f"unknown month {match['mon']!r}")
     year = int(match["year"])

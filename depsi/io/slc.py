@@ -25,7 +25,13 @@ import pandas as pd
 import xarray as xr
 from dask.base import tokenize
 
-from depsi.io.metadata import SPEED_OF_LIGHT, WAVELENGTH_RANGE, MetadataError, resolve_metadata
+from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.io.metadata import (
+    WAVELENGTH_RANGE,
+    MetadataError,
+    read_metadata_stack,
+    resolve_metadata,
+)
 from depsi.io.store import DEFAULT_CHUNK_BYTES
 from depsi.stm.schema import STMValidationError, validate
 
@@ -393,6 +399,59 @@ def _size_hint(size: int, shape: tuple[int, int]) -> str:
     return ""
 
 
+def open_binary_folder(folder: str | os.PathLike) -> xr.Dataset:
+    """A DORIS stack folder: ``slc_YYYYMMDD.raw`` per epoch with ``master.res`` /
+    ``slave_YYYYMMDD.res`` metadata, and ``h2ph_YYYYMMDD.raw`` (float32) when present.
+
+    The metadata give the shape, the dates and the wavelength (:func:`from_binary` with
+    ``metadata=``); ``ifgs_*.res`` files are not epochs and are skipped.
+
+    Parameters
+    ----------
+    folder
+        The folder, as :func:`depsi.simulate.write_stack_binary` writes one.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``complex`` and, when every epoch has its file, ``h2ph`` on ``(azimuth, range, time)``,
+        lazily, epochs sorted by date.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the folder holds no ``.res`` file, or a listed raster is missing.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from depsi.simulate import write_stack_binary
+    >>> info = write_stack_binary(tempfile.mkdtemp(), shape=(16, 20), n_epochs=3, progress=False)
+    >>> ds = open_binary_folder(info["folder"])
+    >>> ds.complex.shape, ds.h2ph.dims
+    ((16, 20, 3), ('azimuth', 'range', 'time'))
+    """
+    folder = Path(folder)
+    res_files = sorted(p for p in folder.glob("*.res") if not p.name.startswith("ifgs_"))
+    if not res_files:
+        raise FileNotFoundError(f"folder {str(folder)!r}: expected DORIS .res files "
+                                f"(master.res, slave_YYYYMMDD.res), found none")
+    metadata = read_metadata_stack(res_files)
+    shape = (int(metadata["number_of_lines"]), int(metadata["number_of_pixels"]))
+    dates = [np.datetime_as_string(np.datetime64(d, "D")).replace("-", "")
+             for d in metadata["dates"]]
+    slc_files = [folder / f"slc_{day}.raw" for day in dates]
+    stack = from_binary(slc_files, shape, metadata=metadata)
+    h2ph_files = [folder / f"h2ph_{day}.raw" for day in dates]
+    if all(p.exists() for p in h2ph_files):
+        layers = [da.from_array(np.memmap(p, dtype="<f4", mode="r", shape=shape),
+                                chunks=stack["complex"].data.chunks[:2]) for p in h2ph_files]
+        order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
+        h2ph = da.stack([layers[i] for i in order], axis=-1)
+        stack["h2ph"] = (("azimuth", "range", "time"), h2ph.rechunk(stack["complex"].chunks))
+    return stack
+
+
 # ----------------------------------------------------------------------------------------------
 # SNAP "znap" Zarr products
 # ----------------------------------------------------------------------------------------------
@@ -400,8 +459,6 @@ def _size_hint(size: int, shape: tuple[int, int]) -> str:
 _SNAP_BAND = re.compile(r"^(?P<kind>i|q|h2ph)_(?:(?P<swath>[A-Z]{2}\d)_)?(?P<pol>[HV]{2})"
                         r"(?:_(?P<role>mst|slv\d*))?_(?P<date>\d{2}[A-Za-z]{3}\d{4})$")
 _SNAP_DATE = re.compile(r"(\d{2})([A-Za-z]{3})(\d{4})")
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))}
 #: SNAP writes UTC times as [days, seconds, microseconds] since 2000-01-01.
 _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
 
@@ -409,7 +466,7 @@ _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
 def _snap_date(text: str, what: str) -> np.datetime64:
     """``19Mar2023`` -> ``2023-03-19`` at 00:00, without the locale."""
     match = _SNAP_DATE.fullmatch(text)
-    month = _MONTHS.get(match.group(2).lower()) if match else None
+    month = MONTH_NUMBERS.get(match.group(2).lower()) if match else None
     try:
         if month is None:
             raise ValueError("unknown month")
@@ -942,5 +999,6 @@ __all__ = [
     "from_binary",
     "from_geotiff",
     "from_snap",
+    "open_binary_folder",
     "open_slc_zarr",
 ]

@@ -7,12 +7,10 @@ asked. Space is stored in Morton order of (azimuth, range) and chunked by bytes;
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
 import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ import xarray as xr
 
 from depsi.io.cf import with_cf_attributes
 from depsi.io.lock import write_lock
+from depsi.io.paths import REPLACED, TEMPORARY, WRITING, temporary_sibling, temporary_siblings
 from depsi.stm.order import morton_order
 from depsi.stm.schema import DIMS, STMValidationError, validate
 
@@ -141,10 +140,6 @@ def _fault_point(stage: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _temporary_sibling(path: Path, tag: str) -> Path:
-    return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}")
-
-
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two existing paths in one atomic step (Linux renameat2); False where unsupported."""
     import ctypes
@@ -185,7 +180,7 @@ def move_into_place(tmp: Path, path: Path) -> None:
     if _exchange(tmp, path):
         _remove(tmp)  # now the old product
         return
-    old = _temporary_sibling(path, "replaced")
+    old = temporary_sibling(path, REPLACED)
     os.replace(path, old)
     _fault_point("move:old-aside")
     os.replace(tmp, path)
@@ -205,9 +200,8 @@ def recover_interrupted(path: str | os.PathLike) -> list[Path]:
         The siblings removed or restored.
     """
     path = Path(path)
-    siblings = sorted(path.parent.glob(f".{glob.escape(path.name)}.writing-*")) + sorted(
-        path.parent.glob(f".{glob.escape(path.name)}.replaced-*"),
-        key=lambda p: p.stat().st_mtime_ns)
+    siblings = temporary_siblings(path, WRITING) + sorted(
+        temporary_siblings(path, REPLACED), key=lambda p: p.stat().st_mtime_ns)
     replaced = [p for p in siblings if ".replaced-" in p.name]
     if not path.exists() and replaced:
         logger.warning("restoring %s from %s, left by a writer killed while replacing it",
@@ -287,7 +281,7 @@ def save_stm(
         if path.exists() and not overwrite:
             raise FileExistsError(
                 f"store path {str(path)!r} exists; pass overwrite=True to replace it")
-        tmp = _temporary_sibling(path, "writing")
+        tmp = temporary_sibling(path, WRITING)
         try:
             ds.to_zarr(tmp, mode="w-", zarr_format=3, consolidated=False, encoding=encoding,
                        write_empty_chunks=True)
@@ -525,7 +519,7 @@ def open_stm(
         Validate the conventions (default True).
     """
     path = Path(path)
-    if not path.exists() and any(path.parent.glob(f".{glob.escape(path.name)}.replaced-*")):
+    if not path.exists() and temporary_siblings(path, REPLACED):
         with write_lock(path):
             recover_interrupted(path)
     check_store_path(path)
@@ -632,7 +626,7 @@ def _already_appended(old: xr.Dataset, new: xr.Dataset, path: Path) -> bool:
 
 
 def _write_json_atomic(path: Path, document: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(path, TEMPORARY)
     with open(tmp, "w") as f:
         json.dump(document, f)
         f.flush()

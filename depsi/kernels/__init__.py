@@ -4,6 +4,7 @@ Every kernel takes the array namespace of its inputs (:func:`backend.array_names
 same call runs on host (NumPy) or device (CuPy) arrays and returns arrays on that device.
 """
 
+from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase, years_since
 from depsi.kernels.backend import (
     Device,
     array_namespace,
@@ -22,14 +23,8 @@ from depsi.kernels.network_inversion import (
     connected_components,
     invert_network,
 )
-from depsi.kernels.periodogram import (
-    MISSING_AMBIGUITY,
-    PeriodogramResult,
-    ensemble_coherence,
-    periodogram,
-    wrap_phase,
-)
-from depsi.kernels.temporal import design_matrix, phase_per_metre, years_since
+from depsi.kernels.periodogram import PeriodogramResult, ensemble_coherence, periodogram
+from depsi.kernels.temporal import design_matrix
 
 __all__ = [
     "MISSING_AMBIGUITY",

@@ -23,6 +23,9 @@ The search has two stages, both vectorised over items:
    converged leave the working set. It converges to the coherence maximum near the grid node,
    far below the grid step; the best point visited is kept, and the grid node where the
    refinement could not start or ended below the grid's coherence (flag ``GRID_ONLY``).
+
+Without baselines (``h2ph=None``) the height term is dropped: the velocity alone is searched on
+a grid :data:`VELOCITY_ONLY_REFINE` times finer, with one GEMM and a parabolic vertex.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
 from depsi.kernels.backend import array_namespace, batch_size, device_of, to_host
 from depsi.kernels.flags import FLAG_DTYPE, Flag
 from depsi.kernels.lstsq import DEFAULT_RCOND, _solve_transposed
-from depsi.kernels.temporal import phase_per_metre
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +59,10 @@ REFINE_ITERATIONS = 8
 #: Newton's quadratic convergence leaves an error of the order of its square.
 REFINE_TOLERANCE = 1e-6
 
-#: ``ambiguity`` at epochs with no valid phase (int32 has no NaN).
-MISSING_AMBIGUITY = np.iinfo(np.int32).min
+#: The velocity-only search (``h2ph=None``) runs on a grid this many times finer than the
+#: default step, then takes the vertex of the parabola through the best node's neighbours: one
+#: GEMM and no Newton iterations, as nothing but the velocity and the constant phase is fitted.
+VELOCITY_ONLY_REFINE = 8
 
 _TWO_PI = 2 * np.pi
 
@@ -67,18 +72,6 @@ _COHERENCE_TIE = 1e-14
 
 #: Precision of the coarse-grid coherence (complex64 sums over the epochs).
 _GRID_PRECISION = 1e-5
-
-
-def wrap_phase(phase: Any) -> Any:
-    """Wrap radians to ``(-pi, pi]``.
-
-    Examples
-    --------
-    >>> wrap_phase(np.array([np.pi, -np.pi, 3 * np.pi / 2])).round(4).tolist()
-    [3.1416, 3.1416, -1.5708]
-    """
-    xp = array_namespace(phase)
-    return np.pi - xp.mod(np.pi - phase, _TWO_PI)
 
 
 def ensemble_coherence(residual_phase: Any) -> Any:
@@ -156,8 +149,8 @@ class PeriodogramResult:
         The largest coherence on the coarse grid (complex64 sums: ~1e-6 relative precision).
     ambiguity : (K, T) int32
         Integer cycles ``a_t`` with ``phase_t + 2 pi a_t = model_t + offset + residual_phase_t``:
-        ``phase + 2 pi ambiguity`` is the unwrapped phase. :data:`MISSING_AMBIGUITY` where the
-        epoch is missing.
+        ``phase + 2 pi ambiguity`` is the unwrapped phase.
+        :data:`~depsi.conventions.MISSING_AMBIGUITY` where the epoch is missing.
     residual_phase : (K, T) float64
         ``wrap(phase_t - model_t - offset)`` in ``(-pi, pi]``; NaN where the epoch is missing.
     n_valid : (K,) int
@@ -370,6 +363,76 @@ def periodogram_bytes_per_item(n_epochs: int, n_heights: int, n_shared: int,
     return max(coarse, refine) + (64 + 8 * Q) * T
 
 
+def velocity_search_bytes_per_item(n_epochs: int, n_nodes: int) -> int:
+    """Peak bytes of the velocity-only search (``h2ph=None``) per item, for sizing batches.
+
+    The grid sums and their moduli (complex64 and float32, ``12 N`` for ``N`` velocity nodes),
+    the unit phasors (``8 T``) and about seven float64 ``(T,)`` temporaries.
+
+    Examples
+    --------
+    >>> velocity_search_bytes_per_item(60, 600)
+    11040
+    """
+    return 12 * n_nodes + 64 * n_epochs
+
+
+def _velocity_search(xp, phase, t, *, wavelength, velocity_range, velocity_step, refine,
+                     max_batch):
+    """:func:`periodogram` without a height term: one GEMM over a fine velocity grid."""
+    m2ph = phase_per_metre(wavelength)
+    step = velocity_step or default_step(float(np.ptp(t)), wavelength) / VELOCITY_ONLY_REFINE
+    nodes = grid_nodes(*velocity_range, step)
+    spacing = nodes[1] - nodes[0] if nodes.size > 1 else 0.0
+    table = xp.asarray(np.exp(-1j * m2ph * np.outer(t, nodes)).astype(np.complex64))  # (T, N)
+    K, T = phase.shape
+    logger.debug("periodogram (velocity only): %d items, %d epochs, %d velocity nodes",
+                 K, T, nodes.size)
+    size = batch_size(velocity_search_bytes_per_item(T, nodes.size), device_of(phase),
+                      max_items=max(K, 1), fit_cache=True)
+    if max_batch is not None:
+        size = max(1, min(size, int(max_batch)))
+    parts = [_velocity_batch(xp, phase[start:start + size], xp.asarray(t), nodes, spacing,
+                             table, m2ph, refine)
+             for start in range(0, max(K, 1), size)]
+    return PeriodogramResult(*[xp.concatenate(f) for f in zip(*parts)])
+
+
+def _velocity_batch(xp, phase, t, nodes, spacing, table, m2ph, refine):
+    """One batch of :func:`_velocity_search`: the PeriodogramResult fields in order."""
+    K = phase.shape[0]
+    phase = phase.astype(xp.float64, copy=False)
+    valid = xp.isfinite(phase)
+    n_valid = valid.sum(axis=1)
+    phase0 = xp.where(valid, phase, 0.0)
+    z = xp.where(valid, xp.exp(1j * phase0), 0.0).astype(xp.complex64)
+    power = xp.abs(z @ table)  # (K, N) float32
+    best = power.argmax(axis=1)
+    shift = (_parabolic_offsets(xp, power, best, nodes.size, 1) if refine
+             else xp.zeros(K))
+    velocity = xp.asarray(nodes)[best] + shift * spacing
+    grid_coh = (xp.take_along_axis(power, best[:, None], axis=1)[:, 0].astype(xp.float64)
+                / xp.maximum(n_valid, 1))
+
+    # the constant phase, residuals and ambiguities at the estimate
+    model = m2ph * velocity[:, None] * t[None, :]
+    offset = xp.angle(xp.sum(z * xp.exp(-1j * model), axis=1))
+    wrapped = wrap_phase(phase0 - model - offset[:, None])
+    residual = xp.where(valid, wrapped, xp.nan)
+    coherence = ensemble_coherence(residual)
+    cycles = xp.rint((model + offset[:, None] + wrapped - phase0) / _TWO_PI)
+    ambiguity = xp.where(valid, cycles, MISSING_AMBIGUITY).astype(xp.int32)
+
+    too_few = n_valid < 2  # velocity and the constant phase
+    flag = xp.where(too_few, int(Flag.TOO_FEW_OBSERVATIONS), int(Flag.OK)).astype(FLAG_DTYPE)
+    velocity = xp.where(too_few, xp.nan, velocity)
+    empty = n_valid == 0
+    offset = xp.where(empty, xp.nan, offset)
+    grid_coh = xp.where(empty, xp.nan, grid_coh)
+    return (xp.zeros(K), velocity, offset, coherence, grid_coh, ambiguity, residual, n_valid,
+            flag)
+
+
 def periodogram(
     phase: Any,
     h2ph: Any,
@@ -391,8 +454,9 @@ def periodogram(
     ----------
     phase : (K, T)
         Wrapped phase (rad) of K arcs or points; NaN epochs are ignored.
-    h2ph : (K, T) or (T,)
-        Height-to-phase factors, per item or shared; NaN marks the epoch missing.
+    h2ph : (K, T) or (T,) or None
+        Height-to-phase factors, per item or shared; NaN marks the epoch missing. ``None``: no
+        height term, for a stack without baselines (see Notes).
     time_years : (T,)
         Time baselines (years) from the reference epoch.
     wavelength
@@ -420,6 +484,15 @@ def periodogram(
     -------
     PeriodogramResult
 
+    Notes
+    -----
+    With ``h2ph=None`` the height error is fixed at 0 (not estimated) and only the velocity is
+    searched, on a grid :data:`VELOCITY_ONLY_REFINE` times finer than the default step (or
+    ``velocity_step``), with one GEMM, then refined to the vertex of the parabola through the
+    best node and its neighbours (``refine``); no Newton iterations. ``height_range``,
+    ``height_step`` and ``rcond`` are not used, ``extra_regressors`` are refused. Items with fewer
+    than 2 valid epochs get flag 2 and NaN velocity.
+
     Examples
     --------
     >>> t = np.linspace(0, 3, 40)
@@ -434,7 +507,6 @@ def periodogram(
     """
     xp = array_namespace(phase, h2ph)
     phase = xp.asarray(phase)
-    h2ph = xp.asarray(h2ph)
     if phase.ndim != 2:
         raise ValueError(f"phase: expected shape (K, T), found {tuple(phase.shape)}")
     K, T = phase.shape
@@ -443,6 +515,14 @@ def periodogram(
     t = to_host(time_years).astype(np.float64)
     if t.shape != (T,) or not np.isfinite(t).all():
         raise ValueError(f"time_years: expected {T} finite values, found shape {t.shape}")
+    if h2ph is None:
+        if extra_regressors:
+            raise ValueError(f"extra_regressors: expected none without h2ph (a velocity-only "
+                             f"search), found {sorted(extra_regressors)}")
+        return _velocity_search(xp, phase, t, wavelength=wavelength,
+                                velocity_range=velocity_range, velocity_step=velocity_step,
+                                refine=refine, max_batch=max_batch)
+    h2ph = xp.asarray(h2ph)
     if h2ph.shape not in ((T,), (K, T)):
         raise ValueError(f"h2ph: expected shape (T={T},) or (K={K}, T={T}), "
                          f"found {tuple(h2ph.shape)}")

@@ -1,4 +1,5 @@
-"""Temporal models of a point's displacement: time baselines and design matrices.
+"""Temporal models of a point's displacement: design matrices (time baselines come from
+:func:`depsi.conventions.years_since`).
 
 Columns are in metres of displacement per unit of each coefficient, so the coefficients come
 out in SI units (m, m/yr) and one design serves every displacement-type observation. Under the
@@ -14,10 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import array_namespace
-
-#: Days per year of time baselines (DESIGN.md §3).
-DAYS_PER_YEAR = 365.25
 
 #: Terms :func:`design_matrix` knows, with the unit of their coefficient.
 TERM_UNITS = {
@@ -26,43 +25,6 @@ TERM_UNITS = {
     "height_error": "m",
     "seasonal": "m",  # two columns: seasonal_sin, seasonal_cos
 }
-
-
-def phase_per_metre(wavelength: float) -> float:
-    """``m2ph = -4 pi / wavelength``: radians of interferometric phase per metre of displacement.
-
-    Examples
-    --------
-    >>> round(phase_per_metre(0.0555), 2)
-    -226.42
-    """
-    wavelength = float(wavelength)
-    if not wavelength > 0:
-        raise ValueError(f"wavelength: expected a positive length in metres, found {wavelength!r}")
-    return -4.0 * np.pi / wavelength
-
-
-def years_since(time: Any, reference: Any | None = None) -> np.ndarray:
-    """Time baselines in years of 365.25 days from ``reference`` (default: the first epoch).
-
-    Parameters
-    ----------
-    time
-        datetime64 values (or strings NumPy parses as dates).
-    reference
-        The epoch of zero time; default ``time[0]``.
-
-    Examples
-    --------
-    >>> years_since(np.array(["2020-01-01", "2021-01-01"], dtype="datetime64[D]")).tolist()
-    [0.0, 1.002053388090349]
-    """
-    time = np.asarray(time)
-    if time.dtype.kind != "M":
-        time = time.astype("datetime64[ns]")
-    ref = time[0] if reference is None else np.datetime64(reference)
-    seconds = (time - ref) / np.timedelta64(1, "s")
-    return np.asarray(seconds, dtype=np.float64) / (DAYS_PER_YEAR * 86400.0)
 
 
 def design_matrix(
@@ -78,7 +40,7 @@ def design_matrix(
     Parameters
     ----------
     time_years : (T,)
-        Time baselines in years (:func:`years_since`).
+        Time baselines in years (:func:`depsi.conventions.years_since`).
     terms
         Any of ``"offset"`` (column 1), ``"velocity"`` (``t``), ``"height_error"`` (``h2ph``),
         ``"seasonal"`` (annual ``sin(2 pi t)`` and ``cos(2 pi t)``, named ``seasonal_sin`` and

@@ -31,6 +31,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+# the compute sections live with the schedulers, the base of every section below both;
+# imported here so that depsi.pipeline.config.ComputeConfig etc. keep working
+from depsi.cluster import SCHEDULERS, AdaptiveConfig, ComputeConfig, SlurmConfig  # noqa: F401
 from depsi.processing.arcs import ArcsConfig
 from depsi.processing.atmosphere import AtmosphereConfig
 from depsi.processing.chain import ChainConfig
@@ -44,13 +47,8 @@ logger = logging.getLogger(__name__)
 
 #: Stack formats the pipeline reads; ``simulated`` builds a stack with known truth instead.
 INPUT_FORMATS = ("zarr", "binary", "snap", "geotiff", "simulated")
-#: Schedulers :func:`depsi.cluster.scheduler` offers.
-SCHEDULERS = ("synchronous", "threads", "processes", "local", "slurm")
 #: Products the export step can write.
 EXPORTS = ("csv", "gpkg", "geotiff", "plots")
-
-_WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$|^\d+$")
-_BYTES = re.compile(r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
 
 
 class ConfigError(ValueError):
@@ -64,7 +62,6 @@ MAX_CONFIG_DEPTH = 32
 #: Longest value shown in an error message (a huge value is cut, not printed whole).
 _MAX_SHOWN = 200
 
-_SLURM_NAME = re.compile(r"^[\w.,:+@=/-]+$")
 
 
 def _shown(value: Any) -> str:
@@ -73,13 +70,6 @@ def _shown(value: Any) -> str:
         return f"a {type(value).__name__} of {len(value)} items"
     text = repr(value)
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
-
-
-def _check_bytes(value: str | None, *, allow_auto: bool = True) -> str | None:
-    if value is None or (allow_auto and value == "auto") or _BYTES.match(value):
-        return value
-    raise ValueError(f"expected a size such as '4GB', '500MiB'{' or auto' if allow_auto else ''}, "
-                     f"got {value!r}")
 
 
 # --------------------------------------------------------------------------------------- input
@@ -168,118 +158,6 @@ class OutputConfig(_Section):
     @classmethod
     def _unique(cls, exports: list[str]) -> list[str]:
         return list(dict.fromkeys(exports))
-
-
-# ------------------------------------------------------------------------------------- compute
-class AdaptiveConfig(_Section):
-    """Adaptive scaling: SLURM worker jobs are submitted and cancelled with the load."""
-
-    minimum: int = Field(0, ge=0, description="Fewest worker jobs kept.")
-    maximum: int = Field(4, ge=1, description="Most worker jobs at once.")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> AdaptiveConfig:
-        if self.minimum > self.maximum:
-            raise ValueError(f"minimum {self.minimum} is larger than maximum {self.maximum}")
-        return self
-
-
-class SlurmConfig(_Section):
-    """Worker jobs of a dask-jobqueue SLURMCluster (scheduler 'slurm')."""
-
-    queue: str | None = Field(None, description="Partition (sbatch -p); null: the default.")
-    account: str | None = Field(None, description="Account charged (sbatch -A); null: none.")
-    cores: int = Field(1, ge=1, description="Cores per worker job.")
-    processes: int = Field(1, ge=1, description="Dask worker processes per job (cores are "
-                                                "split between them).")
-    memory: str = Field("4GB", description="Memory per worker job, e.g. 4GB or 16GiB.")
-    walltime: str = Field("01:00:00", description="Time limit per worker job, [D-]HH:MM:SS.")
-    driver_memory: str | None = Field(
-        None, description="Memory of the driver job that `depsi slurm-script` writes (it holds "
-                          "the graph and gathered results, not the data); null: `memory`.")
-    driver_walltime: str | None = Field(
-        None, description="Time limit of that driver job: it must cover the whole run, while "
-                          "worker jobs may be replaced; null: `walltime`.")
-    job_directives: list[str] = Field(
-        [], description="Extra #SBATCH lines, e.g. ['--constraint=amd', '--qos=short'].")
-    job_script_prologue: list[str] = Field(
-        [], description="Shell lines run before the worker starts, e.g. "
-                        "['module load cuda', 'source venv/bin/activate'].")
-    gpus_per_job: int = Field(0, ge=0, description="GPUs per worker job (--gres=gpu:N).")
-    jobs: int = Field(1, ge=1, description="Fixed number of worker jobs (ignored with "
-                                           "adaptive).")
-    adaptive: AdaptiveConfig | None = Field(
-        None, description="Adaptive scaling between minimum and maximum jobs; null: fixed "
-                          "scaling with 'jobs'.")
-    interface: str | None = Field(
-        None, description="Network interface of scheduler and workers, e.g. ib0, or lo on a "
-                          "one-node test cluster; null: the host's address.")
-    local_directory: str | None = Field(
-        None, description="Node-local scratch folder for worker spill files; null: $TMPDIR "
-                          "or /tmp.")
-    log_directory: str | None = Field(
-        None, description="Folder for the worker jobs' SLURM output files; null: the folder "
-                          "the run was started in.")
-
-    @field_validator("queue", "account", "interface")
-    @classmethod
-    def _slurm_name(cls, name: str | None) -> str | None:
-        if name is not None and not _SLURM_NAME.match(name):
-            raise ValueError(f"expected a name of letters, digits and . , : + @ = / - _, "
-                             f"found {name[:60]!r}")
-        return name
-
-    @field_validator("memory", "driver_memory")
-    @classmethod
-    def _memory(cls, memory: str | None) -> str | None:
-        return None if memory is None else _check_bytes(memory, allow_auto=False)
-
-    @field_validator("walltime", "driver_walltime")
-    @classmethod
-    def _walltime(cls, walltime: str | None) -> str | None:
-        if walltime is None:
-            return None
-        if not _WALLTIME.match(walltime):
-            raise ValueError(f"expected [D-]HH:MM:SS such as '01:30:00', got {walltime!r}")
-        return walltime
-
-    @model_validator(mode="after")
-    def _scaling(self) -> SlurmConfig:
-        if self.cores % self.processes:
-            raise ValueError(f"cores {self.cores} is not a multiple of processes "
-                             f"{self.processes}")
-        return self
-
-
-class ComputeConfig(_Section):
-    """Where and how the computation runs (see docs/hpc.md)."""
-
-    scheduler: Literal["synchronous", "threads", "processes", "local", "slurm"] = Field(
-        "threads", description="synchronous (debugging), threads, processes, local (a "
-                               "distributed LocalCluster) or slurm (a SLURMCluster).")
-    workers: int | None = Field(
-        None, ge=1, description="Worker processes for processes/local; null: one per core "
-                                "(local: chosen by Dask).")
-    threads: int | None = Field(
-        None, ge=1, description="Threads for threads, or per worker for local; null: chosen "
-                                "by Dask.")
-    memory_limit: str | None = Field(
-        "auto", description="Memory per local worker (e.g. 2GB); auto: the machine's memory "
-                            "split between workers; null: no limit.")
-    worker_timeout: float = Field(
-        120.0, gt=0, description="Seconds to wait for local or SLURM workers to start before "
-                                 "failing.")
-    devices: list[int | str] | None = Field(
-        None, description="Devices every step spreads its chunks over, round-robin: CUDA "
-                          "indices or names, e.g. [0, 1] or ['cuda:0', 'cpu']; null: every "
-                          "CUDA device found, else the CPU.")
-    slurm: SlurmConfig = Field(
-        default_factory=SlurmConfig, description="SLURM worker jobs (scheduler slurm only).")
-
-    @field_validator("memory_limit")
-    @classmethod
-    def _memory_limit(cls, memory_limit: str | None) -> str | None:
-        return _check_bytes(memory_limit)
 
 
 # ---------------------------------------------------------------------------------- the whole

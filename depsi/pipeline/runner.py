@@ -69,6 +69,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from depsi.io.lock import write_lock
+from depsi.io.paths import temporary_sibling
 from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
@@ -254,7 +255,7 @@ def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | N
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.writing-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(path)
     with open(tmp, "w") as handle:
         json.dump(data, handle, indent=2, sort_keys=True, default=str)
         handle.flush()
@@ -294,7 +295,7 @@ def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None)
     xarray.Dataset
         Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
     """
-    from depsi.io import from_geotiff, from_snap, open_slc_zarr
+    from depsi.io import from_geotiff, from_snap, open_binary_folder, open_slc_zarr
 
     fmt = config.input.format
     if fmt == "simulated":
@@ -309,33 +310,7 @@ def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None)
     if fmt == "geotiff":
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
         return from_geotiff(files)
-    return _open_binary_folder(source)
-
-
-def _open_binary_folder(folder: Path) -> xr.Dataset:
-    """A folder of ``slc_YYYYMMDD.raw`` with DORIS ``master.res``/``slave_*.res`` files."""
-    import dask.array as da
-    import numpy as np
-
-    from depsi.io import from_binary, read_metadata_stack
-
-    res_files = sorted(p for p in folder.glob("*.res") if not p.name.startswith("ifgs_"))
-    if not res_files:
-        raise FileNotFoundError(f"input.path: no DORIS .res files in {str(folder)!r}")
-    metadata = read_metadata_stack(res_files)
-    shape = (int(metadata["number_of_lines"]), int(metadata["number_of_pixels"]))
-    dates = [np.datetime_as_string(np.datetime64(d, "D")).replace("-", "")
-             for d in metadata["dates"]]
-    slc_files = [folder / f"slc_{date}.raw" for date in dates]
-    stack = from_binary(slc_files, shape, metadata=metadata)
-    h2ph_files = [folder / f"h2ph_{date}.raw" for date in dates]
-    if all(p.exists() for p in h2ph_files):
-        layers = [da.from_array(np.memmap(p, dtype="<f4", mode="r", shape=shape),
-                                chunks=stack["complex"].data.chunks[:2]) for p in h2ph_files]
-        order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
-        h2ph = da.stack([layers[i] for i in order], axis=-1)
-        stack["h2ph"] = (("azimuth", "range", "time"), h2ph.rechunk(stack["complex"].chunks))
-    return stack
+    return open_binary_folder(source)
 
 
 def _step_stack(ctx: _Context) -> dict[str, Any]:
@@ -500,7 +475,7 @@ def _step_export(ctx: _Context) -> dict[str, Any]:
     files = []
     with write_lock(folder):
         recover_interrupted(folder)
-        tmp = folder.with_name(f".{folder.name}.writing-{uuid.uuid4().hex[:8]}")
+        tmp = temporary_sibling(folder)
         tmp.mkdir(parents=True)
         try:
             for name in ctx.config.output.exports:

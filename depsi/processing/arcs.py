@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 from pydantic import Field, field_validator
 
+from depsi.conventions import MISSING_AMBIGUITY
 from depsi.kernels.backend import (
     Device,
     chunk_device,
@@ -23,17 +24,10 @@ from depsi.kernels.backend import (
     to_host,
     use_device,
 )
-from depsi.kernels.periodogram import (
-    MISSING_AMBIGUITY,
-    default_step,
-    ensemble_coherence,
-    grid_nodes,
-    periodogram,
-    wrap_phase,
-)
-from depsi.processing.network import ARC_CHUNK, time_in_years
+from depsi.kernels.periodogram import periodogram
+from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
-from depsi.stm.schema import validate
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -64,58 +58,17 @@ class ArcsConfig(Section):
 _TWO_PI = 2.0 * np.pi
 
 
-#: Velocity grid of the velocity-only search (no baseline information): this many times finer
-#: than the periodogram's default step, then a parabola through the best node's neighbours.
-VELOCITY_ONLY_REFINE = 8
-
-
-def _velocity_only(phase, years, *, wavelength, velocity_range, velocity_step):
-    """Velocity-only ensemble-coherence search of ``phase (K, T)``: one GEMM over a fine grid.
-
-    Used when ``h2ph`` carries no information (all zero or constant): the height-error term is
-    then not identifiable and is fixed at zero rather than estimated.
-    """
-    m2ph = -4.0 * np.pi / wavelength
-    step = velocity_step or default_step(float(np.ptp(years)), wavelength) / VELOCITY_ONLY_REFINE
-    nodes = grid_nodes(*velocity_range, step)
-    valid = np.isfinite(phase)
-    z = np.where(valid, np.exp(1j * np.where(valid, phase, 0.0)), 0.0).astype(np.complex64)
-    power = np.abs(z @ np.exp(-1j * m2ph * np.outer(years, nodes)).astype(np.complex64))
-    best = power.argmax(axis=1)
-    rows = np.arange(len(best))
-    inner = (best > 0) & (best < len(nodes) - 1)
-    p0 = power[rows, best]
-    pm = power[rows, np.maximum(best - 1, 0)]
-    pp = power[rows, np.minimum(best + 1, len(nodes) - 1)]
-    curvature = pm - 2 * p0 + pp
-    ok = inner & (curvature < 0)
-    shift = np.clip(np.where(ok, 0.5 * (pm - pp) / np.where(ok, curvature, -1.0), 0.0), -.5, .5)
-    spacing = nodes[1] - nodes[0] if len(nodes) > 1 else 0.0
-    velocity = nodes[best] + shift * spacing
-    model = m2ph * velocity[:, None] * years[None, :]
-    offset = np.angle(np.sum(z * np.exp(-1j * model), axis=1))
-    residual = wrap_phase(np.where(valid, phase, 0.0) - model - offset[:, None])
-    coherence = ensemble_coherence(np.where(valid, residual, np.nan))
-    cycles = np.rint((model + offset[:, None] + residual - np.where(valid, phase, 0.0)) / _TWO_PI)
-    ambiguity = np.where(valid, cycles, MISSING_AMBIGUITY).astype(np.int32)
-    return velocity, coherence, ambiguity
-
-
 def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, velocity_range,
                height_step, velocity_step, devices, chunk_starts, with_height=True):
     """Periodogram of one block of arcs on its chunk's device; NumPy in, NumPy out."""
     if phase.shape[0] == 0:
         empty = np.zeros(0)
         return (empty, empty, empty, np.zeros(phase.shape, np.int32), np.zeros(0, np.int8))
-    if not with_height:
-        velocity, coherence, ambiguity = _velocity_only(
-            np.asarray(phase, dtype=np.float64), years, wavelength=wavelength,
-            velocity_range=velocity_range, velocity_step=velocity_step)
-        return (np.zeros(len(velocity)), velocity, coherence, ambiguity,
-                np.zeros(len(velocity), np.int8))
     device = chunk_device(devices, chunk_index(chunk_starts, int(position[0])))
     with use_device(device):
-        result = periodogram(to_device(phase, device), to_device(h2ph, device), years,
+        # without height, the kernel's velocity-only search (h2ph=None): height_error exactly 0
+        result = periodogram(to_device(phase, device),
+                             to_device(h2ph, device) if with_height else None, years,
                              wavelength=wavelength, height_range=height_range,
                              velocity_range=velocity_range, height_step=height_step,
                              velocity_step=velocity_step)
@@ -153,7 +106,8 @@ def estimate_arcs(
         Estimate the height-error difference. ``None`` (default): only when ``h2ph`` varies
         over the epochs (a stack without baselines, e.g. ``h2ph`` all zero, cannot resolve
         height, and the periodogram would flag every arc rank-deficient with NaN results).
-        Without it the search is over velocity alone, ``height_error`` is exactly 0 (fixed, not
+        Without it the search is over velocity alone (the kernel's ``h2ph=None`` case, see
+        :func:`depsi.kernels.periodogram.periodogram`), ``height_error`` is exactly 0 (fixed, not
         estimated) and ``attrs['height_estimated']`` is False. ``True`` with an ``h2ph`` that
         does not vary gives flagged NaN arcs (see :class:`depsi.kernels.flags.Flag`).
 
@@ -178,7 +132,7 @@ def estimate_arcs(
     True
     """
     validate(arcs, "arcs", require=("phase", "h2ph"), require_wavelength=True)
-    years = time_in_years(arcs)
+    years = years_since_mother(arcs)
     if height is None:
         spread = arcs["h2ph"].max("time") - arcs["h2ph"].min("time")
         height = bool(spread.max().compute() > 0) if "time" in arcs["h2ph"].dims else False

@@ -20,9 +20,10 @@ from scipy.linalg import cho_factor, cho_solve
 from scipy.optimize import curve_fit
 from scipy.spatial import cKDTree
 
-from depsi.processing.network import phase_to_metres, point_positions, time_in_years
+from depsi.conventions import phase_per_metre
+from depsi.processing.network import point_positions
 from depsi.sections import Section
-from depsi.stm.schema import validate
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -250,8 +251,8 @@ def estimate_atmosphere(
     ds = points_result
     use = (np.asarray(ds["in_network"].values, dtype=bool) if "in_network" in ds
            else np.ones(ds.sizes["space"], dtype=bool))
-    years = time_in_years(ds)
-    m2ph = phase_to_metres(ds.attrs["wavelength"])
+    years = years_since_mother(ds)
+    m2ph = phase_per_metre(ds.attrs["wavelength"])
     unwrapped = ds["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
     h2ph = np.broadcast_to(ds["h2ph"].transpose("space", ...).values.astype(np.float64)
                            .reshape(ds.sizes["space"], -1), unwrapped.shape)

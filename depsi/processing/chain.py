@@ -35,6 +35,7 @@ import numpy as np
 import xarray as xr
 from pydantic import Field, ValidationError
 
+from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.backend import Device
 from depsi.processing.arcs import ArcsConfig, estimate_arcs
 from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
@@ -51,13 +52,10 @@ from depsi.processing.network import (
     NetworkConfig,
     arcs_from_edges,
     network_edges,
-    phase_to_metres,
     point_positions,
-    time_in_years,
-    wrap_phase,
 )
 from depsi.sections import Section, describe_errors
-from depsi.stm.schema import validate
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -483,8 +481,8 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     velocity and height error by batched least squares on the same ambiguities; displacement
     and temporal coherence follow from the new values.
     """
-    m2ph = phase_to_metres(float(out.attrs["wavelength"]))
-    years = time_in_years(out)
+    m2ph = phase_per_metre(float(out.attrs["wavelength"]))
+    years = years_since_mother(out)
     n = out.sizes["space"]
     velocity = np.empty(n, np.float32)
     height = np.empty(n, np.float32)

@@ -33,7 +33,9 @@ import xarray as xr
 from scipy.optimize import curve_fit
 from scipy.spatial import cKDTree
 
-from depsi.processing.network import phase_to_metres, point_positions, time_in_years
+from depsi.conventions import phase_per_metre
+from depsi.processing.network import point_positions
+from depsi.stm.schema import years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -258,8 +260,8 @@ def estimate_correlated_height(
         logger.warning("correlated height: only %d points with a height error, left in place",
                        use.sum())
         return result
-    years = time_in_years(result)
-    m2ph = phase_to_metres(float(result.attrs["wavelength"]))
+    years = years_since_mother(result)
+    m2ph = phase_per_metre(float(result.attrs["wavelength"]))
     h2ph = np.broadcast_to(result["h2ph"].transpose("space", ...).values.astype(np.float64)
                            .reshape(n, -1), (n, years.size))
     gain = np.sqrt(np.maximum(height_leak_gain(h2ph, years, m2ph), 0.0))

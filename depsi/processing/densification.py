@@ -18,6 +18,7 @@ import xarray as xr
 from pydantic import Field
 from scipy.spatial import cKDTree
 
+from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
 from depsi.kernels.backend import (
     Device,
     chunk_device,
@@ -27,18 +28,13 @@ from depsi.kernels.backend import (
     to_host,
     use_device,
 )
-from depsi.kernels.periodogram import MISSING_AMBIGUITY, periodogram
+from depsi.kernels.periodogram import periodogram
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
 from depsi.processing.atmosphere import ScreenInterpolator, screen_interpolator
 from depsi.processing.integration import phase_variance_from_coherence
-from depsi.processing.network import (
-    phase_to_metres,
-    point_positions,
-    time_in_years,
-    wrap_phase,
-)
+from depsi.processing.network import point_positions
 from depsi.sections import Section
-from depsi.stm.schema import validate
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +68,9 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
     """Densify one chunk of candidates against all first-order points (NumPy in and out; the
     periodogram on the chunk's device)."""
     n, T = block.sizes["space"], block.sizes["time"]
-    years = time_in_years(block)
+    years = years_since_mother(block)
     wavelength = float(block.attrs["wavelength"])
-    m2ph = phase_to_metres(wavelength)
+    m2ph = phase_per_metre(wavelength)
     f_pos = np.column_stack([first["fo_x"].values, first["fo_y"].values])
     c_pos = point_positions(block)
     k_eff = min(k, len(f_pos))
@@ -135,6 +131,7 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
         "height_error": np.where(nan, np.nan, height),
         "unwrapped_phase": np.where(nan[:, None], np.nan, unwrapped),
         "displacement": np.where(nan[:, None], np.nan, displacement),
+        # no estimate: 0, masked by accepted (as off-network points, docs/chain.md)
         "ambiguity": np.where(nan[:, None], 0, ambiguity),
         "temporal_coherence": np.where(nan, 0.0, coherence),
         "aps": aps, "accepted": accepted, "n_arcs": ok.sum(axis=1),

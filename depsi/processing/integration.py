@@ -21,14 +21,10 @@ from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
 from scipy.stats import norm
 
-from depsi.processing.network import (
-    phase_to_metres,
-    point_positions,
-    time_in_years,
-    wrap_phase,
-)
+from depsi.conventions import phase_per_metre, wrap_phase
+from depsi.processing.network import point_positions
 from depsi.sections import Section
-from depsi.stm.schema import validate
+from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -400,8 +396,8 @@ def integrate_network(
         raise ValueError(f"arcs: all {len(source)} arcs are below min_coherence={min_coherence} "
                          f"(or NaN); no network to integrate")
 
-    years = time_in_years(points)
-    m2ph = abs(phase_to_metres(points.attrs["wavelength"]))
+    years = years_since_mother(points)
+    m2ph = abs(phase_per_metre(points.attrs["wavelength"]))
     var_phase = phase_variance_from_coherence(np.where(finite, coherence, 0.05))
     weights = 1.0 / var_phase
     sd_phase = np.sqrt(var_phase)
@@ -517,7 +513,7 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     default the reference point's own phase.
     """
     wavelength = float(points.attrs["wavelength"])
-    m2ph = phase_to_metres(wavelength)
+    m2ph = phase_per_metre(wavelength)
     velocity = values[:, 0]
     height = values[:, 1]
     unwrapped = values[:, 2:]
@@ -528,6 +524,8 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     if reference_phase is None:
         reference_phase = phase[ref]
     relative = wrap_phase(phase - reference_phase)
+    # off the network: ambiguity 0, masked by in_network (depsi.conventions.MISSING_AMBIGUITY
+    # marks a missing epoch of an arc; a network point has a phase at every epoch)
     ambiguity = np.where(point_ok[:, None],
                          np.rint((np.nan_to_num(unwrapped) - relative) / _TWO_PI), 0)
     # H_rel = H - H_ref; the unknown (h2ph - h2ph_ref) * H_ref term is second order
@@ -601,9 +599,9 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS)
     if k < 3:
         logger.warning("reference noise: only %d network neighbours, left in place", k)
         return result
-    years = time_in_years(result)
+    years = years_since_mother(result)
     wavelength = float(result.attrs["wavelength"])
-    m2ph = phase_to_metres(wavelength)
+    m2ph = phase_per_metre(wavelength)
     dist = np.hypot(*(positions[candidates] - positions[ref]).T)
     nbrs = candidates[np.argsort(dist, kind="stable")[:k]]
     unwrapped = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
@@ -704,7 +702,7 @@ def apply_reference_area(result: xr.Dataset, radius: float | None) -> xr.Dataset
         values[~keep] = np.nan
         reference_phase = result["reference_phase"].values.astype(np.float64) + d_phase
         out = _point_results(result, values, keep, result["removal_reason"].values, ref,
-                             time_in_years(result), reference_phase=reference_phase)
+                             years_since_mother(result), reference_phase=reference_phase)
         out.attrs.update(result.attrs)
     out = out.assign(in_reference_area=("space", area))
     out.attrs.update({"reference_radius": radius, "n_reference_area": int(area.sum())})

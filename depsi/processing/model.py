@@ -16,6 +16,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from depsi.conventions import phase_per_metre, years_since
 from depsi.kernels.backend import (
     Device,
     array_namespace,
@@ -27,7 +28,7 @@ from depsi.kernels.backend import (
 from depsi.kernels.flags import FLAG_DTYPE
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.periodogram import ensemble_coherence
-from depsi.kernels.temporal import design_matrix, phase_per_metre, years_since
+from depsi.kernels.temporal import design_matrix
 from depsi.stm.schema import PHASE_VARIABLES, STMValidationError, validate
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,8 @@ def estimate_model(
     if stm["time"].dtype.kind != "M":
         raise STMValidationError("coordinate 'time': expected datetime64 for time baselines, "
                                  f"found dtype {stm['time'].dtype}")
-    time_years = years_since(stm["time"].values)
+    time = stm["time"].values
+    time_years = years_since(time, time[0])  # the offset is the displacement at the first epoch
     regressors = {k: _as_time_vector(v, k, stm.sizes["time"]) for k, v in extra.items()}
     names = _term_names(terms, regressors)  # validates the term names
     chosen = resolve_devices(devices)

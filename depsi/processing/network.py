@@ -16,6 +16,7 @@ import xarray as xr
 from pydantic import Field
 from scipy.spatial import Delaunay, QhullError, cKDTree
 
+from depsi.conventions import wrap_phase
 from depsi.sections import Section
 from depsi.stm.schema import STMValidationError, validate
 
@@ -57,17 +58,6 @@ class NetworkConfig(Section):
     n_sectors: int = Field(8, ge=1, description="Direction sectors (redundant).")
     max_length: float | None = Field(
         None, gt=0, description="Longest arc kept, metres; null keeps every arc.")
-
-
-def wrap_phase(phase):
-    """Wrap phase (radians) to (-pi, pi]; works on NumPy and Dask arrays.
-
-    Examples
-    --------
-    >>> float(wrap_phase(np.array(3 * np.pi)))
-    3.141592653589793
-    """
-    return np.pi - np.mod(np.pi - phase, _TWO_PI)
 
 
 def point_positions(
@@ -316,32 +306,3 @@ def form_network(
     arcs = arcs_from_edges(points, source, target, positions)
     arcs.attrs["network_method"] = method
     return validate(arcs, "arcs")
-
-
-def time_in_years(ds: xr.Dataset) -> np.ndarray:
-    """Epoch times in years of 365.25 days since the mother epoch (``attrs['mother_time']``),
-    else since the first epoch; float64 ``(time,)``.
-
-    Examples
-    --------
-    >>> ds = xr.Dataset(coords={"time": np.array(["2020-01-01", "2021-01-01"], "datetime64[ns]")},
-    ...                 attrs={"mother_time": "2021-01-01"})
-    >>> time_in_years(ds).round(3).tolist()
-    [-1.002, 0.0]
-    """
-    time = np.asarray(ds["time"].values)
-    if time.dtype.kind != "M":
-        raise STMValidationError(
-            f"coordinate 'time': expected datetime64 acquisition dates to form time baselines, "
-            f"found dtype {time.dtype} (values {time[:3].tolist()}...); assign the dates, e.g. "
-            f"ds.assign_coords(time=np.datetime64('2016-03-27') + 11 * np.timedelta64(1, 'D') "
-            f"* ds.time.values) for an 11-day Sentinel-1 stack")
-    origin = ds.attrs.get("mother_time")
-    origin = time[0] if origin is None else np.datetime64(str(origin))
-    days = (time - origin) / np.timedelta64(1, "D")
-    return np.asarray(days, dtype=np.float64) / 365.25
-
-
-def phase_to_metres(wavelength: float) -> float:
-    """``m2ph = -4 pi / wavelength``, radians per metre of line-of-sight displacement."""
-    return -4.0 * np.pi / float(wavelength)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from depsi.conventions import years_since
 from depsi.stm.order import morton_key
 
 #: The dimensions of each kind of STM, in storage order.
@@ -210,3 +211,38 @@ def validate(
     if require_wavelength or "wavelength" in ds.attrs:
         _check_wavelength(ds)
     return ds
+
+
+def years_since_mother(ds: xr.Dataset) -> np.ndarray:
+    """Time baselines of ``ds`` in years of 365.25 days from its mother epoch.
+
+    The origin is ``attrs["mother_time"]`` (single-mother products), else the first epoch: the
+    one origin of the chain's time baselines (DESIGN.md §3), through
+    :func:`depsi.conventions.years_since`.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``(time,)``.
+
+    Raises
+    ------
+    STMValidationError
+        When ``time`` does not hold dates.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset(coords={"time": np.array(["2020-01-01", "2021-01-01"], "datetime64[ns]")},
+    ...                 attrs={"mother_time": "2021-01-01"})
+    >>> years_since_mother(ds).round(3).tolist()
+    [-1.002, 0.0]
+    """
+    time = np.asarray(ds["time"].values)
+    if time.dtype.kind != "M":
+        raise STMValidationError(
+            f"coordinate 'time': expected datetime64 acquisition dates to form time baselines, "
+            f"found dtype {time.dtype} (values {time[:3].tolist()}...); assign the dates, e.g. "
+            f"ds.assign_coords(time=np.datetime64('2016-03-27') + 11 * np.timedelta64(1, 'D') "
+            f"* ds.time.values) for an 11-day Sentinel-1 stack")
+    mother = ds.attrs.get("mother_time")
+    return years_since(time, time[0] if mother is None else np.datetime64(str(mother)))

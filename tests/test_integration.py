@@ -218,3 +218,29 @@ def test_many_planted_wrong_arcs_are_removed_in_few_iterations():
     keep = result.in_network.values
     v_err = result.velocity.values - (true.velocity.values - true.velocity.values[ref])
     assert np.sqrt(np.mean(v_err[keep] ** 2)) <= 1.2 * predicted_arc_std(points)[0]
+
+
+def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_network(monkeypatch):
+    """Large networks are tested tile by tile (factorisations of a tile's size, cost linear in
+    the number of points), then once as a whole: the decisions are those of the whole-network
+    test, and the whole network then needs next to no iteration."""
+    from depsi.processing import integration
+
+    points, true, arcs = _estimated()
+    rng = np.random.default_rng(5)
+    bad = np.sort(rng.choice(arcs.sizes["arc"], 12, replace=False))
+    arcs = arcs.copy(deep=True)
+    amb = arcs["ambiguity"].values.copy()
+    amb[bad, -8:] += 1
+    arcs["ambiguity"] = (arcs["ambiguity"].dims, amb)
+    whole, whole_arcs = integrate_network(points, arcs, return_arcs=True)
+    monkeypatch.setattr(integration, "TILE_POINTS", points.sizes["space"] // 4)
+    tiled, tiled_arcs = integrate_network(points, arcs, return_arcs=True)
+    removed = tiled_arcs.arc_removal_reason.values == 2
+    assert removed[bad].all()
+    agree = removed == (whole_arcs.arc_removal_reason.values == 2)
+    assert agree.mean() > 0.995
+    assert tiled.attrs["n_test_iterations"] <= 2
+    keep = tiled.in_network.values
+    np.testing.assert_allclose(tiled.velocity.values[keep], whole.velocity.values[keep],
+                               atol=2e-4)

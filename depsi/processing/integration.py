@@ -36,6 +36,13 @@ DEFAULT_ALPHA = 0.001
 #: independent part of the network, then solves again).
 DEFAULT_MAX_ITERATIONS = 100
 
+#: Networks of more points are tested tile by tile (tiles of about this many points), then
+#: once as a whole: the factorisations stay small and the cost grows linearly.
+TILE_POINTS = 8000
+#: Margin of each tile's sub-network, in median arc lengths: arcs near a tile's edge are
+#: tested with loops on both sides.
+TILE_MARGIN = 3.0
+
 #: Radius (m) of the reference area: results are relative to the mean over the first-order
 #: network points within it (about 250 points at 2000 first-order points per 100 km^2). The
 #: datum error is spatially correlated over about a kilometre (atmosphere finer than the
@@ -283,6 +290,113 @@ def _point_quality(source, target, arc_ok, coherence, n):
     return np.divide(total, count, out=np.zeros(n), where=count > 0)
 
 
+def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
+               coherence, sd, critical, max_iterations):
+    """The w-test iterations on one network: solve, test every arc, remove the worst failing
+    arc of each independent part, until none fails (or ``max_iterations``). ``arc_reason`` is
+    updated in place (2: rejected); returns ``(arc_ok, point_reason, values, ref, w_stat,
+    iterations, n_removed)``."""
+    sd_velocity, sd_height, sd_phase = sd
+    w_stat = np.zeros(len(source))
+    n_tested_out = 0
+    iterations = 0
+    cached = None
+    while True:
+        arc_ok, point_reason = _prune(source, target, arc_ok, n, reference)
+        point_ok = point_reason == 0
+        if reference is not None and not point_ok[reference]:
+            raise ValueError(f"reference: point {reference} was removed from the network "
+                             f"({POINT_REASONS[int(point_reason[reference])]})")
+        if point_ok.sum() < 2:
+            raise ValueError("network: fewer than 2 points remain after removing weak arcs")
+        quality = _point_quality(source, target, arc_ok, coherence, n)
+        ref = (int(reference) if reference is not None
+               else _choose_reference(positions, point_ok, quality))
+        # redundancy numbers change little when a few arcs go: they are recomputed when more
+        # than REDUNDANCY_REFRESH of the arcs went since, and always before testing stops
+        fresh = cached is None or arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1]
+        values, leverage = _solve(source[arc_ok], target[arc_ok], weights[arc_ok], rhs[arc_ok],
+                                  n, point_ok, ref, leverage=fresh)
+        if fresh:
+            cached = (np.zeros(len(source)), int(arc_ok.sum()))
+            cached[0][arc_ok] = 1.0 - leverage
+        misclosure = np.zeros_like(rhs)
+        misclosure[arc_ok] = rhs[arc_ok] - (values[target[arc_ok]] - values[source[arc_ok]])
+        redundancy = np.where(arc_ok, cached[0], 0.0)
+        testable = arc_ok & (redundancy >= MIN_REDUNDANCY)
+        if not testable.any():
+            logger.warning("network has no redundancy (a tree): arcs cannot be tested")
+            break
+        normalised = np.column_stack([
+            np.abs(misclosure[:, 0]) / sd_velocity,
+            np.abs(misclosure[:, 1]) / sd_height,
+            np.abs(misclosure[:, 2:]).max(axis=1) / sd_phase,
+        ]).max(axis=1) / np.sqrt(np.where(testable, redundancy, 1.0))
+        w_stat = np.where(testable, normalised, 0.0)
+        failing = np.flatnonzero(w_stat > critical)
+        if not failing.size:
+            if fresh:
+                break
+            cached = None
+            continue
+        if iterations >= max_iterations:
+            logger.warning("arc testing stopped after max_iterations=%d iterations (%d arcs "
+                           "removed); %d arcs that still fail the w-test are kept",
+                           max_iterations, n_tested_out, failing.size)
+            break
+        remove = _independent_worst(failing, w_stat, source, target, n, arc_ok)
+        arc_ok[remove] = False
+        arc_reason[remove] = 2
+        n_tested_out += remove.size
+        iterations += 1
+    return arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out
+
+
+def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence,
+                   sd, critical, max_iterations):
+    """The w-test of a large network, tile by tile: each tile of about :data:`TILE_POINTS`
+    points is tested on the sub-network of its points and a margin of
+    :data:`TILE_MARGIN` median arc lengths around it, and decides on the arcs whose midpoint
+    lies in it. Every factorisation is a tile's, so the cost grows linearly with the number of
+    points; the whole network is tested once more afterwards (few arcs still fail then).
+    Returns the updated ``arc_ok`` and the number of arcs the tiles rejected."""
+    cell = float(np.sqrt(np.prod(np.ptp(positions, axis=0) + 1.0) * TILE_POINTS / n))
+    low = positions.min(axis=0)
+    midpoint = 0.5 * (positions[source] + positions[target])
+    tile_of_arc = np.floor((midpoint - low) / cell).astype(np.int64)
+    length = np.hypot(*(positions[target] - positions[source]).T)
+    margin = TILE_MARGIN * float(np.median(length[arc_ok])) if arc_ok.any() else 0.0
+    tiles = np.unique(tile_of_arc[arc_ok], axis=0)
+    rejected = 0
+    for tile in tiles:  # a few dozen tiles, each a network of about TILE_POINTS points
+        lo, hi = low + tile * cell - margin, low + (tile + 1) * cell + margin
+        inside = np.all((positions >= lo) & (positions < hi), axis=1)
+        members = np.flatnonzero(arc_ok & inside[source] & inside[target])
+        if members.size < 3:
+            continue
+        points = np.unique(np.concatenate([source[members], target[members]]))
+        local = np.full(n, -1, dtype=np.int64)
+        local[points] = np.arange(points.size)
+        reason = np.zeros(members.size, dtype=np.int8)
+        try:
+            _test_arcs(local[source[members]], local[target[members]],
+                       np.ones(members.size, dtype=bool), reason, weights[members],
+                       rhs[members], points.size, None, positions[points],
+                       coherence[members], tuple(np.broadcast_to(v, source.shape)[members]
+                                                 for v in sd), critical, max_iterations)
+        except ValueError as err:  # a tile too weak to test on its own
+            logger.debug("tile %s not tested: %s", tile.tolist(), err)
+            continue
+        own = np.all(tile_of_arc[members] == tile, axis=1)
+        removed = members[(reason == 2) & own]
+        arc_ok[removed] = False
+        arc_reason[removed] = 2
+        rejected += removed.size
+    logger.info("integration: %d arcs rejected by the w-test in %d tiles of %.0f m", rejected,
+                len(tiles), cell)
+    return arc_ok, rejected
+
+
 def integrate_network(
     points: xr.Dataset,
     arcs: xr.Dataset,
@@ -410,58 +524,16 @@ def integrate_network(
     rhs = np.column_stack([velocity, height, unwrapped])
     positions = point_positions(points)
 
-    w_stat = np.zeros(len(source))
-    n_tested_out = 0
-    iterations = 0
-    cached = None
-    while True:
-        arc_ok, point_reason = _prune(source, target, arc_ok, n, reference)
-        point_ok = point_reason == 0
-        if reference is not None and not point_ok[reference]:
-            raise ValueError(f"reference: point {reference} was removed from the network "
-                             f"({POINT_REASONS[int(point_reason[reference])]})")
-        if point_ok.sum() < 2:
-            raise ValueError("network: fewer than 2 points remain after removing weak arcs")
-        quality = _point_quality(source, target, arc_ok, coherence, n)
-        ref = (int(reference) if reference is not None
-               else _choose_reference(positions, point_ok, quality))
-        # redundancy numbers change little when a few arcs go: they are recomputed when more
-        # than REDUNDANCY_REFRESH of the arcs went since, and always before testing stops
-        fresh = cached is None or arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1]
-        values, leverage = _solve(source[arc_ok], target[arc_ok], weights[arc_ok], rhs[arc_ok],
-                                  n, point_ok, ref, leverage=fresh)
-        if fresh:
-            cached = (np.zeros(len(source)), int(arc_ok.sum()))
-            cached[0][arc_ok] = 1.0 - leverage
-        misclosure = np.zeros_like(rhs)
-        misclosure[arc_ok] = rhs[arc_ok] - (values[target[arc_ok]] - values[source[arc_ok]])
-        redundancy = np.where(arc_ok, cached[0], 0.0)
-        testable = arc_ok & (redundancy >= MIN_REDUNDANCY)
-        if not testable.any():
-            logger.warning("network has no redundancy (a tree): arcs cannot be tested")
-            break
-        normalised = np.column_stack([
-            np.abs(misclosure[:, 0]) / sd_velocity,
-            np.abs(misclosure[:, 1]) / sd_height,
-            np.abs(misclosure[:, 2:]).max(axis=1) / sd_phase,
-        ]).max(axis=1) / np.sqrt(np.where(testable, redundancy, 1.0))
-        w_stat = np.where(testable, normalised, 0.0)
-        failing = np.flatnonzero(w_stat > critical)
-        if not failing.size:
-            if fresh:
-                break
-            cached = None
-            continue
-        if iterations >= max_iterations:
-            logger.warning("arc testing stopped after max_iterations=%d iterations (%d arcs "
-                           "removed); %d arcs that still fail the w-test are kept",
-                           max_iterations, n_tested_out, failing.size)
-            break
-        remove = _independent_worst(failing, w_stat, source, target, n, arc_ok)
-        arc_ok[remove] = False
-        arc_reason[remove] = 2
-        n_tested_out += remove.size
-        iterations += 1
+    sd = (sd_velocity, sd_height, sd_phase)
+    tiled = 0
+    if n > TILE_POINTS:
+        arc_ok, tiled = _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n,
+                                       positions, coherence, sd, critical, max_iterations)
+    arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out = _test_arcs(
+        source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions, coherence,
+        sd, critical, max_iterations)
+    n_tested_out += tiled
+    point_ok = point_reason == 0
     arc_reason[(arc_reason == 0) & ~arc_ok] = 3
     result = _point_results(points, values, point_ok, point_reason, ref, years)
     result.attrs.update({

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from depsi.io.store import open_stm, save_stm
 from depsi.kernels.statistics import amplitude_sums
 from depsi.processing.selection import (
     amplitude_statistics,
+    default_workers,
     ps_selection,
     select_network_points,
     update_selection,
@@ -188,6 +190,33 @@ def test_engines_identical_on_simulated_stack(simulated):
     xr.testing.assert_identical(lazy, rechunked)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_stream_engine_on_any_number_of_workers_equals_the_dask_engine(small_stack, workers):
+    stack = small_stack.chunk(azimuth=7, range=9)
+    lazy = ps_selection(stack, threshold=0.25).compute()
+    streamed = ps_selection(stack, threshold=0.25, engine="stream", workers=workers)
+    xr.testing.assert_identical(lazy, streamed)
+
+
+def test_stream_engine_threads_follow_the_dask_configuration():
+    with dask.config.set(num_workers=3):
+        assert default_workers() == 3
+    assert default_workers() >= 1
+
+
+@pytest.mark.parametrize("method", ["nad", "nmad"])
+def test_stream_engine_on_a_stack_chunked_along_time_equals_the_dask_engine(small_stack,
+                                                                           method):
+    """Blocks read in time pieces (never joined along time) select exactly the same points
+    with the same values, also with a time window that cuts through the pieces."""
+    stack = small_stack.chunk(azimuth=10, range=16, time=5)
+    for window in (None, (TIME[3], TIME[13])):
+        lazy = ps_selection(stack, method=method, threshold=0.25, time_window=window)
+        streamed = ps_selection(stack, method=method, threshold=0.25, time_window=window,
+                                engine="stream", workers=2)
+        xr.testing.assert_identical(lazy.compute(), streamed)
+
+
 def test_ps_selection_output_content(small_stack):
     ps = ps_selection(small_stack, threshold=0.25).compute()
     assert ps["complex"].dims == ("space", "time") and ps["complex"].dtype == np.complex64
@@ -267,6 +296,7 @@ def _exploding_stack(small_stack: xr.Dataset, name: str) -> xr.Dataset:
     ({"threshold": -0.1}, "threshold"),
     ({"threshold": float("nan")}, "threshold"),
     ({"prefetch": 0}, "prefetch"),
+    ({"workers": 0}, "workers"),
     ({"time_window": ("2030-01-01", None)}, "time_window"),
 ])
 def test_bad_arguments_fail_before_reading(small_stack, kwargs, match):

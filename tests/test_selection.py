@@ -12,7 +12,7 @@ import xarray as xr
 from scipy.spatial import cKDTree
 
 from depsi.io.store import open_stm, save_stm
-from depsi.kernels.statistics import amplitude_sums
+from depsi.kernels.statistics import amplitude_sums, moments_from_sums, nad_screen
 from depsi.processing.selection import (
     amplitude_statistics,
     default_workers,
@@ -143,6 +143,46 @@ def test_amplitude_sums_of_time_pieces_equal_the_joined_epochs_bit_for_bit(small
     finite = np.isfinite(amplitude)
     np.testing.assert_array_equal(joined[0], finite.sum(axis=-1))
     np.testing.assert_array_equal(joined[1], np.where(finite, amplitude, 0).sum(axis=-1))
+
+
+@pytest.mark.parametrize("n_epochs", [3, 24, 300])
+def test_nad_screen_never_drops_a_pixel_the_exact_nad_selects(n_epochs):
+    """Pixels around the threshold to a few float32 ulps, among clutter: every pixel whose
+    exact float32 NAD is below the threshold stays for the exact computation, and clearly
+    dispersed pixels are screened out."""
+    rng = np.random.default_rng(n_epochs)
+    threshold = 0.25
+    sign = np.where(np.arange(n_epochs) % 2, -1.0, 1.0)
+    if n_epochs % 2:
+        sign[-1] = 0.0
+    spread = threshold * (1 + np.linspace(-3e-6, 3e-6, 2001))  # NAD of +-spread about 1
+    scale = np.sqrt(n_epochs / max((sign != 0).sum(), 1))
+    edge = 1 + np.outer(spread * scale, sign) * rng.choice([1, -1], (spread.size, 1))
+    edge *= rng.uniform(0.5, 200, (spread.size, 1))
+    clutter = rng.rayleigh(1.0, (3000, n_epochs))
+    amplitude = np.concatenate([edge, clutter]).astype(np.float32)
+    phase = rng.uniform(-np.pi, np.pi, amplitude.shape)
+    slc = (amplitude * np.exp(1j * phase)).astype(np.complex64)
+    nad = moments_from_sums(*amplitude_sums(slc))[2].astype(np.float32)
+    selected = nad < threshold
+    kept = nad_screen(slc, threshold)
+    assert 0 < selected.sum() < edge.shape[0]  # the edge really straddles the threshold
+    assert kept[selected].all()
+    pieces = [slc[:, :n_epochs // 3], slc[:, n_epochs // 3:]]
+    assert nad_screen(pieces, threshold)[selected].all()
+    clutter_kept = kept[edge.shape[0]:].mean()
+    assert clutter_kept < 0.05 or n_epochs < 10  # NAD about 0.52 once there are epochs enough
+
+
+def test_nad_screen_keeps_missing_zero_and_tiny_pixels_for_the_exact_statistics():
+    slc = np.full((5, 8), 3 + 4j, np.complex64)
+    slc[:, ::2] = 30
+    slc[0, 3] = np.nan
+    slc[1, 5] = np.inf
+    slc[2] = 0
+    slc[3] *= np.float32(1e-30)  # squares below the float32 normal range
+    assert nad_screen(slc, 0.25).tolist() == [True, True, True, True, False]
+    assert nad_screen(slc.astype(np.complex128), 0.25).all()  # not screened: exact for all
 
 
 # --------------------------------------------------------------------------------------------

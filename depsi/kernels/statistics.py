@@ -158,6 +158,88 @@ def amplitude_sums(values) -> tuple:
     return count.reshape(lead), total.reshape(lead), total_sq.reshape(lead)
 
 
+#: Smallest float32 sums of amplitudes (and of their squares) the NAD screen trusts: far above
+#: the subnormal range, where rounding is no longer relative. Smaller sums are left to the exact
+#: computation.
+_SCREEN_FLOOR = 1e-20
+
+#: Relative margin on the threshold by which the screen's NAD must exceed it: covers the exact
+#: computation's own float64 rounding and its float32 result (1e-7) many times over.
+_SCREEN_MARGIN = 1e-6
+
+
+def _float32_sums(pieces: list, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 sums of the amplitudes and of their squares per pixel, in any order (einsum)."""
+    flats = [piece.reshape(-1, piece.shape[-1]) for piece in pieces]
+    n = flats[0].shape[0]
+    total, total_sq = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    buffer = np.empty((min(rows, max(n, 1)), max(flat.shape[1] for flat in flats)), np.float32)
+    for start in range(0, n, buffer.shape[0]):
+        k = min(buffer.shape[0], n - start)
+        for flat in flats:
+            part = flat[start:start + k]
+            amplitude = buffer[:k, :part.shape[1]]
+            if part.dtype.kind == "c":
+                np.abs(part, out=amplitude)
+            else:
+                amplitude[...] = part
+            total[start:start + k] += np.einsum("ij->i", amplitude)
+            total_sq[start:start + k] += np.einsum("ij,ij->i", amplitude, amplitude)
+    return total, total_sq
+
+
+def nad_screen(values, threshold: float):
+    """Pixels whose NAD may be below ``threshold`` or is undefined; every other pixel's NAD, as
+    :func:`moments_from_sums` computes it from :func:`amplitude_sums`, is certainly not below.
+
+    A float32 pass (less than half the cost of the exact sums) screens out the pixels that are
+    clearly rejected, so that the exact float64 sums are only needed for the few others.
+    Any order of summing ``n`` non-negative float32 terms (products included) errs by at most
+    ``g = n u / (1 - n u)`` relatively (u = 2**-24), so ``n S2 / S1**2 = 1 + NAD**2`` is known
+    to ``(1 - g)**2 / (1 + g) > 1 - 4 g``; a pixel is screened out only when even that lower
+    bound puts its NAD above the threshold by :data:`_SCREEN_MARGIN`. Pixels with a missing
+    epoch, a zero or tiny sum, or not in complex64/float32 are always candidates.
+
+    Parameters
+    ----------
+    values
+        Complex SLC values or float32 amplitudes ``(..., time)``, or a list of time pieces as in
+        :func:`amplitude_sums`.
+    threshold
+        The NAD threshold of the selection (a pixel is selected when its float32 NAD is below).
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, shape ``values.shape[:-1]``: True where the exact statistics are needed.
+
+    Examples
+    --------
+    >>> slc = np.array([[1, 1, 1, 1], [1, 9, 1, 9], [1, np.nan, 1, 1]], dtype="c8")
+    >>> nad_screen(slc, 0.25).tolist()
+    [True, False, True]
+    """
+    pieces = _time_pieces(values)
+    xp = array_namespace(*pieces)
+    lead = pieces[0].shape[:-1]
+    n_time = sum(piece.shape[-1] for piece in pieces)
+    u = float(np.finfo(np.float32).eps) / 2
+    screened = (xp is np and n_time * u < 1e-3
+                and all(piece.dtype in (np.complex64, np.float32) for piece in pieces))
+    if not screened:
+        return xp.ones(lead, dtype=bool)
+    total, total_sq = (sums.astype(np.float64) for sums in _float32_sums(pieces,
+                                                                        SUM_BLOCK_PIXELS))
+    trusted = (np.isfinite(total) & np.isfinite(total_sq) & (total >= _SCREEN_FLOOR)
+               & (total_sq >= _SCREEN_FLOOR))
+    g = n_time * u / (1 - n_time * u)
+    ratio = n_time * total_sq / np.where(trusted, total * total, 1.0)
+    lowest_nad_squared = ratio * (1 - 4 * g) - 1
+    limit = max(float(threshold), float(np.float32(threshold))) * (1 + _SCREEN_MARGIN)
+    rejected = trusted & (lowest_nad_squared >= limit * limit)
+    return ~rejected.reshape(lead)
+
+
 def add_sums(sums, more) -> tuple:
     """Element-wise sum of two ``(count, total, total_sq)`` triples (old epochs + new epochs).
 

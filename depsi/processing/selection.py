@@ -30,6 +30,7 @@ from depsi.kernels.statistics import (
     amplitude_of,
     amplitude_sums,
     moments_from_sums,
+    nad_screen,
     phase_of,
     statistics_block,
 )
@@ -274,12 +275,6 @@ def _timed_variables(stack: xr.Dataset) -> list[str]:
     return ["complex"] + (["h2ph"] if "h2ph" in stack.data_vars else [])
 
 
-def _status_counts(status: np.ndarray) -> dict:
-    return {"n_candidates": int(status.size),
-            "n_selected": int((status == _STATUS_SELECTED).sum()),
-            "n_excluded": int((status == _STATUS_UNUSABLE).sum())}
-
-
 def _window_pieces(pieces: list[np.ndarray], window: slice) -> list[np.ndarray]:
     """The parts of consecutive time pieces that fall inside ``window`` (views)."""
     out, start = [], 0
@@ -301,22 +296,43 @@ def _at_pixels(values: np.ndarray | list, ia: np.ndarray, ir: np.ndarray) -> np.
     return np.concatenate([piece[ia, ir] for piece in values], axis=-1)
 
 
+def _pixels_to_decide(slc: np.ndarray | list, *, method: str,
+                      threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions ``(ia, ir)`` of the pixels whose statistics are computed, and their epochs as
+    rows ``(pixel, time)``: for NAD those :func:`nad_screen` leaves (the others are certainly
+    rejected), for NMAD every pixel."""
+    pieces = slc if isinstance(slc, list) else [slc]
+    if method == "nad":
+        ia, ir = np.nonzero(nad_screen(pieces, threshold))
+        return ia, ir, _at_pixels(slc, ia, ir)
+    ia, ir = (index.ravel() for index in np.indices(pieces[0].shape[:2]))
+    joined = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
+    return ia, ir, joined.reshape(-1, joined.shape[-1])
+
+
 def _block_points(slc: np.ndarray | list, *, method: str, threshold: float,
                   offset: tuple[int, int], extra: dict | None = None,
                   window: slice | None = None) -> tuple[dict, dict]:
     """The selected pixels of one block: positions, statistics (and ``extra`` values), counts.
 
     ``slc`` and the ``extra`` time series may be lists of time pieces (a block read one stored
-    time chunk at a time); statistics are taken over the epochs in ``window``.
+    time chunk at a time); statistics are taken over the epochs in ``window``. Each decided
+    pixel's statistics come from its own epochs alone, so they do not depend on which other
+    pixels are decided with it.
     """
     if window is not None:
         slc = _window_pieces(slc, window) if isinstance(slc, list) else slc[..., window]
-    *statistics, status = _selection_block(slc, method=method, threshold=threshold)
-    ia, ir = np.nonzero(status == _STATUS_SELECTED)
+    ia, ir, rows = _pixels_to_decide(slc, method=method, threshold=threshold)
+    *statistics, status = _selection_block(rows, method=method, threshold=threshold)
+    selected = status == _STATUS_SELECTED
+    ia, ir = ia[selected], ir[selected]
     points = {"azimuth": ia + offset[0], "range": ir + offset[1]}
-    points |= {name: values[ia, ir] for name, values in zip(_POINT_STATISTICS, statistics)}
+    points |= {name: values[selected] for name, values in zip(_POINT_STATISTICS, statistics)}
     points |= {name: _at_pixels(values, ia, ir) for name, values in (extra or {}).items()}
-    return points, _status_counts(status)
+    shape = (slc[0] if isinstance(slc, list) else slc).shape[:2]
+    counts = {"n_candidates": int(np.prod(shape)), "n_selected": int(selected.sum()),
+              "n_excluded": int((status == _STATUS_UNUSABLE).sum())}
+    return points, counts
 
 
 def _collect(results, keys: list[str]) -> tuple[dict[str, list], dict]:

@@ -7,9 +7,10 @@ tool would write it: ``xarray.Dataset.to_zarr`` with Zarr's default codecs and n
 (``complex`` and ``h2ph``, chunks ``--chunk`` x ``--chunk`` x ``--time-chunk``), and opened with
 ``depsi.io.slc.open_slc_zarr``; the issue's case is ``--foreign --shape 1000 1000 --epochs 40
 --chunk 250`` (time whole) and the same with ``--time-chunk 10``. Every case runs in a fresh
-child process, which first does its work on a small piece (a 16 x 16 corner, one small read:
-imports, thread pools and zarr's event loop start untimed) and then reports its wall time and its
-peak resident memory (``ru_maxrss``) above the memory it had before.
+child process, which first does its work on one block (a selection on the first block, a read
+of the first chunk: imports, thread pools, zarr's event loop and the allocator's first blocks
+are one-time costs of a process, left untimed) and then reports its wall time and its peak
+resident memory (``ru_maxrss``) above the memory it had before.
 The page cache is warmed first, so the figures are for a warm cache (decompression-bound, not
 disk-bound). Besides wall time it prints CPU seconds (user + system) of each case and their ratio
 to the one-thread read: on a shared, busy machine wall times swing with the load, CPU time much
@@ -22,7 +23,9 @@ Cases, all over ``complex`` and ``h2ph`` (the bytes a selection must read):
 - stream engine: ``ps_selection(engine="stream")``, one pass, with its default number of
   worker threads (the cores) and with one;
 - dask engine: ``ps_selection(engine="dask")`` to the lazy STM (reads ``complex`` once), and
-  then ``.compute()`` of the point values (reads ``complex`` and ``h2ph`` again).
+  then ``.compute()`` of the point values (reads ``complex`` and ``h2ph`` again);
+- with ``--compare DIR``: the two engines again with the depsi package of ``DIR`` (a checkout
+  of an earlier commit), in the same rounds, for before/after ratios under the same load.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ def case_read(path: str, threads: int) -> dict:
     group = zarr.open_group(path, mode="r")
     jobs = [(group[name], s) for name in VARIABLES for s in _chunk_slices(group[name])]
     nbytes = sum(group[name].nbytes for name in VARIABLES)
-    for name in VARIABLES:  # warm-up: zarr's event loop and codecs
-        group[name][(slice(0, 8),) * group[name].ndim]
+    for name in VARIABLES:  # warm-up: zarr's event loop, codecs, the allocator's first chunk
+        group[name][_chunk_slices(group[name])[0]]
     base, cpu = _rss_mb(), _cpu_seconds()
     start = time.perf_counter()
     if threads == 1:
@@ -89,12 +92,22 @@ WAVELENGTH = 0.0555
 
 
 def _warm_up(stack, **options) -> None:
-    """A selection on a small corner first: imports, thread pools and zarr's event loop start
-    outside the timed run, as the read cases' warm-up read does for them."""
+    """A selection on the first block first: imports, thread pools, zarr's event loop and the
+    allocator's first blocks outside the timed run, as the read cases' warm-up read of one
+    chunk does for them (one-time costs of a process, not a cost per byte)."""
     from depsi.processing.selection import ps_selection
 
-    corner = stack.isel(azimuth=slice(0, 16), range=slice(0, 16))
+    az, rg = stack["complex"].data.chunksize[:2]
+    corner = stack.isel(azimuth=slice(0, az), range=slice(0, rg))
     ps_selection(corner, threshold=THRESHOLD, **options).compute()
+
+
+def _use_tree(tree: str | None) -> None:
+    """Import depsi from ``tree`` (another checkout, for before/after in one run)."""
+    import sys
+
+    if tree:
+        sys.path.insert(0, tree)
 
 
 def _open(path: str):
@@ -107,10 +120,12 @@ def _open(path: str):
     return xr.open_zarr(path, consolidated=True)
 
 
-def case_stream(path: str, prefetch: int, workers: int | None = None) -> dict | None:
+def case_stream(path: str, prefetch: int, workers: int | None = None,
+                tree: str | None = None) -> dict | None:
     """``workers=None``: the engine's default; None back from a depsi without the option."""
     import inspect
 
+    _use_tree(tree)
     from depsi.processing.selection import ps_selection
 
     options = {"prefetch": prefetch}
@@ -128,9 +143,10 @@ def case_stream(path: str, prefetch: int, workers: int | None = None) -> dict | 
             "points": ps.sizes["space"]}
 
 
-def case_dask(path: str) -> dict:
+def case_dask(path: str, tree: str | None = None) -> dict:
     import dask
 
+    _use_tree(tree)
     from depsi.processing.selection import ps_selection
 
     stack = _open(path)
@@ -219,6 +235,9 @@ def main() -> None:
                         help="time chunk of the --foreign stack (default: time whole)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "depsi-bench")
     parser.add_argument("--repeat", type=int, default=2, help="best of this many runs")
+    parser.add_argument("--compare", type=str, default=None, metavar="DIR",
+                        help="also run the engines with the depsi package found in DIR "
+                             "(a checkout of an earlier commit), in the same rounds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -233,45 +252,65 @@ def main() -> None:
     cores = os.cpu_count() or 1
 
     # rounds of every case in turn, so that each round's cases share the machine's load;
-    # per case the fastest round is reported, and per round the ratio to that round's limit
+    # per case the fastest round is reported, and the median over rounds of its ratio to
+    # that round's read limit
     cases = {"read1": (case_read, 1), "read_n": (case_read, cores),
              "stream": (case_stream, 2), "stream1": (case_stream, 2, 1), "dask": (case_dask,)}
+    if args.compare:
+        cases |= {"stream_before": (case_stream, 2, None, args.compare),
+                  "dask_before": (case_dask, args.compare)}
     rounds = [{name: _in_child(func, path, *fargs) for name, (func, *fargs) in cases.items()}
               for _ in range(args.repeat)]
+    report(args, cores, rounds)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def report(args, cores: int, rounds: list[dict]) -> None:
     runs = {name: min((r[name] for r in rounds if r[name] is not None),
-                      key=lambda run: run["seconds"], default=None) for name in cases}
-    read1, read_n, stream, stream1, dask_run = (runs[name] for name in cases)
+                      key=lambda run: run["seconds"], default=None) for name in rounds[0]}
+    read1, read_n = runs["read1"], runs["read_n"]
     limit = min(read1["seconds"], read_n["seconds"])
-    round_ratios = sorted(r["stream"]["seconds"] / min(r["read1"]["seconds"],
-                                                       r["read_n"]["seconds"]) for r in rounds)
+    cpu_limit = read1["cpu"]
     gb = read1["nbytes"] / 1e9
+
+    def ratios(name: str, key: str = "seconds") -> list[float]:
+        return [r[name][key] / min(r["read1"]["seconds"], r["read_n"]["seconds"])
+                for r in rounds if r.get(name) is not None]
 
     kind = "foreign (to_zarr, default codecs)" if args.foreign else "simulated"
     print(f"\nNAD selection, {kind} {args.shape[0]} x {args.shape[1]} x {args.epochs} stack, "
           f"chunks {args.chunk} x {args.chunk} x {args.time_chunk or args.epochs}, warm cache, "
-          f"{mp.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (1 min)")
+          f"{mp.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (1 min), "
+          f"{len(rounds)} rounds")
     print(f"bytes read by a selection (complex + h2ph, in memory): {gb:.2f} GB; "
-          f"{stream['points']} points selected")
-    rows = [
-        ("read limit, 1 thread", read1["seconds"], read1["cpu"], read1["peak_mb"]),
-        (f"read limit, {cores} threads", read_n["seconds"], read_n["cpu"], read_n["peak_mb"]),
-        ("stream, default workers", stream["seconds"], stream["cpu"], stream["peak_mb"]),
-        *([("stream, 1 worker", stream1["seconds"], stream1["cpu"], stream1["peak_mb"])]
-          if stream1 else []),
-        ("dask engine, to lazy STM", dask_run["lazy_seconds"], dask_run["lazy_cpu"], None),
-        ("dask engine, computed", dask_run["seconds"], dask_run["cpu"], dask_run["peak_mb"]),
-    ]
-    cpu_limit = read1["cpu"]
-    print(f"{'case':30s} {'seconds':>8s} {'GB/s':>6s} {'x limit':>8s} {'CPU s':>6s} "
+          f"{runs['stream']['points']} points selected")
+    labels = {"read1": "read limit, 1 thread", "read_n": f"read limit, {cores} threads",
+              "stream": "stream, default workers", "stream1": "stream, 1 worker",
+              "dask": "dask engine, computed", "stream_before": "before: stream engine",
+              "dask_before": "before: dask, computed"}
+    print(f"{'case':30s} {'seconds':>8s} {'x limit':>8s} {'median x':>8s} {'CPU s':>6s} "
           f"{'x CPU':>6s} {'peak MB':>8s}")
-    for name, seconds, cpu, peak in rows:
-        peak_text = f"{peak:8.0f}" if peak is not None else f"{'':8s}"
-        print(f"{name:30s} {seconds:8.2f} {gb / seconds:6.2f} {seconds / limit:8.2f} "
-              f"{cpu:6.2f} {cpu / cpu_limit:6.2f} {peak_text}")
-    print(f"stream / read limit per round: {', '.join(f'{r:.2f}' for r in round_ratios)}")
+    for name, label in labels.items():
+        run = runs.get(name)
+        if run is None:
+            continue
+        print(f"{label:30s} {run['seconds']:8.2f} {run['seconds'] / limit:8.2f} "
+              f"{_median(ratios(name)):8.2f} {run['cpu']:6.2f} {run['cpu'] / cpu_limit:6.2f} "
+              f"{run['peak_mb']:8.0f}")
+        if name in ("dask", "dask_before"):
+            print(f"{'  of which to the lazy STM':30s} {run['lazy_seconds']:8.2f} "
+                  f"{run['lazy_seconds'] / limit:8.2f} {_median(ratios(name, 'lazy_seconds')):8.2f}"
+                  f" {run['lazy_cpu']:6.2f} {run['lazy_cpu'] / cpu_limit:6.2f}")
+    print("x limit: fastest run over the fastest read; median x: median over rounds of the "
+          "ratio to that round's read; x CPU: CPU seconds over those of the 1-thread read")
+    stream, dask_run = runs["stream"], runs["dask"]
     print(f"peak memory relative to the stack's {gb * 1e3:.0f} MB: stream "
           f"{stream['peak_mb'] / (gb * 1e3):.1%}, dask {dask_run['peak_mb'] / (gb * 1e3):.1%}")
-
 
 if __name__ == "__main__":
     main()

@@ -242,12 +242,13 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     args.cache.mkdir(parents=True, exist_ok=True)
+    # written in a child: its memory would otherwise count in every child's ru_maxrss
     if args.foreign:
-        # written in a child: its memory would otherwise count in every child's ru_maxrss
         path = str(_in_child(ensure_foreign_stack, args.cache, tuple(args.shape), args.epochs,
                              args.chunk, args.time_chunk))
     else:
-        path = str(ensure_stack(args.cache, tuple(args.shape), args.epochs, args.chunk))
+        path = str(_in_child(ensure_stack, args.cache, tuple(args.shape), args.epochs,
+                             args.chunk))
     _in_child(case_read, path, 1)  # warm the page cache
     cores = os.cpu_count() or 1
 

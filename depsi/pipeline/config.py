@@ -169,8 +169,10 @@ class SelectionConfig(_Section):
     threshold: float = Field(
         0.25, gt=0, description="Pixels whose statistic is below this value become candidates.")
     engine: Literal["dask", "stream"] = Field(
-        "dask", description="dask: one lazy graph over the stack; stream: blocks read with a "
-                            "background prefetch queue (lower memory on huge stacks).")
+        "dask", description="dask: one lazy graph over the stack, the points' time series read "
+                            "again while saved (memory bounded whatever the number of points); "
+                            "stream: one pass on all cores, blocks read and reduced by worker "
+                            "threads, the points computed in memory (fastest when they fit).")
 
 
 class NetworkConfig(_Section):

@@ -3,7 +3,8 @@
 :func:`amplitude_statistics` computes every per-pixel amplitude statistic in one pass over a
 raster stack ``(azimuth, range, time)``; :func:`ps_selection` turns the pixels with a low
 amplitude dispersion (NAD or NMAD) into a point STM ``(space, time)`` in Morton order, with a lazy
-Dask engine or a streaming engine that reads each block once with background prefetching;
+Dask engine or a streaming engine that reads and reduces each block once on worker threads,
+the point values computed in the same pass;
 :func:`update_selection` adds new epochs to a stored PS product from its running sums;
 :func:`select_network_points` thins points to a minimum distance, best first.
 """

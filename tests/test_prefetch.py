@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depsi.io.prefetch import block_slices, iter_blocks, prefetched
+from depsi.io.prefetch import block_slices, iter_blocks, iter_processed_blocks, prefetched
 
 
 def _prefetch_threads() -> list[threading.Thread]:
@@ -77,8 +77,9 @@ def test_loader_error_is_reraised_in_consumer():
     assert seen == [0, 1, 2]
 
 
-def test_consumer_stopping_early_stops_the_worker():
-    blocks = prefetched(lambda x: x, range(1000), prefetch=2)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_consumer_stopping_early_stops_the_worker(workers):
+    blocks = prefetched(lambda x: x, range(1000), prefetch=2, workers=workers)
     for item, _ in blocks:
         if item == 2:
             break
@@ -86,9 +87,10 @@ def test_consumer_stopping_early_stops_the_worker():
     assert _prefetch_threads() == []
 
 
-def test_keyboard_interrupt_in_consumer_joins_the_worker():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_keyboard_interrupt_in_consumer_joins_the_worker(workers):
     with pytest.raises(KeyboardInterrupt):
-        for item, _ in prefetched(lambda x: x, range(1000), prefetch=2):
+        for item, _ in prefetched(lambda x: x, range(1000), prefetch=2, workers=workers):
             if item == 5:
                 raise KeyboardInterrupt
 
@@ -96,6 +98,74 @@ def test_keyboard_interrupt_in_consumer_joins_the_worker():
 def test_prefetch_must_be_positive():
     with pytest.raises(ValueError, match="prefetch"):
         next(prefetched(lambda x: x, range(3), prefetch=0))
+
+
+def test_several_workers_yield_every_item_in_order():
+    def load(item):
+        time.sleep(0.001 * (item % 3))  # later items sometimes finish first
+        return 2 * item
+
+    assert list(prefetched(load, range(30), prefetch=2, workers=3)) == [
+        (i, 2 * i) for i in range(30)]
+
+
+def test_several_workers_load_at_the_same_time():
+    """Two loads in progress at once: each waits for the other at a barrier, which a single
+    worker could never pass (the timeout turns that hang into a failure)."""
+    both_loading = threading.Barrier(2, timeout=60)
+    loaders = set()
+
+    def load(item):
+        loaders.add(threading.current_thread().name)
+        both_loading.wait()
+        return item
+
+    assert [item for item, _ in prefetched(load, range(6), workers=2)] == list(range(6))
+    assert loaders == {"depsi-prefetch"}
+
+
+def test_several_workers_read_at_most_prefetch_plus_workers_ahead():
+    loaded = []
+    taking = threading.Lock()
+
+    def load(item):
+        with taking:
+            loaded.append(item)
+
+    for consumed, _ in enumerate(prefetched(load, range(40), prefetch=2, workers=3), start=1):
+        time.sleep(0.005)
+        assert len(loaded) <= consumed + 2 + 3
+
+
+def test_several_workers_reraise_an_error_after_every_earlier_item():
+    def load(item):
+        if item == 5:
+            raise OSError("disk gone at block 5")
+        time.sleep(0.002)
+        return item
+
+    seen = []
+    with pytest.raises(OSError, match="disk gone at block 5"):
+        for item, _ in prefetched(load, range(50), workers=3):
+            seen.append(item)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_an_error_of_the_items_iterator_is_reraised_in_order():
+    def items():
+        yield from range(3)
+        raise RuntimeError("listing failed")
+
+    seen = []
+    with pytest.raises(RuntimeError, match="listing failed"):
+        for item, _ in prefetched(lambda x: x, items(), workers=2):
+            seen.append(item)
+    assert seen == [0, 1, 2]
+
+
+def test_workers_must_be_positive():
+    with pytest.raises(ValueError, match="workers"):
+        next(prefetched(lambda x: x, range(3), workers=0))
 
 
 @pytest.mark.parametrize("chunks, block_shape", [((4, 5, -1), None), (None, (3, 8)),
@@ -110,6 +180,41 @@ def test_iter_blocks_visits_every_pixel_once(chunks, block_shape):
         np.testing.assert_array_equal(block["lat"], stack["lat"].values[az, rg])
     np.testing.assert_array_equal(rebuilt, stack["complex"].values)
     assert (visits == 1).all()
+
+
+def test_iter_processed_blocks_processes_on_the_workers_and_keeps_block_order():
+    stack = _stack(chunks=(4, 5, -1))
+    threads = set()
+
+    def total(slices, block):
+        threads.add(threading.current_thread().name)
+        return slices, complex(block["complex"].sum())
+
+    results = list(iter_processed_blocks(stack, total, workers=3))
+    assert [slices for slices, _ in results] == block_slices(stack)
+    for slices, (seen, value) in results:
+        assert seen == slices
+        assert value == complex(stack["complex"].values[slices].sum())
+    assert threads == {"depsi-prefetch"}
+
+
+def test_split_time_gives_one_piece_per_dask_chunk_along_time():
+    stack = _stack(chunks=(4, 5, 2)).transpose("time", "azimuth", "range")
+    for (az, rg), block in iter_processed_blocks(stack, lambda slices, b: b, split_time=True):
+        pieces = block["complex"]
+        assert [piece.shape[-1] for piece in pieces] == [2, 2, 1]  # time last, chunks of 2
+        np.testing.assert_array_equal(
+            np.concatenate(pieces, axis=-1),
+            stack["complex"].transpose("azimuth", "range", "time").values[az, rg])
+        assert isinstance(block["lat"], np.ndarray)  # no time: one array
+
+
+def test_split_time_of_an_in_memory_stack_is_one_piece():
+    stack = _stack()
+    (_, block), = list(iter_processed_blocks(stack, lambda slices, b: b, (10, 14),
+                                             split_time=True))
+    assert len(block["complex"]) == 1
+    np.testing.assert_array_equal(block["complex"][0], stack["complex"].values)
 
 
 def test_iter_blocks_follow_the_dask_chunks_by_default():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -11,8 +12,10 @@ import xarray as xr
 from scipy.spatial import cKDTree
 
 from depsi.io.store import open_stm, save_stm
+from depsi.kernels.statistics import amplitude_sums, moments_from_sums, nad_screen
 from depsi.processing.selection import (
     amplitude_statistics,
+    default_workers,
     ps_selection,
     select_network_points,
     update_selection,
@@ -127,6 +130,61 @@ def test_statistics_time_window_uses_only_its_epochs(small_stack):
     assert stats.attrs["statistics_epochs"] == 8
 
 
+def test_amplitude_sums_of_time_pieces_equal_the_joined_epochs_bit_for_bit(small_stack):
+    """A block read one time chunk at a time gives the sums of the joined block, exactly; a
+    pixel with a missing epoch in any piece is counted and summed without it."""
+    slc = small_stack["complex"].values
+    pieces = [slc[..., :5], slc[..., 5:6], slc[..., 6:17], slc[..., 17:]]
+    joined = amplitude_sums(slc)
+    for sums in (amplitude_sums(pieces), amplitude_sums([np.abs(p) for p in pieces])):
+        for got, expected in zip(sums, joined):
+            np.testing.assert_array_equal(got, expected)
+    amplitude = np.abs(slc).astype(np.float64)
+    finite = np.isfinite(amplitude)
+    np.testing.assert_array_equal(joined[0], finite.sum(axis=-1))
+    np.testing.assert_array_equal(joined[1], np.where(finite, amplitude, 0).sum(axis=-1))
+
+
+@pytest.mark.parametrize("n_epochs", [3, 24, 300])
+def test_nad_screen_never_drops_a_pixel_the_exact_nad_selects(n_epochs):
+    """Pixels around the threshold to a few float32 ulps, among clutter: every pixel whose
+    exact float32 NAD is below the threshold stays for the exact computation, and clearly
+    dispersed pixels are screened out."""
+    rng = np.random.default_rng(n_epochs)
+    threshold = 0.25
+    sign = np.where(np.arange(n_epochs) % 2, -1.0, 1.0)
+    if n_epochs % 2:
+        sign[-1] = 0.0
+    spread = threshold * (1 + np.linspace(-3e-6, 3e-6, 2001))  # NAD of +-spread about 1
+    scale = np.sqrt(n_epochs / max((sign != 0).sum(), 1))
+    edge = 1 + np.outer(spread * scale, sign) * rng.choice([1, -1], (spread.size, 1))
+    edge *= rng.uniform(0.5, 200, (spread.size, 1))
+    clutter = rng.rayleigh(1.0, (3000, n_epochs))
+    amplitude = np.concatenate([edge, clutter]).astype(np.float32)
+    phase = rng.uniform(-np.pi, np.pi, amplitude.shape)
+    slc = (amplitude * np.exp(1j * phase)).astype(np.complex64)
+    nad = moments_from_sums(*amplitude_sums(slc))[2].astype(np.float32)
+    selected = nad < threshold
+    kept = nad_screen(slc, threshold)
+    assert 0 < selected.sum() < edge.shape[0]  # the edge really straddles the threshold
+    assert kept[selected].all()
+    pieces = [slc[:, :n_epochs // 3], slc[:, n_epochs // 3:]]
+    assert nad_screen(pieces, threshold)[selected].all()
+    clutter_kept = kept[edge.shape[0]:].mean()
+    assert clutter_kept < 0.05 or n_epochs < 10  # NAD about 0.52 once there are epochs enough
+
+
+def test_nad_screen_keeps_missing_zero_and_tiny_pixels_for_the_exact_statistics():
+    slc = np.full((5, 8), 3 + 4j, np.complex64)
+    slc[:, ::2] = 30
+    slc[0, 3] = np.nan
+    slc[1, 5] = np.inf
+    slc[2] = 0
+    slc[3] *= np.float32(1e-30)  # squares below the float32 normal range
+    assert nad_screen(slc, 0.25).tolist() == [True, True, True, True, False]
+    assert nad_screen(slc.astype(np.complex128), 0.25).all()  # not screened: exact for all
+
+
 # --------------------------------------------------------------------------------------------
 # ps_selection
 
@@ -170,6 +228,33 @@ def test_engines_identical_on_simulated_stack(simulated):
     rechunked = ps_selection(stack.chunk(azimuth=50, range=100), threshold=0.25,
                              engine="stream")
     xr.testing.assert_identical(lazy, rechunked)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_stream_engine_on_any_number_of_workers_equals_the_dask_engine(small_stack, workers):
+    stack = small_stack.chunk(azimuth=7, range=9)
+    lazy = ps_selection(stack, threshold=0.25).compute()
+    streamed = ps_selection(stack, threshold=0.25, engine="stream", workers=workers)
+    xr.testing.assert_identical(lazy, streamed)
+
+
+def test_stream_engine_threads_follow_the_dask_configuration():
+    with dask.config.set(num_workers=3):
+        assert default_workers() == 3
+    assert default_workers() >= 1
+
+
+@pytest.mark.parametrize("method", ["nad", "nmad"])
+def test_stream_engine_on_a_stack_chunked_along_time_equals_the_dask_engine(small_stack,
+                                                                           method):
+    """Blocks read in time pieces (never joined along time) select exactly the same points
+    with the same values, also with a time window that cuts through the pieces."""
+    stack = small_stack.chunk(azimuth=10, range=16, time=5)
+    for window in (None, (TIME[3], TIME[13])):
+        lazy = ps_selection(stack, method=method, threshold=0.25, time_window=window)
+        streamed = ps_selection(stack, method=method, threshold=0.25, time_window=window,
+                                engine="stream", workers=2)
+        xr.testing.assert_identical(lazy.compute(), streamed)
 
 
 def test_ps_selection_output_content(small_stack):
@@ -251,6 +336,7 @@ def _exploding_stack(small_stack: xr.Dataset, name: str) -> xr.Dataset:
     ({"threshold": -0.1}, "threshold"),
     ({"threshold": float("nan")}, "threshold"),
     ({"prefetch": 0}, "prefetch"),
+    ({"workers": 0}, "workers"),
     ({"time_window": ("2030-01-01", None)}, "time_window"),
 ])
 def test_bad_arguments_fail_before_reading(small_stack, kwargs, match):

@@ -362,6 +362,22 @@ def test_stack_written_to_zarr_v3_opens_with_the_same_values(tmp_path: Path) -> 
     np.testing.assert_array_equal(back.time.values, ds.time.values)
 
 
+def test_store_in_time_chunks_opens_with_time_whole_read_by_zarr(tmp_path: Path) -> None:
+    """A store chunked along time (as other tools write it) opens with one Dask chunk over all
+    epochs per block, read by zarr straight into it: no rechunk step copies every block."""
+    rng = np.random.default_rng(4)
+    values = (rng.normal(size=(8, 6, 9)) + 1j * rng.normal(size=(8, 6, 9))).astype(np.complex64)
+    xr.Dataset({"complex": (("azimuth", "range", "time"), values)},
+               coords={"time": np.datetime64("2023-01-01", "ns")
+                       + np.arange(9) * np.timedelta64(12, "D")}
+               ).chunk({"azimuth": 4, "range": 3, "time": 4}).to_zarr(
+        tmp_path / "slc.zarr", zarr_format=3, consolidated=False)
+    ds = open_slc_zarr(tmp_path / "slc.zarr", wavelength=0.0555)
+    assert ds.complex.data.chunks == ((4, 4), (3, 3), (9,))
+    assert not any("rechunk" in name for name in ds.complex.data.dask.layers)
+    np.testing.assert_array_equal(ds.complex.values, values)
+
+
 def test_missing_store_and_non_zarr_folder_are_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nothing.zarr"):
         open_slc_zarr(tmp_path / "nothing.zarr")

@@ -2,7 +2,7 @@
 
 from depsi.io.csv import from_csv
 from depsi.io.metadata import MetadataError, read_metadata, read_metadata_stack
-from depsi.io.prefetch import iter_blocks, prefetched
+from depsi.io.prefetch import iter_blocks, iter_processed_blocks, prefetched
 from depsi.io.slc import from_binary, from_geotiff, from_snap, open_binary_folder, open_slc_zarr
 from depsi.io.stack import from_dataset, multi_look
 from depsi.io.store import DEFAULT_CHUNK_BYTES, append_epochs, open_stm, save_stm
@@ -17,6 +17,7 @@ __all__ = [
     "from_geotiff",
     "from_snap",
     "iter_blocks",
+    "iter_processed_blocks",
     "multi_look",
     "open_binary_folder",
     "open_slc_zarr",

@@ -1,19 +1,18 @@
-"""Background reading: load the next block on one worker thread while the caller computes.
+"""Background reading: load the next blocks on worker threads while the caller computes.
 
-:func:`prefetched` is the reusable piece (one worker thread, a bounded queue, errors re-raised in
-the consumer, the thread always joined); :func:`iter_blocks` uses it to walk a raster stack
-``(azimuth, range, time)`` block by block, so reading block n+1 overlaps the compute on block n
-(DESIGN.md §5, "IO overlaps compute").
+:func:`prefetched` is the reusable piece (one or more worker threads, a bounded look-ahead,
+results in item order, errors re-raised in the consumer, the threads always joined);
+:func:`iter_blocks` uses it to walk a raster stack ``(azimuth, range, time)`` block by block, so
+reading block n+1 overlaps the compute on block n (DESIGN.md §5, "IO overlaps compute").
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import product
+from itertools import count, product
 from typing import Any, TypeVar
 
 import dask
@@ -66,36 +65,81 @@ def _in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-def _put(out: queue.Queue, value: Any, stop: threading.Event) -> bool:
-    """Put ``value`` unless asked to stop first; whether it was put."""
-    while not stop.is_set():
-        try:
-            out.put(value, timeout=_POLL_SECONDS)
-            return True
-        except queue.Full:
-            continue
-    return False
+class _Loads:
+    """Items loaded ahead of the consumer by worker threads, handed over in item order.
 
+    Workers take items in order from one shared iterator, at most ``ahead`` items taken and not
+    yet handed to the consumer (a semaphore), so memory holds at most ``ahead`` results or
+    loads in progress. A failure (of ``load`` or of the iterator) is stored at its item's place:
+    the consumer gets every earlier item first, then the exception.
+    """
 
-def _work(load: Callable, items: Iterable, out: queue.Queue, stop: threading.Event) -> None:
-    try:
-        for item in items:
-            if stop.is_set():
+    def __init__(self, load: Callable, items: Iterable, ahead: int) -> None:
+        self._load = load
+        self._source = iter(items)
+        self._taking = threading.Lock()
+        self._room = threading.Semaphore(ahead)
+        self._ready = threading.Condition()
+        self._results: dict[int, Any] = {}
+        self._taken = 0
+        self._end: int | None = None
+        self.stop = threading.Event()
+
+    def _take(self) -> tuple[int, Any] | None:
+        """The next item and its index; None when there is none (or after a failure)."""
+        with self._taking:
+            if self._end is not None:
+                return None
+            index = self._taken
+            try:
+                item = next(self._source)
+            except StopIteration:
+                self._finish(index, None)
+                return None
+            except BaseException as error:  # handed to the consumer, which re-raises it
+                self._finish(index + 1, _Failure(error), index)
+                return None
+            self._taken += 1
+            return index, item
+
+    def _finish(self, end: int, failure: _Failure | None, index: int | None = None) -> None:
+        with self._ready:
+            self._end = end
+            if failure is not None:
+                self._results[index] = failure
+            self._ready.notify_all()
+
+    def work(self) -> None:
+        while not self.stop.is_set():
+            if not self._room.acquire(timeout=_POLL_SECONDS):
+                continue
+            taken = self._take()
+            if taken is None:
+                self._room.release()
                 return
-            if not _put(out, (item, load(item)), stop):
-                return
-    except BaseException as error:  # handed to the consumer, which re-raises it
-        _put(out, _Failure(error), stop)
-        return
-    _put(out, _DONE, stop)
+            index, item = taken
+            try:
+                value = (item, self._load(item))
+            except BaseException as error:  # handed to the consumer, which re-raises it
+                value = _Failure(error)
+                with self._taking:  # no later item is taken after a failure
+                    self._end = index + 1 if self._end is None else min(self._end, index + 1)
+            with self._ready:
+                self._results[index] = value
+                self._ready.notify_all()
 
-
-def _drain(out: queue.Queue) -> None:
-    while True:
-        try:
-            out.get_nowait()
-        except queue.Empty:
-            return
+    def get(self, index: int, workers: list[threading.Thread]) -> Any:
+        """The result of item ``index`` (waiting for it), or ``_DONE`` past the last item."""
+        with self._ready:
+            while index not in self._results:
+                if self._end is not None and index >= self._end:
+                    return _DONE
+                if not any(worker.is_alive() for worker in workers):
+                    raise RuntimeError("prefetch workers stopped without a result")
+                self._ready.wait(_POLL_SECONDS)
+            value = self._results.pop(index)
+        self._room.release()
+        return value
 
 
 def prefetched(
@@ -103,26 +147,32 @@ def prefetched(
     items: Iterable[Item],
     *,
     prefetch: int = 2,
+    workers: int = 1,
     progress: bool = False,
     total: int | None = None,
     desc: str | None = None,
 ) -> Iterator[tuple[Item, Result]]:
-    """Yield ``(item, load(item))`` with up to ``prefetch`` loads done ahead on a worker thread.
+    """Yield ``(item, load(item))`` in item order, loads done ahead on worker threads.
 
-    The worker starts at the first ``next()``. When the consumer finishes, breaks off (the
-    generator is closed), or raises (``KeyboardInterrupt`` included), the worker is told to stop,
-    the queue is emptied and the thread is joined: it never outlives the loop (it finishes the
-    load in progress first). An exception raised by ``load`` is re-raised in the consumer.
+    At most ``prefetch + workers`` items are loaded or being loaded ahead of the consumer:
+    ``workers`` loads run at once and up to ``prefetch`` finished results wait. The workers
+    start at the first ``next()``. When the consumer finishes, breaks off (the generator is
+    closed), or raises (``KeyboardInterrupt`` included), the workers are told to stop and
+    joined: none outlives the loop (each finishes the load in progress first). An exception
+    raised by ``load`` is re-raised in the consumer, after every earlier item.
 
     Parameters
     ----------
     load
-        Called on the worker thread for each item; should release the GIL for real overlap
+        Called on a worker thread for each item; should release the GIL for real overlap
         (file reads, decompression and NumPy do).
     items
-        The work items, consumed on the worker thread.
+        The work items, consumed (in order) on the worker threads.
     prefetch
-        Maximum number of loaded results waiting in the queue (>= 1).
+        Maximum number of loaded results waiting for the consumer (>= 1).
+    workers
+        Number of worker threads loading at once (>= 1); with several, ``load`` must be
+        thread-safe.
     progress
         Show a tqdm progress bar (one step per item).
     total, desc
@@ -132,23 +182,22 @@ def prefetched(
     --------
     >>> [result for _, result in prefetched(lambda x: x * x, range(4))]
     [0, 1, 4, 9]
+    >>> [result for _, result in prefetched(lambda x: x * x, range(4), workers=3)]
+    [0, 1, 4, 9]
     """
     if int(prefetch) < 1:
         raise ValueError(f"prefetch: expected a queue size >= 1, found {prefetch!r}")
-    out: queue.Queue = queue.Queue(maxsize=int(prefetch))
-    stop = threading.Event()
-    worker = threading.Thread(target=_work, args=(load, items, out, stop),
-                              name="depsi-prefetch", daemon=True)
+    if int(workers) < 1:
+        raise ValueError(f"workers: expected a number of threads >= 1, found {workers!r}")
+    loads = _Loads(load, items, int(prefetch) + int(workers))
+    threads = [threading.Thread(target=loads.work, name="depsi-prefetch", daemon=True)
+               for _ in range(int(workers))]
     bar = tqdm(total=total, desc=desc, unit="block", disable=not progress)
-    worker.start()
+    for thread in threads:
+        thread.start()
     try:
-        while True:
-            try:
-                value = out.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if not worker.is_alive() and out.empty():
-                    raise RuntimeError("prefetch worker stopped without a result") from None
-                continue
+        for index in count():
+            value = loads.get(index, threads)
             if value is _DONE:
                 return
             if isinstance(value, _Failure):
@@ -156,9 +205,9 @@ def prefetched(
             bar.update(1)
             yield value
     finally:
-        stop.set()
-        _drain(out)
-        worker.join()
+        loads.stop.set()
+        for thread in threads:
+            thread.join()
         bar.close()
 
 
@@ -228,20 +277,35 @@ def block_slices(
     return list(product(azimuth, range_))
 
 
-def _lead_variables(stack: xr.Dataset, variables: Sequence[str]) -> dict[str, xr.Variable]:
-    """The variables as xarray Variables with dims ``(azimuth, range, ...)``."""
+def _lead_variables(stack: xr.Dataset, variables: Sequence[str],
+                    time_last: bool = False) -> dict[str, xr.Variable]:
+    """The variables as xarray Variables with dims ``(azimuth, range, ...)`` (``time`` last)."""
     out = {}
     for name in variables:
         var = stack[name].variable
-        out[name] = var.transpose("azimuth", "range", ...)
+        order = ("azimuth", "range", ..., "time") if time_last and "time" in var.dims else (
+            "azimuth", "range", ...)
+        out[name] = var.transpose(*order)
     return out
 
 
-def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice]) -> dict[str, np.ndarray]:
+def _joined(parts: Sequence, grid: tuple[int, ...]) -> np.ndarray:
+    if len(parts) == 1:
+        return np.asarray(parts[0])
+    nested = np.empty(len(parts), dtype=object)
+    for index, chunk in enumerate(parts):  # element-wise: never broadcast arrays
+        nested[index] = chunk
+    return concatenate3(nested.reshape(grid).tolist())
+
+
+def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice],
+          split: Sequence[str] = ()) -> dict[str, Any]:
     """Read a block of each variable; Dask chunks are computed without a final copy.
 
     ``dask.compute`` copies a single-chunk result when finalising it; computing the chunks as
-    delayed pieces and joining them here avoids that extra pass over every block.
+    delayed pieces and joining them here avoids that extra pass over every block. A variable
+    in ``split`` (time last) is read as a list of arrays, one per Dask chunk along ``time``,
+    never joined along time.
     """
     pieces, shapes, block = [], {}, {}
     for name, var in variables.items():
@@ -251,18 +315,17 @@ def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice]) -> dic
             shapes[name] = (len(pieces), chunks.shape)
             pieces.extend(chunks.ravel().tolist())
         else:
-            block[name] = np.asarray(part.values)
+            values = np.asarray(part.values)
+            block[name] = [values] if name in split else values
     if pieces:
         loaded = dask.compute(*pieces, scheduler="sync")
         for name, (start, grid) in shapes.items():
             parts = loaded[start:start + int(np.prod(grid))]
-            if len(parts) == 1:
-                block[name] = np.asarray(parts[0])
-            else:
-                nested = np.empty(len(parts), dtype=object)
-                for index, chunk in enumerate(parts):  # element-wise: never broadcast arrays
-                    nested[index] = chunk
-                block[name] = concatenate3(nested.reshape(grid).tolist())
+            if name not in split:
+                block[name] = _joined(parts, grid)
+                continue
+            along_time = [parts[k::grid[-1]] for k in range(grid[-1])]
+            block[name] = [_joined(chunks, (*grid[:-1], 1)) for chunks in along_time]
     return {name: block[name] for name in variables}
 
 
@@ -282,11 +345,85 @@ def load_block(stack: xr.Dataset, slices: tuple[slice, slice],
     return _read(_lead_variables(stack, variables), slices)
 
 
+def _checked_variables(stack: xr.Dataset, variables: Sequence[str] | None) -> list[str]:
+    names = list(variables) if variables is not None else _raster_variables(stack)
+    missing = [name for name in names if name not in stack.variables]
+    if missing:
+        raise KeyError(f"variables {missing}: expected in the stack, found "
+                       f"{sorted(map(str, stack.variables))}")
+    flat = [name for name in names if not {"azimuth", "range"} <= set(stack[name].dims)]
+    if flat:
+        raise ValueError(f"variables {flat}: expected dims including ('azimuth', 'range'), "
+                         f"found {[stack[name].dims for name in flat]}")
+    return names
+
+
+def iter_processed_blocks(
+    stack: xr.Dataset,
+    process: Callable[[tuple[slice, slice], dict[str, np.ndarray]], Result],
+    block_shape: tuple[int, int] | None = None,
+    *,
+    prefetch: int = 2,
+    workers: int = 1,
+    variables: Sequence[str] | None = None,
+    split_time: bool = False,
+    progress: bool = False,
+    desc: str = "reading blocks",
+) -> Iterator[tuple[tuple[slice, slice], Result]]:
+    """Read each block and apply ``process`` to it on ``workers`` threads; results in order.
+
+    Each worker reads a block (decompression releases the GIL) and processes it at once, so
+    with several workers the reading of some blocks overlaps the processing of others and only
+    the (usually small) results wait for the caller: memory holds about ``workers`` blocks and
+    ``prefetch`` results.
+
+    Parameters
+    ----------
+    stack, block_shape, variables, progress, desc
+        As in :func:`iter_blocks`.
+    process
+        ``process(slices, block)`` with the block as :func:`iter_blocks` yields it; called on
+        the worker threads, so it must be thread-safe.
+    prefetch
+        Results of ``process`` waiting for the caller (>= 1).
+    workers
+        Blocks read and processed at once (threads, >= 1).
+    split_time
+        Give every variable with a ``time`` dim to ``process`` as a list of arrays (``time``
+        last), one per Dask chunk along ``time``: a stack opened with its stored time chunks
+        (``xr.open_zarr``) is then read chunk by chunk, each stored chunk decoded once into its
+        own piece, and never joined along time in memory. A Dask chunk is never cut (a graph
+        that derives the values, a dtype conversion say, would be computed once per cut). A
+        variable in memory comes as a list of one array.
+
+    Yields
+    ------
+    slices, result
+        The block's ``(azimuth_slice, range_slice)`` and ``process(slices, block)``.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset({"complex": (("azimuth", "range", "time"), np.ones((4, 6, 3), "c8"))})
+    >>> total = lambda slices, block: float(abs(block["complex"]).sum())
+    >>> [result for _, result in iter_processed_blocks(ds, total, (4, 3), workers=2)]
+    [36.0, 36.0]
+    """
+    names = _checked_variables(stack, variables)
+    slices = block_slices(stack, block_shape, variables=names)
+    logger.debug("iterating %d blocks of %s on %d thread(s)", len(slices), names, workers)
+    lead = _lead_variables(stack, names, time_last=split_time)
+    split = [name for name, var in lead.items() if split_time and "time" in var.dims]
+    yield from prefetched(lambda s: process(s, _read(lead, s, split)), slices,
+                          prefetch=prefetch, workers=workers, progress=progress,
+                          total=len(slices), desc=desc)
+
+
 def iter_blocks(
     stack: xr.Dataset,
     block_shape: tuple[int, int] | None = None,
     *,
     prefetch: int = 2,
+    workers: int = 1,
     variables: Sequence[str] | None = None,
     progress: bool = False,
     desc: str = "reading blocks",
@@ -301,7 +438,10 @@ def iter_blocks(
         ``(n_azimuth, n_range)`` of a block; default the stack's own chunks (see
         :func:`block_slices`). Blocks span the whole of every other dim (all of ``time``).
     prefetch
-        Number of blocks read ahead (queue size); memory holds about ``prefetch + 2`` blocks.
+        Number of blocks read ahead (queue size); memory holds about
+        ``prefetch + workers + 1`` blocks.
+    workers
+        Blocks read at once (threads).
     variables
         Data variables or coordinates to load; default all with both ``azimuth`` and ``range``
         dims (``complex``, ``h2ph``, ``lat``, ``lon``, ...).
@@ -322,17 +462,6 @@ def iter_blocks(
     >>> [(s, b["complex"].shape) for s, b in iter_blocks(ds, (4, 3))]  # doctest: +ELLIPSIS
     [((slice(0, 4, None), slice(0, 3, None)), (4, 3, 3)), ((slice(0, 4, None), ...), (4, 3, 3))]
     """
-    names = list(variables) if variables is not None else _raster_variables(stack)
-    missing = [name for name in names if name not in stack.variables]
-    if missing:
-        raise KeyError(f"variables {missing}: expected in the stack, found "
-                       f"{sorted(map(str, stack.variables))}")
-    flat = [name for name in names if not {"azimuth", "range"} <= set(stack[name].dims)]
-    if flat:
-        raise ValueError(f"variables {flat}: expected dims including ('azimuth', 'range'), "
-                         f"found {[stack[name].dims for name in flat]}")
-    slices = block_slices(stack, block_shape, variables=names)
-    logger.debug("iterating %d blocks of %s", len(slices), names)
-    lead = _lead_variables(stack, names)
-    yield from prefetched(lambda s: _read(lead, s), slices, prefetch=prefetch,
-                          progress=progress, total=len(slices), desc=desc)
+    yield from iter_processed_blocks(stack, lambda slices, block: block, block_shape,
+                                     prefetch=prefetch, workers=workers, variables=variables,
+                                     progress=progress, desc=desc)

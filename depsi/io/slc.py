@@ -948,7 +948,11 @@ def open_slc_zarr(
         raise STMValidationError(f"SLC store '{path}': expected a Zarr group (a .zgroup or "
                                  "zarr.json file), found neither")
     consolidated = (path / ".zmetadata").is_file() and not v3
-    ds = xr.open_zarr(path, consolidated=consolidated, chunks={})
+    # By default each Dask chunk spans every stored time chunk of its (azimuth, range) block:
+    # zarr then decodes them straight into one array, where a rechunk after opening would
+    # copy every block once more to join its time chunks.
+    ds = xr.open_zarr(path, consolidated=consolidated, chunks={"time": -1} if chunks is None
+                      else {})
     layout = "; ".join(f"{n} {tuple(v.dims)}" for n, v in ds.data_vars.items()) or "nothing"
 
     missing = [d for d in RASTER_DIMS if d not in ds.dims]

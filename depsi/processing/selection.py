@@ -3,7 +3,8 @@
 :func:`amplitude_statistics` computes every per-pixel amplitude statistic in one pass over a
 raster stack ``(azimuth, range, time)``; :func:`ps_selection` turns the pixels with a low
 amplitude dispersion (NAD or NMAD) into a point STM ``(space, time)`` in Morton order, with a lazy
-Dask engine or a streaming engine that reads each block once with background prefetching;
+Dask engine or a streaming engine that reads and reduces each block once on worker threads,
+the point values computed in the same pass;
 :func:`update_selection` adds new epochs to a stored PS product from its running sums;
 :func:`select_network_points` thins points to a minimum distance, best first.
 """
@@ -24,13 +25,14 @@ import xarray as xr
 from pydantic import Field
 from scipy.spatial import cKDTree
 
-from depsi.io.prefetch import default_block_shape, iter_blocks
+from depsi.io.prefetch import default_block_shape, iter_processed_blocks
 from depsi.io.store import append_epochs, open_stm, space_chunk_size
 from depsi.kernels.statistics import (
     add_sums,
     amplitude_of,
     amplitude_sums,
     moments_from_sums,
+    nad_screen,
     phase_of,
     statistics_block,
 )
@@ -56,8 +58,11 @@ class SelectionConfig(Section):
     threshold: float = Field(
         0.25, gt=0, description="Pixels whose statistic is below this value become candidates.")
     engine: Literal["dask", "stream"] = Field(
-        "dask", description="dask: one lazy graph over the stack; stream: blocks read with a "
-                            "background prefetch queue (lower memory on huge stacks).")
+        "dask", description="dask: one lazy graph over the stack, the points' time series read "
+                            "again while saved (memory bounded whatever the number of points); "
+                            "stream: one pass on all cores, blocks read and reduced by worker "
+                            "threads, the points computed in memory (fastest when they fit).")
+
 
 #: Running sums kept per point so that the NAD can be updated with new epochs.
 SUM_VARIABLES = ("amp_count", "amp_sum", "amp_sumsq")
@@ -288,21 +293,64 @@ def _timed_variables(stack: xr.Dataset) -> list[str]:
     return ["complex"] + (["h2ph"] if "h2ph" in stack.data_vars else [])
 
 
-def _status_counts(status: np.ndarray) -> dict:
-    return {"n_candidates": int(status.size),
-            "n_selected": int((status == _STATUS_SELECTED).sum()),
-            "n_excluded": int((status == _STATUS_UNUSABLE).sum())}
+def _window_pieces(pieces: list[np.ndarray], window: slice) -> list[np.ndarray]:
+    """The parts of consecutive time pieces that fall inside ``window`` (views)."""
+    out, start = [], 0
+    for piece in pieces:
+        stop = start + piece.shape[-1]
+        first, last = max(window.start, start), min(window.stop, stop)
+        if last > first:
+            out.append(piece[..., first - start:last - start])
+        start = stop
+    return out
 
 
-def _block_points(slc: np.ndarray, *, method: str, threshold: float, offset: tuple[int, int],
-                  extra: dict | None = None) -> tuple[dict, dict]:
-    """The selected pixels of one block: positions, statistics (and ``extra`` values), counts."""
-    *statistics, status = _selection_block(slc, method=method, threshold=threshold)
-    ia, ir = np.nonzero(status == _STATUS_SELECTED)
+def _at_pixels(values: np.ndarray | list, ia: np.ndarray, ir: np.ndarray) -> np.ndarray:
+    """``values[ia, ir]``; time pieces are joined for the selected pixels only."""
+    if not isinstance(values, list):
+        return values[ia, ir]
+    if len(values) == 1:
+        return values[0][ia, ir]
+    return np.concatenate([piece[ia, ir] for piece in values], axis=-1)
+
+
+def _pixels_to_decide(slc: np.ndarray | list, *, method: str,
+                      threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions ``(ia, ir)`` of the pixels whose statistics are computed, and their epochs as
+    rows ``(pixel, time)``: for NAD those :func:`nad_screen` leaves (the others are certainly
+    rejected), for NMAD every pixel."""
+    pieces = slc if isinstance(slc, list) else [slc]
+    if method == "nad":
+        ia, ir = np.nonzero(nad_screen(pieces, threshold))
+        return ia, ir, _at_pixels(slc, ia, ir)
+    ia, ir = (index.ravel() for index in np.indices(pieces[0].shape[:2]))
+    joined = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)
+    return ia, ir, joined.reshape(-1, joined.shape[-1])
+
+
+def _block_points(slc: np.ndarray | list, *, method: str, threshold: float,
+                  offset: tuple[int, int], extra: dict | None = None,
+                  window: slice | None = None) -> tuple[dict, dict]:
+    """The selected pixels of one block: positions, statistics (and ``extra`` values), counts.
+
+    ``slc`` and the ``extra`` time series may be lists of time pieces (a block read one stored
+    time chunk at a time); statistics are taken over the epochs in ``window``. Each decided
+    pixel's statistics come from its own epochs alone, so they do not depend on which other
+    pixels are decided with it.
+    """
+    if window is not None:
+        slc = _window_pieces(slc, window) if isinstance(slc, list) else slc[..., window]
+    ia, ir, rows = _pixels_to_decide(slc, method=method, threshold=threshold)
+    *statistics, status = _selection_block(rows, method=method, threshold=threshold)
+    selected = status == _STATUS_SELECTED
+    ia, ir = ia[selected], ir[selected]
     points = {"azimuth": ia + offset[0], "range": ir + offset[1]}
-    points |= {name: values[ia, ir] for name, values in zip(_POINT_STATISTICS, statistics)}
-    points |= {name: values[ia, ir] for name, values in (extra or {}).items()}
-    return points, _status_counts(status)
+    points |= {name: values[selected] for name, values in zip(_POINT_STATISTICS, statistics)}
+    points |= {name: _at_pixels(values, ia, ir) for name, values in (extra or {}).items()}
+    shape = (slc[0] if isinstance(slc, list) else slc).shape[:2]
+    counts = {"n_candidates": int(np.prod(shape)), "n_selected": int(selected.sum()),
+              "n_excluded": int((status == _STATUS_UNUSABLE).sum())}
+    return points, counts
 
 
 def _collect(results, keys: list[str]) -> tuple[dict[str, list], dict]:
@@ -341,19 +389,28 @@ def _select_dask(stack, *, method, threshold, window) -> tuple[xr.Dataset, dict]
     return _points_dataset(stack, azimuth_pos, range_pos, timed, statistics, coords2d), counts
 
 
-def _select_stream(stack, *, method, threshold, window, block_shape, prefetch,
+def _select_stream(stack, *, method, threshold, window, block_shape, prefetch, workers,
                    progress) -> tuple[xr.Dataset, dict]:
-    """Every block read once (prefetched); its selected pixels' values taken from memory."""
+    """One pass: each block is read by one of ``workers`` threads, which at once computes its
+    statistics and takes its selected pixels' values, so the decompression of some blocks
+    overlaps the statistics of others; only the selected pixels wait for the caller."""
     names = _timed_variables(stack)
     coord_names = _coords2d(stack)
-    blocks = iter_blocks(stack, block_shape, prefetch=prefetch, variables=names + coord_names,
-                         progress=progress, desc="PS selection")
-    results = (_block_points(block["complex"][..., window], method=method, threshold=threshold,
-                             offset=(az.start, rg.start),
+
+    def select(slices: tuple[slice, slice], block: dict) -> tuple[dict, dict]:
+        az, rg = slices
+        return _block_points(block["complex"], method=method, threshold=threshold,
+                             offset=(az.start, rg.start), window=window,
                              extra={name: block[name] for name in names + coord_names})
-               for (az, rg), block in blocks)
-    pieces, counts = _collect(results, ["azimuth", "range", *_POINT_STATISTICS, *names,
-                                        *coord_names])
+
+    # time pieces: a stack stored in time chunks is never joined along time in memory; the
+    # amplitude sums join each pixel's epochs in a small buffer, the selected pixels' values
+    # are joined for them alone
+    results = iter_processed_blocks(stack, select, block_shape, prefetch=prefetch,
+                                    workers=workers, variables=names + coord_names,
+                                    split_time=True, progress=progress, desc="PS selection")
+    pieces, counts = _collect((result for _, result in results),
+                              ["azimuth", "range", *_POINT_STATISTICS, *names, *coord_names])
     joined = _gather_in_order(pieces, stack)
     points = _points_dataset(
         stack, joined["azimuth"], joined["range"],
@@ -362,6 +419,18 @@ def _select_stream(stack, *, method, threshold, window, block_shape, prefetch,
         coords2d={name: joined[name] for name in coord_names},
     )
     return points, counts
+
+
+def default_workers() -> int:
+    """Threads for the stream engine: Dask's ``num_workers`` when configured (as
+    :func:`depsi.cluster.scheduler` does), else the cores this process may run on."""
+    configured = dask.config.get("num_workers", None)
+    if configured:
+        return int(configured)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _gather_in_order(pieces: dict[str, list], stack: xr.Dataset) -> dict[str, np.ndarray]:
@@ -413,6 +482,7 @@ def ps_selection(
     engine: str = "dask",
     block_shape: tuple[int, int] | None = None,
     prefetch: int = 2,
+    workers: int | None = None,
     progress: bool = False,
 ) -> xr.Dataset:
     """Select Persistent Scatterer candidates by amplitude dispersion; return a point STM.
@@ -437,13 +507,17 @@ def ps_selection(
         ``"dask"``: one Dask task per chunk finds its selected pixels and their statistics
         (one read of ``complex``); the time series (``complex``, ``amplitude``, ``phase``,
         ``h2ph``) stay lazy, indexed out of the stack, until saved or computed (a second read).
-        ``"stream"``: one pass, each block read once with ``prefetch`` blocks read ahead in the
-        background; statistics and the selected pixels' time series come from the same block;
-        returns an in-memory Dataset. Both give identical values.
+        ``"stream"``: one pass, each block read once on one of ``workers`` threads, which also
+        computes its statistics and takes the selected pixels' time series from it, so
+        decompression overlaps the statistics on all cores; returns an in-memory Dataset with
+        the point values computed. Both give identical values.
     block_shape
         ``(n_azimuth, n_range)`` of a stream block; default the stack's chunks.
     prefetch
-        Blocks read ahead by the stream engine.
+        Finished blocks' points waiting for the stream engine's caller.
+    workers
+        Threads of the stream engine, each reading and processing one block at a time;
+        default :func:`default_workers` (Dask's ``num_workers``, else the available cores).
     progress
         tqdm progress bar over the blocks (stream engine).
 
@@ -475,6 +549,9 @@ def ps_selection(
     threshold = _check_threshold(threshold)
     if int(prefetch) < 1:
         raise ValueError(f"prefetch: expected a queue size >= 1, found {prefetch!r}")
+    workers = default_workers() if workers is None else workers
+    if int(workers) < 1:
+        raise ValueError(f"workers: expected a number of threads >= 1, found {workers!r}")
     _check_stack(stack)
     window = epoch_window(stack["time"].values, time_window)
     if engine == "dask":
@@ -482,7 +559,8 @@ def ps_selection(
     else:
         points, counts = _select_stream(stack, method=method, threshold=threshold,
                                         window=window, block_shape=block_shape,
-                                        prefetch=prefetch, progress=progress)
+                                        prefetch=prefetch, workers=int(workers),
+                                        progress=progress)
     logger.info("ps_selection: %d of %d pixels with %s < %g; %d excluded without usable "
                 "amplitude (all NaN or zero)", counts["n_selected"], counts["n_candidates"],
                 method.upper(), threshold, counts["n_excluded"])

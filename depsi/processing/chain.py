@@ -465,6 +465,7 @@ def run_ps_chain(
     network = network_step(points, config)
     arcs = arcs_step(network, config, devices=devices)
     first = integration_step(network, arcs, config)
+    del arcs  # the largest product (arcs x epochs): not held through the later steps
     first = atmosphere_step(network, first, config, devices=devices)
     dense = densification_step(points, first, config, devices=devices)
     return model_step(points, first, dense, config, devices=devices)

@@ -39,6 +39,10 @@ DEFAULT_MAX_ITERATIONS = 100
 #: Networks of more points are tested tile by tile (tiles of about this many points), then
 #: once as a whole: the factorisations stay small and the cost grows linearly.
 TILE_POINTS = 8000
+#: Arcs per block of the misclosure statistics, and probes per block of the redundancy
+#: estimate: bound the temporaries of a network of millions of arcs.
+ARC_BLOCK = 65536
+PROBE_BLOCK = 16
 #: Margin of each tile's sub-network, in median arc lengths: arcs near a tile's edge are
 #: tested with loops on both sides.
 TILE_MARGIN = 3.0
@@ -244,10 +248,15 @@ def _leverage(A, weights, lu, normal, n_unknown):
         return weights * quad
     rng = np.random.default_rng(0)
     root = np.sqrt(weights)
-    probes = rng.choice(np.array([-1.0, 1.0]), size=(A.shape[0], REDUNDANCY_PROBES))
-    hat_probes = root[:, None] * (A @ lu.solve(np.ascontiguousarray(
-        A.T @ (root[:, None] * probes))))
-    return np.clip(np.mean(hat_probes * probes, axis=1), 0.0, 1.0)
+    total = np.zeros(A.shape[0])
+    # the probes in blocks of columns: (arcs, block) temporaries, whatever the network's size
+    for start in range(0, REDUNDANCY_PROBES, PROBE_BLOCK):
+        count = min(PROBE_BLOCK, REDUNDANCY_PROBES - start)
+        probes = rng.choice(np.array([-1.0, 1.0]), size=(A.shape[0], count))
+        hat = root[:, None] * (A @ lu.solve(np.ascontiguousarray(
+            A.T @ (root[:, None] * probes))))
+        total += np.sum(hat * probes, axis=1)
+    return np.clip(total / REDUNDANCY_PROBES, 0.0, 1.0)
 
 
 def _independent_worst(candidates, w_stat, source, target, n, arc_ok):
@@ -290,6 +299,21 @@ def _point_quality(source, target, arc_ok, coherence, n):
     return np.divide(total, count, out=np.zeros(n), where=count > 0)
 
 
+def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
+    """Per arc, the largest of its misclosures (velocity, height, each epoch's phase) divided
+    by their standard deviations; computed over blocks of :data:`ARC_BLOCK` arcs, so no
+    ``(arcs, epochs)`` temporary is made."""
+    sd_velocity, sd_height, sd_phase = (np.broadcast_to(v, source.shape) for v in sd)
+    out = np.empty(len(source))
+    for start in range(0, len(source), ARC_BLOCK):
+        rows = slice(start, start + ARC_BLOCK)
+        misclosure = np.abs(rhs[rows] - (values[target[rows]] - values[source[rows]]))
+        out[rows] = np.maximum(np.maximum(misclosure[:, 0] / sd_velocity[rows],
+                                          misclosure[:, 1] / sd_height[rows]),
+                               misclosure[:, 2:].max(axis=1) / sd_phase[rows])
+    return out
+
+
 def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
                coherence, sd, critical, max_iterations):
     """The w-test iterations on one network: solve, test every arc, remove the worst failing
@@ -320,18 +344,13 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
         if fresh:
             cached = (np.zeros(len(source)), int(arc_ok.sum()))
             cached[0][arc_ok] = 1.0 - leverage
-        misclosure = np.zeros_like(rhs)
-        misclosure[arc_ok] = rhs[arc_ok] - (values[target[arc_ok]] - values[source[arc_ok]])
         redundancy = np.where(arc_ok, cached[0], 0.0)
         testable = arc_ok & (redundancy >= MIN_REDUNDANCY)
         if not testable.any():
             logger.warning("network has no redundancy (a tree): arcs cannot be tested")
             break
-        normalised = np.column_stack([
-            np.abs(misclosure[:, 0]) / sd_velocity,
-            np.abs(misclosure[:, 1]) / sd_height,
-            np.abs(misclosure[:, 2:]).max(axis=1) / sd_phase,
-        ]).max(axis=1) / np.sqrt(np.where(testable, redundancy, 1.0))
+        normalised = _largest_misclosure(rhs, values, source, target, sd) / np.sqrt(
+            np.where(testable, redundancy, 1.0))
         w_stat = np.where(testable, normalised, 0.0)
         failing = np.flatnonzero(w_stat > critical)
         if not failing.size:
@@ -496,14 +515,22 @@ def integrate_network(
     coherence = np.asarray(computed["temporal_coherence"].values, dtype=np.float64)
     velocity = np.asarray(computed["velocity"].values, dtype=np.float64)
     height = np.asarray(computed["height_error"].values, dtype=np.float64)
-    unwrapped = (computed["phase"].transpose("arc", "time").values.astype(np.float64)
-                 + _TWO_PI * computed["ambiguity"].transpose("arc", "time").values)
-    arc_h2ph = np.asarray(computed["h2ph"].transpose("arc", ...).values, dtype=np.float64)
-    arc_h2ph = np.broadcast_to(arc_h2ph.reshape(len(source), -1),
-                               (len(source), points.sizes["time"]))
+    # velocity, height and every epoch's unwrapped phase: the right-hand sides, filled in
+    # place (no second (arcs, epochs) float64 copy)
+    rhs = np.empty((len(source), 2 + points.sizes["time"]))
+    rhs[:, 0], rhs[:, 1] = velocity, height
+    rhs[:, 2:] = computed["phase"].transpose("arc", "time").values
+    rhs[:, 2:] += _TWO_PI * computed["ambiguity"].transpose("arc", "time").values
+    arc_h2ph = np.asarray(computed["h2ph"].transpose("arc", ...).values).reshape(len(source), -1)
+    h2ph_spread = np.empty(len(source))  # the spread of each arc's h2ph over the epochs
+    for start in range(0, len(source), ARC_BLOCK):
+        block = arc_h2ph[start:start + ARC_BLOCK].astype(np.float64)
+        h2ph_spread[start:start + ARC_BLOCK] = np.sqrt(
+            np.sum((block - block.mean(axis=1, keepdims=True)) ** 2, axis=1))
+    del computed, arc_h2ph
 
     finite = (np.isfinite(coherence) & np.isfinite(velocity) & np.isfinite(height)
-              & np.isfinite(unwrapped).all(axis=1))
+              & np.isfinite(rhs[:, 2:]).all(axis=1))
     arc_reason = np.where(finite & (coherence >= min_coherence), 0, 1).astype(np.int8)
     arc_ok = arc_reason == 0
     if not arc_ok.any():
@@ -516,12 +543,10 @@ def integrate_network(
     weights = 1.0 / var_phase
     sd_phase = np.sqrt(var_phase)
     sd_velocity = sd_phase / (m2ph * np.sqrt(np.sum((years - years.mean()) ** 2)))
-    h2ph_spread = np.sqrt(np.sum((arc_h2ph - arc_h2ph.mean(axis=1, keepdims=True)) ** 2, axis=1))
     sd_height = sd_phase / (m2ph * np.maximum(h2ph_spread, 1e-12))
     # each arc is tested on its T + 2 normalised misclosures at once: alpha is the arc's
     # family-wise level (Bonferroni), so a clean arc fails with probability alpha, not T alpha
     critical = float(norm.ppf(1.0 - alpha / (2.0 * (points.sizes["time"] + 2))))
-    rhs = np.column_stack([velocity, height, unwrapped])
     positions = point_positions(points)
 
     sd = (sd_velocity, sd_height, sd_phase)

@@ -136,7 +136,7 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     network = record("network", lambda: chain.network_step(points, config))
     arcs = record("arcs", lambda: chain.arcs_step(network, config))
     first = record("integration", lambda: chain.integration_step(network, arcs, config))
-    del arcs  # as run_ps_chain does: the arcs are not held through the later steps
+    arcs = None  # as run_ps_chain does: the arcs are not held through the later steps
     first = record("atmosphere", lambda: chain.atmosphere_step(network, first, config))
     dense = record("densification", lambda: chain.densification_step(points, first, config))
     return record("model", lambda: chain.model_step(points, first, dense, config))

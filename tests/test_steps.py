@@ -220,3 +220,26 @@ def test_first_order_density_follows_the_area_not_a_count():
     assert len(chosen) == 100
     assert small.amplitude_dispersion.values[chosen].max() <= np.sort(
         small.amplitude_dispersion.values)[99]
+
+
+def test_every_other_config_field_is_read_by_the_code_that_runs_it():
+    """The sections outside the chain (input, selection, output, compute) choose *how* a run
+    goes (a scheduler, a folder, an engine whose result is identical); each of their fields
+    must at least be read, as an attribute, by the code that runs the pipeline."""
+    import ast
+    from pathlib import Path
+
+    import depsi
+    from depsi.cluster import AdaptiveConfig, ComputeConfig, SlurmConfig
+    from depsi.pipeline.config import InputConfig, OutputConfig, SimulateConfig
+
+    root = Path(depsi.__file__).parent
+    readers = [root / "pipeline" / "runner.py", root / "cluster.py", root / "cli.py",
+               root / "pipeline" / "config.py"]
+    read = {node.attr for path in readers for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute)}
+    sections = (InputConfig, SimulateConfig, SelectionConfig, OutputConfig, ComputeConfig,
+                SlurmConfig, AdaptiveConfig)
+    unread = [f"{section.__name__}.{name}" for section in sections
+              for name in section.model_fields if name not in read]
+    assert not unread, f"config fields no code reads: {unread}"

@@ -499,6 +499,17 @@ def chunk_device(devices: Sequence[Device], chunk_index: int) -> Device:
     return devices[int(chunk_index) % len(devices)]
 
 
+def chunk_starts(sizes: Sequence[int]) -> tuple[int, ...]:
+    """Position of the first item of each chunk, from the chunk sizes (Dask's ``chunks``).
+
+    Examples
+    --------
+    >>> chunk_starts((100, 150, 30))
+    (0, 100, 250)
+    """
+    return tuple(int(start) for start in np.cumsum((0, *sizes))[:-1])
+
+
 def chunk_index(chunk_starts: Sequence[int], first_position: int) -> int:
     """Index of the chunk that begins at or before ``first_position`` (chunk starts sorted).
 

@@ -19,6 +19,7 @@ from depsi.kernels.backend import (
     Device,
     chunk_device,
     chunk_index,
+    chunk_starts,
     resolve_devices,
     to_device,
     to_host,
@@ -156,7 +157,6 @@ def estimate_arcs(
     position = xr.DataArray(np.arange(arcs.sizes["arc"]), dims="arc")
     if phase.chunks is not None:
         position = position.chunk({"arc": phase.chunks[0]})
-    chunk_starts = np.cumsum((0,) + tuple(phase.chunks[0] if phase.chunks else ()))[:-1]
     outputs = xr.apply_ufunc(
         _arc_block, phase, h2ph, position,
         input_core_dims=[["time"], h2ph_core, []],
@@ -166,7 +166,7 @@ def estimate_arcs(
         kwargs=dict(years=years, wavelength=float(arcs.attrs["wavelength"]),
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
                     height_step=height_step, velocity_step=velocity_step,
-                    devices=tuple(chosen), chunk_starts=tuple(int(c) for c in chunk_starts),
+                    devices=tuple(chosen), chunk_starts=chunk_starts(phase.chunks[0]),
                     with_height=bool(height)),
     )
     height_error, velocity, coherence, ambiguity, flag = outputs

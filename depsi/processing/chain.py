@@ -218,13 +218,24 @@ def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray
     return chosen
 
 
+def _not_first_order(reference: int) -> ValueError:
+    return ValueError(f"integration.reference: point {reference} is not among the "
+                      f"first-order points; choose one with low amplitude dispersion")
+
+
+def _with_edges(points: xr.Dataset, section: NetworkConfig) -> xr.Dataset:
+    """``points`` with the arcs of ``section`` among them (``edge_source``, ``edge_target``)."""
+    source, target = network_edges(point_positions(points), method=section.method, k=section.k,
+                                   n_sectors=section.n_sectors, max_length=section.max_length)
+    return points.assign({"edge_source": (EDGE, source), "edge_target": (EDGE, target)})
+
+
 def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     """Refuse, before any work, settings the points cannot meet; the first-order indices."""
     chosen = first_order_indices(points, config.network)
     reference = config.integration.reference
     if reference is not None and not np.isin(int(reference), chosen):
-        raise ValueError(f"integration.reference: point {reference} is not among the "
-                         f"first-order points; choose one with low amplitude dispersion")
+        raise _not_first_order(reference)
     if config.atmosphere.correlated_height and config.atmosphere.method == "none":
         logger.info("atmosphere.correlated_height needs an atmosphere method: not applied")
     return chosen
@@ -241,11 +252,8 @@ def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     """
     chosen = check_config(points, config)
     first = points.isel(space=chosen).compute()
-    section = config.network
-    source, target = network_edges(point_positions(first), method=section.method, k=section.k,
-                                   n_sectors=section.n_sectors, max_length=section.max_length)
-    network = first.assign({"edge_source": (EDGE, source), "edge_target": (EDGE, target)})
-    network.attrs = {**first.attrs, "network_method": section.method,
+    network = _with_edges(first, config.network)
+    network.attrs = {**first.attrs, "network_method": config.network.method,
                      "n_first_order": int(len(chosen))}
     return network
 
@@ -273,8 +281,7 @@ def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:
         return None
     found = np.flatnonzero(points["point_index"].values == int(reference))
     if not found.size:
-        raise ValueError(f"integration.reference: point {reference} is not among the "
-                         f"first-order points; choose one with low amplitude dispersion")
+        raise _not_first_order(reference)
     return int(found[0])
 
 
@@ -307,12 +314,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         corrected = points.isel(space=keep)
         corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                      .astype(np.float32))
-        net = config.network
-        source, target = network_edges(point_positions(corrected), method=net.method, k=net.k,
-                                       n_sectors=net.n_sectors, max_length=net.max_length)
-        arcs = arcs_step(corrected.assign({"edge_source": (EDGE, source),
-                                           "edge_target": (EDGE, target)}),
-                         config, devices=devices)
+        arcs = arcs_step(_with_edges(corrected, config.network), config, devices=devices)
         integration = config.integration
         result = integrate_network(corrected, arcs, reference=local,
                                    min_coherence=integration.min_coherence,

@@ -23,6 +23,7 @@ from depsi.kernels.backend import (
     Device,
     chunk_device,
     chunk_index,
+    chunk_starts,
     resolve_devices,
     to_device,
     to_host,
@@ -280,7 +281,7 @@ def densify(
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
                     height_step=height_step, velocity_step=velocity_step,
                     devices=tuple(chosen), screen=_screen(table),
-                    chunk_starts=tuple(int(c) for c in np.cumsum((0,) + space_chunks)[:-1])))
+                    chunk_starts=chunk_starts(space_chunks)))
     result.attrs.update({"densify_k": int(k), "densify_min_coherence": min_coherence})
     logger.info("densification of %d candidates against %d first-order points (lazy)",
                 n, table.sizes[_FIRST])

@@ -555,17 +555,16 @@ def integrate_network(
     positions = point_positions(points)
 
     sd = (sd_velocity, sd_height, sd_phase)
-    tiled = 0
-    if n > TILE_POINTS:
-        arc_ok, tiled = _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n,
+    tiled = n > TILE_POINTS
+    n_tiled_out = 0
+    if tiled:
+        arc_ok, n_tiled_out = _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n,
                                        positions, coherence, sd, critical, max_iterations)
     arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out = _test_arcs(
         source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions, coherence,
-        sd, critical, min(max_iterations, TILED_WHOLE_ITERATIONS) if n > TILE_POINTS
-        else max_iterations,
-        "TILED_WHOLE_ITERATIONS (the tiles tested first)" if n > TILE_POINTS
-        else "max_iterations")
-    n_tested_out += tiled
+        sd, critical, min(max_iterations, TILED_WHOLE_ITERATIONS) if tiled else max_iterations,
+        "TILED_WHOLE_ITERATIONS (the tiles tested first)" if tiled else "max_iterations")
+    n_tested_out += n_tiled_out
     point_ok = point_reason == 0
     arc_reason[(arc_reason == 0) & ~arc_ok] = 3
     result = _point_results(points, values, point_ok, point_reason, ref, years)

@@ -55,6 +55,7 @@ from depsi.processing.network import (
     point_positions,
 )
 from depsi.sections import Section, describe_errors
+from depsi.stm.accessor import computed_in_place
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -271,9 +272,14 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     if "network_method" in network.attrs:
         arcs.attrs["network_method"] = network.attrs["network_method"]
     section = config.arcs
-    return estimate_arcs(arcs, height_range=section.height_range,
-                         velocity_range=section.velocity_range, height_step=section.height_step,
-                         velocity_step=section.velocity_step, devices=devices).compute()
+    estimated = estimate_arcs(arcs, height_range=section.height_range,
+                              velocity_range=section.velocity_range,
+                              height_step=section.height_step,
+                              velocity_step=section.velocity_step, devices=devices)
+    # only the estimates are computed, each into one array: the arcs' phase and h2ph (in
+    # memory already) are not copied again, and no chunk list is concatenated
+    new = [name for name in estimated.data_vars if name not in arcs.data_vars]
+    return arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs)
 
 
 def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:

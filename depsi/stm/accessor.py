@@ -117,6 +117,40 @@ def _values(var: xr.DataArray) -> np.ndarray:
     return np.asarray(var.values)
 
 
+def _shares_memory_with_workers(arrays: list) -> bool:
+    """Whether the current Dask scheduler runs tasks in this process (threads, synchronous)."""
+    import dask.local
+    import dask.threaded
+    from dask.base import get_scheduler
+
+    return get_scheduler(collections=arrays) in (dask.threaded.get, dask.local.get_sync)
+
+
+def computed_in_place(ds: xr.Dataset) -> dict[Hashable, tuple[tuple[Hashable, ...], np.ndarray]]:
+    """Every data variable of ``ds`` computed straight into one NumPy array each.
+
+    ``ds.compute()`` holds every chunk's result and then concatenates them, twice the memory of
+    the result at the end; here each chunk is written into its place in a preallocated array as
+    it is done (``dask.array.store``), all variables in one pass over the graph. Returns
+    ``{name: (dims, values)}``, for ``Dataset.assign``.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset({"a": ("x", da.arange(6, chunks=2))})
+    >>> computed_in_place(ds)["a"][1].tolist()
+    [0, 1, 2, 3, 4, 5]
+    """
+    lazy = [name for name, var in ds.data_vars.items() if var.chunks is not None]
+    if lazy and not _shares_memory_with_workers([ds[name].data for name in lazy]):
+        ds = ds.compute()  # workers in other processes (distributed, processes) cannot write here
+        lazy = []
+    out = {name: (var.dims, np.empty(var.shape, var.dtype) if name in lazy
+                  else np.asarray(var.values)) for name, var in ds.data_vars.items()}
+    if lazy:
+        da.store([ds[name].data for name in lazy], [out[name][1] for name in lazy], lock=False)
+    return out
+
+
 def _check_new_names(ds: xr.Dataset, names: Iterable[str]) -> None:
     for name in names:
         if name in ds.variables:

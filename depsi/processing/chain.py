@@ -358,20 +358,29 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
                     height_range=arcs.height_range, velocity_range=arcs.velocity_range,
                     height_step=arcs.height_step, velocity_step=arcs.velocity_step,
                     devices=devices)
-    # a few chunks at a time, keeping only the accepted points: memory follows the chunk
-    # size and the result, not every candidate's full series at once
+    # a few chunks at a time, each chunk's accepted points written into arrays sized for every
+    # candidate (pages the rejected ones would take are never touched): memory follows the
+    # chunk size and the result, with no list of parts concatenated at the end
+    template = _result_view(dense.isel(space=slice(0, 0)), order=2, keep=("accepted",))
+    template = template.drop_vars("accepted")
+    out = {name: (var.dims, np.empty((others.size,) + var.shape[1:], var.dtype))
+           for name, var in template.variables.items() if "space" in var.dims}
     bounds = np.cumsum((0,) + dense.chunks["space"])
     batch = max(2, os.cpu_count() or 1)
-    parts = []
+    count = 0
     for first_chunk in range(0, len(bounds) - 1, batch):
         rows = slice(int(bounds[first_chunk]), int(bounds[min(first_chunk + batch,
                                                                 len(bounds) - 1)]))
         part = _result_view(dense.isel(space=rows).compute(), order=2, keep=("accepted",))
-        parts.append(part.isel(space=np.flatnonzero(part["accepted"].values)))
-    accepted = xr.concat(parts, dim="space", coords="minimal", compat="override",
-                         combine_attrs="override").drop_vars("accepted")
-    logger.info("densification: %d of %d candidates accepted", accepted.sizes["space"],
-                others.size)
+        keep = np.flatnonzero(part["accepted"].values)
+        for name, (dims, values) in out.items():
+            values[count:count + keep.size] = part[name].transpose(*dims).values[keep]
+        count += keep.size
+    space = {name: (dims, values[:count]) for name, (dims, values) in out.items()}
+    accepted = xr.Dataset({name: space[name] for name in template.data_vars},
+                          coords={name: space.get(name, template[name].variable)
+                                  for name in template.coords}, attrs=template.attrs)
+    logger.info("densification: %d of %d candidates accepted", count, others.size)
     return accepted
 
 
@@ -381,9 +390,8 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
     first_kept = _kept(first)
     reference_global = int(first["point_index"].values[first.attrs["reference"]])
-    out = xr.concat([_result_view(first_kept, order=1), dense], dim="space", coords="minimal",
-                    compat="override", combine_attrs="drop")
-    out = out.isel(space=np.argsort(out["point_index"].values, kind="stable"))
+    out = _merged_in_input_order(_result_view(first_kept, order=1), dense)
+    del dense  # run_ps_chain passes the only reference: the densified points go here
     area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
     h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
@@ -475,8 +483,10 @@ def run_ps_chain(
     first = integration_step(network, arcs, config)
     del arcs  # the largest product (arcs x epochs): not held through the later steps
     first = atmosphere_step(network, first, config, devices=devices)
-    dense = densification_step(points, first, config, devices=devices)
-    return model_step(points, first, dense, config, devices=devices)
+    # the densified points passed straight on: model_step holds their only reference
+    return model_step(points, first, densification_step(points, first, config,
+                                                          devices=devices),
+                      config, devices=devices)
 
 
 def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
@@ -521,6 +531,29 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
         velocity=("space", velocity), height_error=("space", height),
         displacement=(("space", "time"), displacement),
         temporal_coherence=("space", coherence))
+
+
+def _merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
+    """The points of ``a`` and ``b`` (their common variables) in the order of ``point_index``,
+    each variable written once into its place (no concatenated copy sorted again)."""
+    index = np.concatenate([a["point_index"].values, b["point_index"].values])
+    place = np.empty(index.size, np.int64)
+    place[np.argsort(index, kind="stable")] = np.arange(index.size)
+    n_a = a.sizes["space"]
+    merged = {}
+    for name, var in a.variables.items():
+        if "space" not in var.dims or name not in b.variables:
+            continue
+        var = var.transpose("space", ...)
+        other = b[name].transpose(*var.dims)
+        values = np.empty((index.size,) + var.shape[1:],
+                          np.result_type(var.dtype, other.dtype))
+        values[place[:n_a]] = var.values
+        values[place[n_a:]] = other.values
+        merged[name] = (var.dims, values)
+    return xr.Dataset({name: merged[name] for name in a.data_vars if name in merged},
+                      coords={name: merged.get(name, a[name].variable) for name in a.coords
+                              if name in merged or "space" not in a[name].dims})
 
 
 def _result_view(ds: xr.Dataset, *, order: int, keep: tuple[str, ...] = ()) -> xr.Dataset:

@@ -61,55 +61,83 @@ _FIRST = "first_order"
 _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase": np.float32,
             "displacement": np.float32, "ambiguity": np.int32, "temporal_coherence": np.float32,
             "aps": np.float32, "accepted": bool, "n_arcs": np.int16}
+_SERIES = ("unwrapped_phase", "displacement", "ambiguity", "aps")
+
+
+#: Candidates per sub-block of a chunk: bounds the (candidates, k, epochs) float64 temporaries
+#: of the arcs and the periodogram's outputs (about 100 MB at k = 3 and 60 epochs), whatever
+#: the chunk size.
+SUB_BLOCK = 8192
 
 
 def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min_coherence,
                    height_range, velocity_range, height_step, velocity_step, devices,
                    chunk_starts, screen) -> xr.Dataset:
     """Densify one chunk of candidates against all first-order points (NumPy in and out; the
-    periodogram on the chunk's device)."""
+    periodogram on the chunk's device), in sub-blocks of :data:`SUB_BLOCK` candidates."""
     n, T = block.sizes["space"], block.sizes["time"]
-    years = years_since_mother(block)
-    wavelength = float(block.attrs["wavelength"])
-    m2ph = phase_per_metre(wavelength)
     f_pos = np.column_stack([first["fo_x"].values, first["fo_y"].values])
     c_pos = point_positions(block)
     k_eff = min(k, len(f_pos))
     dist, idx = cKDTree(f_pos).query(c_pos, k=k_eff)
     dist, idx = dist.reshape(n, k_eff), idx.reshape(n, k_eff)
     near = np.isfinite(dist) & (dist <= (np.inf if max_distance is None else max_distance))
+    phase = block["phase"].transpose("space", "time").values
+    h2ph = np.broadcast_to(block["h2ph"].transpose("space", ...).values.reshape(n, -1), (n, T))
+    device = (chunk_device(devices, chunk_index(chunk_starts,
+                                                int(block["chunk_position"].values[0])))
+              if n else None)
+    values = {name: np.empty((n, T) if name in _SERIES else (n,), dtype)
+              for name, dtype in _OUTPUTS.items()}
+    for start in range(0, n, SUB_BLOCK):
+        rows = slice(start, min(start + SUB_BLOCK, n))
+        part = _densify_rows(
+            phase[rows].astype(np.float64), h2ph[rows].astype(np.float64), c_pos[rows],
+            idx[rows], near[rows], first, years=years_since_mother(block),
+            wavelength=float(block.attrs["wavelength"]), min_coherence=min_coherence,
+            periodogram_options=dict(height_range=height_range, velocity_range=velocity_range,
+                                     height_step=height_step, velocity_step=velocity_step),
+            device=device, screen=screen)
+        for name, value in part.items():
+            values[name][rows] = value
+    out = xr.Dataset(coords=block.coords, attrs=block.attrs)
+    for name, value in values.items():
+        out[name] = (("space", "time") if name in _SERIES else ("space",), value)
+    return out
 
-    phase = block["phase"].transpose("space", "time").values.astype(np.float64)
-    h2ph = np.broadcast_to(block["h2ph"].transpose("space", ...).values.astype(np.float64)
-                           .reshape(n, -1), (n, T))
+
+def _densify_rows(phase, h2ph, c_pos, idx, near, first, *, years, wavelength, min_coherence,
+                  periodogram_options, device, screen) -> dict[str, np.ndarray]:
+    """The outputs of :func:`_densify_block` for some of its candidates (float64 inputs)."""
+    n, T = phase.shape
+    k_eff = idx.shape[1]
+    m2ph = phase_per_metre(wavelength)
     if screen is not None:
         aps = screen(c_pos).astype(np.float64)
     else:
         aps = np.zeros((n, T))
     reference_phase = first["fo_reference_phase"].values.astype(np.float64)
     base = wrap_phase(phase - aps - reference_phase[None, :])  # candidate, relative, no APS
-    f_unw = first["fo_unwrapped_phase"].values.astype(np.float64)
-    f_h2ph = first["fo_h2ph"].values.astype(np.float64).reshape(len(f_pos), -1)
-    f_h2ph = np.broadcast_to(f_h2ph, (len(f_pos), T))
+    f_unw = first["fo_unwrapped_phase"].values
+    f_h2ph = first["fo_h2ph"].values.reshape(first.sizes[_FIRST], -1)
+    f_h2ph = np.broadcast_to(f_h2ph, (first.sizes[_FIRST], T))
 
     arc_phase = wrap_phase(base[:, None, :] - f_unw[idx])  # (n, k, T)
     arc_h2ph = 0.5 * (h2ph[:, None, :] + f_h2ph[idx])
     if n:
-        position = int(block["chunk_position"].values[0])
-        device = chunk_device(devices, chunk_index(chunk_starts, position))
         with use_device(device):
             res = periodogram(to_device(arc_phase.reshape(n * k_eff, T), device),
                               to_device(arc_h2ph.reshape(n * k_eff, T), device), years,
-                              wavelength=wavelength, height_range=height_range,
-                              velocity_range=velocity_range, height_step=height_step,
-                              velocity_step=velocity_step)
+                              wavelength=wavelength, **periodogram_options)
         d_vel = to_host(res.velocity).reshape(n, k_eff)
         d_hgt = to_host(res.height_error).reshape(n, k_eff)
         coh = to_host(res.coherence).reshape(n, k_eff)
         amb = to_host(res.ambiguity).reshape(n, k_eff, T)
+        del res
     else:
         d_vel = d_hgt = coh = np.zeros((0, k_eff))
         amb = np.zeros((0, k_eff, T), np.int32)
+    del arc_h2ph
     ok = near & np.isfinite(d_vel) & np.isfinite(d_hgt) & (amb != MISSING_AMBIGUITY).all(axis=2)
     weight = np.where(ok, 1.0 / phase_variance_from_coherence(np.nan_to_num(coh)), 0.0)
     total = weight.sum(axis=1)
@@ -127,7 +155,7 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
     displacement -= displacement[:, :1]
     accepted = has & (coherence >= min_coherence)
     nan = ~has
-    values = {
+    return {
         "velocity": np.where(nan, np.nan, velocity),
         "height_error": np.where(nan, np.nan, height),
         "unwrapped_phase": np.where(nan[:, None], np.nan, unwrapped),
@@ -137,11 +165,6 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
         "temporal_coherence": np.where(nan, 0.0, coherence),
         "aps": aps, "accepted": accepted, "n_arcs": ok.sum(axis=1),
     }
-    out = xr.Dataset(coords=block.coords, attrs=block.attrs)
-    for name, dtype in _OUTPUTS.items():
-        dims = ("space", "time") if np.ndim(values[name]) == 2 else ("space",)
-        out[name] = (dims, np.asarray(values[name]).astype(dtype))
-    return out
 
 
 def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:

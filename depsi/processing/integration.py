@@ -545,15 +545,18 @@ def integrate_network(
     # place (no second (arcs, epochs) float64 copy)
     rhs = np.empty((len(source), 2 + points.sizes["time"]))
     rhs[:, 0], rhs[:, 1] = velocity, height
-    rhs[:, 2:] = computed["phase"].transpose("arc", "time").values
-    rhs[:, 2:] += _TWO_PI * computed["ambiguity"].transpose("arc", "time").values
+    arc_phase = computed["phase"].transpose("arc", "time").values
+    arc_ambiguity = computed["ambiguity"].transpose("arc", "time").values
     arc_h2ph = np.asarray(computed["h2ph"].transpose("arc", ...).values).reshape(len(source), -1)
     h2ph_spread = np.empty(len(source))  # the spread of each arc's h2ph over the epochs
-    for start in range(0, len(source), ARC_BLOCK):
-        block = arc_h2ph[start:start + ARC_BLOCK].astype(np.float64)
-        h2ph_spread[start:start + ARC_BLOCK] = np.sqrt(
-            np.sum((block - block.mean(axis=1, keepdims=True)) ** 2, axis=1))
-    del computed, arc_h2ph
+    for start in range(0, len(source), ARC_BLOCK):  # blocks: no (arcs, epochs) temporaries
+        rows = slice(start, start + ARC_BLOCK)
+        np.multiply(arc_ambiguity[rows], _TWO_PI, out=rhs[rows, 2:])
+        rhs[rows, 2:] += arc_phase[rows]
+        block = arc_h2ph[rows].astype(np.float64)
+        h2ph_spread[rows] = np.sqrt(np.sum((block - block.mean(axis=1, keepdims=True)) ** 2,
+                                           axis=1))
+    del computed, arc_phase, arc_ambiguity, arc_h2ph
 
     finite = (np.isfinite(coherence) & np.isfinite(velocity) & np.isfinite(height)
               & np.isfinite(rhs[:, 2:]).all(axis=1))

@@ -164,6 +164,13 @@ def redundant_edges(
     return _unique_edges(rows[chosen], nbrs[chosen], n)
 
 
+def _arc_values(values, source, target, name):
+    """The arcs' wrapped phase difference (``phase``) or mean (``h2ph``) of two points."""
+    if name == "phase":
+        return wrap_phase(values[target] - values[source])
+    return 0.5 * (values[target] + values[source])
+
+
 def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
                     positions: np.ndarray | None = None) -> xr.Dataset:
     """Arc STM for the given ``source`` → ``target`` index pairs into ``points.space``.
@@ -188,15 +195,16 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
         arr = var.data
         if isinstance(arr, da.Array):
             arr = arr.rechunk({0: -1})
-        if name == "phase":
-            diff = arr[target] - arr[source]
+            diff = _arc_values(arr, source, target, name).rechunk({0: ARC_CHUNK})
+            diff = diff.astype(np.float32)
         else:
-            diff = 0.5 * (arr[target] + arr[source])
-        if isinstance(diff, da.Array):
-            diff = diff.rechunk({0: ARC_CHUNK})
-        if name == "phase":
-            diff = wrap_phase(diff)
-        data_vars[name] = (("arc",) + var.dims[1:], diff.astype(np.float32))
+            # in memory: block by block into the result, no (arcs, epochs) temporaries
+            arr = np.asarray(arr)
+            diff = np.empty((len(source),) + arr.shape[1:], np.float32)
+            for start in range(0, len(source), ARC_CHUNK):
+                rows = slice(start, start + ARC_CHUNK)
+                diff[rows] = _arc_values(arr, source[rows], target[rows], name)
+        data_vars[name] = (("arc",) + var.dims[1:], diff)
     length = np.hypot(*(positions[target] - positions[source]).T).astype(np.float32)
     data_vars["length"] = ("arc", length)
     coords = {"source": ("arc", source), "target": ("arc", target), "time": points["time"]}

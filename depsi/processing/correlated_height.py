@@ -115,9 +115,12 @@ def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> d
         return nugget + extra_sill * (1.0 - np.exp(-d / extra_range))
 
     try:
+        # the range is bounded by the largest lag fitted: beyond it only extra_sill /
+        # extra_range is seen, and a free range flipped between no extra term and a spurious
+        # one of several m^2 over tens of km on the same scene (a 0.6 m change of height RMSE)
         (nugget, extra_sill, extra_range), _ = curve_fit(
             model, h, remainder, p0=[max(remainder[0], 1e-6), 1e-6, signal_range],
-            bounds=([1e-9, 0.0, 0.05 * h[0] + 1e-9], [np.inf, np.inf, 100 * h[-1]]),
+            bounds=([1e-9, 0.0, 0.05 * h[0] + 1e-9], [np.inf, np.inf, h[-1]]),
             sigma=1.0 / np.sqrt(counts), maxfev=5000)
     except (RuntimeError, ValueError):
         logger.warning("height variogram fit failed; heights taken as spatially white")

@@ -361,8 +361,7 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
     # a few chunks at a time, each chunk's accepted points written into arrays sized for every
     # candidate (pages the rejected ones would take are never touched): memory follows the
     # chunk size and the result, with no list of parts concatenated at the end
-    template = _result_view(dense.isel(space=slice(0, 0)), order=2, keep=("accepted",))
-    template = template.drop_vars("accepted")
+    template = _result_view(dense.isel(space=slice(0, 0)), order=2)
     out = {name: (var.dims, np.empty((others.size,) + var.shape[1:], var.dtype))
            for name, var in template.variables.items() if "space" in var.dims}
     bounds = np.cumsum((0,) + dense.chunks["space"])

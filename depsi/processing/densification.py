@@ -87,17 +87,18 @@ def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min
     device = (chunk_device(devices, chunk_index(chunk_starts,
                                                 int(block["chunk_position"].values[0])))
               if n else None)
+    years, wavelength = years_since_mother(block), float(block.attrs["wavelength"])
+    options = dict(height_range=height_range, velocity_range=velocity_range,
+                   height_step=height_step, velocity_step=velocity_step)
     values = {name: np.empty((n, T) if name in _SERIES else (n,), dtype)
               for name, dtype in _OUTPUTS.items()}
     for start in range(0, n, SUB_BLOCK):
         rows = slice(start, min(start + SUB_BLOCK, n))
         part = _densify_rows(
             phase[rows].astype(np.float64), h2ph[rows].astype(np.float64), c_pos[rows],
-            idx[rows], near[rows], first, years=years_since_mother(block),
-            wavelength=float(block.attrs["wavelength"]), min_coherence=min_coherence,
-            periodogram_options=dict(height_range=height_range, velocity_range=velocity_range,
-                                     height_step=height_step, velocity_step=velocity_step),
-            device=device, screen=screen)
+            idx[rows], near[rows], first, years=years, wavelength=wavelength,
+            min_coherence=min_coherence, periodogram_options=options, device=device,
+            screen=screen)
         for name, value in part.items():
             values[name][rows] = value
     out = xr.Dataset(coords=block.coords, attrs=block.attrs)

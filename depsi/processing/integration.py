@@ -261,7 +261,7 @@ def _leverage(A, weights, lu, normal, n_unknown):
     rows = A.tocsr()
     total = np.zeros(A.shape[0])
 
-    def probes(first, block):  # the same signs each time they are asked for
+    def probes(first, count, block):  # the same signs each time they are asked for
         rng = np.random.default_rng((first, block.start))
         return rng.choice(np.array([-1.0, 1.0]), size=(block.stop - block.start, count))
 
@@ -273,11 +273,11 @@ def _leverage(A, weights, lu, normal, n_unknown):
         count = min(PROBE_BLOCK, REDUNDANCY_PROBES - first)
         projected = np.zeros((A.shape[1], count))
         for block in blocks:
-            projected += rows[block].T @ (root[block, None] * probes(first, block))
+            projected += rows[block].T @ (root[block, None] * probes(first, count, block))
         solved = lu.solve(np.ascontiguousarray(projected))
         for block in blocks:
             hat = root[block, None] * (rows[block] @ solved)
-            total[block] += np.sum(hat * probes(first, block), axis=1)
+            total[block] += np.sum(hat * probes(first, count, block), axis=1)
     return np.clip(total / REDUNDANCY_PROBES, 0.0, 1.0)
 
 
@@ -336,16 +336,16 @@ def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
 
 def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
                coherence, sd, critical, max_iterations, *, redundancy=None):
-    """The w-test iterations on one network: solve, test every arc, remove the worst failing
-    arc of each independent part, until none fails (or ``max_iterations``). ``arc_reason`` is
-    updated in place (2: rejected). ``redundancy``: the arcs' redundancy numbers, given (e.g.
-    by the tiles) instead of estimated. Returns ``(arc_ok, point_reason, values, ref, w_stat,
-    redundancy, iterations, n_removed)``."""
+    """The w-test iterations on one network: solve, test every arc, remove the failing arcs
+    :func:`_independent_worst` chooses, until none fails (or ``max_iterations``).
+    ``arc_reason`` is updated in place (2: rejected). ``redundancy``: the arcs' redundancy
+    numbers, given (e.g. by the tiles) instead of estimated. Returns ``(arc_ok, point_reason,
+    values, ref, w_stat, redundancy, iterations, n_removed)``."""
     w_stat = np.zeros(len(source))
     n_tested_out = 0
     iterations = 0
-    given = redundancy is not None
-    cached = (redundancy, int(arc_ok.sum())) if given else None
+    estimate = redundancy is None
+    cached = None if estimate else (redundancy, int(arc_ok.sum()))
     while True:
         arc_ok, point_reason = _prune(source, target, arc_ok, n, reference)
         point_ok = point_reason == 0
@@ -359,11 +359,11 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
                else _choose_reference(positions, point_ok, quality))
         # redundancy numbers change little when a few arcs go: they are recomputed when more
         # than REDUNDANCY_REFRESH of the arcs went since, and always before testing stops
-        fresh = cached is None or (not given
-                                    and arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1])
+        fresh = estimate and (cached is None
+                              or arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1])
         values, leverage = _solve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
-                                  point_ok, ref, leverage=fresh and not given)
-        if fresh and not given:
+                                  point_ok, ref, leverage=fresh)
+        if fresh:
             cached = (np.zeros(len(source)), int(arc_ok.sum()))
             cached[0][arc_ok] = 1.0 - leverage
         redundancy = np.where(arc_ok, cached[0], 0.0)
@@ -376,12 +376,12 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
         w_stat = np.where(testable, normalised, 0.0)
         failing = np.flatnonzero(w_stat > critical)
         if not failing.size:
-            if fresh or given:
+            if fresh or not estimate:
                 break
             cached = None
             continue
         if iterations >= max_iterations:
-            if not given:
+            if estimate:
                 logger.warning("arc testing stopped after max_iterations=%d iterations (%d "
                                "arcs removed); %d arcs that still fail the w-test are kept",
                                max_iterations, n_tested_out, failing.size)
@@ -422,17 +422,17 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
         local[points] = np.arange(points.size)
         reason = np.zeros(members.size, dtype=np.int8)
         try:
-            tested = _test_arcs(local[source[members]], local[target[members]],
-                                np.ones(members.size, dtype=bool), reason, weights[members],
-                                rhs[members], points.size, None, positions[points],
-                                coherence[members], tuple(np.broadcast_to(v, source.shape)[members]
-                                                          for v in sd), critical, max_iterations)
+            *_, tile_redundancy, _, _ = _test_arcs(
+                local[source[members]], local[target[members]],
+                np.ones(members.size, dtype=bool), reason, weights[members], rhs[members],
+                points.size, None, positions[points], coherence[members],
+                tuple(np.broadcast_to(v, source.shape)[members] for v in sd), critical,
+                max_iterations)
         except ValueError as err:  # a tile too weak to test on its own
             logger.debug("tile %s not tested: %s", tile.tolist(), err)
             continue
         own = np.all(tile_of_arc[members] == tile, axis=1)
-        if tested[5] is not None:
-            redundancy[members[own]] = tested[5][own]
+        redundancy[members[own]] = tile_redundancy[own]
         removed = members[(reason == 2) & own]
         arc_ok[removed] = False
         arc_reason[removed] = 2

@@ -195,8 +195,8 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
         arr = var.data
         if isinstance(arr, da.Array):
             arr = arr.rechunk({0: -1})
-            diff = _arc_values(arr, source, target, name).rechunk({0: ARC_CHUNK})
-            diff = diff.astype(np.float32)
+            diff = _arc_values(arr, source, target, name).rechunk({0: ARC_CHUNK}).astype(
+                np.float32)
         else:
             # in memory: block by block into the result, no (arcs, epochs) temporaries
             arr = np.asarray(arr)

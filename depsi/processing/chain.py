@@ -64,9 +64,9 @@ logger = logging.getLogger(__name__)
 RESULT_VARIABLES = ("velocity", "height_error", "displacement", "temporal_coherence",
                     "ambiguity", "aps", "unwrapped_phase")
 
-#: Points per block of the final fit: bounds its float64 temporaries (about 2 KB per point
-#: and epoch) whatever the number of points.
-FIT_BLOCK = 65536
+#: Points per block of the final fit: bounds its float64 temporaries (measured: about 90 bytes
+#: per point and epoch, 90 MB a block at 60 epochs) whatever the number of points.
+FIT_BLOCK = 16384
 
 #: Dimension of the network product's arcs (``edge_source``, ``edge_target`` into its space).
 EDGE = "edge"
@@ -489,7 +489,9 @@ def run_ps_chain(
 
 
 def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
-    """Velocity and height error fitted to each point's unwrapped phase *with* its atmosphere.
+    """Velocity and height error fitted to each point's unwrapped phase *with* its atmosphere;
+    ``out`` (the merged result, which :func:`model_step` owns) is updated in place, block by
+    block, so no second copy of its series is made.
 
     The estimated screen serves unwrapping and the displacement series, but its own error
     (the kriging error at each point, white in time) projects onto the time and perpendicular
@@ -505,7 +507,9 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     velocity = np.empty(n, np.float32)
     height = np.empty(n, np.float32)
     coherence = np.empty(n, np.float32)
-    displacement = np.empty((n, out.sizes["time"]), np.float32)
+    out["displacement"] = out["displacement"].transpose("space", "time").astype(np.float32,
+                                                                                copy=False)
+    displacement = out["displacement"].values  # written block by block, below
     # blocks of points bound the float64 temporaries (each point is fitted on its own)
     for start in range(0, n, FIT_BLOCK):
         block = out.isel(space=slice(start, start + FIT_BLOCK))
@@ -526,10 +530,8 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
         displacement[rows] = shifted - shifted[:, :1]
         velocity[rows], height[rows] = v, h
         coherence[rows] = np.abs(np.mean(np.exp(1j * residual), axis=1))
-    return out.assign(
-        velocity=("space", velocity), height_error=("space", height),
-        displacement=(("space", "time"), displacement),
-        temporal_coherence=("space", coherence))
+    return out.assign(velocity=("space", velocity), height_error=("space", height),
+                      temporal_coherence=("space", coherence))
 
 
 def _merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:

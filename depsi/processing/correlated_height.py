@@ -49,6 +49,9 @@ VARIOGRAM_REACH = 3.0
 _BINS = 20
 #: Targets per cell of the moving-neighbourhood kriging (one factorisation per cell).
 TARGETS_PER_CELL = 32
+#: Points per block of the per-point passes (leak gains, the moved phase): bounds their
+#: (points, epochs) float64 temporaries whatever the number of points.
+BLOCK = 65536
 #: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
 _BATCH_ELEMENTS = 4_000_000
 
@@ -64,14 +67,21 @@ def height_leak_gain(h2ph: np.ndarray, years: np.ndarray, m2ph: float) -> np.nda
     >>> float(height_leak_gain(h2ph, years, -226.0)[0]) > 0
     True
     """
+    # the (height, height) element of the inverse normal matrix is one over the part of
+    # m2ph h2ph that the other two columns (m2ph t, 1) leave unexplained (Schur complement):
+    # one pass over the baselines, no (points, epochs, 3) design
     h2ph = np.asarray(h2ph, dtype=np.float64)
-    n, T = h2ph.shape
-    design = np.stack([np.broadcast_to(m2ph * years, (n, T)), m2ph * h2ph, np.ones((n, T))],
-                      axis=2)
-    normal = np.einsum("ntp,ntq->npq", design, design)
-    with np.errstate(all="ignore"):
-        inverse = np.linalg.pinv(normal)
-    return inverse[:, 1, 1]
+    t = np.asarray(years, dtype=np.float64) - np.mean(years)
+    h = h2ph - h2ph.mean(axis=-1, keepdims=True)
+    tt = float(t @ t)
+    unexplained = np.einsum("nt,nt->n", h, h)
+    if tt > 0:
+        unexplained -= (h @ t) ** 2 / tt
+    scale = np.einsum("nt,nt->n", h2ph, h2ph)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # baselines constant or proportional to time (to round-off): the height error is not
+        # identified, and no finite gain describes its leak
+        return np.where(unexplained > 1e-12 * scale, 1.0 / (m2ph ** 2 * unexplained), np.nan)
 
 
 def _semivariance(positions, values, max_distance, seed=0):
@@ -177,22 +187,36 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     return out
 
 
+def _blocks(n: int) -> list[slice]:
+    """Row blocks of :data:`BLOCK` points."""
+    return [slice(start, min(start + BLOCK, n)) for start in range(0, n, BLOCK)]
+
+
+def _baselines(h2ph: xr.DataArray, rows, n_epochs: int) -> np.ndarray:
+    """``h2ph`` (space first; per point or per point and epoch) of ``rows`` as float64
+    ``(rows, epochs)``."""
+    values = np.asarray(h2ph.isel(space=rows).values, dtype=np.float64)
+    return np.broadcast_to(values.reshape(values.shape[0], -1), (values.shape[0], n_epochs))
+
+
 def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
     """Exponential variogram of the residual phases (atmosphere included) of the used points,
     each point's temporal mean removed and the slow part (unmodelled deformation) low-passed
     out, on at most :data:`VARIOGRAM_POINTS` points."""
     from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, fit_variogram, lowpass
 
-    full = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
-    if "aps" in result:
-        full = full + result["aps"].transpose("space", "time").values.astype(np.float64)
     chosen = np.flatnonzero(use)
     if chosen.size > VARIOGRAM_POINTS:
         chosen = np.sort(np.random.default_rng(1).choice(chosen, VARIOGRAM_POINTS,
                                                          replace=False))
+    sample = result.isel(space=chosen)  # the sampled rows only, never every point's series
+    full = sample["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    if "aps" in result:
+        full = full + sample["aps"].transpose("space", "time").values.astype(np.float64)
     velocity = result["velocity"].values.astype(np.float64)[chosen]
     height = result["height_error"].values.astype(np.float64)[chosen]
-    residual = full[chosen] - m2ph * (velocity[:, None] * years + h2ph[chosen] * height[:, None])
+    residual = full - m2ph * (velocity[:, None] * years
+                              + _baselines(h2ph, chosen, years.size) * height[:, None])
     residual -= residual.mean(axis=1, keepdims=True)
     residual -= lowpass(residual, years, DEFAULT_TEMPORAL_WINDOW)
     return fit_variogram(positions[chosen], residual)
@@ -265,9 +289,11 @@ def estimate_correlated_height(
         return result
     years = years_since_mother(result)
     m2ph = phase_per_metre(float(result.attrs["wavelength"]))
-    h2ph = np.broadcast_to(result["h2ph"].transpose("space", ...).values.astype(np.float64)
-                           .reshape(n, -1), (n, years.size))
-    gain = np.sqrt(np.maximum(height_leak_gain(h2ph, years, m2ph), 0.0))
+    h2ph = result["h2ph"].transpose("space", ...)
+    gain = np.empty(n)
+    for rows in _blocks(n):
+        gain[rows] = np.sqrt(np.maximum(height_leak_gain(_baselines(h2ph, rows, years.size),
+                                                         years, m2ph), 0.0))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
@@ -301,15 +327,20 @@ def estimate_correlated_height(
     else:
         field -= field[use].mean()
     field = np.where(use, field, 0.0)
-    screen = m2ph * h2ph * field[:, None]
     out = result.assign(
         height_error=("space", (height - field).astype(result["height_error"].dtype)),
         height_error_correlated=("space", field.astype(np.float32)))
-    if "aps" in result:
-        out["aps"] = (result["aps"].transpose("space", "time") + screen).astype(np.float32)
-    if "unwrapped_phase" in result:
-        out["unwrapped_phase"] = (result["unwrapped_phase"].transpose("space", "time")
-                                  - screen).astype(np.float32)
+    # the field's phase m2ph h2ph field moves from the unwrapped phase to the screen, block by
+    # block into new float32 arrays: no (points, epochs) float64 temporary
+    for name, sign in (("aps", 1.0), ("unwrapped_phase", -1.0)):
+        if name not in result:
+            continue
+        series = result[name].transpose("space", "time")
+        moved = np.empty(series.shape, np.float32)
+        for rows in _blocks(n):
+            moved[rows] = series.isel(space=rows).values + sign * m2ph * _baselines(
+                h2ph, rows, years.size) * field[rows, None]
+        out[name] = (series.dims, moved)
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
                       "correlated_height_extra_sill": noise["extra_sill"],
                       "correlated_height_extra_range": noise["extra_range"],

@@ -28,6 +28,7 @@ from depsi.kernels.backend import (
 from depsi.kernels.periodogram import periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
+from depsi.stm.accessor import chunked_view
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,11 @@ def estimate_arcs(
                            "(height_error fixed at 0)")
     arcs_in = arcs
     if arcs["phase"].chunks is None:
-        arcs_in = arcs.chunk({"arc": ARC_CHUNK})
+        # in memory: chunks that are views (Dataset.chunk would first copy every array)
+        arcs_in = arcs.assign({
+            name: (arcs[name].dims, chunked_view(arcs[name].values, ARC_CHUNK,
+                                                 axis=arcs[name].dims.index("arc")))
+            for name in ("phase", "h2ph") if name in arcs and "arc" in arcs[name].dims})
     phase = arcs_in["phase"].chunk({"time": -1})
     h2ph = arcs_in["h2ph"]
     if "arc" in h2ph.dims:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import sys
+import uuid
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,40 @@ def computed_in_place(ds: xr.Dataset) -> dict[Hashable, tuple[tuple[Hashable, ..
     if lazy:
         da.store([ds[name].data for name in lazy], [out[name][1] for name in lazy], lock=False)
     return out
+
+
+def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:
+    """A Dask array of ``values`` chunked by ``chunks`` along ``axis`` whose blocks are *views*
+    of it: ``da.from_array`` (and so ``Dataset.chunk``) copies NumPy input whole first, twice
+    the memory of a large in-memory STM. ``values`` must not change while the graph lives.
+
+    Examples
+    --------
+    >>> x = np.arange(10.0)
+    >>> view = chunked_view(x, 4)
+    >>> view.chunks, float(view.sum().compute())
+    (((4, 4, 2),), 45.0)
+    >>> all(np.shares_memory(block, x) for block in dict(view.dask).values())
+    True
+    """
+    from dask.highlevelgraph import HighLevelGraph
+
+    values = np.asarray(values)
+    size = values.shape[axis]
+    bounds = list(range(0, size, max(int(chunks), 1))) + [size]
+    if size == 0:
+        bounds = [0, 0]
+    name = f"view-{uuid.uuid4().hex}"  # not a hash of the values: that reads them all
+    graph = {}
+    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        key = tuple(i if d == axis else 0 for d in range(values.ndim))
+        index = tuple(slice(start, stop) if d == axis else slice(None)
+                      for d in range(values.ndim))
+        graph[(name,) + key] = values[index]
+    block_chunks = tuple(tuple(np.diff(bounds).tolist()) if d == axis else (values.shape[d],)
+                         for d in range(values.ndim))
+    return da.Array(HighLevelGraph.from_collections(name, graph, dependencies=()), name,
+                    block_chunks, meta=values[tuple(slice(0, 0) for _ in values.shape)])
 
 
 def _check_new_names(ds: xr.Dataset, names: Iterable[str]) -> None:

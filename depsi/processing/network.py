@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_AZIMUTH_SPACING = 14.0
 DEFAULT_RANGE_SPACING = 4.0
 
+#: Points per block of the neighbour query of :func:`redundant_edges`: bounds its
+#: (points, neighbours) temporaries (about 5 KB a point at the default 65 neighbours).
+EDGE_QUERY_BLOCK = 16384
+
 #: Arcs per chunk of an arc STM.
 ARC_CHUNK = 65536
 
@@ -146,22 +150,28 @@ def redundant_edges(
     n_query = int(min(n, 1 + max(4 * k * n_sectors, 16)))
     tree = cKDTree(positions)
     bound = np.inf if max_length is None else float(max_length)
-    dist, idx = tree.query(positions, k=n_query, distance_upper_bound=bound)
-    dist, idx = dist[:, 1:], idx[:, 1:]  # drop the point itself
-    valid = np.isfinite(dist) & (idx < n)
-    rows = np.broadcast_to(np.arange(n)[:, None], idx.shape)[valid]
-    nbrs = idx[valid]
-    delta = positions[nbrs] - positions[rows]
-    angle = np.mod(np.arctan2(delta[:, 1], delta[:, 0]), _TWO_PI)
-    sector = np.minimum((angle / (_TWO_PI / n_sectors)).astype(np.int64), n_sectors - 1)
-    group = rows.astype(np.int64) * n_sectors + sector
-    order = np.argsort(group, kind="stable")  # within a group, still nearest first
-    sorted_group = group[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
-    counts = np.diff(np.r_[starts, len(sorted_group)])
-    rank = np.arange(len(sorted_group)) - np.repeat(starts, counts)
-    chosen = order[rank < k]
-    return _unique_edges(rows[chosen], nbrs[chosen], n)
+    sources, targets = [], []
+    # blocks of points bound the (points, n_query) temporaries whatever the network's size
+    for start in range(0, n, EDGE_QUERY_BLOCK):
+        block = np.arange(start, min(start + EDGE_QUERY_BLOCK, n))
+        dist, idx = tree.query(positions[block], k=n_query, distance_upper_bound=bound)
+        dist, idx = dist[:, 1:], idx[:, 1:]  # drop the point itself
+        valid = np.isfinite(dist) & (idx < n)
+        rows = np.broadcast_to(block[:, None], idx.shape)[valid]
+        nbrs = idx[valid]
+        delta = positions[nbrs] - positions[rows]
+        angle = np.mod(np.arctan2(delta[:, 1], delta[:, 0]), _TWO_PI)
+        sector = np.minimum((angle / (_TWO_PI / n_sectors)).astype(np.int64), n_sectors - 1)
+        group = rows.astype(np.int64) * n_sectors + sector
+        order = np.argsort(group, kind="stable")  # within a group, still nearest first
+        sorted_group = group[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
+        counts = np.diff(np.r_[starts, len(sorted_group)])
+        rank = np.arange(len(sorted_group)) - np.repeat(starts, counts)
+        chosen = order[rank < k]
+        sources.append(rows[chosen])
+        targets.append(nbrs[chosen])
+    return _unique_edges(np.concatenate(sources), np.concatenate(targets), n)
 
 
 def _arc_values(values, source, target, name):

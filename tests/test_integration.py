@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -248,3 +251,33 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     keep = tiled.in_network.values
     np.testing.assert_allclose(tiled.velocity.values[keep], whole.velocity.values[keep],
                                atol=2e-4)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_factorisations_with_many_right_hand_sides_do_not_leak():
+    # cholespy 2.2 lost each destroyed solver's (n, k) solve workspace: 2.5 MB a solver here,
+    # 100 MB over the 40 below (the w-test's tiles build hundreds per network)
+    pytest.importorskip("cholespy")
+    import scipy.sparse as sp
+
+    from depsi.processing.integration import _Cholesky
+
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    side = 70  # a 70 x 70 grid network: 4,900 unknowns
+    grid = np.arange(side * side).reshape(side, side)
+    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
+                       np.c_[grid[:-1].ravel(), grid[1:].ravel()]])
+    rows = np.repeat(np.arange(len(pairs)), 2)
+    A = sp.csr_matrix((np.tile([-1.0, 1.0], len(pairs)), (rows, pairs.ravel())),
+                      shape=(len(pairs), side * side))[:, 1:]
+    normal = (A.T @ A).tocsc()
+    rhs = np.ones((normal.shape[0], 64))
+    expected = _Cholesky(normal).solve(rhs)
+    before = rss_mb()
+    for _ in range(40):
+        solved = _Cholesky(normal).solve(rhs)
+    assert np.allclose(solved, expected)
+    assert rss_mb() - before < 30

@@ -164,6 +164,11 @@ def _prune(source, target, arc_ok, n, reference):
     return arc_ok, point_reason
 
 
+#: Right-hand-side columns cast to float64 together in :func:`_solve` (bounds that copy to
+#: 64 bytes an arc).
+RHS_COLUMNS = 8
+
+
 def _solve(source, target, weights, rhs, kept, n, point_ok, reference, *, leverage=False):
     """Weighted LSQ over the arcs ``kept`` (indices into the arrays); returns ``(n, nrhs)``
     values (NaN off-network) and, with ``leverage``, each kept arc's ``w_a a^T N^-1 a`` (one
@@ -191,7 +196,13 @@ def _solve(source, target, weights, rhs, kept, n, point_ok, reference, *, levera
     # A^T W over every arc, zero columns for the others: the product reads only kept rows
     AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
                             shape=(n_unknown, len(source)))
-    solution = lu.solve(np.ascontiguousarray(AtW_all @ rhs))
+    # A^T W y a few columns at a time: the sparse product would otherwise first copy the whole
+    # float32 (arcs, nrhs) right-hand sides to float64
+    normal_rhs = np.empty((n_unknown, rhs.shape[1]))
+    for first in range(0, rhs.shape[1], RHS_COLUMNS):
+        columns = slice(first, first + RHS_COLUMNS)
+        normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
+    solution = lu.solve(normal_rhs)
     values = np.full((n, rhs.shape[1]), np.nan)
     values[unknown] = solution
     values[reference] = 0.0

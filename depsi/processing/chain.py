@@ -31,6 +31,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import dask.array as da
 import numpy as np
 import xarray as xr
 from pydantic import Field, ValidationError
@@ -55,7 +56,7 @@ from depsi.processing.network import (
     point_positions,
 )
 from depsi.sections import Section, describe_errors
-from depsi.stm.accessor import computed_in_place
+from depsi.stm.accessor import chunked_view, computed_in_place
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -510,21 +511,28 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     out["displacement"] = out["displacement"].transpose("space", "time").astype(np.float32,
                                                                                 copy=False)
     displacement = out["displacement"].values  # written block by block, below
-    # blocks of points bound the float64 temporaries (each point is fitted on its own)
+    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").values
+    aps_all = out["aps"].transpose("space", "time").values
+    h2ph_all = out["h2ph"].transpose("space", ...)
+    # one lazy fit over blocks of points (views of the result, the float64 observations formed
+    # per block): memory follows FIT_BLOCK, and the blocks run on every thread
+    observed = da.map_blocks(_metres_with_atmosphere, chunked_view(unwrapped_all, FIT_BLOCK),
+                             chunked_view(aps_all, FIT_BLOCK), m2ph=m2ph, dtype=np.float64)
+    stm = xr.Dataset({"observed": (("space", "time"), observed),
+                      "h2ph": (h2ph_all.dims, chunked_view(h2ph_all.values, FIT_BLOCK))},
+                     coords=out.coords, attrs=out.attrs)
+    fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
+                         variable="observed", devices=devices)
+    fitted = computed_in_place(fit[["velocity", "height_error"]])
     for start in range(0, n, FIT_BLOCK):
-        block = out.isel(space=slice(start, start + FIT_BLOCK))
-        rows = slice(start, start + block.sizes["space"])
-        unwrapped = block["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
-        full = (unwrapped + block["aps"].transpose("space", "time").values) / m2ph
-        observed = block[["h2ph"]].assign(observed=(("space", "time"), full))
-        fit = estimate_model(observed, terms=("offset", "velocity", "height_error"),
-                             variable="observed", devices=devices).compute()
-        v, h = fit["velocity"].values, fit["height_error"].values
+        rows = slice(start, min(start + FIT_BLOCK, n))
+        v, h = fitted["velocity"][1][rows], fitted["height_error"][1][rows]
         ok = np.isfinite(v) & np.isfinite(h)
-        v = np.where(ok, v, block["velocity"].values)
-        h = np.where(ok, h, block["height_error"].values)
-        h2ph = np.broadcast_to(block["h2ph"].transpose("space", ...).values.astype(np.float64)
-                               .reshape(block.sizes["space"], -1), unwrapped.shape)
+        v = np.where(ok, v, out["velocity"].values[rows])
+        h = np.where(ok, h, out["height_error"].values[rows])
+        unwrapped = unwrapped_all[rows].astype(np.float64)
+        h2ph = np.broadcast_to(np.asarray(h2ph_all.values[rows], dtype=np.float64)
+                               .reshape(unwrapped.shape[0], -1), unwrapped.shape)
         residual = unwrapped - m2ph * (v[:, None] * years + h2ph * h[:, None])
         shifted = unwrapped / m2ph - h2ph * h[:, None]
         displacement[rows] = shifted - shifted[:, :1]
@@ -532,6 +540,12 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
         coherence[rows] = np.abs(np.mean(np.exp(1j * residual), axis=1))
     return out.assign(velocity=("space", velocity), height_error=("space", height),
                       temporal_coherence=("space", coherence))
+
+
+def _metres_with_atmosphere(unwrapped: np.ndarray, aps: np.ndarray, *, m2ph: float
+                            ) -> np.ndarray:
+    """The unwrapped phase with its atmosphere, in metres (float64), of one block."""
+    return (unwrapped.astype(np.float64) + aps) / m2ph
 
 
 def _merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:

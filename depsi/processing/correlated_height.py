@@ -139,6 +139,16 @@ def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> d
             "extra_range": float(extra_range)}
 
 
+def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distances between the points of ``a`` (B, m, 2) and ``b`` (B, n, 2): (B, m, n)."""
+    dx = a[:, :, None, 0] - b[:, None, :, 0]
+    dy = a[:, :, None, 1] - b[:, None, :, 1]
+    dx *= dx
+    dy *= dy
+    dx += dy
+    return np.sqrt(dx, out=dx)
+
+
 def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, k):
     """Local simple kriging of the signal at ``dst_pos`` from its noisy samples.
 
@@ -171,17 +181,18 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     for start in range(0, n_cells, batch):  # batches of cells, bounded memory
         stop = min(start + batch, n_cells)
         nb = src_pos[idx[start:stop]]                                    # (B, k, 2)
-        d_nn = np.hypot(nb[:, :, None, 0] - nb[:, None, :, 0],
-                        nb[:, :, None, 1] - nb[:, None, :, 1])
-        cov = (signal_sill * np.exp(-d_nn / signal_range)
-               + extra_sill * np.exp(-d_nn / extra_range))
+        d_nn = _distances(nb, nb)                                        # (B, k, k)
+        cov = signal_sill * np.exp(-d_nn / signal_range)
+        if extra_sill > 0:
+            cov += extra_sill * np.exp(-d_nn / extra_range)
         cov[:, np.arange(k), np.arange(k)] += nugget
         targets = table[start:stop]                                      # (B, width)
         tp = dst_pos[np.maximum(targets, 0)]                             # (B, width, 2)
-        d_nt = np.hypot(nb[:, :, None, 0] - tp[:, None, :, 0],
-                        nb[:, :, None, 1] - tp[:, None, :, 1])           # (B, k, width)
-        weights = np.linalg.solve(cov, signal_sill * np.exp(-d_nt / signal_range))
-        values = np.einsum("bk,bkw->bw", src_values[idx[start:stop]], weights)
+        # dual kriging: v^T C^-1 c_t = (C^-1 v)^T c_t, one right-hand side per cell instead of
+        # one per target (C is symmetric)
+        dual = np.linalg.solve(cov, src_values[idx[start:stop], None])[..., 0]  # (B, k)
+        values = np.einsum("bk,bkw->bw", dual,
+                           signal_sill * np.exp(-_distances(nb, tp) / signal_range))
         valid = targets >= 0
         out[targets[valid]] = values[valid]
     return out

@@ -231,21 +231,60 @@ class _WorkerMemory:
                 "workers_seen": len(self.addresses)}
 
 
+class _StackSampler:
+    """Every other thread's stack written every ``every`` s, in faulthandler's format (what
+    :func:`hotspots` reads), by a Python thread holding the GIL.
+
+    ``faulthandler.dump_traceback_later`` reads the other threads' frames from its watchdog
+    thread without the GIL, which can crash a busy process (CPython issues 116008, 131580): a
+    10^6 child died with SIGSEGV in it once, while Dask threads were starting tasks.
+    """
+
+    def __init__(self, path: Path, every: float):
+        import threading
+
+        self._stop = threading.Event()
+        self._file = open(path, "w")  # noqa: SIM115 - closed by stop()
+        self._thread = threading.Thread(target=self._run, args=(float(every),), daemon=True,
+                                        name="stack-sampler")
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        import threading
+
+        while not self._stop.wait(every):
+            lines = [f"Timeout ({every:g} s)!"]
+            for ident, frame in sys._current_frames().items():
+                if ident == threading.get_ident():
+                    continue
+                lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+                lines.extend(f'  File "{f.filename}", line {f.lineno} in {f.name}'
+                             for f in reversed(traceback.extract_stack(frame)))
+                lines.append("")
+            self._file.write("\n".join(lines) + "\n")
+            self._file.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._file.close()
+
+
 def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster: bool,
                stack_sample_s: float = 0.0) -> int:
     """Run in the chain's child process: open, run, score; write the figures to ``out_path``.
 
     With ``stack_sample_s`` every thread's stack is written to ``<out>.stacks`` that often
-    (``faulthandler``), a sampling profile :func:`hotspots` reads afterwards.
+    (:class:`_StackSampler`), a sampling profile :func:`hotspots` reads afterwards.
     """
     import faulthandler
     import logging
     from contextlib import ExitStack
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    sampler = None
     if stack_sample_s > 0:
-        stacks = open(out_path.with_suffix(".stacks"), "w")  # noqa: SIM115 - open till exit
-        faulthandler.dump_traceback_later(stack_sample_s, repeat=True, file=stacks)
+        sampler = _StackSampler(out_path.with_suffix(".stacks"), stack_sample_s)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     record = _Recorder(out_path.with_suffix(".progress"))
     out = {"status": "running", "options": options, "local_cluster": local_cluster}
@@ -281,7 +320,8 @@ def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster:
                    running_step=record.running or _failed_step(traceback.format_exc()))
         if workers is not None:
             out["workers"] = workers.stop()
-    faulthandler.cancel_dump_traceback_later()
+    if sampler is not None:
+        sampler.stop()
     out_path.write_text(json.dumps(out, default=str))
     return 0 if out["status"] == "ok" else 1
 

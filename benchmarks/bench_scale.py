@@ -250,19 +250,26 @@ class _StackSampler:
         self._thread.start()
 
     def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._file.write(f"Timeout ({every:g} s)!\n" + self._sample())
+            self._file.flush()
+
+    @staticmethod
+    def _sample() -> str:
+        """The other threads' stacks as text. The frame objects die when this returns: one
+        held would keep its function's locals (arrays) alive after the function returned,
+        which raised the 10^6 chain's peak RSS from 3.6 GB to 4.35 GB."""
         import threading
 
-        while not self._stop.wait(every):
-            lines = [f"Timeout ({every:g} s)!"]
-            for ident, frame in sys._current_frames().items():
-                if ident == threading.get_ident():
-                    continue
-                lines.append(f"Thread 0x{ident:016x} (most recent call first):")
-                lines.extend(f'  File "{f.filename}", line {f.lineno} in {f.name}'
-                             for f in reversed(traceback.extract_stack(frame)))
-                lines.append("")
-            self._file.write("\n".join(lines) + "\n")
-            self._file.flush()
+        lines = []
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+            lines.extend(f'  File "{f.filename}", line {f.lineno} in {f.name}'
+                         for f in reversed(traceback.extract_stack(frame)))
+            lines.append("")
+        return "\n".join(lines) + "\n"
 
     def stop(self) -> None:
         self._stop.set()

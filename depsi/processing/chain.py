@@ -57,7 +57,7 @@ from depsi.processing.network import (
 )
 from depsi.sections import Section, describe_errors
 from depsi.stm.accessor import chunked_view, computed_in_place
-from depsi.stm.schema import validate, years_since_mother
+from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -531,8 +531,7 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
         v = np.where(ok, v, out["velocity"].values[rows])
         h = np.where(ok, h, out["height_error"].values[rows])
         unwrapped = unwrapped_all[rows].astype(np.float64)
-        h2ph = np.broadcast_to(np.asarray(h2ph_all.values[rows], dtype=np.float64)
-                               .reshape(unwrapped.shape[0], -1), unwrapped.shape)
+        h2ph = h2ph_rows(h2ph_all, rows, unwrapped.shape[1])
         residual = unwrapped - m2ph * (v[:, None] * years + h2ph * h[:, None])
         shifted = unwrapped / m2ph - h2ph * h[:, None]
         displacement[rows] = shifted - shifted[:, :1]

@@ -35,7 +35,7 @@ from scipy.spatial import cKDTree
 
 from depsi.conventions import phase_per_metre
 from depsi.processing.network import point_positions
-from depsi.stm.schema import years_since_mother
+from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -203,13 +203,6 @@ def _blocks(n: int) -> list[slice]:
     return [slice(start, min(start + BLOCK, n)) for start in range(0, n, BLOCK)]
 
 
-def _baselines(h2ph: xr.DataArray, rows, n_epochs: int) -> np.ndarray:
-    """``h2ph`` (space first; per point or per point and epoch) of ``rows`` as float64
-    ``(rows, epochs)``."""
-    values = np.asarray(h2ph.isel(space=rows).values, dtype=np.float64)
-    return np.broadcast_to(values.reshape(values.shape[0], -1), (values.shape[0], n_epochs))
-
-
 def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
     """Exponential variogram of the residual phases (atmosphere included) of the used points,
     each point's temporal mean removed and the slow part (unmodelled deformation) low-passed
@@ -227,7 +220,7 @@ def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
     velocity = result["velocity"].values.astype(np.float64)[chosen]
     height = result["height_error"].values.astype(np.float64)[chosen]
     residual = full - m2ph * (velocity[:, None] * years
-                              + _baselines(h2ph, chosen, years.size) * height[:, None])
+                              + h2ph_rows(h2ph, chosen, years.size) * height[:, None])
     residual -= residual.mean(axis=1, keepdims=True)
     residual -= lowpass(residual, years, DEFAULT_TEMPORAL_WINDOW)
     return fit_variogram(positions[chosen], residual)
@@ -303,7 +296,7 @@ def estimate_correlated_height(
     h2ph = result["h2ph"].transpose("space", ...)
     gain = np.empty(n)
     for rows in _blocks(n):
-        gain[rows] = np.sqrt(np.maximum(height_leak_gain(_baselines(h2ph, rows, years.size),
+        gain[rows] = np.sqrt(np.maximum(height_leak_gain(h2ph_rows(h2ph, rows, years.size),
                                                          years, m2ph), 0.0))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
@@ -349,7 +342,7 @@ def estimate_correlated_height(
         series = result[name].transpose("space", "time")
         moved = np.empty(series.shape, np.float32)
         for rows in _blocks(n):
-            moved[rows] = series.isel(space=rows).values + sign * m2ph * _baselines(
+            moved[rows] = series.isel(space=rows).values + sign * m2ph * h2ph_rows(
                 h2ph, rows, years.size) * field[rows, None]
         out[name] = (series.dims, moved)
     out.attrs.update({"correlated_height_nugget": noise["nugget"],

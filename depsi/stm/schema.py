@@ -246,3 +246,17 @@ def years_since_mother(ds: xr.Dataset) -> np.ndarray:
             f"* ds.time.values) for an 11-day Sentinel-1 stack")
     mother = ds.attrs.get("mother_time")
     return years_since(time, time[0] if mother is None else np.datetime64(str(mother)))
+
+
+def h2ph_rows(h2ph: xr.DataArray, rows: slice | np.ndarray, n_epochs: int) -> np.ndarray:
+    """``h2ph`` (space first; per point, or per point and epoch) of the points ``rows`` as
+    float64 ``(rows, epochs)``: per-point values broadcast over the epochs, without a copy.
+
+    Examples
+    --------
+    >>> h2ph = xr.DataArray(np.array([1e-4, 2e-4, 3e-4], np.float32), dims="space")
+    >>> h2ph_rows(h2ph, slice(1, 3), 2).shape
+    (2, 2)
+    """
+    values = np.asarray(h2ph.isel(space=rows).values, dtype=np.float64)
+    return np.broadcast_to(values.reshape(values.shape[0], -1), (values.shape[0], n_epochs))

@@ -20,6 +20,7 @@ Cases, all over ``complex`` and ``h2ph`` (the bytes a selection must read):
 
 - read limit: every stored chunk read (decoded) with zarr, one thread, and with as many threads
   as cores; the smaller of the two is the limit;
+- default: ``ps_selection(stack)`` as a user calls it (``engine="auto"``), points computed;
 - stream engine: ``ps_selection(engine="stream")``, one pass, with its default number of
   worker threads (the cores) and with one;
 - dask engine: ``ps_selection(engine="dask")`` to the lazy STM (reads ``complex`` once), and
@@ -163,6 +164,20 @@ def case_dask(path: str, tree: str | None = None) -> dict:
             "cpu": _cpu_seconds() - cpu, "lazy_cpu": lazy_cpu, "points": ps.sizes["space"]}
 
 
+def case_default(path: str) -> dict:
+    """``ps_selection`` as a user calls it: no engine named (``"auto"``), points computed."""
+    from depsi.processing.selection import ps_selection
+
+    stack = _open(path)
+    _warm_up(stack)
+    base, cpu = _rss_mb(), _cpu_seconds()
+    start = time.perf_counter()
+    ps = ps_selection(stack, threshold=THRESHOLD).compute()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_mb": _peak_mb() - base, "cpu": _cpu_seconds() - cpu,
+            "points": ps.sizes["space"], "engine": ps.attrs["selection_engine"]}
+
+
 def _in_child(func, *args) -> dict:
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         return pool.submit(func, *args).result()
@@ -256,7 +271,8 @@ def main() -> None:
     # per case the fastest round is reported, and the median over rounds of its ratio to
     # that round's read limit
     cases = {"read1": (case_read, 1), "read_n": (case_read, cores),
-             "stream": (case_stream, 2), "stream1": (case_stream, 2, 1), "dask": (case_dask,)}
+             "default": (case_default,), "stream": (case_stream, 2), "stream1": (case_stream, 2, 1),
+             "dask": (case_dask,)}
     if args.compare:
         cases |= {"stream_before": (case_stream, 2, None, args.compare),
                   "dask_before": (case_dask, args.compare)}
@@ -291,6 +307,7 @@ def report(args, cores: int, rounds: list[dict]) -> None:
     print(f"bytes read by a selection (complex + h2ph, in memory): {gb:.2f} GB; "
           f"{runs['stream']['points']} points selected")
     labels = {"read1": "read limit, 1 thread", "read_n": f"read limit, {cores} threads",
+              "default": f"default (auto: {runs['default']['engine']}), computed",
               "stream": "stream, default workers", "stream1": "stream, 1 worker",
               "dask": "dask engine, computed", "stream_before": "before: stream engine",
               "dask_before": "before: dask, computed"}

@@ -18,7 +18,7 @@ from depsi.stm.schema import STMValidationError
 @pytest.fixture(scope="module")
 def ps() -> xr.Dataset:
     stack, _ = simulate_stack(shape=(64, 64), n_epochs=12, seed=2)
-    return ps_selection(stack, threshold=0.25)
+    return ps_selection(stack, threshold=0.25, engine="dask")
 
 
 def test_mother_column_has_zero_phase_and_zero_h2ph(ps):

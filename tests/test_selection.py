@@ -17,6 +17,7 @@ from depsi.processing.selection import (
     amplitude_statistics,
     default_workers,
     ps_selection,
+    resolve_engine,
     select_network_points,
     update_selection,
 )
@@ -281,7 +282,7 @@ def order_is_morton(ps: xr.Dataset) -> bool:
 
 
 def test_ps_selection_dask_engine_is_lazy(small_stack):
-    ps = ps_selection(small_stack.chunk(azimuth=12, range=15), threshold=0.25)
+    ps = ps_selection(small_stack.chunk(azimuth=12, range=15), threshold=0.25, engine="dask")
     for name in ("complex", "amplitude", "phase", "h2ph", "amplitude_dispersion", "amp_sum"):
         assert isinstance(ps[name].data, da.Array), name
     assert isinstance(ps["azimuth"].data, np.ndarray)
@@ -300,10 +301,44 @@ def test_dask_engine_reads_complex_once_to_select_and_h2ph_only_when_computed(sm
 
     stack = small_stack.assign(complex=(small_stack["complex"].dims, source("complex")),
                                h2ph=(small_stack["h2ph"].dims, source("h2ph")))
-    ps = ps_selection(stack)
+    ps = ps_selection(stack, engine="dask")
     assert sorted(reads) == ["complex"] * 4
     ps["h2ph"].compute()
     assert reads.count("h2ph") == 4
+
+
+def test_auto_engine_streams_when_every_pixel_fits_and_records_the_choice(small_stack):
+    auto = ps_selection(small_stack, threshold=0.25)
+    assert auto.attrs["selection_engine"] == "stream"
+    assert not any(isinstance(v.data, da.Array) for v in auto.data_vars.values())
+    dask_engine = ps_selection(small_stack, threshold=0.25, engine="dask").compute()
+    assert dask_engine.attrs["selection_engine"] == "dask"
+    xr.testing.assert_identical(auto.drop_attrs(), dask_engine.drop_attrs())
+
+
+def test_auto_engine_builds_the_lazy_graph_when_the_worst_case_would_not_fit(small_stack,
+                                                                             monkeypatch):
+    import depsi.kernels.backend as backend
+
+    # the stream engine's worst case: every pixel's complex, amplitude, phase and h2ph
+    worst = 24 * 30 * 24 * (8 + 8 + 4)
+    assert small_stack["complex"].shape == (24, 30, 24)
+    monkeypatch.setattr(backend, "available_host_memory", lambda: int(2 * worst) + 2)
+    assert resolve_engine(small_stack)[0] == "stream"
+    monkeypatch.setattr(backend, "available_host_memory", lambda: int(2 * worst) - 2)
+    engine, why = resolve_engine(small_stack)
+    assert engine == "dask" and "would not fit" in why
+    ps = ps_selection(small_stack.chunk(azimuth=12, range=15), threshold=0.25)
+    assert ps.attrs["selection_engine"] == "dask" and isinstance(ps["phase"].data, da.Array)
+
+
+def test_auto_engine_leaves_the_reading_to_a_distributed_client(small_stack):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster):
+        assert resolve_engine(small_stack) == ("dask", "a distributed client is active")
+    assert resolve_engine(small_stack)[0] == "stream"
 
 
 def test_ps_selection_keeps_all_epochs_with_a_time_window(small_stack):
@@ -356,7 +391,7 @@ def test_missing_or_mistyped_complex_is_refused(small_stack):
 
 
 def test_failed_selection_leaves_no_partial_store(small_stack, tmp_path):
-    ps = ps_selection(_exploding_stack(small_stack, "h2ph"), threshold=0.25)
+    ps = ps_selection(_exploding_stack(small_stack, "h2ph"), threshold=0.25, engine="dask")
     with pytest.raises(RuntimeError, match="h2ph was read"):
         save_stm(ps, tmp_path / "ps.zarr")
     # only the writer's lock file may stay (depsi.io.lock)

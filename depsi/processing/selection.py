@@ -46,8 +46,15 @@ logger = logging.getLogger(__name__)
 #: Dispersion measures ``ps_selection`` accepts, and the statistic each selects on.
 METHODS = {"nad": "amplitude_dispersion", "nmad": "amplitude_dispersion_mad"}
 
-#: Engines of ``ps_selection``: lazy Dask graph, or one streaming pass with prefetching.
-ENGINES = ("dask", "stream")
+#: Engines of ``ps_selection``: chosen per stack (``auto``), lazy Dask graph, or one streaming
+#: pass with prefetching.
+ENGINES = ("auto", "dask", "stream")
+
+#: ``engine="auto"`` streams when every pixel's point series (the most the stream engine could
+#: hold: ``complex``, ``amplitude``, ``phase`` and ``h2ph`` of every epoch) would take at most
+#: this fraction of the memory available now; otherwise, or under a distributed client, it
+#: builds the lazy Dask graph.
+AUTO_STREAM_MEMORY_FRACTION = 0.5
 
 
 class SelectionConfig(Section):
@@ -57,8 +64,10 @@ class SelectionConfig(Section):
         "nad", description="Amplitude statistic: nad (std/mean) or nmad (MAD/median).")
     threshold: float = Field(
         0.25, gt=0, description="Pixels whose statistic is below this value become candidates.")
-    engine: Literal["dask", "stream"] = Field(
-        "dask", description="dask: one lazy graph over the stack, the points' time series read "
+    engine: Literal["auto", "dask", "stream"] = Field(
+        "auto", description="auto: stream when every pixel's series would fit in half the "
+                            "available memory and no distributed client is active, else dask; "
+                            "dask: one lazy graph over the stack, the points' time series read "
                             "again while saved (memory bounded whatever the number of points); "
                             "stream: one pass on all cores, blocks read and reduced by worker "
                             "threads, the points computed in memory (fastest when they fit).")
@@ -117,6 +126,54 @@ def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name}: expected one of {list(choices)}, found {value!r}")
     return value
+
+
+def _distributed_client() -> bool:
+    """Whether a ``dask.distributed`` client is the default scheduler now."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return False
+    try:
+        default_client()
+    except ValueError:  # no client
+        return False
+    return True
+
+
+def resolve_engine(stack: xr.Dataset, engine: str = "auto") -> tuple[str, str]:
+    """The engine ``ps_selection`` runs for ``engine`` on ``stack``, and why.
+
+    ``"auto"`` picks ``"stream"`` (one pass, the points computed in memory; the fastest) unless
+    a distributed client is active (its workers, not this process's threads, should read the
+    stack) or the point series of *every* pixel would take more than
+    :data:`AUTO_STREAM_MEMORY_FRACTION` of the memory available now, the stream engine's worst
+    case whatever the threshold; then ``"dask"`` (lazy, memory bounded by its chunks).
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> stack = xr.Dataset({"complex": (("azimuth", "range", "time"), np.ones((4, 4, 3), "c8"))})
+    >>> resolve_engine(stack)[0], resolve_engine(stack, "dask")[0]
+    ('stream', 'dask')
+    """
+    from depsi.kernels.backend import available_host_memory
+
+    engine = _check_choice("engine", engine, ENGINES)
+    if engine != "auto":
+        return engine, "chosen"
+    if _distributed_client():
+        return "dask", "a distributed client is active"
+    per_epoch = 2 * np.dtype(stack["complex"].dtype).itemsize  # complex, amplitude and phase
+    if "h2ph" in stack.data_vars:
+        per_epoch += np.dtype(stack["h2ph"].dtype).itemsize
+    worst = stack.sizes["azimuth"] * stack.sizes["range"] * stack.sizes["time"] * per_epoch
+    budget = AUTO_STREAM_MEMORY_FRACTION * available_host_memory()
+    if worst > budget:
+        return "dask", (f"every pixel's series ({worst / 1e9:.1f} GB) would not fit in "
+                        f"{AUTO_STREAM_MEMORY_FRACTION:.0%} of the available memory")
+    return "stream", (f"every pixel's series ({worst / 1e9:.2f} GB) fits in "
+                      f"{AUTO_STREAM_MEMORY_FRACTION:.0%} of the available memory")
 
 
 def _as_epoch(value: Any, time: np.ndarray) -> Any:
@@ -479,7 +536,7 @@ def ps_selection(
     method: str = "nad",
     threshold: float = 0.25,
     time_window: Any = None,
-    engine: str = "dask",
+    engine: str = "auto",
     block_shape: tuple[int, int] | None = None,
     prefetch: int = 2,
     workers: int | None = None,
@@ -504,6 +561,9 @@ def ps_selection(
         ``(start, end)`` of the epochs the dispersion is computed over (ends included); the
         output keeps every epoch.
     engine
+        ``"auto"`` (default): ``"stream"`` when the point series of every pixel would fit in
+        half the available memory and no distributed client is active, else ``"dask"``
+        (:func:`resolve_engine`; the choice is logged and kept in ``attrs["selection_engine"]``).
         ``"dask"``: one Dask task per chunk finds its selected pixels and their statistics
         (one read of ``complex``); the time series (``complex``, ``amplitude``, ``phase``,
         ``h2ph``) stay lazy, indexed out of the stack, until saved or computed (a second read).
@@ -554,6 +614,8 @@ def ps_selection(
         raise ValueError(f"workers: expected a number of threads >= 1, found {workers!r}")
     _check_stack(stack)
     window = epoch_window(stack["time"].values, time_window)
+    engine, why = resolve_engine(stack, engine)
+    logger.info("ps_selection: %s engine (%s)", engine, why)
     if engine == "dask":
         points, counts = _select_dask(stack, method=method, threshold=threshold, window=window)
     else:
@@ -566,6 +628,7 @@ def ps_selection(
                 method.upper(), threshold, counts["n_excluded"])
     result = _finish_points(points, method=method, threshold=threshold, counts=counts,
                             window_attrs=_window_attrs(stack["time"].values[window]))
+    result.attrs["selection_engine"] = engine
     if engine == "dask" and result.sizes["space"]:
         chunks = {"space": space_chunk_size(result), "time": -1}
         result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})

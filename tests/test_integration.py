@@ -253,6 +253,54 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
                                atol=2e-4)
 
 
+def test_tiles_of_one_wave_share_no_arc():
+    """The claim the threads rest on: two tiles of one wave never test a common arc, on a
+    random network whose margins reach just under half a tile."""
+    from depsi.processing.integration import _tile_waves
+
+    rng = np.random.default_rng(11)
+    positions = rng.uniform(0, 1000, (3000, 2))
+    source = rng.integers(0, 3000, 20000)
+    near = np.argsort(np.hypot(*(positions[source][:, None] - positions[None]).transpose(2, 0, 1)),
+                      axis=1)[:, 1:9]
+    target = near[np.arange(source.size), rng.integers(0, 8, source.size)]
+    cell, margin = 100.0, 49.0
+    tile_of_arc = np.floor(0.5 * (positions[source] + positions[target]) / cell).astype(int)
+    waves = _tile_waves(np.unique(tile_of_arc, axis=0), cell, margin)
+    assert len(waves) == 4 and sum(map(len, waves)) == 100
+    for wave in waves:
+        seen = np.zeros(source.size, dtype=int)
+        for tile in wave:
+            lo, hi = tile * cell - margin, (tile + 1) * cell + margin
+            inside = np.all((positions >= lo) & (positions < hi), axis=1)
+            seen += inside[source] & inside[target]
+        assert seen.max() == 1
+
+
+def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatch, caplog):
+    import logging
+
+    from depsi.processing import integration
+
+    points, _, arcs = _estimated(shape=(400, 400))
+    bad = np.random.default_rng(5).choice(arcs.sizes["arc"], 40, replace=False)
+    amb = arcs["ambiguity"].values.copy()
+    amb[bad, -8:] += 1
+    arcs = arcs.assign(ambiguity=(arcs["ambiguity"].dims, amb))
+    monkeypatch.setattr(integration, "TILE_POINTS", points.sizes["space"] // 9)
+    runs = []
+    for workers in (1, 2, 3):
+        monkeypatch.setattr(integration, "_default_workers", lambda workers=workers: workers)
+        with caplog.at_level(logging.INFO, logger="depsi.processing.integration"):
+            runs.append(integrate_network(points, arcs, return_arcs=True))
+        assert "(4 waves," in caplog.text  # tiles did run side by side
+    for result, result_arcs in runs[1:]:
+        np.testing.assert_array_equal(result_arcs.arc_removal_reason.values,
+                                      runs[0][1].arc_removal_reason.values)
+        np.testing.assert_array_equal(result.velocity.values, runs[0][0].velocity.values)
+    assert (runs[0][1].arc_removal_reason.values[bad] == 2).mean() > 0.9
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_factorisations_with_many_right_hand_sides_do_not_leak():
     # cholespy 2.2 lost each destroyed solver's (n, k) solve workspace: 2.5 MB a solver here,

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from depsi.processing.arcs import estimate_arcs
 from depsi.processing.integration import incidence_matrix, integrate_network
@@ -251,6 +252,25 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     keep = tiled.in_network.values
     np.testing.assert_allclose(tiled.velocity.values[keep], whole.velocity.values[keep],
                                atol=2e-4)
+
+
+def test_arc_observations_integrate_as_the_arcs_do():
+    """The chain's second pass hands integration the arcs' observations (the arc STM freed
+    first): the result is the one the arcs give, and what they cannot do is refused."""
+    from depsi.processing.integration import arc_observations
+
+    points, _, arcs = _estimated()
+    observations = arc_observations(points, arcs)
+    del arcs["phase"], arcs["h2ph"]  # the observations need them no more
+    xr.testing.assert_identical(integrate_network(points, observations),
+                                integrate_network(points, _estimated()[2]))
+    with pytest.raises(ValueError, match="return_arcs"):
+        integrate_network(points, observations, return_arcs=True)
+    with pytest.raises(ValueError, match="epochs"):
+        integrate_network(points.isel(time=slice(1, None)), observations)
+    bad = observations._replace(target=observations.target + points.sizes["space"])
+    with pytest.raises(ValueError, match="source/target"):
+        integrate_network(points, bad)
 
 
 def test_tiles_of_one_wave_share_no_arc():

@@ -45,6 +45,7 @@ from depsi.processing.densification import DensificationConfig, densify
 from depsi.processing.integration import (
     IntegrationConfig,
     apply_reference_area,
+    arc_observations,
     integrate_network,
     remove_reference_noise,
 )
@@ -321,9 +322,13 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         corrected = points.isel(space=keep)
         corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                      .astype(np.float32))
-        arcs = arcs_step(_with_edges(corrected, config.network), config, devices=devices)
+        # only the arcs' observations are kept: the arc STM (phase, h2ph, ambiguity: 1 GB at
+        # 1.4 M arcs) is freed before the network is solved
+        observations = arc_observations(
+            corrected, arcs_step(_with_edges(corrected, config.network), config,
+                                 devices=devices))
         integration = config.integration
-        result = integrate_network(corrected, arcs, reference=local,
+        result = integrate_network(corrected, observations, reference=local,
                                    min_coherence=integration.min_coherence,
                                    alpha=integration.alpha,
                                    max_iterations=integration.max_iterations)

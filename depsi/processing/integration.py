@@ -11,6 +11,7 @@ removed and why (DESIGN.md §1).
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -522,9 +523,77 @@ def _default_workers() -> int:
     return default_workers()
 
 
+class ArcObservations(NamedTuple):
+    """What integration needs of the arcs, without their ``(arc, time)`` variables:
+    endpoints, coherence, the right-hand sides (velocity, height error, every epoch's unwrapped
+    phase; float32 ``(arcs, 2 + epochs)``) and the spread of each arc's h2ph over the epochs.
+    Made by :func:`arc_observations`; :func:`integrate_network` takes it in place of the arcs,
+    so a caller can let the arc STM go before the network is solved."""
+
+    source: np.ndarray
+    target: np.ndarray
+    coherence: np.ndarray
+    rhs: np.ndarray
+    h2ph_spread: np.ndarray
+
+
+def _check_arc_ends(source: np.ndarray, target: np.ndarray, n: int) -> None:
+    if source.size and (max(source.max(), target.max()) >= n or min(source.min(),
+                                                                    target.min()) < 0):
+        raise ValueError(f"arcs: source/target expected in [0, {n}) (the points' space), found "
+                         f"range [{min(source.min(), target.min())}, "
+                         f"{max(source.max(), target.max())}]")
+
+
+def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
+    """The arcs' observations for :func:`integrate_network`, computed from the arcs of
+    :func:`depsi.processing.arcs.estimate_arcs` (``phase``, ``ambiguity``, ``velocity``,
+    ``height_error``, ``temporal_coherence``, ``h2ph``) on ``points``.
+
+    Examples
+    --------
+    >>> from depsi.processing import (estimate_arcs, form_network, ps_selection,
+    ...                               single_mother_interferograms)
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(40, 40), n_epochs=12, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> observations = arc_observations(points, estimate_arcs(form_network(points)))
+    >>> observations.rhs.shape[1] == 2 + points.sizes["time"], observations.rhs.dtype
+    (True, dtype('float32'))
+    """
+    validate(arcs, "arcs", require=("phase", "velocity", "height_error", "temporal_coherence",
+                                    "ambiguity"))
+    source = np.asarray(arcs["source"].values, dtype=np.int64)
+    target = np.asarray(arcs["target"].values, dtype=np.int64)
+    _check_arc_ends(source, target, points.sizes["space"])
+    computed = arcs[["phase", "velocity", "height_error", "temporal_coherence",
+                     "ambiguity", "h2ph"]].compute()
+    coherence = np.asarray(computed["temporal_coherence"].values, dtype=np.float64)
+    velocity = np.asarray(computed["velocity"].values, dtype=np.float64)
+    height = np.asarray(computed["height_error"].values, dtype=np.float64)
+    # velocity, height and every epoch's unwrapped phase: the right-hand sides, filled in
+    # place (no second (arcs, epochs) copy). float32, the precision of the arcs' estimates and
+    # wrapped phases they come from (an unwrapped phase of 100 rad is held to 8e-6 rad, far
+    # below any arc's noise); the normal equations and solutions are float64
+    rhs = np.empty((len(source), 2 + points.sizes["time"]), np.float32)
+    rhs[:, 0], rhs[:, 1] = velocity, height
+    arc_phase = computed["phase"].transpose("arc", "time").values
+    arc_ambiguity = computed["ambiguity"].transpose("arc", "time").values
+    arc_h2ph = np.asarray(computed["h2ph"].transpose("arc", ...).values).reshape(len(source), -1)
+    h2ph_spread = np.empty(len(source))  # the spread of each arc's h2ph over the epochs
+    for start in range(0, len(source), ARC_BLOCK):  # blocks: no (arcs, epochs) temporaries
+        rows = slice(start, start + ARC_BLOCK)
+        np.multiply(arc_ambiguity[rows], _TWO_PI, out=rhs[rows, 2:])
+        rhs[rows, 2:] += arc_phase[rows]
+        block = arc_h2ph[rows].astype(np.float64)
+        h2ph_spread[rows] = np.sqrt(np.sum((block - block.mean(axis=1, keepdims=True)) ** 2,
+                                           axis=1))
+    return ArcObservations(source, target, coherence, rhs, h2ph_spread)
+
+
 def integrate_network(
     points: xr.Dataset,
-    arcs: xr.Dataset,
+    arcs: xr.Dataset | ArcObservations,
     *,
     reference: int | None = None,
     min_coherence: float = DEFAULT_MIN_COHERENCE,
@@ -542,7 +611,9 @@ def integrate_network(
         ``wavelength``).
     arcs
         Output of :func:`depsi.processing.arcs.estimate_arcs`: ``source``, ``target``,
-        ``phase``, ``velocity``, ``height_error``, ``temporal_coherence``, ``ambiguity``.
+        ``phase``, ``velocity``, ``height_error``, ``temporal_coherence``, ``ambiguity``; or
+        their :func:`arc_observations` (the same result, and the caller need not hold the arc
+        STM while the network is solved; not with ``return_arcs``).
     reference
         Index into ``points.space`` of the reference point (all results relative to it).
         ``None``: the point with the best mean arc coherence among the 5% (at least 10) points
@@ -603,42 +674,23 @@ def integrate_network(
     0.0
     """
     validate(points, "points", require=("phase", "h2ph"), require_wavelength=True)
-    validate(arcs, "arcs", require=("phase", "velocity", "height_error", "temporal_coherence",
-                                    "ambiguity"))
     n = points.sizes["space"]
     if reference is not None and not 0 <= int(reference) < n:
         raise ValueError(f"reference: expected an index into space in [0, {n}), "
                          f"found {reference}")
-    source = np.asarray(arcs["source"].values, dtype=np.int64)
-    target = np.asarray(arcs["target"].values, dtype=np.int64)
-    if source.size and (max(source.max(), target.max()) >= n or min(source.min(),
-                                                                    target.min()) < 0):
-        raise ValueError(f"arcs: source/target expected in [0, {n}) (the points' space), found "
-                         f"range [{min(source.min(), target.min())}, "
-                         f"{max(source.max(), target.max())}]")
-    computed = arcs[["phase", "velocity", "height_error", "temporal_coherence",
-                     "ambiguity", "h2ph"]].compute()
-    coherence = np.asarray(computed["temporal_coherence"].values, dtype=np.float64)
-    velocity = np.asarray(computed["velocity"].values, dtype=np.float64)
-    height = np.asarray(computed["height_error"].values, dtype=np.float64)
-    # velocity, height and every epoch's unwrapped phase: the right-hand sides, filled in
-    # place (no second (arcs, epochs) copy). float32, the precision of the arcs' estimates and
-    # wrapped phases they come from (an unwrapped phase of 100 rad is held to 8e-6 rad, far
-    # below any arc's noise); the normal equations and solutions are float64
-    rhs = np.empty((len(source), 2 + points.sizes["time"]), np.float32)
-    rhs[:, 0], rhs[:, 1] = velocity, height
-    arc_phase = computed["phase"].transpose("arc", "time").values
-    arc_ambiguity = computed["ambiguity"].transpose("arc", "time").values
-    arc_h2ph = np.asarray(computed["h2ph"].transpose("arc", ...).values).reshape(len(source), -1)
-    h2ph_spread = np.empty(len(source))  # the spread of each arc's h2ph over the epochs
-    for start in range(0, len(source), ARC_BLOCK):  # blocks: no (arcs, epochs) temporaries
-        rows = slice(start, start + ARC_BLOCK)
-        np.multiply(arc_ambiguity[rows], _TWO_PI, out=rhs[rows, 2:])
-        rhs[rows, 2:] += arc_phase[rows]
-        block = arc_h2ph[rows].astype(np.float64)
-        h2ph_spread[rows] = np.sqrt(np.sum((block - block.mean(axis=1, keepdims=True)) ** 2,
-                                           axis=1))
-    del computed, arc_phase, arc_ambiguity, arc_h2ph
+    if isinstance(arcs, ArcObservations):
+        if return_arcs:
+            raise ValueError("return_arcs: expected the arcs Dataset, found ArcObservations "
+                             "(they keep no arc variables to return)")
+        observations = arcs
+        if observations.rhs.shape[1] != 2 + points.sizes["time"]:
+            raise ValueError(f"arcs: ArcObservations of {observations.rhs.shape[1] - 2} epochs, "
+                             f"expected the points' {points.sizes['time']}")
+        _check_arc_ends(observations.source, observations.target, n)
+    else:
+        observations = arc_observations(points, arcs)
+    source, target, coherence, rhs, h2ph_spread = observations
+    velocity, height = rhs[:, 0], rhs[:, 1]
 
     finite = (np.isfinite(coherence) & np.isfinite(velocity) & np.isfinite(height)
               & np.isfinite(rhs[:, 2:]).all(axis=1))

@@ -135,9 +135,9 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     config = chain.chain_config(None, **options)
     points = record("prepare", lambda: chain.prepare_points(ps_stm))
     network = record("network", lambda: chain.network_step(points, config))
-    arcs = record("arcs", lambda: chain.arcs_step(network, config))
-    first = record("integration", lambda: chain.integration_step(network, arcs, config))
-    arcs = None  # as run_ps_chain does: the arcs are not held through the later steps
+    arcs = [record("arcs", lambda: chain.arcs_step(network, config))]
+    # as run_ps_chain does: integration_step gets the only reference to the arcs
+    first = record("integration", lambda: chain.integration_step(network, arcs.pop(), config))
     first = record("atmosphere", lambda: chain.atmosphere_step(network, first, config))
     dense = [record("densification", lambda: chain.densification_step(points, first, config))]
     # as run_ps_chain does: model_step gets the only reference to the densified points

@@ -43,6 +43,7 @@ from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
 from depsi.processing.densification import DensificationConfig, densify
 from depsi.processing.integration import (
+    ArcObservations,
     IntegrationConfig,
     apply_reference_area,
     arc_observations,
@@ -293,12 +294,20 @@ def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:
     return int(found[0])
 
 
-def integration_step(network: xr.Dataset, arcs: xr.Dataset, config: ChainConfig
-                     ) -> xr.Dataset:
-    """The network solution with arc testing: every first-order point, ``in_network`` kept."""
+def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
+                     config: ChainConfig) -> xr.Dataset:
+    """The network solution with arc testing: every first-order point, ``in_network`` kept.
+
+    ``arcs``: those of :func:`arcs_step`, or their ``arc_observations``. Given the only
+    reference to the arcs (as :func:`run_ps_chain` gives it), the arc STM (phase, h2ph,
+    ambiguity: 1 GB at 1.4 M arcs) is freed once its observations are made, before the
+    network is solved."""
     points = _network_points(network)
+    observations = (arcs if isinstance(arcs, ArcObservations)
+                    else arc_observations(points, arcs))
+    del arcs
     section = config.integration
-    return integrate_network(points, arcs,
+    return integrate_network(points, observations,
                              reference=_local_reference(points, section.reference),
                              min_coherence=section.min_coherence, alpha=section.alpha,
                              max_iterations=section.max_iterations)
@@ -484,9 +493,10 @@ def run_ps_chain(
     config = chain_config(config, **overrides)
     points = prepare_points(ps_stm)
     network = network_step(points, config)
-    arcs = arcs_step(network, config, devices=devices)
-    first = integration_step(network, arcs, config)
-    del arcs  # the largest product (arcs x epochs): not held through the later steps
+    arcs = [arcs_step(network, config, devices=devices)]
+    # the largest product (arcs x epochs): integration_step gets its only reference and frees
+    # it before the network is solved
+    first = integration_step(network, arcs.pop(), config)
     first = atmosphere_step(network, first, config, devices=devices)
     # the densified points passed straight on: model_step holds their only reference
     return model_step(points, first, densification_step(points, first, config,

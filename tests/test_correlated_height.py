@@ -63,6 +63,30 @@ def test_prediction_removes_most_of_the_leak_under_white_heights():
     assert abs(np.corrcoef(out["height_error_correlated"].values, white)[0, 1]) < 0.3
 
 
+def test_overwrite_updates_the_series_in_their_own_arrays_with_the_same_values():
+    rng = np.random.default_rng(4)
+    n, T = 900, 40
+    ds, _ = _points(lambda az, rg: rng.normal(0, 8.0, n), n, n_epochs=T)
+    series = rng.normal(0, 3, (n, T)).astype(np.float32)
+    ds = ds.assign(unwrapped_phase=(("space", "time"), series.copy()),
+                   aps=(("space", "time"), series[::-1].copy()))
+    options = dict(screen_variance=1.0, screen_range=400.0)
+    copied = estimate_correlated_height(ds.copy(deep=True), **options)
+    owned = ds.copy(deep=True)
+    arrays = {name: owned[name].values for name in ("unwrapped_phase", "aps")}
+    in_place = estimate_correlated_height(owned, overwrite=True, **options)
+    xr.testing.assert_identical(in_place, copied)
+    for name, array in arrays.items():
+        assert in_place[name].values is array  # written where it was
+        np.testing.assert_array_equal(array, copied[name].values)
+        assert not np.array_equal(array, ds[name].values)  # and it did move
+    # a lazy input is never written: new arrays, the same values
+    lazy = ds.chunk({"space": 300})
+    out = estimate_correlated_height(lazy, overwrite=True, **options)
+    np.testing.assert_array_equal(out["aps"].values, copied["aps"].values)
+    np.testing.assert_array_equal(lazy["aps"].values, ds["aps"].values)
+
+
 def test_heights_correlated_in_blocks_are_not_moved_into_the_screen():
     rng = np.random.default_rng(3)
     blocks = rng.normal(0, 8.0, (20, 20))  # 150 m blocks of buildings sharing a DEM error

@@ -416,7 +416,8 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     if section.method != "none":
         out = _fit_with_atmosphere(out, devices=devices)
         if section.correlated_height:
-            out = estimate_correlated_height(out)
+            # out is this step's own: its series are updated in place (no second copy)
+            out = estimate_correlated_height(out, overwrite=True)
     out = out.drop_vars("h2ph")
     fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
     out.attrs = dict(points.attrs) | fitted

@@ -232,6 +232,7 @@ def estimate_correlated_height(
     screen_variance: float | None = None,
     screen_range: float | None = None,
     k: int | None = None,
+    overwrite: bool = False,
 ) -> xr.Dataset:
     """Move the atmosphere's projection on the baselines from the height errors to the screen.
 
@@ -254,6 +255,11 @@ def estimate_correlated_height(
     k
         Nearest points used for each prediction; default as many as the points' density puts
         within ``screen_range`` of a point, bounded by :data:`NEIGHBOURS`.
+    overwrite
+        Update ``unwrapped_phase`` and ``aps`` in their own arrays (in memory, float32,
+        ``(space, time)``), so ``result`` changes too, instead of into new ones: for a caller
+        that owns ``result`` (the chain's model step), it saves one copy of both series
+        (0.5 GB at 10^6 points and 60 epochs). Other variables are never written in place.
 
     Returns
     -------
@@ -340,8 +346,11 @@ def estimate_correlated_height(
         if name not in result:
             continue
         series = result[name].transpose("space", "time")
-        moved = np.empty(series.shape, np.float32)
-        for rows in _blocks(n):
+        own = series.data if overwrite else None  # the array itself when in memory
+        moved = (own if isinstance(own, np.ndarray) and own.dtype == np.float32
+                 and own.flags.writeable and series.dims == result[name].dims
+                 else np.empty(series.shape, np.float32))
+        for rows in _blocks(n):  # each block read before it is written, in place or not
             moved[rows] = series.isel(space=rows).values + sign * m2ph * h2ph_rows(
                 h2ph, rows, years.size) * field[rows, None]
         out[name] = (series.dims, moved)

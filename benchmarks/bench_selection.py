@@ -271,7 +271,7 @@ def main() -> None:
     # per case the fastest round is reported, and the median over rounds of its ratio to
     # that round's read limit
     cases = {"read1": (case_read, 1), "read_n": (case_read, cores),
-             "default": (case_default,), "stream": (case_stream, 2), "stream1": (case_stream, 2, 1),
+             "stream": (case_stream, 2), "stream1": (case_stream, 2, 1), "default": (case_default,),
              "dask": (case_dask,)}
     if args.compare:
         cases |= {"stream_before": (case_stream, 2, None, args.compare),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -129,11 +130,13 @@ def _check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 
 def _distributed_client() -> bool:
-    """Whether a ``dask.distributed`` client is the default scheduler now."""
-    try:
-        from distributed import default_client
-    except ImportError:
+    """Whether a ``dask.distributed`` client is the default scheduler now (never without
+    ``distributed`` imported: no client can exist then, and importing it costs more than the
+    selection of a small stack)."""
+    if "distributed" not in sys.modules:
         return False
+    from distributed import default_client
+
     try:
         default_client()
     except ValueError:  # no client

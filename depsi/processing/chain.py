@@ -303,11 +303,10 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
     ambiguity: 1 GB at 1.4 M arcs) is freed once its observations are made, before the
     network is solved."""
     points = _network_points(network)
-    observations = (arcs if isinstance(arcs, ArcObservations)
-                    else arc_observations(points, arcs))
-    del arcs
+    if not isinstance(arcs, ArcObservations):
+        arcs = arc_observations(points, arcs)  # rebinding drops this frame's arc STM
     section = config.integration
-    return integrate_network(points, observations,
+    return integrate_network(points, arcs,
                              reference=_local_reference(points, section.reference),
                              min_coherence=section.min_coherence, alpha=section.alpha,
                              max_iterations=section.max_iterations)

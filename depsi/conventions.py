@@ -47,13 +47,14 @@ def wrap_phase(phase: Any) -> Any:
     >>> wrap_phase(np.array([np.pi, -np.pi, 3 * np.pi / 2, np.nan])).round(4).tolist()
     [3.1416, 3.1416, -1.5708, nan]
     """
-    # the nearest whole number of cycles off (half-way rounds to even: pi stays pi), then the
-    # one value left at -pi moved to pi; a rint and a multiply-add are 4-5x faster than the
-    # floating remainder (fmod). The comparison times 2 pi in the input's dtype, so float32
-    # stays float32 and xarray inputs stay xarray (np.where would not).
+    # the nearest whole number of cycles off (half-way rounds to even), then the values the
+    # rounding of that product left at -pi or below moved up a cycle, and those it left above
+    # pi (by an ulp of a large input) moved down one: both moves are exact (Sterbenz), so the
+    # result is in (-pi, pi] of the input's dtype. 4x faster than the floating remainder
+    # (fmod). Plain operators and ufuncs: float32 stays float32, xarray stays xarray.
     wrapped = phase - np.rint(phase * (1.0 / _TWO_PI)) * _TWO_PI
-    at_minus_pi = wrapped <= -np.pi
-    return wrapped + at_minus_pi.astype(wrapped.dtype) * _TWO_PI
+    cycles = (wrapped <= -np.pi).astype(wrapped.dtype) - (wrapped > np.pi).astype(wrapped.dtype)
+    return wrapped + cycles * _TWO_PI
 
 
 def phase_per_metre(wavelength: float) -> float:

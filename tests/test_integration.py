@@ -349,3 +349,39 @@ def test_factorisations_with_many_right_hand_sides_do_not_leak():
         solved = _Cholesky(normal).solve(rhs)
     assert np.allclose(solved, expected)
     assert rss_mb() - before < 30
+
+
+def test_tile_and_network_factorisations_agree():
+    # a tile's normal matrix goes to QDLDL (it releases the GIL), the whole network's to
+    # CHOLMOD, SuperLU where neither is installed: the three solve the same systems
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
+    from depsi.processing import integration
+    from depsi.processing.integration import _LDL, _Cholesky, _factorise
+
+    rng = np.random.default_rng(7)
+    side = 40  # a 40 x 40 grid network with diagonals and random weights: 1,599 unknowns
+    grid = np.arange(side * side).reshape(side, side)
+    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
+                       np.c_[grid[:-1].ravel(), grid[1:].ravel()],
+                       np.c_[grid[:-1, :-1].ravel(), grid[1:, 1:].ravel()]])
+    rows = np.repeat(np.arange(len(pairs)), 2)
+    A = sp.csr_matrix((np.tile([-1.0, 1.0], len(pairs)), (rows, pairs.ravel())),
+                      shape=(len(pairs), side * side))[:, 1:]
+    normal = (A.T @ sp.diags(rng.uniform(0.5, 4.0, len(pairs))) @ A).tocsc()
+    rhs = rng.normal(size=(normal.shape[0], 5))
+    reference = splu(normal).solve(rhs)
+    scale = np.abs(reference).max()
+    for solver in (_LDL(normal), _Cholesky(normal)):
+        np.testing.assert_allclose(solver.solve(rhs), reference, rtol=0, atol=1e-10 * scale)
+        np.testing.assert_allclose(solver.solve(rhs[:, 0]), reference[:, 0], rtol=0,
+                                   atol=1e-10 * scale)
+    assert isinstance(_factorise(normal), _LDL)
+    assert integration.LDL_MAX_UNKNOWNS < 148_000  # a 10^6 scene's whole network: CHOLMOD
+    small = integration.LDL_MAX_UNKNOWNS
+    try:
+        integration.LDL_MAX_UNKNOWNS = normal.shape[0] - 1
+        assert isinstance(_factorise(normal), _Cholesky)
+    finally:
+        integration.LDL_MAX_UNKNOWNS = small

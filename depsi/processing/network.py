@@ -8,6 +8,7 @@ k-nearest-neighbour scheme spread over angular sectors, and returns an arc STM `
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import dask.array as da
@@ -174,6 +175,13 @@ def redundant_edges(
     return _unique_edges(np.concatenate(sources), np.concatenate(targets), n)
 
 
+def _workers() -> int:
+    """Threads for forming arcs: as :func:`depsi.processing.selection.default_workers`."""
+    from depsi.processing.selection import default_workers
+
+    return default_workers()
+
+
 def _arc_values(values, source, target, name):
     """The arcs' wrapped phase difference (``phase``) or mean (``h2ph``) of two points."""
     if name == "phase":
@@ -208,12 +216,17 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
             diff = _arc_values(arr, source, target, name).rechunk({0: ARC_CHUNK}).astype(
                 np.float32)
         else:
-            # in memory: block by block into the result, no (arcs, epochs) temporaries
+            # in memory: block by block into the result, no (arcs, epochs) temporaries; the
+            # blocks on every core (the gathers and arithmetic release the GIL)
             arr = np.asarray(arr)
             diff = np.empty((len(source),) + arr.shape[1:], np.float32)
-            for start in range(0, len(source), ARC_CHUNK):
+
+            def fill(start, arr=arr, diff=diff, name=name):
                 rows = slice(start, start + ARC_CHUNK)
                 diff[rows] = _arc_values(arr, source[rows], target[rows], name)
+
+            with ThreadPoolExecutor(_workers()) as pool:
+                list(pool.map(fill, range(0, len(source), ARC_CHUNK)))
         data_vars[name] = (("arc",) + var.dims[1:], diff)
     length = np.hypot(*(positions[target] - positions[source]).T).astype(np.float32)
     data_vars["length"] = ("arc", length)

@@ -66,3 +66,24 @@ def test_too_few_points_raise():
     _, _, result = _network()
     with pytest.raises(ValueError, match="at least 3"):
         estimate_atmosphere(result.isel(space=[0, 1]))
+
+
+def test_gaussian_interpolation_in_blocks_equals_one_block(monkeypatch):
+    # the blocks bound the (targets, k, epochs) gather; they must not change a value
+    from scipy.spatial import cKDTree
+
+    from depsi.processing import atmosphere
+
+    rng = np.random.default_rng(3)
+    sources = rng.uniform(0, 1000, (300, 2))
+    values = rng.normal(size=(300, 12))
+    targets = rng.uniform(0, 1000, (1001, 2))
+    tree = cKDTree(sources)
+    monkeypatch.setattr(atmosphere, "GAUSSIAN_BLOCK", 10**6)
+    whole = atmosphere._gaussian(tree, values, targets, 80.0)
+    monkeypatch.setattr(atmosphere, "GAUSSIAN_BLOCK", 97)
+    blocked = atmosphere._gaussian(tree, values, targets, 80.0)
+    np.testing.assert_array_equal(blocked, whole)
+    # and it is the weighted mean it claims: a constant field stays constant
+    flat = atmosphere._gaussian(tree, np.full((300, 12), 2.5), targets, 80.0)
+    np.testing.assert_allclose(flat, 2.5, rtol=1e-12)

@@ -310,7 +310,7 @@ def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatc
     monkeypatch.setattr(integration, "TILE_POINTS", points.sizes["space"] // 9)
     runs = []
     for workers in (1, 2, 3):
-        monkeypatch.setattr(integration, "_default_workers", lambda workers=workers: workers)
+        monkeypatch.setattr(integration, "worker_threads", lambda workers=workers: workers)
         with caplog.at_level(logging.INFO, logger="depsi.processing.integration"):
             runs.append(integrate_network(points, arcs, return_arcs=True))
         assert "(4 waves," in caplog.text  # tiles did run side by side

@@ -73,10 +73,6 @@ _TWO_PI = 2 * np.pi
 #: the later (more converged) Newton iterate should win such ties.
 _COHERENCE_TIE = 1e-14
 
-#: Coherences from float32 cosines and sines closer than this are equal (their error is about
-#: 6e-8 per epoch): the later Newton iterate wins such ties, as it is the more converged.
-_COHERENCE_TIE_FLOAT32 = 1e-6
-
 #: Precision of the coarse-grid coherence (complex64 sums over the epochs).
 _GRID_PRECISION = 1e-5
 
@@ -401,7 +397,7 @@ def _evaluate(xp, phase0, vmask, model: _Model, theta, dtype=np.float64):
     """
     r = phase0 - model.phase(theta)
     if dtype != np.float64:
-        r = (r - _TWO_PI * xp.rint(r / _TWO_PI)).astype(dtype)
+        r = wrap_phase(r).astype(dtype)
     c = xp.cos(r)
     c *= vmask
     s = xp.sin(r)
@@ -722,7 +718,7 @@ def _periodogram_batch(xp, phase, h2ph, t, extra_g, grid: _Grid, tables, steps, 
 
     # coarse stage
     # wrapped before the float32 phasors, so that their precision does not depend on the cycles
-    z = _unit_phasors(xp, phase0 - _TWO_PI * xp.rint(phase0 / _TWO_PI)) * valid
+    z = _unit_phasors(xp, wrap_phase(phase0)) * valid
     E_shared, E_full = tables
     alpha = None if E_full is not None else (-m2ph * h2ph0).astype(xp.float32)
     Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]

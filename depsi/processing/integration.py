@@ -23,7 +23,7 @@ from scipy.sparse.linalg import splu
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre, wrap_phase
-from depsi.processing.network import point_positions
+from depsi.processing.network import point_positions, worker_threads
 from depsi.sections import Section
 from depsi.stm.schema import validate, years_since_mother
 
@@ -275,16 +275,14 @@ def _factorise(normal: sp.spmatrix):
     """The factorisation of the normal matrix: :class:`_LDL` up to
     :data:`LDL_MAX_UNKNOWNS` unknowns (a tile's), :class:`_Cholesky` above (the whole
     network), SuperLU (symmetric mode, MMD ordering) where neither package can be imported."""
-    try:
-        if normal.shape[0] <= LDL_MAX_UNKNOWNS:
-            return _LDL(normal)
-    except ImportError:
-        pass
-    try:
-        return _Cholesky(normal)
-    except ImportError:
-        return splu(normal, permc_spec="MMD_AT_PLUS_A",
-                    options={"SymmetricMode": True, "DiagPivotThresh": 0.0})
+    solvers = (_LDL, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS else (_Cholesky,)
+    for solver in solvers:
+        try:
+            return solver(normal)
+        except ImportError:
+            continue
+    return splu(normal, permc_spec="MMD_AT_PLUS_A",
+                options={"SymmetricMode": True, "DiagPivotThresh": 0.0})
 
 
 def _leverage(A, weights, lu, normal, n_unknown):
@@ -512,9 +510,10 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     :data:`TILE_MARGIN` median arc lengths around it, and decides on the arcs whose midpoint
     lies in it. Every factorisation is a tile's, so the cost grows linearly with the number of
     points. The tiles run in the waves of :func:`_tile_waves`, a wave's tiles on
-    :func:`_default_workers` threads at once, each wave seeing the arcs the waves before it
-    rejected; the result does not depend on the number of threads. (A tile's factorisation
-    and solves are QDLDL's, :class:`_LDL`, which releases the GIL: they run on every core.)
+    :func:`~depsi.processing.network.worker_threads` threads at once, each wave seeing the
+    arcs the waves before it rejected; the result does not depend on the number of threads.
+    (A tile's factorisation and solves are QDLDL's, :class:`_LDL`, which releases the GIL:
+    they run on every core.)
     Returns the updated ``arc_ok``, the number of arcs the tiles rejected, and each arc's
     redundancy number in its own tile (0 where its tile could not be tested)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -528,7 +527,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     margin = TILE_MARGIN * float(np.median(length[arc_ok])) if arc_ok.any() else 0.0
     tiles = np.unique(tile_of_arc[arc_ok], axis=0)
     waves = _tile_waves(tiles, cell, margin)
-    workers = _default_workers()
+    workers = worker_threads()
     rejected = 0
     redundancy = np.zeros(len(source))
     test = partial(_test_tile, low=low, cell=cell, margin=margin, positions=positions,
@@ -550,14 +549,6 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     logger.info("integration: %d arcs rejected by the w-test in %d tiles of %.0f m (%d waves, "
                 "%d threads)", rejected, len(tiles), cell, len(waves), workers)
     return arc_ok, rejected, redundancy
-
-
-def _default_workers() -> int:
-    """Threads for the tiles: Dask's ``num_workers`` when configured, else the cores this
-    process may run on."""
-    from depsi.processing.selection import default_workers
-
-    return default_workers()
 
 
 class ArcObservations(NamedTuple):

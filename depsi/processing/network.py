@@ -175,8 +175,11 @@ def redundant_edges(
     return _unique_edges(np.concatenate(sources), np.concatenate(targets), n)
 
 
-def _workers() -> int:
-    """Threads for forming arcs: as :func:`depsi.processing.selection.default_workers`."""
+def worker_threads() -> int:
+    """Threads for the processing steps' own thread pools (forming arcs, integration's tiles):
+    :func:`depsi.processing.selection.default_workers` (Dask's ``num_workers`` when configured,
+    else the cores this process may run on). Imported when called: selection imports the I/O
+    layers, which this module does not need."""
     from depsi.processing.selection import default_workers
 
     return default_workers()
@@ -225,7 +228,7 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
                 rows = slice(start, start + ARC_CHUNK)
                 diff[rows] = _arc_values(arr, source[rows], target[rows], name)
 
-            with ThreadPoolExecutor(_workers()) as pool:
+            with ThreadPoolExecutor(worker_threads()) as pool:
                 list(pool.map(fill, range(0, len(source), ARC_CHUNK)))
         data_vars[name] = (("arc",) + var.dims[1:], diff)
     length = np.hypot(*(positions[target] - positions[source]).T).astype(np.float32)

@@ -8,8 +8,9 @@ For each size:
    ``$TMPDIR/depsi-bench-scale``), in a child process whose time and peak memory are reported;
    a cached scene of the same generator version is reused.
 2. Chain: a fresh child process opens the store with :func:`depsi.io.open_stm` and runs the
-   steps of :mod:`depsi.processing.chain` (``prepare_points``, ``network_step``, ``arcs_step``,
-   ``integration_step``, ``atmosphere_step``, ``densification_step``, ``model_step``) composed
+   steps of :mod:`depsi.processing.chain` (``prepare_points``, ``network_step``,
+   ``observations_step``, ``integration_step``, ``atmosphere_step``, ``densification_step``,
+   ``model_step``) composed
    exactly as :func:`~depsi.processing.chain.run_ps_chain` composes them, timing each; when
    ``run_ps_chain`` no longer reads as that composition (the chain changed), it runs
    ``run_ps_chain`` itself as one step. Options: ``--chain-option key=value`` (the keywords of
@@ -59,7 +60,7 @@ import _scale_scene as scene_module
 import numpy as np
 
 #: The steps of ``run_ps_chain``, in the order its body calls them.
-CHAIN_STEPS = ("prepare_points", "network_step", "arcs_step", "integration_step",
+CHAIN_STEPS = ("prepare_points", "network_step", "observations_step", "integration_step",
                "atmosphere_step", "densification_step", "model_step")
 #: Temporal coherence from which a result point counts as coherent.
 MIN_COHERENCE = 0.8
@@ -69,7 +70,7 @@ LOCAL_CLUSTER = {"scheduler": "local", "workers": 2, "threads": 1, "memory_limit
 SAMPLE_S = 0.5
 #: The timed step each function of the chain belongs to (its outermost frame in a stack).
 STEP_OF = {"open_stm": "open", "prepare_points": "prepare", "network_step": "network",
-           "arcs_step": "arcs", "integration_step": "integration",
+           "observations_step": "arcs", "integration_step": "integration",
            "atmosphere_step": "atmosphere", "densification_step": "densification",
            "model_step": "model", "run_ps_chain": "run_ps_chain", "accuracy": "accuracy"}
 GB = 2**30
@@ -135,7 +136,7 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     config = chain.chain_config(None, **options)
     points = record("prepare", lambda: chain.prepare_points(ps_stm))
     network = record("network", lambda: chain.network_step(points, config))
-    arcs = [record("arcs", lambda: chain.arcs_step(network, config))]
+    arcs = [record("arcs", lambda: chain.observations_step(network, config))]
     # as run_ps_chain does: integration_step gets the only reference to the arcs
     first = record("integration", lambda: chain.integration_step(network, arcs.pop(), config))
     first = record("atmosphere", lambda: chain.atmosphere_step(network, first, config))

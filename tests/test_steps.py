@@ -96,6 +96,34 @@ def test_run_ps_chain_is_the_composition_of_the_steps(points, base):
     assert result.identical(base["model"])
 
 
+@pytest.mark.parametrize("flat_h2ph", [False, True])
+def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, monkeypatch,
+                                                                flat_h2ph):
+    """observations_step (run_ps_chain's arcs, batch by batch, never the whole arc STM) gives
+    bit for bit the observations of the arc STM estimated whole: several batches of several
+    periodogram chunks, the last batch and chunk short, blocks of the observations across
+    them; also where h2ph is flat (velocity only, decided once for every batch)."""
+    from depsi.processing import arcs as arcs_module
+    from depsi.processing import integration
+
+    network = base["network"]
+    config = chain_config(first_order=150)
+    if flat_h2ph:
+        network = network.assign(h2ph=network["h2ph"].isel(time=0))
+    n_arcs = network.sizes[chain_module.EDGE]
+    monkeypatch.setattr(arcs_module, "ARC_CHUNK", 97)
+    whole = integration.arc_observations(chain_module._network_points(network),
+                                         arcs_step(network, config))
+    monkeypatch.setattr(chain_module, "ARC_BATCH", 3 * 97)
+    monkeypatch.setattr(integration, "ARC_BLOCK", 13)
+    batched = chain_module.observations_step(network, config)
+    assert n_arcs > 3 * 3 * 97 and n_arcs % (3 * 97) % 97
+    assert whole.rhs.shape == (n_arcs, 2 + network.sizes["time"])
+    for name, values in whole._asdict().items():
+        np.testing.assert_array_equal(getattr(batched, name), values, err_msg=name)
+    assert (whole.rhs[:, 1] == 0).all() == flat_h2ph  # heights estimated only where resolvable
+
+
 @pytest.mark.parametrize("field", sorted(ALTERNATES))
 def test_every_chain_field_changes_the_products(points, base, field):
     section, name = field.split(".")

@@ -78,6 +78,18 @@ def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, veloci
             to_host(result.ambiguity), to_host(result.flag))
 
 
+def heights_resolvable(h2ph: xr.DataArray) -> bool:
+    """Whether ``h2ph`` (of arcs, or of the points they join) varies over the epochs, so that
+    height-error differences can be estimated; warns when it does not (velocity only)."""
+    resolvable = False
+    if "time" in h2ph.dims:
+        resolvable = bool((h2ph.max("time") - h2ph.min("time")).max().compute() > 0)
+    if not resolvable:
+        logger.warning("arcs: h2ph does not vary over the epochs; estimating velocity only "
+                       "(height_error fixed at 0)")
+    return resolvable
+
+
 def estimate_arcs(
     arcs: xr.Dataset,
     *,
@@ -136,11 +148,7 @@ def estimate_arcs(
     validate(arcs, "arcs", require=("phase", "h2ph"), require_wavelength=True)
     years = years_since_mother(arcs)
     if height is None:
-        spread = arcs["h2ph"].max("time") - arcs["h2ph"].min("time")
-        height = bool(spread.max().compute() > 0) if "time" in arcs["h2ph"].dims else False
-        if not height:
-            logger.warning("arcs: h2ph does not vary over the epochs; estimating velocity only "
-                           "(height_error fixed at 0)")
+        height = heights_resolvable(arcs["h2ph"])
     arcs_in = arcs
     if arcs["phase"].chunks is None:
         # in memory: chunks that are views (Dataset.chunk would first copy every array)

@@ -7,7 +7,9 @@ beside each step's code) hold every parameter and its default once:
 step             does                                  reads                   product
 ================ ===================================== ======================= ================
 network          first-order points and their arcs     ``network``             first-order STM
-arcs             periodogram of every arc              ``network``, ``arcs``   arc STM
+arcs             periodogram of every arc              ``network``, ``arcs``   arc STM, or
+                                                                               integration's
+                                                                               observations
 integration      network solution, arc testing         ``integration``         first-order
                                                                                result
 atmosphere       screen, second network pass,          ``atmosphere``,         first-order
@@ -19,7 +21,8 @@ model            velocity and height with the          ``atmosphere``          r
                  atmosphere, correlated heights
 ================ ===================================== ======================= ================
 
-:func:`run_ps_chain` composes the steps in memory; ``depsi run`` (:mod:`depsi.pipeline`) runs
+:func:`run_ps_chain` composes the steps in memory (the arcs as :func:`observations_step`
+makes them, batch by batch, never the whole arc STM); ``depsi run`` (:mod:`depsi.pipeline`) runs
 the same functions with the same config and checkpoints each product, so a run killed in
 densification resumes there.
 """
@@ -38,7 +41,7 @@ from pydantic import Field, ValidationError
 
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.backend import Device
-from depsi.processing.arcs import ArcsConfig, estimate_arcs
+from depsi.processing.arcs import ArcsConfig, estimate_arcs, heights_resolvable
 from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
 from depsi.processing.densification import DensificationConfig, densify
@@ -47,11 +50,14 @@ from depsi.processing.integration import (
     IntegrationConfig,
     apply_reference_area,
     arc_observations,
+    empty_observations,
+    fill_observations,
     integrate_network,
     remove_reference_noise,
 )
 from depsi.processing.model import estimate_model
 from depsi.processing.network import (
+    ARC_CHUNK,
     NetworkConfig,
     arcs_from_edges,
     network_edges,
@@ -70,6 +76,12 @@ RESULT_VARIABLES = ("velocity", "height_error", "displacement", "temporal_cohere
 #: Points per block of the final fit: bounds its float64 temporaries (measured: about 90 bytes
 #: per point and epoch, 90 MB a block at 60 epochs) whatever the number of points.
 FIT_BLOCK = 16384
+
+#: Arcs estimated at a time by :func:`observations_step`: the arc STM of one batch (about 750
+#: bytes per arc at 60 epochs, 200 MB) in several chunks, so every thread has work. A multiple
+#: of ``ARC_CHUNK``: the periodogram sees the chunks of the whole arc STM, so the values are
+#: those of :func:`arcs_step` bit for bit (a GEMM's rounding depends on its block's shape)
+ARC_BATCH = 4 * ARC_CHUNK
 
 #: Dimension of the network product's arcs (``edge_source``, ``edge_target`` into its space).
 EDGE = "edge"
@@ -285,6 +297,37 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     return arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs)
 
 
+def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None
+                      ) -> ArcObservations:
+    """Every arc of the network estimated by the periodogram, as integration's observations.
+
+    The values of ``arc_observations(points, arcs_step(network, config))``, made
+    :data:`ARC_BATCH` arcs at a time: each batch's arc STM (phase, h2ph, ambiguity) is formed,
+    estimated on the active scheduler and turned into its rows of the observations, then let
+    go, so the whole arc STM (10 GB at 14 M arcs and 60 epochs) is never in memory.
+    """
+    points = _network_points(network)
+    source = np.asarray(network["edge_source"].values, dtype=np.int64)
+    target = np.asarray(network["edge_target"].values, dtype=np.int64)
+    positions = point_positions(points)
+    height = heights_resolvable(points["h2ph"])  # decided once, for every batch
+    section = config.arcs
+    observations = empty_observations(source, target, points.sizes["time"])
+    for start in range(0, len(source), ARC_BATCH):
+        rows = slice(start, start + ARC_BATCH)
+        arcs = arcs_from_edges(points, source[rows], target[rows], positions)
+        estimated = estimate_arcs(arcs, height_range=section.height_range,
+                                  velocity_range=section.velocity_range,
+                                  height_step=section.height_step,
+                                  velocity_step=section.velocity_step, devices=devices,
+                                  height=height)
+        new = [name for name in estimated.data_vars if name not in arcs.data_vars]
+        fill_observations(observations, start, arcs.assign(computed_in_place(estimated[new])))
+        logger.info("arcs: %d of %d estimated", min(start + ARC_BATCH, len(source)),
+                    len(source))
+    return observations
+
+
 def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:
     if reference is None:
         return None
@@ -298,10 +341,9 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                      config: ChainConfig) -> xr.Dataset:
     """The network solution with arc testing: every first-order point, ``in_network`` kept.
 
-    ``arcs``: those of :func:`arcs_step`, or their ``arc_observations``. Given the only
-    reference to the arcs (as :func:`run_ps_chain` gives it), the arc STM (phase, h2ph,
-    ambiguity: 1 GB at 1.4 M arcs) is freed once its observations are made, before the
-    network is solved."""
+    ``arcs``: those of :func:`observations_step` (as :func:`run_ps_chain` gives them), or the
+    arc STM of :func:`arcs_step`. Given the only reference to an arc STM, it is freed once its
+    observations are made, before the network is solved."""
     points = _network_points(network)
     if not isinstance(arcs, ArcObservations):
         arcs = arc_observations(points, arcs)  # rebinding drops this frame's arc STM
@@ -330,11 +372,8 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         corrected = points.isel(space=keep)
         corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                      .astype(np.float32))
-        # only the arcs' observations are kept: the arc STM (phase, h2ph, ambiguity: 1 GB at
-        # 1.4 M arcs) is freed before the network is solved
-        observations = arc_observations(
-            corrected, arcs_step(_with_edges(corrected, config.network), config,
-                                 devices=devices))
+        observations = observations_step(_with_edges(corrected, config.network), config,
+                                         devices=devices)
         integration = config.integration
         result = integrate_network(corrected, observations, reference=local,
                                    min_coherence=integration.min_coherence,
@@ -493,10 +532,10 @@ def run_ps_chain(
     config = chain_config(config, **overrides)
     points = prepare_points(ps_stm)
     network = network_step(points, config)
-    arcs = [arcs_step(network, config, devices=devices)]
-    # the largest product (arcs x epochs): integration_step gets its only reference and frees
-    # it before the network is solved
-    first = integration_step(network, arcs.pop(), config)
+    # the arcs as integration's observations, made batch by batch: the arc STM (the largest
+    # product, arcs x epochs) is never whole in memory
+    first = integration_step(network, observations_step(network, config, devices=devices),
+                             config)
     first = atmosphere_step(network, first, config, devices=devices)
     # the densified points passed straight on: model_step holds their only reference
     return model_step(points, first, densification_step(points, first, config,

@@ -573,6 +573,41 @@ def _check_arc_ends(source: np.ndarray, target: np.ndarray, n: int) -> None:
                          f"{max(source.max(), target.max())}]")
 
 
+def empty_observations(source: np.ndarray, target: np.ndarray, n_epochs: int
+                       ) -> ArcObservations:
+    """:class:`ArcObservations` of the arcs ``source`` -> ``target``, their values to be filled
+    by :func:`fill_observations` (allocated, not touched: memory is taken as rows are filled)."""
+    n = len(source)
+    return ArcObservations(np.asarray(source, dtype=np.int64), np.asarray(target, dtype=np.int64),
+                           np.empty(n), np.empty((n, 2 + n_epochs), np.float32), np.empty(n))
+
+
+def fill_observations(observations: ArcObservations, start: int, arcs: xr.Dataset) -> None:
+    """Rows ``start:start + arcs.sizes['arc']`` of ``observations`` from estimated arcs in
+    memory (``phase``, ``ambiguity``, ``velocity``, ``height_error``, ``temporal_coherence``,
+    ``h2ph``), in blocks of :data:`ARC_BLOCK` arcs (no ``(arcs, epochs)`` temporaries)."""
+    stop = start + arcs.sizes["arc"]
+    rhs = observations.rhs
+    observations.coherence[start:stop] = arcs["temporal_coherence"].values
+    # velocity, height and every epoch's unwrapped phase: the right-hand sides, filled in
+    # place (no second (arcs, epochs) copy). float32, the precision of the arcs' estimates and
+    # wrapped phases they come from (an unwrapped phase of 100 rad is held to 8e-6 rad, far
+    # below any arc's noise); the normal equations and solutions are float64
+    rhs[start:stop, 0] = arcs["velocity"].values
+    rhs[start:stop, 1] = arcs["height_error"].values
+    arc_phase = arcs["phase"].transpose("arc", "time").values
+    arc_ambiguity = arcs["ambiguity"].transpose("arc", "time").values
+    arc_h2ph = np.asarray(arcs["h2ph"].transpose("arc", ...).values).reshape(stop - start, -1)
+    for first in range(0, stop - start, ARC_BLOCK):
+        block = slice(first, first + ARC_BLOCK)
+        rows = slice(start + first, min(start + first + ARC_BLOCK, stop))
+        np.multiply(arc_ambiguity[block], _TWO_PI, out=rhs[rows, 2:])
+        rhs[rows, 2:] += arc_phase[block]
+        h2ph = arc_h2ph[block].astype(np.float64)  # its spread over the epochs
+        observations.h2ph_spread[rows] = np.sqrt(
+            np.sum((h2ph - h2ph.mean(axis=1, keepdims=True)) ** 2, axis=1))
+
+
 def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
     """The arcs' observations for :func:`integrate_network`, computed from the arcs of
     :func:`depsi.processing.arcs.estimate_arcs` (``phase``, ``ambiguity``, ``velocity``,
@@ -594,29 +629,11 @@ def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
     source = np.asarray(arcs["source"].values, dtype=np.int64)
     target = np.asarray(arcs["target"].values, dtype=np.int64)
     _check_arc_ends(source, target, points.sizes["space"])
-    computed = arcs[["phase", "velocity", "height_error", "temporal_coherence",
-                     "ambiguity", "h2ph"]].compute()
-    coherence = np.asarray(computed["temporal_coherence"].values, dtype=np.float64)
-    velocity = np.asarray(computed["velocity"].values, dtype=np.float64)
-    height = np.asarray(computed["height_error"].values, dtype=np.float64)
-    # velocity, height and every epoch's unwrapped phase: the right-hand sides, filled in
-    # place (no second (arcs, epochs) copy). float32, the precision of the arcs' estimates and
-    # wrapped phases they come from (an unwrapped phase of 100 rad is held to 8e-6 rad, far
-    # below any arc's noise); the normal equations and solutions are float64
-    rhs = np.empty((len(source), 2 + points.sizes["time"]), np.float32)
-    rhs[:, 0], rhs[:, 1] = velocity, height
-    arc_phase = computed["phase"].transpose("arc", "time").values
-    arc_ambiguity = computed["ambiguity"].transpose("arc", "time").values
-    arc_h2ph = np.asarray(computed["h2ph"].transpose("arc", ...).values).reshape(len(source), -1)
-    h2ph_spread = np.empty(len(source))  # the spread of each arc's h2ph over the epochs
-    for start in range(0, len(source), ARC_BLOCK):  # blocks: no (arcs, epochs) temporaries
-        rows = slice(start, start + ARC_BLOCK)
-        np.multiply(arc_ambiguity[rows], _TWO_PI, out=rhs[rows, 2:])
-        rhs[rows, 2:] += arc_phase[rows]
-        block = arc_h2ph[rows].astype(np.float64)
-        h2ph_spread[rows] = np.sqrt(np.sum((block - block.mean(axis=1, keepdims=True)) ** 2,
-                                           axis=1))
-    return ArcObservations(source, target, coherence, rhs, h2ph_spread)
+    observations = empty_observations(source, target, points.sizes["time"])
+    fill_observations(observations, 0, arcs[["phase", "velocity", "height_error",
+                                             "temporal_coherence", "ambiguity", "h2ph"]]
+                      .compute())
+    return observations
 
 
 def integrate_network(

@@ -442,8 +442,11 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
     first_kept = _kept(first)
     reference_global = int(first["point_index"].values[first.attrs["reference"]])
-    out = _merged_in_input_order(_result_view(first_kept, order=1), dense)
-    del dense  # run_ps_chain passes the only reference: the densified points go here
+    # run_ps_chain passes the only reference to the densified points: handed on (not kept in
+    # this frame), the merge lets each of their variables go once it is copied
+    parts = [dense]
+    del dense
+    out = _merged_in_input_order(_result_view(first_kept, order=1), parts.pop())
     area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
     h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
@@ -603,7 +606,11 @@ def _metres_with_atmosphere(unwrapped: np.ndarray, aps: np.ndarray, *, m2ph: flo
 
 def _merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
     """The points of ``a`` and ``b`` (their common variables) in the order of ``point_index``,
-    each variable written once into its place (no concatenated copy sorted again)."""
+    each variable written once into its place (no concatenated copy sorted again).
+
+    ``b``'s variables are dropped from this frame's ``b`` as they are copied: given the only
+    reference to ``b``, memory holds its rest and the merged variables so far, not both whole
+    (at 10^7 points and 60 epochs, 8 GB of densified series beside 10 GB merged)."""
     index = np.concatenate([a["point_index"].values, b["point_index"].values])
     place = np.empty(index.size, np.int64)
     place[np.argsort(index, kind="stable")] = np.arange(index.size)
@@ -619,6 +626,8 @@ def _merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
         values[place[:n_a]] = var.values
         values[place[n_a:]] = other.values
         merged[name] = (var.dims, values)
+        del other
+        b = b.drop_vars(name)
     return xr.Dataset({name: merged[name] for name in a.data_vars if name in merged},
                       coords={name: merged.get(name, a[name].variable) for name in a.coords
                               if name in merged or "space" not in a[name].dims})

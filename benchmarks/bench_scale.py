@@ -138,8 +138,10 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     network = record("network", lambda: chain.network_step(points, config))
     arcs = [record("arcs", lambda: chain.observations_step(network, config))]
     # as run_ps_chain does: integration_step gets the only reference to the arcs
-    first = record("integration", lambda: chain.integration_step(network, arcs.pop(), config))
-    first = record("atmosphere", lambda: chain.atmosphere_step(network, first, config))
+    first = [record("integration",
+                    lambda: chain.integration_step(network, arcs.pop(), config))]
+    # as run_ps_chain does: atmosphere_step gets the only reference to the first pass
+    first = record("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))
     dense = [record("densification", lambda: chain.densification_step(points, first, config))]
     # as run_ps_chain does: model_step gets the only reference to the densified points
     return record("model", lambda: chain.model_step(points, first, dense.pop(), config))

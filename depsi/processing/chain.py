@@ -369,6 +369,12 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
         screen = estimate_atmosphere(kept, method=section.method,
                                      temporal_window=section.temporal_window)
+        # the second pass needs only the screen: the first pass's result (given the only
+        # reference, as run_ps_chain gives it) and its kept copy go (5 GB at 1.5 M points)
+        screen_attrs = {a: screen.attrs[a] for a in screen.attrs
+                        if a.startswith("variogram_") or a == "aps_method"}
+        screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
+        del first, kept
         corrected = points.isel(space=keep)
         corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                      .astype(np.float32))
@@ -379,10 +385,11 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                                    min_coherence=integration.min_coherence,
                                    alpha=integration.alpha,
                                    max_iterations=integration.max_iterations)
-        result["aps"] = screen["aps"]
-        result["aps_observed"] = screen["aps_observed"]
-        result.attrs.update({a: screen.attrs[a] for a in screen.attrs
-                             if a.startswith("variogram_") or a == "aps_method"})
+        del observations
+        result["aps"] = ("space", "time"), screen["aps"].transpose("space", "time").values
+        result["aps_observed"] = (("space", "time"),
+                                  screen["aps_observed"].transpose("space", "time").values)
+        result.attrs.update(screen_attrs)
     if config.integration.reference_noise:
         result = remove_reference_noise(result)
     # before densification: densified points are tied to these values and reference phase
@@ -537,9 +544,11 @@ def run_ps_chain(
     network = network_step(points, config)
     # the arcs as integration's observations, made batch by batch: the arc STM (the largest
     # product, arcs x epochs) is never whole in memory
-    first = integration_step(network, observations_step(network, config, devices=devices),
-                             config)
-    first = atmosphere_step(network, first, config, devices=devices)
+    first = [integration_step(network, observations_step(network, config, devices=devices),
+                              config)]
+    # atmosphere_step gets the only reference to the first pass, which it lets go once the
+    # screen is estimated
+    first = atmosphere_step(network, first.pop(), config, devices=devices)
     # the densified points passed straight on: model_step holds their only reference
     return model_step(points, first, densification_step(points, first, config,
                                                           devices=devices),

@@ -64,7 +64,7 @@ from depsi.processing.network import (
     point_positions,
 )
 from depsi.sections import Section, describe_errors
-from depsi.stm.accessor import chunked_view, computed_in_place
+from depsi.stm.accessor import chunked_view, computed_in_place, release_memory
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -267,6 +267,7 @@ def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
         ``edge_source``, ``edge_target`` (dim ``edge``, indices into its space).
     """
     chosen = check_config(points, config)
+    release_memory()
     first = points.isel(space=chosen).compute()
     network = _with_edges(first, config.network)
     network.attrs = {**first.attrs, "network_method": config.network.method,
@@ -306,6 +307,7 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
     estimated on the active scheduler and turned into its rows of the observations, then let
     go, so the whole arc STM (10 GB at 14 M arcs and 60 epochs) is never in memory.
     """
+    release_memory()
     points = _network_points(network)
     source = np.asarray(network["edge_source"].values, dtype=np.int64)
     target = np.asarray(network["edge_target"].values, dtype=np.int64)
@@ -344,6 +346,7 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
     ``arcs``: those of :func:`observations_step` (as :func:`run_ps_chain` gives them), or the
     arc STM of :func:`arcs_step`. Given the only reference to an arc STM, it is freed once its
     observations are made, before the network is solved."""
+    release_memory()
     points = _network_points(network)
     if not isinstance(arcs, ArcObservations):
         arcs = arc_observations(points, arcs)  # rebinding drops this frame's arc STM
@@ -375,6 +378,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                         if a.startswith("variogram_") or a == "aps_method"}
         screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
         del first, kept
+        release_memory()
         corrected = points.isel(space=keep)
         corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                      .astype(np.float32))
@@ -408,6 +412,7 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
                        devices: Devices = None) -> xr.Dataset:
     """Every point not kept in the network, estimated from arcs to its nearest first-order
     points; the accepted ones, as result variables with ``order`` 2."""
+    release_memory()
     first_kept = _kept(first)
     others = np.setdiff1d(np.arange(points.sizes["space"]), first_kept["point_index"].values)
     if not others.size:
@@ -453,7 +458,9 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     # this frame), the merge lets each of their variables go once it is copied
     parts = [dense]
     del dense
+    release_memory()
     out = _merged_in_input_order(_result_view(first_kept, order=1), parts.pop())
+    release_memory()
     area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
     h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)

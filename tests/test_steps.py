@@ -119,8 +119,10 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
     batched = chain_module.observations_step(network, config)
     assert n_arcs > 3 * 3 * 97 and n_arcs % (3 * 97) % 97
     assert whole.rhs.shape == (n_arcs, 2 + network.sizes["time"])
+    lazy = chain_module.observations_step(network.chunk({"space": 50}), config)  # a store's
     for name, values in whole._asdict().items():
         np.testing.assert_array_equal(getattr(batched, name), values, err_msg=name)
+        np.testing.assert_array_equal(getattr(lazy, name), values, err_msg=name)
     assert (whole.rhs[:, 1] == 0).all() == flat_h2ph  # heights estimated only where resolvable
 
 

@@ -141,10 +141,11 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     first = [record("integration",
                     lambda: chain.integration_step(network, arcs.pop(), config))]
     # as run_ps_chain does: atmosphere_step gets the only reference to the first pass
-    first = record("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))
-    dense = [record("densification", lambda: chain.densification_step(points, first, config))]
-    # as run_ps_chain does: model_step gets the only reference to the densified points
-    return record("model", lambda: chain.model_step(points, first, dense.pop(), config))
+    first = [record("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))]
+    dense = [record("densification",
+                    lambda: chain.densification_step(points, first[0], config))]
+    # as run_ps_chain does: model_step gets the only references to both
+    return record("model", lambda: chain.model_step(points, first.pop(), dense.pop(), config))
 
 
 def read_baseline(path: Path) -> float:

@@ -406,8 +406,16 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     return result
 
 
-def _kept(first: xr.Dataset) -> xr.Dataset:
-    return first.isel(space=np.flatnonzero(first["in_network"].values))
+#: What densification reads of the first pass (besides positions and ``point_index``).
+DENSIFY_READS = ("unwrapped_phase", "velocity", "height_error", "h2ph", "reference_phase",
+                 "aps_observed", "in_network")
+
+
+def _kept(first: xr.Dataset, names: tuple[str, ...]) -> xr.Dataset:
+    """The points kept by the network, with only the variables ``names`` (those present):
+    a step copies what it reads, not the whole first pass (2.8 GB at 1.5 M points)."""
+    return first[[name for name in names if name in first.data_vars]].isel(
+        space=np.flatnonzero(first["in_network"].values))
 
 
 def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
@@ -415,10 +423,11 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
     """Every point not kept in the network, estimated from arcs to its nearest first-order
     points; the accepted ones, as result variables with ``order`` 2."""
     release_memory()
-    first_kept = _kept(first)
-    others = np.setdiff1d(np.arange(points.sizes["space"]), first_kept["point_index"].values)
+    others = np.setdiff1d(np.arange(points.sizes["space"]),
+                          first["point_index"].values[first["in_network"].values])
     if not others.size:
-        return _result_view(first_kept.isel(space=slice(0, 0)), order=2)
+        return _result_view(first.isel(space=slice(0, 0)), order=2)
+    first_kept = _kept(first, DENSIFY_READS)
     section, arcs = config.densification, config.arcs
     dense = densify(points.isel(space=others), first_kept, k=section.k,
                     max_distance=section.max_distance, min_coherence=section.min_coherence,
@@ -454,16 +463,21 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                *, devices: Devices = None) -> xr.Dataset:
     """The result STM: first-order and densified points in the input's order, velocity and
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
-    first_kept = _kept(first)
+    first_kept = _kept(first, RESULT_VARIABLES + ("in_reference_area",))
     reference_global = int(first["point_index"].values[first.attrs["reference"]])
-    # run_ps_chain passes the only reference to the densified points: handed on (not kept in
-    # this frame), the merge lets each of their variables go once it is copied
-    parts = [dense]
-    del dense
-    release_memory()
-    out = _merged_in_input_order(_result_view(first_kept, order=1), parts.pop())
-    release_memory()
+    first_attrs = {name: first.attrs[name] for name in
+                   ("reference_radius", "n_reference_area", "n_first_order")}
+    # run_ps_chain passes the only references to the first pass and the densified points:
+    # the first pass goes once its kept points' results are copied, and the merge lets the
+    # densified points' variables go one by one (not held in this frame)
+    del first
+    n_kept = first_kept.sizes["space"]
     area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
+    parts = [_result_view(first_kept, order=1), dense]
+    del dense, first_kept
+    release_memory()
+    out = _merged_in_input_order(parts.pop(0), parts.pop())
+    release_memory()
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
     h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
     out = out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values)))
@@ -483,10 +497,10 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         "wavelength": float(points.attrs["wavelength"]),
         "mother_time": str(points.attrs.get("mother_time", "")),
         "reference": reference_global,
-        "reference_radius": float(first.attrs["reference_radius"]),
-        "n_reference_area": int(first.attrs["n_reference_area"]),
-        "n_first_order": int(first.attrs["n_first_order"]),
-        "n_first_order_kept": int(first_kept.sizes["space"]),
+        "reference_radius": float(first_attrs["reference_radius"]),
+        "n_reference_area": int(first_attrs["n_reference_area"]),
+        "n_first_order": int(first_attrs["n_first_order"]),
+        "n_first_order_kept": int(n_kept),
         "n_densified": int((out["order"].values == 2).sum()),
         "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
     })
@@ -557,11 +571,10 @@ def run_ps_chain(
                               config)]
     # atmosphere_step gets the only reference to the first pass, which it lets go once the
     # screen is estimated
-    first = atmosphere_step(network, first.pop(), config, devices=devices)
-    # the densified points passed straight on: model_step holds their only reference
-    return model_step(points, first, densification_step(points, first, config,
-                                                          devices=devices),
-                      config, devices=devices)
+    first = [atmosphere_step(network, first.pop(), config, devices=devices)]
+    dense = [densification_step(points, first[0], config, devices=devices)]
+    # model_step holds the only references to both, and lets them go as it merges them
+    return model_step(points, first.pop(), dense.pop(), config, devices=devices)
 
 
 def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:

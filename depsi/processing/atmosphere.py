@@ -187,11 +187,19 @@ def _gaussian(tree, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> np.
     for start in range(0, len(dst_pos), GAUSSIAN_BLOCK):
         block = dst_pos[start:start + GAUSSIAN_BLOCK]
         dist, idx = tree.query(block, k=k)
-        dist, idx = dist.reshape(len(block), k), idx.reshape(len(block), k)
-        w = np.exp(-0.5 * (dist / length_scale) ** 2) + 1e-12
-        w /= w.sum(axis=1, keepdims=True)
-        out[start:start + GAUSSIAN_BLOCK] = np.einsum("nk,nkt->nt", w, values[idx])
+        out[start:start + GAUSSIAN_BLOCK] = gaussian_mean(
+            dist.reshape(len(block), k), idx.reshape(len(block), k), values, length_scale)
     return out
+
+
+def gaussian_mean(dist: np.ndarray, idx: np.ndarray, values: np.ndarray,
+                  length_scale: float) -> np.ndarray:
+    """Gaussian-weighted mean (sigma ``length_scale``) of the rows ``values[idx]`` of each
+    target's neighbours, at distances ``dist``: the screen of the ``"gaussian"`` method from
+    neighbours found once (densification finds them per chunk before its tasks run)."""
+    w = np.exp(-0.5 * (dist / length_scale) ** 2) + 1e-12
+    w /= w.sum(axis=1, keepdims=True)
+    return np.einsum("nk,nkt->nt", w, values[idx])
 
 
 def lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarray:

@@ -3,15 +3,19 @@
 ``densify`` forms, per candidate, ``k`` arcs to the nearest first-order points, corrects them for
 the atmospheric phase screen, estimates them all in one batched periodogram call per space chunk,
 combines the ``k`` estimates weighted by arc coherence and rejects candidates whose combined
-temporal coherence is below a threshold. Lazy over space chunks (``xr.map_blocks``), and
-embarrassingly parallel (DESIGN.md §1).
+temporal coherence is below a threshold. Lazy, one task per space chunk, and embarrassingly
+parallel (DESIGN.md §1): each task gets its chunk's neighbours among the first-order points
+(found in the client on the whole network), not the whole network, so its memory follows the
+chunk size.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
@@ -22,7 +26,6 @@ from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
 from depsi.kernels.backend import (
     Device,
     chunk_device,
-    chunk_index,
     chunk_starts,
     resolve_devices,
     to_device,
@@ -31,7 +34,12 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.periodogram import periodogram
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
-from depsi.processing.atmosphere import ScreenInterpolator, screen_interpolator
+from depsi.processing.atmosphere import (
+    GAUSSIAN_NEIGHBOURS,
+    ScreenInterpolator,
+    gaussian_mean,
+    screen_interpolator,
+)
 from depsi.processing.integration import phase_variance_from_coherence
 from depsi.processing.network import point_positions
 from depsi.sections import Section
@@ -62,6 +70,9 @@ _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase
             "displacement": np.float32, "ambiguity": np.int32, "temporal_coherence": np.float32,
             "aps": np.float32, "accepted": bool, "n_arcs": np.int16}
 _SERIES = ("unwrapped_phase", "displacement", "ambiguity", "aps")
+#: The first-order table's rows a chunk of candidates reads, for its neighbours only.
+_TABLE_ROWS = ("fo_x", "fo_y", "fo_velocity", "fo_height_error", "fo_unwrapped_phase",
+               "fo_h2ph")
 
 
 #: Candidates per sub-block of a chunk: bounds the (candidates, k, epochs) float64 temporaries
@@ -70,58 +81,96 @@ _SERIES = ("unwrapped_phase", "displacement", "ambiguity", "aps")
 SUB_BLOCK = 8192
 
 
-def _densify_block(block: xr.Dataset, first: xr.Dataset, *, k, max_distance, min_coherence,
-                   height_range, velocity_range, height_step, velocity_step, devices,
-                   chunk_starts, screen) -> xr.Dataset:
-    """Densify one chunk of candidates against all first-order points (NumPy in and out; the
-    periodogram on the chunk's device), in sub-blocks of :data:`SUB_BLOCK` candidates."""
-    n, T = block.sizes["space"], block.sizes["time"]
-    f_pos = np.column_stack([first["fo_x"].values, first["fo_y"].values])
-    c_pos = point_positions(block)
-    k_eff = min(k, len(f_pos))
-    dist, idx = cKDTree(f_pos).query(c_pos, k=k_eff)
-    dist, idx = dist.reshape(n, k_eff), idx.reshape(n, k_eff)
-    near = np.isfinite(dist) & (dist <= (np.inf if max_distance is None else max_distance))
-    phase = block["phase"].transpose("space", "time").values
-    h2ph = np.broadcast_to(block["h2ph"].transpose("space", ...).values.reshape(n, -1), (n, T))
-    device = (chunk_device(devices, chunk_index(chunk_starts,
-                                                int(block["chunk_position"].values[0])))
-              if n else None)
-    years, wavelength = years_since_mother(block), float(block.attrs["wavelength"])
-    options = dict(height_range=height_range, velocity_range=velocity_range,
-                   height_step=height_step, velocity_step=velocity_step)
+@dataclass(frozen=True)
+class _Shared:
+    """What every chunk's task reads alike: small (the epochs' reference phase and times, the
+    kriging screen of at most a few thousand points), one graph key shipped once per worker."""
+
+    reference_phase: np.ndarray  # (T,) float64
+    years: np.ndarray  # (T,)
+    wavelength: float
+    kriging: ScreenInterpolator | None  # the screen when kriged; None otherwise
+    gaussian_length: float | None  # the Gaussian screen's sigma (m); None when not Gaussian
+
+
+def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTree, k: int,
+                   screen: ScreenInterpolator | None) -> dict[str, np.ndarray]:
+    """What one chunk of candidates reads of the first-order points: their ``k`` nearest (and,
+    for a Gaussian screen, its nearest sources), found in the client on the whole network,
+    as local indices into the rows of the table (and sources) the chunk uses, those rows only.
+
+    A task's memory then follows its chunk, not the network (at 10^7 points the whole table
+    and screen sources were 1.8 GB in every task); the neighbours are those of the whole
+    network, ties included, whatever the scheduler."""
+    n = len(c_pos)
+    _, idx = tree.query(c_pos, k=k)
+    used, local = np.unique(idx.reshape(n, k), return_inverse=True)
+    payload = {"c_pos": c_pos, "fo_idx": local.reshape(n, k).astype(np.int32)}
+    payload.update({name: values[used] for name, values in table.items()})
+    if screen is not None and screen.method != "kriging":
+        ks = min(GAUSSIAN_NEIGHBOURS, screen.tree.n)
+        _, idx = screen.tree.query(c_pos, k=ks)
+        used, local = np.unique(idx.reshape(n, ks), return_inverse=True)
+        payload.update({"screen_idx": local.reshape(n, ks).astype(np.int32),
+                        "screen_pos": screen.src_pos[used], "screen_values": screen.values[used]})
+    return payload
+
+
+def _distances(pos: np.ndarray, sources: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Distances from each of ``pos`` (n, 2) to its sources ``sources[idx]`` (n, k): the same
+    floating-point operations as the KD-tree that found them, so the same values."""
+    dx = pos[:, None, 0] - sources[idx, 0]
+    dy = pos[:, None, 1] - sources[idx, 1]
+    return np.sqrt(dx * dx + dy * dy)
+
+
+def _densify_chunk(phase: np.ndarray, h2ph: np.ndarray, payload: dict[str, np.ndarray],
+                   shared: _Shared, *, max_distance, min_coherence, periodogram_options,
+                   device) -> dict[str, np.ndarray]:
+    """Densify one chunk of candidates against the first-order points of its ``payload``
+    (NumPy in and out; the periodogram on the chunk's device), in sub-blocks of
+    :data:`SUB_BLOCK` candidates."""
+    n, T = phase.shape
+    h2ph = np.broadcast_to(np.asarray(h2ph).reshape(n, -1), (n, T))
+    c_pos, idx = payload["c_pos"], payload["fo_idx"]
+    f_pos = np.column_stack([payload["fo_x"], payload["fo_y"]])
     values = {name: np.empty((n, T) if name in _SERIES else (n,), dtype)
               for name, dtype in _OUTPUTS.items()}
     for start in range(0, n, SUB_BLOCK):
         rows = slice(start, min(start + SUB_BLOCK, n))
+        dist = _distances(c_pos[rows], f_pos, idx[rows])
+        near = np.isfinite(dist) & (dist <= (np.inf if max_distance is None else max_distance))
+        if shared.kriging is not None:
+            aps = shared.kriging(c_pos[rows])
+        elif shared.gaussian_length is not None:
+            s_idx = payload["screen_idx"][rows]
+            aps = gaussian_mean(_distances(c_pos[rows], payload["screen_pos"], s_idx), s_idx,
+                                payload["screen_values"], shared.gaussian_length
+                                ).astype(np.float32)
+        else:
+            aps = None
         part = _densify_rows(
-            phase[rows].astype(np.float64), h2ph[rows].astype(np.float64), c_pos[rows],
-            idx[rows], near[rows], first, years=years, wavelength=wavelength,
-            min_coherence=min_coherence, periodogram_options=options, device=device,
-            screen=screen)
+            phase[rows].astype(np.float64), h2ph[rows].astype(np.float64), idx[rows], near,
+            payload, aps, shared, min_coherence=min_coherence,
+            periodogram_options=periodogram_options, device=device)
         for name, value in part.items():
             values[name][rows] = value
-    out = xr.Dataset(coords=block.coords, attrs=block.attrs)
-    for name, value in values.items():
-        out[name] = (("space", "time") if name in _SERIES else ("space",), value)
-    return out
+    return values
 
 
-def _densify_rows(phase, h2ph, c_pos, idx, near, first, *, years, wavelength, min_coherence,
-                  periodogram_options, device, screen) -> dict[str, np.ndarray]:
-    """The outputs of :func:`_densify_block` for some of its candidates (float64 inputs)."""
+def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_coherence,
+                  periodogram_options, device) -> dict[str, np.ndarray]:
+    """The outputs of :func:`_densify_chunk` for some of its candidates (float64 inputs; the
+    screen ``aps`` at them, float32, or None)."""
     n, T = phase.shape
     k_eff = idx.shape[1]
+    years, wavelength = shared.years, shared.wavelength
     m2ph = phase_per_metre(wavelength)
-    if screen is not None:
-        aps = screen(c_pos).astype(np.float64)
-    else:
-        aps = np.zeros((n, T))
-    reference_phase = first["fo_reference_phase"].values.astype(np.float64)
+    aps = np.zeros((n, T)) if aps is None else aps.astype(np.float64)
+    reference_phase = shared.reference_phase
     base = wrap_phase(phase - aps - reference_phase[None, :])  # candidate, relative, no APS
-    f_unw = first["fo_unwrapped_phase"].values
-    f_h2ph = first["fo_h2ph"].values.reshape(first.sizes[_FIRST], -1)
-    f_h2ph = np.broadcast_to(f_h2ph, (first.sizes[_FIRST], T))
+    f_unw = first["fo_unwrapped_phase"]
+    f_h2ph = first["fo_h2ph"]
 
     arc_phase = wrap_phase(base[:, None, :] - f_unw[idx])  # (n, k, T)
     arc_h2ph = 0.5 * (h2ph[:, None, :] + f_h2ph[idx])
@@ -144,8 +193,8 @@ def _densify_rows(phase, h2ph, c_pos, idx, near, first, *, years, wavelength, mi
     total = weight.sum(axis=1)
     has = total > 0
     w = weight / np.where(has, total, 1.0)[:, None]
-    velocity = np.sum(w * np.nan_to_num(first["fo_velocity"].values[idx] + d_vel), axis=1)
-    height = np.sum(w * np.nan_to_num(first["fo_height_error"].values[idx] + d_hgt), axis=1)
+    velocity = np.sum(w * np.nan_to_num(first["fo_velocity"][idx] + d_vel), axis=1)
+    height = np.sum(w * np.nan_to_num(first["fo_height_error"][idx] + d_hgt), axis=1)
     estimates = f_unw[idx] + arc_phase + _TWO_PI * np.where(ok[..., None], amb, 0)
     mean_unw = np.einsum("nk,nkt->nt", w, np.nan_to_num(estimates))
     ambiguity = np.rint((mean_unw - base) / _TWO_PI)
@@ -290,22 +339,37 @@ def densify(
     n, T = cand.sizes["space"], cand.sizes["time"]
     chosen = resolve_devices(devices)
     space_chunks = cand.chunks["space"]
-    cand["chunk_position"] = ("space", da.arange(n, chunks=(space_chunks,)))
-    template = xr.Dataset(coords=cand.coords, attrs=cand.attrs)
-
-    for name, dtype in _OUTPUTS.items():
-        if name in ("velocity", "height_error", "temporal_coherence", "accepted", "n_arcs"):
-            template[name] = ("space", da.empty(n, dtype=dtype, chunks=(space_chunks,)))
-        else:
-            template[name] = (("space", "time"),
-                              da.empty((n, T), dtype=dtype, chunks=(space_chunks, (T,))))
-    result = xr.map_blocks(
-        _densify_block, cand, args=[table], template=template,
-        kwargs=dict(k=int(k), max_distance=max_distance, min_coherence=min_coherence,
-                    height_range=tuple(height_range), velocity_range=tuple(velocity_range),
-                    height_step=height_step, velocity_step=velocity_step,
-                    devices=tuple(chosen), screen=_screen(table),
-                    chunk_starts=chunk_starts(space_chunks)))
+    screen = _screen(table)
+    shared = _Shared(
+        reference_phase=table["fo_reference_phase"].values.astype(np.float64),
+        years=years_since_mother(cand), wavelength=float(cand.attrs["wavelength"]),
+        kriging=screen if screen is not None and screen.method == "kriging" else None,
+        gaussian_length=(0.5 * screen.variogram["range"]
+                         if screen is not None and screen.method != "kriging" else None))
+    arrays = {name: table[name].values for name in _TABLE_ROWS}
+    tree = cKDTree(np.column_stack([arrays["fo_x"], arrays["fo_y"]]))
+    k_eff = min(int(k), tree.n)
+    c_pos = point_positions(cand)  # every candidate's position, in the client
+    phase = cand["phase"].transpose("space", "time").data
+    h2ph = cand["h2ph"].transpose("space", ...).data
+    shared_key = dask.delayed(shared, pure=True)
+    options = dict(height_range=tuple(height_range), velocity_range=tuple(velocity_range),
+                   height_step=height_step, velocity_step=velocity_step)
+    pieces = {name: [] for name in _OUTPUTS}
+    for i, (start, size) in enumerate(zip(chunk_starts(space_chunks), space_chunks)):
+        # the chunk's task gets its neighbours' rows only (found here, on the whole network)
+        payload = _chunk_payload(c_pos[start:start + size], arrays, tree, k_eff, screen)
+        part = dask.delayed(_densify_chunk, pure=True, nout=None)(
+            phase.blocks[i], h2ph.blocks[i], payload, shared_key, max_distance=max_distance,
+            min_coherence=min_coherence, periodogram_options=options,
+            device=chunk_device(chosen, i))
+        for name, dtype in _OUTPUTS.items():
+            shape = (size, T) if name in _SERIES else (size,)
+            pieces[name].append(da.from_delayed(part[name], shape, dtype=dtype))
+    result = xr.Dataset(coords=cand.coords, attrs=cand.attrs)
+    for name, parts in pieces.items():
+        result[name] = (("space", "time") if name in _SERIES else ("space",),
+                        da.concatenate(parts, axis=0))
     result.attrs.update({"densify_k": int(k), "densify_min_coherence": min_coherence})
     logger.info("densification of %d candidates against %d first-order points (lazy)",
                 n, table.sizes[_FIRST])

@@ -486,3 +486,27 @@ def test_release_memory_returns_the_heaps_free_pages():
     before = process.memory_info().rss
     assert release_memory() is True
     assert before - process.memory_info().rss > 200 * mb
+
+
+def _pid_block(block: np.ndarray) -> np.ndarray:
+    import os
+
+    return np.full(block.shape, os.getpid(), dtype=np.int64)
+
+
+def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster():
+    """Under a LocalCluster, ``in_process=True`` runs the blocks on this process's threads (the
+    chain's final fit: its inputs are views of this process's arrays, which the cluster would
+    get copied into its graph); without it, the workers run them."""
+    import os
+
+    from depsi.cluster import scheduler
+
+    values = np.arange(40.0).reshape(8, 5)
+    lazy = xr.Dataset({"pid": (("space", "time"), da.map_blocks(
+        _pid_block, accessor.chunked_view(values, 2), dtype=np.int64))})
+    with scheduler(scheduler="local", workers=1, threads=1, memory_limit=None):
+        here = accessor.computed_in_place(lazy, in_process=True)["pid"][1]
+        there = accessor.computed_in_place(lazy)["pid"][1]
+    assert (here == os.getpid()).all()
+    assert (there != os.getpid()).all()

@@ -434,6 +434,7 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
                     height_range=arcs.height_range, velocity_range=arcs.velocity_range,
                     height_step=arcs.height_step, velocity_step=arcs.velocity_step,
                     devices=devices)
+    del first_kept  # each chunk's task holds its own neighbours' rows
     # a few chunks at a time, each chunk's accepted points written into arrays sized for every
     # candidate (pages the rejected ones would take are never touched): memory follows the
     # chunk size and the result, with no list of parts concatenated at the end
@@ -611,7 +612,9 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
                      coords=out.coords, attrs=out.attrs)
     fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
                          variable="observed", devices=devices)
-    fitted = computed_in_place(fit[["velocity", "height_error"]])
+    # on this process's threads under any scheduler: the blocks are views of the result held
+    # here, which a cluster would get as a copy of the whole result inside the graph
+    fitted = computed_in_place(fit[["velocity", "height_error"]], in_process=True)
     for start in range(0, n, FIT_BLOCK):
         rows = slice(start, min(start + FIT_BLOCK, n))
         v, h = fitted["velocity"][1][rows], fitted["height_error"][1][rows]

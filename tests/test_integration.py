@@ -273,6 +273,39 @@ def test_arc_observations_integrate_as_the_arcs_do():
         integrate_network(points, bad)
 
 
+def test_arc_observations_read_a_stored_arc_stm_a_few_chunks_at_a_time(tmp_path, monkeypatch):
+    """`depsi run` integrates its stored arcs: they are read whole chunks at a time (never the
+    whole arc STM), and the observations are those of the arcs in memory, bit for bit."""
+    import depsi.processing.integration as integration_module
+    from depsi.io import open_stm, save_stm
+
+    points, _, arcs = _estimated()
+    arcs = arcs.compute()
+    n = arcs.sizes["arc"]
+    store = save_stm(arcs, tmp_path / "arcs.zarr", chunk_bytes=40_000)
+    stored = open_stm(store)
+    assert len(stored["phase"].chunks[0]) > 4
+    monkeypatch.setattr(integration_module, "OBSERVATION_BATCH", 250)
+    reads = []
+    real = integration_module.fill_observations
+
+    def recording(observations, start, part):
+        reads.append((start, part.sizes["arc"]))
+        return real(observations, start, part)
+
+    monkeypatch.setattr(integration_module, "fill_observations", recording)
+    lazy = integration_module.arc_observations(points, stored)
+    assert len(reads) > 2 and max(size for _, size in reads) <= 250
+    assert max(size for _, size in reads) > stored["phase"].chunks[0][0]  # several chunks
+    bounds = set(np.cumsum((0,) + stored["phase"].chunks[0]).tolist())
+    assert [start for start, _ in reads] == list(np.cumsum([0] + [s for _, s in reads])[:-1])
+    assert {start for start, _ in reads} <= bounds  # whole chunks
+    assert sum(size for _, size in reads) == n
+    whole = integration_module.arc_observations(points, arcs)
+    for got, expected in zip(lazy, whole):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_tiles_of_one_wave_share_no_arc():
     """The claim the threads rest on: two tiles of one wave never test a common arc, on a
     random network whose margins reach just under half a tile."""

@@ -411,7 +411,8 @@ def _step_arcs(ctx: _Context) -> dict[str, Any]:
 def _step_integration(ctx: _Context) -> dict[str, Any]:
     from depsi.processing.chain import integration_step
 
-    first = integration_step(_product(ctx, "network"), _product(ctx, "arcs").compute(),
+    # the stored arcs, read a few chunks at a time into integration's observations
+    first = integration_step(_product(ctx, "network"), _product(ctx, "arcs"),
                              ctx.config.chain())
     first = _save(ctx, "integration", first)
     return {"first_order": int(first.sizes["space"]),

@@ -633,10 +633,42 @@ def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
     target = np.asarray(arcs["target"].values, dtype=np.int64)
     _check_arc_ends(source, target, points.sizes["space"])
     observations = empty_observations(source, target, points.sizes["time"])
-    fill_observations(observations, 0, arcs[["phase", "velocity", "height_error",
-                                             "temporal_coherence", "ambiguity", "h2ph"]]
-                      .compute())
+    arcs = arcs[["phase", "velocity", "height_error", "temporal_coherence", "ambiguity",
+                 "h2ph"]]
+    # a lazy arc STM (a stored one: `depsi run` reads its arcs step's product) is read a few
+    # of its chunks at a time, never whole (10 GB at 10^7 points)
+    for start, stop in _read_batches(arcs["phase"].chunks, arcs.sizes["arc"]):
+        fill_observations(observations, start, arcs.isel(arc=slice(start, stop)).compute())
     return observations
+
+
+#: Arcs :func:`arc_observations` reads at a time from a lazy arc STM (whole chunks of it, at
+#: least one): its memory follows this, not the number of arcs.
+OBSERVATION_BATCH = 262_144
+
+
+def _read_batches(chunks, n: int) -> list[tuple[int, int]]:
+    """Row ranges of whole chunks along the first axis (``chunks`` of a Dask array, None for
+    an in-memory one: one range), each at least one chunk and at most
+    :data:`OBSERVATION_BATCH` rows where its chunks allow.
+
+    Examples
+    --------
+    >>> _read_batches(((200_000, 200_000, 50_000), (60,)), 450_000)
+    [(0, 200000), (200000, 450000)]
+    >>> _read_batches(None, 10)
+    [(0, 10)]
+    """
+    if chunks is None or n == 0:
+        return [(0, n)]
+    batches, start, stop = [], 0, 0
+    for size in chunks[0]:
+        if stop > start and stop - start + size > OBSERVATION_BATCH:
+            batches.append((start, stop))
+            start = stop
+        stop += size
+    batches.append((start, stop))
+    return batches
 
 
 def integrate_network(

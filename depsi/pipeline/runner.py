@@ -403,7 +403,9 @@ def _step_network(ctx: _Context) -> dict[str, Any]:
 def _step_arcs(ctx: _Context) -> dict[str, Any]:
     from depsi.processing.chain import arcs_step
 
-    arcs = arcs_step(_product(ctx, "network"), ctx.config.chain(), devices=ctx.devices)
+    # lazy from the stored network: estimated and written chunk by chunk (10 GB at 10^7)
+    arcs = arcs_step(_product(ctx, "network"), ctx.config.chain(), devices=ctx.devices,
+                     compute=False)
     arcs = _save(ctx, "arcs", arcs)
     return {"arcs": int(arcs.sizes["arc"])}
 

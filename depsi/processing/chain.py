@@ -279,9 +279,12 @@ def _network_points(network: xr.Dataset) -> xr.Dataset:
     return network.drop_dims(EDGE) if EDGE in network.dims else network
 
 
-def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None
-              ) -> xr.Dataset:
-    """Every arc of the network estimated by the periodogram (computed arc STM)."""
+def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None,
+              compute: bool = True) -> xr.Dataset:
+    """Every arc of the network estimated by the periodogram (computed arc STM; with
+    ``compute=False`` lazy, for writing to a store chunk by chunk as ``depsi run`` does: from
+    a network read lazily from its store, no variable of the arc STM is then ever whole in
+    memory)."""
     points = _network_points(network)
     arcs = arcs_from_edges(points, network["edge_source"].values,
                            network["edge_target"].values)
@@ -295,6 +298,8 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     # only the estimates are computed, each into one array: the arcs' phase and h2ph (in
     # memory already) are not copied again, and no chunk list is concatenated
     new = [name for name in estimated.data_vars if name not in arcs.data_vars]
+    if not compute:
+        return arcs.assign(estimated[new].data_vars).assign_attrs(estimated.attrs)
     return arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs)
 
 

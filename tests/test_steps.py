@@ -277,7 +277,8 @@ def test_every_other_config_field_is_read_by_the_code_that_runs_it():
 
 def test_arcs_step_uncomputed_is_lazy_and_the_computed_arc_stm(base):
     """`depsi run` writes the arcs step's product chunk by chunk from compute=False: every
-    (arcs x epochs) variable lazy (from a lazily read network), the values those of the computed step."""
+    (arcs x epochs) variable lazy (from a lazily read network), the values those of the
+    computed step."""
     config = chain_config(first_order=150)
     lazy = arcs_step(base["network"].chunk({"space": 50}), config, compute=False)
     series = [name for name, var in lazy.data_vars.items() if var.dims == ("arc", "time")]

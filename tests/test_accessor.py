@@ -494,10 +494,15 @@ def _pid_block(block: np.ndarray) -> np.ndarray:
     return np.full(block.shape, os.getpid(), dtype=np.int64)
 
 
-def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster():
-    """Under a LocalCluster, ``in_process=True`` runs the blocks on this process's threads (the
-    chain's final fit: its inputs are views of this process's arrays, which the cluster would
-    get copied into its graph); without it, the workers run them."""
+@pytest.mark.parametrize("compute", [
+    {"scheduler": "local", "workers": 1, "threads": 1, "memory_limit": None},
+    {"scheduler": "processes", "workers": 1}], ids=lambda c: c["scheduler"])
+def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster(compute):
+    """Under a LocalCluster or a process pool, ``in_process=True`` runs the blocks on this
+    process's threads (the chain's final fit: its inputs are views of this process's arrays,
+    which the cluster would get copied into its graph); without it, the workers run them. (The
+    threaded scheduler would take a configured process pool as its own: the blocks were then
+    written in other processes, and the chain's heights under `processes` were all zero.)"""
     import os
 
     from depsi.cluster import scheduler
@@ -505,7 +510,7 @@ def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster():
     values = np.arange(40.0).reshape(8, 5)
     lazy = xr.Dataset({"pid": (("space", "time"), da.map_blocks(
         _pid_block, accessor.chunked_view(values, 2), dtype=np.int64))})
-    with scheduler(scheduler="local", workers=1, threads=1, memory_limit=None):
+    with scheduler(compute):
         here = accessor.computed_in_place(lazy, in_process=True)["pid"][1]
         there = accessor.computed_in_place(lazy)["pid"][1]
     assert (here == os.getpid()).all()

@@ -16,6 +16,7 @@ import re
 import sys
 import uuid
 from collections.abc import Hashable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -127,7 +128,12 @@ def _shares_memory_with_workers(arrays: list) -> bool:
     import dask.threaded
     from dask.base import get_scheduler
 
-    return get_scheduler(collections=arrays) in (dask.threaded.get, dask.local.get_sync)
+    if get_scheduler(collections=arrays) is dask.local.get_sync:
+        return True
+    # the threaded scheduler runs on the configured pool where one is set: threads only if
+    # it is not a pool of processes
+    return (get_scheduler(collections=arrays) is dask.threaded.get
+            and not isinstance(dask.config.get("pool", None), ProcessPoolExecutor))
 
 
 def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
@@ -152,7 +158,9 @@ def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
     """
     lazy = [name for name, var in ds.data_vars.items() if var.chunks is not None]
     if lazy and in_process:
-        with dask.config.set(scheduler="threads"):
+        # the threaded scheduler takes the configured pool when there is one: a process pool
+        # (depsi's "processes" scheduler sets one) would run the blocks elsewhere
+        with dask.config.set(scheduler="threads", pool=None):
             return computed_in_place(ds)
     if lazy and not _shares_memory_with_workers([ds[name].data for name in lazy]):
         ds = ds.compute()  # workers in other processes (distributed, processes) cannot write here

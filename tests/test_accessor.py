@@ -515,3 +515,27 @@ def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster(comput
         there = accessor.computed_in_place(lazy)["pid"][1]
     assert (here == os.getpid()).all()
     assert (there != os.getpid()).all()
+
+
+def _head(payload: np.ndarray) -> dict:
+    return {"a": payload[:10]}
+
+
+def test_culled_keeps_only_the_tasks_a_slice_needs():
+    """A slice of a lazy result keeps the whole graph; culled() keeps what its chunks need, so a
+    distributed scheduler is not sent every chunk's inputs (densification's batches at 10^7:
+    2.4 GB each). The values are the same."""
+    import pickle
+
+    parts = []
+    for i in range(20):
+        piece = dask.delayed(_head, pure=True)(np.full(250_000, float(i)))  # 2 MB each
+        parts.append(da.from_delayed(piece["a"], (10,), dtype=float))
+    ds = xr.Dataset({"v": ("space", da.concatenate(parts))})
+    batch = ds.isel(space=slice(0, 20))
+    whole = len(pickle.dumps(dict(batch["v"].data.__dask_graph__())))
+    cut = accessor.culled(batch)
+    size = len(pickle.dumps(dict(cut["v"].data.__dask_graph__())))
+    assert whole > 30e6 and size < 6e6
+    np.testing.assert_array_equal(cut["v"].values, batch["v"].values)
+    np.testing.assert_array_equal(cut["v"].values, np.repeat([0.0, 1.0], 10))

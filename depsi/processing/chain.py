@@ -488,7 +488,11 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     release_memory()
     out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
     h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
-    out = out.assign(h2ph=(h2ph.dims, np.asarray(h2ph.values)))
+    # read by this process's threads: on a cluster the gather's last task would concatenate it
+    # on one worker (2.2 GB at 10^7 points, over a 2 GB worker's limit)
+    values = computed_in_place(xr.Dataset({"h2ph": h2ph.drop_vars(list(h2ph.coords))}),
+                               in_process=True)["h2ph"][1]
+    out = out.assign(h2ph=(h2ph.dims, values))
     out.attrs = {"wavelength": float(points.attrs["wavelength"]),
                  "mother_time": str(points.attrs.get("mother_time", ""))}
     section = config.atmosphere

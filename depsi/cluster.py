@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 import dask
 from pydantic import Field, field_validator, model_validator
 
+from depsi.kernels.backend import single_threaded_blas
 from depsi.sections import Section, check_bytes
 
 logger = logging.getLogger(__name__)
@@ -263,6 +264,8 @@ def _synchronous(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
 def _threads(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
     threads = compute.threads or os.cpu_count() or 1
     stack.enter_context(dask.config.set(scheduler="threads", num_workers=threads))
+    # one BLAS thread per task, as distributed's workers have (tasks are the parallelism)
+    stack.enter_context(single_threaded_blas())
     return RunningScheduler("threads", f"threads: {threads} threads")
 
 
@@ -271,10 +274,16 @@ def _processes(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
     # Same hash seed in every process, as dask's own process pool does, so tokens agree.
     os.environ.setdefault("PYTHONHASHSEED", "6640")
     context = multiprocessing.get_context(dask.config.get("multiprocessing.context", "spawn"))
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context,
+                               initializer=_single_threaded_blas_process)
     stack.callback(_shutdown_pool, pool)
     stack.enter_context(dask.config.set(scheduler="processes", pool=pool, num_workers=workers))
     return RunningScheduler("processes", f"processes: {workers} worker processes")
+
+
+def _single_threaded_blas_process() -> None:
+    """A pool process's BLAS at one thread for its whole life, as distributed's workers."""
+    single_threaded_blas().__enter__()
 
 
 def _shutdown_pool(pool: ProcessPoolExecutor) -> None:

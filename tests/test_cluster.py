@@ -160,3 +160,29 @@ def test_local_cluster_survives_a_killed_worker(tmp_path: Path) -> None:
         client.wait_for_workers(2, timeout=30)
         assert victim not in client.run(os.getpid).values()
     np.testing.assert_array_equal(result, expected)
+
+
+def _blas_threads(_: object = None) -> list[int]:
+    """Threads of every BLAS library loaded where this runs (a task, or the test)."""
+    import numpy  # noqa: F401 (its BLAS is what the tasks use)
+    from threadpoolctl import threadpool_info
+
+    return sorted({info["num_threads"] for info in threadpool_info()
+                   if info["user_api"] == "blas"})
+
+
+@pytest.mark.parametrize("compute", [{"scheduler": "threads", "threads": 2},
+                                     {"scheduler": "processes", "workers": 2}],
+                         ids=lambda c: c["scheduler"])
+def test_tasks_run_blas_on_one_thread_and_the_block_restores_it(compute: dict) -> None:
+    """Tasks are the parallelism: each runs BLAS on one thread, as distributed's workers do
+    (a multi-threaded BLAS in every task oversubscribes the cores); after the block this
+    process's count is back."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=3, user_api="blas"):
+        with scheduler(compute):
+            seen = da.from_array(np.arange(4), chunks=1).map_blocks(
+                lambda block: np.array([_blas_threads()[-1]] * len(block))).compute()
+        assert set(seen.tolist()) == {1}
+        assert _blas_threads() == [3]

@@ -128,3 +128,50 @@ def test_to_device_cpu_and_to_host_round_trip():
     a = np.arange(3.0)
     assert to_device(a, "cpu") is a
     np.testing.assert_array_equal(to_host(to_device([1, 2], Device("cpu"))), [1, 2])
+
+
+def _blas_threads() -> set[int]:
+    """Threads of every BLAS library loaded in this process."""
+    from threadpoolctl import threadpool_info
+
+    return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+
+
+@pytest.fixture
+def three_blas_threads():
+    """BLAS at 3 threads around the test, whatever the machine's cores: a limit of 1 and the
+    restore are then told apart."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=3, user_api="blas"):
+        assert _blas_threads() == {3}
+        yield
+
+
+def test_single_threaded_blas_nests_decorates_and_restores(three_blas_threads):
+    @backend.single_threaded_blas()
+    def inside() -> set[int]:
+        return _blas_threads()
+
+    with backend.single_threaded_blas():
+        assert _blas_threads() == {1}
+        assert inside() == {1}
+        assert _blas_threads() == {1}  # the inner exit did not restore
+    assert _blas_threads() == {3}
+    assert inside() == {1}
+    assert _blas_threads() == {3}
+
+
+def test_single_threaded_blas_holds_in_other_threads_and_they_leave_it(three_blas_threads):
+    """The main thread's limit is what a worker thread's BLAS sees; a block entered and left in
+    another thread (a Dask task calling a decorated step) neither sets nor restores it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        with backend.single_threaded_blas():
+            assert pool.submit(_blas_threads).result() == {1}
+            inside = backend.single_threaded_blas()(_blas_threads)
+            assert pool.submit(inside).result() == {1}
+            assert _blas_threads() == {1}  # the other thread's exit did not restore
+        assert _blas_threads() == {3}
+        assert pool.submit(_blas_threads).result() == {3}

@@ -285,3 +285,25 @@ def test_arcs_step_uncomputed_is_lazy_and_the_computed_arc_stm(base):
     assert {"phase", "h2ph", "ambiguity"} <= set(series)
     assert all(lazy[name].chunks is not None for name in series + ["velocity"])
     xr.testing.assert_identical(lazy.compute(), base["arcs"])
+
+
+def test_steps_run_blas_on_one_thread(base, monkeypatch):
+    """A step's work is parallel over chunks: inside it BLAS runs on one thread (what a task
+    sees), and the count before the step comes back after it."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads() -> set[int]:
+        return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+
+    seen = []
+    real = chain_module.integrate_network
+
+    def recording(*args, **kwargs):
+        seen.append(blas_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chain_module, "integrate_network", recording)
+    with threadpool_limits(limits=3, user_api="blas"):
+        integration_step(base["network"], base["arcs"], chain_config(first_order=150))
+        assert blas_threads() == {3}
+    assert seen == [{1}]

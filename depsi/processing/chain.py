@@ -40,7 +40,7 @@ import xarray as xr
 from pydantic import Field, ValidationError
 
 from depsi.conventions import phase_per_metre, wrap_phase
-from depsi.kernels.backend import Device
+from depsi.kernels.backend import Device, single_threaded_blas
 from depsi.processing.arcs import ArcsConfig, estimate_arcs, heights_resolvable
 from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
@@ -257,6 +257,7 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     return chosen
 
 
+@single_threaded_blas()
 def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     """The first-order points (computed) and the arcs between them.
 
@@ -279,6 +280,7 @@ def _network_points(network: xr.Dataset) -> xr.Dataset:
     return network.drop_dims(EDGE) if EDGE in network.dims else network
 
 
+@single_threaded_blas()
 def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None,
               compute: bool = True) -> xr.Dataset:
     """Every arc of the network estimated by the periodogram (computed arc STM; with
@@ -303,6 +305,7 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     return arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs)
 
 
+@single_threaded_blas()
 def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None
                       ) -> ArcObservations:
     """Every arc of the network estimated by the periodogram, as integration's observations.
@@ -346,6 +349,7 @@ def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:
     return int(found[0])
 
 
+@single_threaded_blas()
 def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                      config: ChainConfig) -> xr.Dataset:
     """The network solution with arc testing: every first-order point, ``in_network`` kept.
@@ -364,6 +368,7 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                              max_iterations=section.max_iterations)
 
 
+@single_threaded_blas()
 def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
                     devices: Devices = None) -> xr.Dataset:
     """The screen from the first pass, a second network pass on corrected phases, then the
@@ -423,6 +428,7 @@ def _kept(first: xr.Dataset, names: tuple[str, ...]) -> xr.Dataset:
         space=np.flatnonzero(first["in_network"].values))
 
 
+@single_threaded_blas()
 def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
                        devices: Devices = None) -> xr.Dataset:
     """Every point not kept in the network, estimated from arcs to its nearest first-order
@@ -467,6 +473,7 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
     return accepted
 
 
+@single_threaded_blas()
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
                *, devices: Devices = None) -> xr.Dataset:
     """The result STM: first-order and densified points in the input's order, velocity and
@@ -519,6 +526,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     return validate(out, "points")
 
 
+@single_threaded_blas()
 def run_ps_chain(
     ps_stm: xr.Dataset,
     config: ChainConfig | dict | None = None,

@@ -336,3 +336,32 @@ def test_velocity_only_batches_flags_and_refusals():
     with pytest.raises(ValueError, match="extra_regressors: expected none without h2ph"):
         periodogram(phase, None, t, wavelength=WAVELENGTH,
                     extra_regressors={"s": (np.sin(t), (-1, 1))})
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1e-4, 1e-2, 1.0])
+def test_moved_sums_equal_a_fresh_evaluation(scale):
+    """The sums of cos and sin of the residual after the float64 Newton step, from the series
+    in the step's model phase (small steps) or evaluated afresh (items with a step beyond
+    the series' reach, here the larger scales), equal a direct float64 evaluation to the
+    rounding of a sum of 60 terms."""
+    import importlib
+
+    module = importlib.import_module("depsi.kernels.periodogram")  # not the function
+    rng = np.random.default_rng(3)
+    K, T = 500, 60
+    vmask = (rng.random((K, T)) > 0.1).astype(float)
+    phase0 = rng.uniform(-np.pi, np.pi, (K, T)) * vmask
+    m2ph = -4 * np.pi / 0.0555
+    shared = m2ph * (np.arange(T) * 0.03)[:, None]
+    model = module._Model(m2ph * 3e-4 * rng.standard_normal((K, T)) * vmask, shared,
+                          np.concatenate([shared, np.ones((T, 1))], axis=1))
+    theta = np.stack([rng.uniform(-20, 20, K), rng.uniform(-0.02, 0.02, K)])
+    step = np.stack([scale * rng.standard_normal(K), 1e-3 * scale * rng.standard_normal(K)])
+    c, s, _, _ = module._evaluate(np, phase0, vmask, model, theta)
+    delta = model.phase(step)
+    C, S = module._moved_sums(np, phase0, vmask, model, theta + step, c, s, delta)
+    _, _, C_direct, S_direct = module._evaluate(np, phase0, vmask, model, theta + step)
+    np.testing.assert_allclose(C, C_direct, rtol=0, atol=5e-14)
+    np.testing.assert_allclose(S, S_direct, rtol=0, atol=5e-14)
+    far = (np.abs(delta) > module._SERIES_REACH).any(axis=1)
+    assert far.any() == (scale >= 1e-2)

@@ -139,3 +139,27 @@ def test_a_correlation_longer_than_the_fitted_lags_is_not_fitted():
     fitted = fit_height_covariance(positions, normalised, signal_sill=0.5, signal_range=450.0)
     assert fitted["extra_range"] <= VARIOGRAM_REACH * 450.0
     assert fitted["extra_sill"] < 1.0
+
+
+def test_prediction_is_the_same_on_one_thread_or_several(monkeypatch):
+    """The kriging's batches of cells run on this process's threads (``num_workers``) and
+    write disjoint rows: the prediction does not depend on how many threads there are (here
+    about ten batches of a few cells each)."""
+    import dask
+
+    from depsi.processing import correlated_height as module
+    from depsi.processing.correlated_height import _predict
+
+    monkeypatch.setattr(module, "_BATCH_ELEMENTS", 60 * 120 * 10)
+
+    rng = np.random.default_rng(5)
+    positions = rng.uniform(0, 4000, (6000, 2))
+    values = rng.standard_normal(6000)
+    noise = {"nugget": 1.0, "extra_sill": 0.3, "extra_range": 200.0}
+    runs = []
+    for threads in (1, 3):
+        with dask.config.set(num_workers=threads):
+            runs.append(_predict(positions, values, positions[::2], signal_sill=1.0,
+                                 signal_range=300.0, noise=noise, k=60))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    assert np.isfinite(runs[0]).all() and runs[0].std() > 0

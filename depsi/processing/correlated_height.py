@@ -27,7 +27,10 @@ of moving real DEM errors into the screen.
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 
+import dask
 import numpy as np
 import xarray as xr
 from scipy.optimize import curve_fit
@@ -35,6 +38,7 @@ from scipy.spatial import cKDTree
 from scipy.stats import f as f_distribution
 
 from depsi.conventions import phase_per_metre
+from depsi.kernels.backend import single_threaded_blas
 from depsi.processing.network import point_positions
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
@@ -197,7 +201,8 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     idx = idx.reshape(n_cells, k)
     out = np.empty(len(dst_pos))
     batch = max(1, _BATCH_ELEMENTS // (k * (k + width)))
-    for start in range(0, n_cells, batch):  # batches of cells, bounded memory
+
+    def predict_cells(start: int) -> None:  # one batch of cells; batches write disjoint rows
         stop = min(start + batch, n_cells)
         nb = src_pos[idx[start:stop]]                                    # (B, k, 2)
         d_nn = _distances(nb, nb)                                        # (B, k, k)
@@ -214,6 +219,12 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
                            signal_sill * np.exp(-_distances(nb, tp) / signal_range))
         valid = targets >= 0
         out[targets[valid]] = values[valid]
+
+    # batches of cells (bounded memory) on this process's threads, BLAS at one thread each
+    # (the chain's steps set it): NumPy releases the GIL in the solves and the large products
+    threads = int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        list(pool.map(predict_cells, range(0, n_cells, batch)))
     return out
 
 
@@ -245,6 +256,7 @@ def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
     return fit_variogram(positions[chosen], residual)
 
 
+@single_threaded_blas()
 def estimate_correlated_height(
     result: xr.Dataset,
     *,

@@ -307,3 +307,48 @@ def test_steps_run_blas_on_one_thread(base, monkeypatch):
         integration_step(base["network"], base["arcs"], chain_config(first_order=150))
         assert blas_threads() == {3}
     assert seen == [{1}]
+
+
+def test_atmosphere_and_model_steps_let_go_of_what_they_are_given(points, base, monkeypatch):
+    """Given the only references (as run_ps_chain gives them), the atmosphere step lets the
+    first pass go once its screen is estimated, and the model step the first pass and the
+    densified points once merged: at 10^7 points they are gigabytes. A wrapper that kept its
+    arguments (a decorator) would hold them to the end; nothing else tests this."""
+    import gc
+    import weakref
+
+    config = chain_config(first_order=150)
+    seen = {}
+
+    def watched(ds):  # a fresh copy, and a weak reference to one of its arrays
+        ds = ds.copy(deep=True)
+        seen.setdefault("refs", []).append(weakref.ref(ds["unwrapped_phase"].data))
+        return ds
+
+    def alive():
+        gc.collect()
+        return [ref() is not None for ref in seen["refs"]]
+
+    real_observations = chain_module.observations_step
+
+    def observations_then_check(*args, **kwargs):  # the second pass, after the screen
+        seen.setdefault("atmosphere", alive())
+        return real_observations(*args, **kwargs)
+
+    monkeypatch.setattr(chain_module, "observations_step", observations_then_check)
+    given = [watched(base["integration"])]
+    chain_module.atmosphere_step(base["network"], given.pop(), config)
+    assert seen["atmosphere"] == [False]
+
+    monkeypatch.setattr(chain_module, "observations_step", real_observations)
+    seen.clear()
+    real_fit = chain_module._fit_with_atmosphere
+
+    def fit_then_check(*args, **kwargs):  # after the merge
+        seen["model"] = alive()
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(chain_module, "_fit_with_atmosphere", fit_then_check)
+    given = [watched(base["atmosphere"]), watched(base["densification"])]
+    chain_module.model_step(points, given.pop(0), given.pop(), config)
+    assert seen["model"] == [False, False]

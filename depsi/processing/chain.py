@@ -368,52 +368,54 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                              max_iterations=section.max_iterations)
 
 
-@single_threaded_blas()
 def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
                     devices: Devices = None) -> xr.Dataset:
     """The screen from the first pass, a second network pass on corrected phases, then the
     reference point's noise and the reference area (``method: none``: only the latter two)."""
-    section = config.atmosphere
-    points = _network_points(network)
-    if section.method == "none":
-        result = first.assign(aps=xr.zeros_like(first["unwrapped_phase"]))
-    else:
-        keep = np.flatnonzero(first["in_network"].values)
-        local = int(np.flatnonzero(keep == first.attrs["reference"])[0])
-        kept = first.isel(space=keep)
-        kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
-        screen = estimate_atmosphere(kept, method=section.method,
-                                     temporal_window=section.temporal_window)
-        # the second pass needs only the screen: the first pass's result (given the only
-        # reference, as run_ps_chain gives it) and its kept copy go (5 GB at 1.5 M points)
-        screen_attrs = {a: screen.attrs[a] for a in screen.attrs
-                        if a.startswith("variogram_") or a == "aps_method"}
-        screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
-        del first, kept
-        release_memory()
-        corrected = points.isel(space=keep)
-        corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
-                                     .astype(np.float32))
-        observations = observations_step(_with_edges(corrected, config.network), config,
-                                         devices=devices)
-        integration = config.integration
-        result = integrate_network(corrected, observations, reference=local,
-                                   min_coherence=integration.min_coherence,
-                                   alpha=integration.alpha,
-                                   max_iterations=integration.max_iterations)
-        del observations
-        result["aps"] = ("space", "time"), screen["aps"].transpose("space", "time").values
-        result["aps_observed"] = (("space", "time"),
-                                  screen["aps_observed"].transpose("space", "time").values)
-        result.attrs.update(screen_attrs)
-    if config.integration.reference_noise:
-        result = remove_reference_noise(result)
-    # before densification: densified points are tied to these values and reference phase
-    result = apply_reference_area(result, config.integration.reference_radius)
-    result.attrs = {**result.attrs,
-                    "n_first_order": int(network.attrs.get("n_first_order",
-                                                           network.sizes["space"]))}
-    return result
+    # BLAS at one thread: a block, not the decorator, whose wrapper would hold the
+    # arguments this step lets go
+    with single_threaded_blas():
+        section = config.atmosphere
+        points = _network_points(network)
+        if section.method == "none":
+            result = first.assign(aps=xr.zeros_like(first["unwrapped_phase"]))
+        else:
+            keep = np.flatnonzero(first["in_network"].values)
+            local = int(np.flatnonzero(keep == first.attrs["reference"])[0])
+            kept = first.isel(space=keep)
+            kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
+            screen = estimate_atmosphere(kept, method=section.method,
+                                         temporal_window=section.temporal_window)
+            # the second pass needs only the screen: the first pass's result (given the only
+            # reference, as run_ps_chain gives it) and its kept copy go (5 GB at 1.5 M points)
+            screen_attrs = {a: screen.attrs[a] for a in screen.attrs
+                            if a.startswith("variogram_") or a == "aps_method"}
+            screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
+            del first, kept
+            release_memory()
+            corrected = points.isel(space=keep)
+            corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
+                                         .astype(np.float32))
+            observations = observations_step(_with_edges(corrected, config.network), config,
+                                             devices=devices)
+            integration = config.integration
+            result = integrate_network(corrected, observations, reference=local,
+                                       min_coherence=integration.min_coherence,
+                                       alpha=integration.alpha,
+                                       max_iterations=integration.max_iterations)
+            del observations
+            result["aps"] = ("space", "time"), screen["aps"].transpose("space", "time").values
+            result["aps_observed"] = (("space", "time"),
+                                      screen["aps_observed"].transpose("space", "time").values)
+            result.attrs.update(screen_attrs)
+        if config.integration.reference_noise:
+            result = remove_reference_noise(result)
+        # before densification: densified points are tied to these values and reference phase
+        result = apply_reference_area(result, config.integration.reference_radius)
+        result.attrs = {**result.attrs,
+                        "n_first_order": int(network.attrs.get("n_first_order",
+                                                               network.sizes["space"]))}
+        return result
 
 
 #: What densification reads of the first pass (besides positions and ``point_index``).
@@ -473,57 +475,59 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
     return accepted
 
 
-@single_threaded_blas()
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
                *, devices: Devices = None) -> xr.Dataset:
     """The result STM: first-order and densified points in the input's order, velocity and
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
-    first_kept = _kept(first, RESULT_VARIABLES + ("in_reference_area",))
-    reference_global = int(first["point_index"].values[first.attrs["reference"]])
-    first_attrs = {name: first.attrs[name] for name in
-                   ("reference_radius", "n_reference_area", "n_first_order")}
-    # run_ps_chain passes the only references to the first pass and the densified points:
-    # the first pass goes once its kept points' results are copied, and the merge lets the
-    # densified points' variables go one by one (not held in this frame)
-    del first
-    n_kept = first_kept.sizes["space"]
-    area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
-    parts = [_result_view(first_kept, order=1), dense]
-    del dense, first_kept
-    release_memory()
-    out = _merged_in_input_order(parts.pop(0), parts.pop())
-    release_memory()
-    out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
-    h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
-    # read by this process's threads: on a cluster the gather's last task would concatenate it
-    # on one worker (2.2 GB at 10^7 points, over a 2 GB worker's limit)
-    values = computed_in_place(xr.Dataset({"h2ph": h2ph.drop_vars(list(h2ph.coords))}),
-                               in_process=True)["h2ph"][1]
-    out = out.assign(h2ph=(h2ph.dims, values))
-    out.attrs = {"wavelength": float(points.attrs["wavelength"]),
-                 "mother_time": str(points.attrs.get("mother_time", ""))}
-    section = config.atmosphere
-    if section.method != "none":
-        out = _fit_with_atmosphere(out, devices=devices)
-        if section.correlated_height:
-            # out is this step's own: its series are updated in place (no second copy)
-            out = estimate_correlated_height(out, overwrite=True)
-    out = out.drop_vars("h2ph")
-    fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
-    out.attrs = dict(points.attrs) | fitted
-    out.attrs.pop("interferogram", None)
-    out.attrs.update({
-        "wavelength": float(points.attrs["wavelength"]),
-        "mother_time": str(points.attrs.get("mother_time", "")),
-        "reference": reference_global,
-        "reference_radius": float(first_attrs["reference_radius"]),
-        "n_reference_area": int(first_attrs["n_reference_area"]),
-        "n_first_order": int(first_attrs["n_first_order"]),
-        "n_first_order_kept": int(n_kept),
-        "n_densified": int((out["order"].values == 2).sum()),
-        "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
-    })
-    return validate(out, "points")
+    # BLAS at one thread: a block, not the decorator, whose wrapper would hold the
+    # arguments this step lets go
+    with single_threaded_blas():
+        first_kept = _kept(first, RESULT_VARIABLES + ("in_reference_area",))
+        reference_global = int(first["point_index"].values[first.attrs["reference"]])
+        first_attrs = {name: first.attrs[name] for name in
+                       ("reference_radius", "n_reference_area", "n_first_order")}
+        # run_ps_chain passes the only references to the first pass and the densified points:
+        # the first pass goes once its kept points' results are copied, and the merge lets the
+        # densified points' variables go one by one (not held in this frame)
+        del first
+        n_kept = first_kept.sizes["space"]
+        area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
+        parts = [_result_view(first_kept, order=1), dense]
+        del dense, first_kept
+        release_memory()
+        out = _merged_in_input_order(parts.pop(0), parts.pop())
+        release_memory()
+        out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
+        h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
+        # read by this process's threads: on a cluster the gather's last task would concatenate it
+        # on one worker (2.2 GB at 10^7 points, over a 2 GB worker's limit)
+        values = computed_in_place(xr.Dataset({"h2ph": h2ph.drop_vars(list(h2ph.coords))}),
+                                   in_process=True)["h2ph"][1]
+        out = out.assign(h2ph=(h2ph.dims, values))
+        out.attrs = {"wavelength": float(points.attrs["wavelength"]),
+                     "mother_time": str(points.attrs.get("mother_time", ""))}
+        section = config.atmosphere
+        if section.method != "none":
+            out = _fit_with_atmosphere(out, devices=devices)
+            if section.correlated_height:
+                # out is this step's own: its series are updated in place (no second copy)
+                out = estimate_correlated_height(out, overwrite=True)
+        out = out.drop_vars("h2ph")
+        fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
+        out.attrs = dict(points.attrs) | fitted
+        out.attrs.pop("interferogram", None)
+        out.attrs.update({
+            "wavelength": float(points.attrs["wavelength"]),
+            "mother_time": str(points.attrs.get("mother_time", "")),
+            "reference": reference_global,
+            "reference_radius": float(first_attrs["reference_radius"]),
+            "n_reference_area": int(first_attrs["n_reference_area"]),
+            "n_first_order": int(first_attrs["n_first_order"]),
+            "n_first_order_kept": int(n_kept),
+            "n_densified": int((out["order"].values == 2).sum()),
+            "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
+        })
+        return validate(out, "points")
 
 
 @single_threaded_blas()

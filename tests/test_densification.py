@@ -148,3 +148,32 @@ def test_each_chunk_gets_its_neighbours_only_and_the_result_of_one_chunk(monkeyp
                                       interpolate_aps(with_aps, candidates).values)
     for name in chunked.data_vars:  # bit for bit: per candidate, the same arithmetic
         np.testing.assert_array_equal(chunked[name].values, whole[name].values, err_msg=name)
+
+
+def test_a_neighbours_unwrapping_error_does_not_reach_the_candidates():
+    """A first-order point whose unwrapped phase is a whole cycle off at some epochs (an
+    unwrapping error) is brought to the nearest neighbour's cycles in every local reference it
+    is not the nearest of: those candidates come out as without the error. (A plain mean of
+    the three neighbours would move their reference by a third of a cycle at those epochs.)"""
+    from scipy.spatial import cKDTree
+
+    from depsi.processing.network import point_positions
+
+    points, _, result, _, others = _split()
+    keep = np.flatnonzero(result.in_network.values)
+    cand = points.isel(space=others)
+    _, idx = cKDTree(point_positions(result)[keep]).query(point_positions(cand), k=3)
+    bad = np.bincount(idx[:, 1:].ravel(), minlength=keep.size).argmax()  # most often 2nd/3rd
+    touched = (idx[:, 1:] == bad).any(axis=1) & (idx[:, 0] != bad)
+    assert touched.sum() >= 3
+    broken = result.copy(deep=True)
+    unwrapped = broken["unwrapped_phase"].transpose("space", "time").values
+    unwrapped[keep[bad], 5:12] += 2 * np.pi
+    broken["unwrapped_phase"] = (("space", "time"), unwrapped)
+    before = densify(cand, result, k=3).compute()
+    after = densify(cand, broken, k=3).compute()
+    for name in ("velocity", "height_error", "temporal_coherence"):
+        np.testing.assert_allclose(after[name].values[touched], before[name].values[touched],
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(after.ambiguity.values[touched],
+                                  before.ambiguity.values[touched])

@@ -1,9 +1,12 @@
 """Densification: every candidate point tied to its k nearest first-order points.
 
-``densify`` forms, per candidate, ``k`` arcs to the nearest first-order points, corrects them for
-the atmospheric phase screen, estimates them all in one batched periodogram call per space chunk,
-combines the ``k`` estimates weighted by arc coherence and rejects candidates whose combined
-temporal coherence is below a threshold. Lazy, one task per space chunk, and embarrassingly
+``densify`` reads each candidate, corrected for the atmospheric phase screen, against the local
+reference of its ``k`` nearest first-order points (the mean of their unwrapped phases,
+velocities and heights, each neighbour brought to the nearest one's cycles): one arc and one
+periodogram per candidate, all of a space chunk in one batched call; candidates whose temporal
+coherence is below a threshold are rejected. To first order this is the mean of the ``k``
+arcs' estimates at a third of their cost (k = 3), and a datum shifted by constants moves every
+candidate by the same. Lazy, one task per space chunk, and embarrassingly
 parallel (DESIGN.md §1): each task gets its chunk's neighbours among the first-order points
 (found in the client on the whole network), not the whole network, so its memory follows the
 chunk size.
@@ -40,7 +43,6 @@ from depsi.processing.atmosphere import (
     gaussian_mean,
     screen_interpolator,
 )
-from depsi.processing.integration import phase_variance_from_coherence
 from depsi.processing.network import point_positions
 from depsi.sections import Section
 from depsi.stm.schema import validate, years_since_mother
@@ -72,12 +74,12 @@ _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase
 _SERIES = ("unwrapped_phase", "displacement", "ambiguity", "aps")
 #: The first-order table's rows a chunk of candidates reads, for its neighbours only.
 _TABLE_ROWS = ("fo_x", "fo_y", "fo_velocity", "fo_height_error", "fo_unwrapped_phase",
-               "fo_h2ph")
+               "fo_h2ph", "fo_residual")
 
 
 #: Candidates per sub-block of a chunk: bounds the (candidates, k, epochs) float64 temporaries
-#: of the arcs and the periodogram's outputs (about 100 MB at k = 3 and 60 epochs), whatever
-#: the chunk size.
+#: of the local reference and the periodogram's outputs (about 100 MB at k = 3 and 60
+#: epochs), whatever the chunk size.
 SUB_BLOCK = 8192
 
 
@@ -158,46 +160,57 @@ def _densify_chunk(phase: np.ndarray, h2ph: np.ndarray, payload: dict[str, np.nd
     return values
 
 
+def _local_reference(first: dict[str, np.ndarray], idx: np.ndarray, weight: np.ndarray):
+    """What a candidate is read against, from its neighbours ``idx`` (n, k) with ``weight``
+    (n, k; zero for a neighbour not used, rows summing to 1): the weighted means of their
+    velocities, heights and h2ph, and of their unwrapped phases, each brought to the cycles of
+    the nearest used neighbour's (the anchor) where their residuals from their own models
+    disagree with the anchor's by whole cycles. A neighbour's unwrapping error then neither
+    moves the mean nor becomes a false cycle of the candidate, and the mean is linear in the
+    neighbours' values: a datum shifted by constants moves every candidate by the same."""
+    n, k = idx.shape
+    residual = first["fo_residual"][idx]  # (n, k, T)
+    anchor = residual[np.arange(n), np.argmax(weight > 0, axis=1)]  # the nearest used
+    cycles = np.rint((residual - anchor[:, None, :]) * (1.0 / _TWO_PI))
+    phase = np.einsum("nk,nkt->nt", weight, first["fo_unwrapped_phase"][idx] - _TWO_PI * cycles)
+    return (phase, np.sum(weight * first["fo_velocity"][idx], axis=1),
+            np.sum(weight * first["fo_height_error"][idx], axis=1),
+            np.einsum("nk,nkt->nt", weight, first["fo_h2ph"][idx]))
+
+
 def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_coherence,
                   periodogram_options, device) -> dict[str, np.ndarray]:
     """The outputs of :func:`_densify_chunk` for some of its candidates (float64 inputs; the
-    screen ``aps`` at them, float32, or None)."""
+    screen ``aps`` at them, float32, or None): one periodogram per candidate, on the arc from
+    the local reference of its neighbours (:func:`_local_reference`) to its phase less the
+    screen."""
     n, T = phase.shape
-    k_eff = idx.shape[1]
     years, wavelength = shared.years, shared.wavelength
     m2ph = phase_per_metre(wavelength)
     aps = np.zeros((n, T)) if aps is None else aps.astype(np.float64)
-    reference_phase = shared.reference_phase
-    base = wrap_phase(phase - aps - reference_phase[None, :])  # candidate, relative, no APS
-    f_unw = first["fo_unwrapped_phase"]
-    f_h2ph = first["fo_h2ph"]
-
-    arc_phase = wrap_phase(base[:, None, :] - f_unw[idx])  # (n, k, T)
-    arc_h2ph = 0.5 * (h2ph[:, None, :] + f_h2ph[idx])
-    if n:
-        with use_device(device):
-            res = periodogram(to_device(arc_phase.reshape(n * k_eff, T), device),
-                              to_device(arc_h2ph.reshape(n * k_eff, T), device), years,
-                              wavelength=wavelength, **periodogram_options)
-        d_vel = to_host(res.velocity).reshape(n, k_eff)
-        d_hgt = to_host(res.height_error).reshape(n, k_eff)
-        coh = to_host(res.coherence).reshape(n, k_eff)
-        amb = to_host(res.ambiguity).reshape(n, k_eff, T)
-        del res
-    else:
-        d_vel = d_hgt = coh = np.zeros((0, k_eff))
-        amb = np.zeros((0, k_eff, T), np.int32)
-    del arc_h2ph
-    ok = near & np.isfinite(d_vel) & np.isfinite(d_hgt) & (amb != MISSING_AMBIGUITY).all(axis=2)
-    weight = np.where(ok, 1.0 / phase_variance_from_coherence(np.nan_to_num(coh)), 0.0)
+    base = wrap_phase(phase - aps - shared.reference_phase[None, :])  # relative, no APS
+    weight = near.astype(np.float64)  # (n, k): equal, so that the datum moves every candidate alike
     total = weight.sum(axis=1)
     has = total > 0
-    w = weight / np.where(has, total, 1.0)[:, None]
-    velocity = np.sum(w * np.nan_to_num(first["fo_velocity"][idx] + d_vel), axis=1)
-    height = np.sum(w * np.nan_to_num(first["fo_height_error"][idx] + d_hgt), axis=1)
-    estimates = f_unw[idx] + arc_phase + _TWO_PI * np.where(ok[..., None], amb, 0)
-    mean_unw = np.einsum("nk,nkt->nt", w, np.nan_to_num(estimates))
-    ambiguity = np.rint((mean_unw - base) / _TWO_PI)
+    weight /= np.where(has, total, 1.0)[:, None]
+    local, local_velocity, local_height, local_h2ph = _local_reference(first, idx, weight)
+    reduced = wrap_phase(base - local)
+    if n:
+        with use_device(device):
+            res = periodogram(to_device(reduced, device),
+                              to_device(0.5 * (h2ph + local_h2ph), device), years,
+                              wavelength=wavelength, **periodogram_options)
+        velocity = local_velocity + to_host(res.velocity)
+        height = local_height + to_host(res.height_error)
+        amb = to_host(res.ambiguity)
+        del res
+    else:
+        velocity = height = np.zeros(0)
+        amb = np.zeros((0, T), np.int32)
+    has &= np.isfinite(velocity) & np.isfinite(height) & (amb != MISSING_AMBIGUITY).all(axis=1)
+    # local + reduced is base plus whole cycles: the candidate's unwrapped phase is base plus
+    # those and the periodogram's ambiguities
+    ambiguity = np.rint((local + reduced - base) / _TWO_PI) + np.where(has[:, None], amb, 0)
     unwrapped = base + _TWO_PI * ambiguity
     residual = unwrapped - m2ph * (velocity[:, None] * years[None, :] + h2ph * height[:, None])
     coherence = np.abs(np.mean(np.exp(1j * residual), axis=1))
@@ -213,7 +226,8 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
         # no estimate: 0, masked by accepted (as off-network points, docs/chain.md)
         "ambiguity": np.where(nan[:, None], 0, ambiguity),
         "temporal_coherence": np.where(nan, 0.0, coherence),
-        "aps": aps, "accepted": accepted, "n_arcs": ok.sum(axis=1),
+        "aps": aps, "accepted": accepted,
+        "n_arcs": np.where(has, (weight > 0).sum(axis=1), 0),
     }
 
 
@@ -225,23 +239,29 @@ def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
     if "in_network" in fo:
         fo = fo.isel(space=np.flatnonzero(fo["in_network"].values))
     pos = point_positions(fo)
+    n_fo, T = fo.sizes["space"], fo.sizes["time"]
+    h2ph = np.broadcast_to(fo["h2ph"].transpose("space", ...).values.reshape(n_fo, -1), (n_fo, T))
+    velocity = fo["velocity"].values.astype(np.float64)
+    height = fo["height_error"].values.astype(np.float64)
+    unwrapped = fo["unwrapped_phase"].transpose("space", "time").values
+    # each point's residual from its own model, less its constant phase
+    residual = unwrapped - phase_per_metre(float(fo.attrs["wavelength"])) * (
+        velocity[:, None] * years_since_mother(fo)[None, :] + h2ph * height[:, None])
+    mean = np.mean(np.exp(1j * residual), axis=1)
+    residual -= np.angle(mean)[:, None]
     table = {
         "fo_x": (_FIRST, pos[:, 0]), "fo_y": (_FIRST, pos[:, 1]),
-        "fo_velocity": (_FIRST, fo["velocity"].values.astype(np.float64)),
-        "fo_height_error": (_FIRST, fo["height_error"].values.astype(np.float64)),
-        "fo_unwrapped_phase": ((_FIRST, "time"),
-                               fo["unwrapped_phase"].transpose("space", "time").values),
-        "fo_h2ph": ((_FIRST, "time"), np.broadcast_to(
-            fo["h2ph"].transpose("space", ...).values.reshape(fo.sizes["space"], -1),
-            (fo.sizes["space"], fo.sizes["time"]))),
+        "fo_velocity": (_FIRST, velocity), "fo_height_error": (_FIRST, height),
+        "fo_unwrapped_phase": ((_FIRST, "time"), unwrapped),
+        "fo_h2ph": ((_FIRST, "time"), h2ph),
+        "fo_residual": ((_FIRST, "time"), residual.astype(np.float32)),
         "fo_reference_phase": ("time", fo["reference_phase"].values),
     }
     attrs = {k: v for k, v in fo.attrs.items() if k.startswith("variogram_") or k == "aps_method"}
     if "aps_observed" in fo:
         table["fo_aps_observed"] = ((_FIRST, "time"),
                                     fo["aps_observed"].transpose("space", "time").values)
-    finite = np.isfinite(table["fo_velocity"][1]) & np.isfinite(
-        table["fo_unwrapped_phase"][1]).all(axis=1)
+    finite = np.isfinite(table["fo_residual"][1]).all(axis=1)
     ds = xr.Dataset(table, coords={"time": fo["time"].values}, attrs=attrs)
     return ds.isel({_FIRST: np.flatnonzero(finite)})
 
@@ -284,7 +304,9 @@ def densify(
         :func:`depsi.processing.atmosphere.estimate_atmosphere`, then arcs are corrected for
         the screen interpolated to each candidate).
     k
-        First-order points per candidate (``k >= 1``; 3 by default, so one bad arc is outvoted).
+        First-order points per candidate (``k >= 1``; 3 by default): their mean is the
+        candidate's local reference, with a third of one neighbour's noise at k = 3, and a
+        neighbour's unwrapping error (whole cycles against the nearest's residual) is undone.
     max_distance
         Arcs longer than this (m) are not used (``None``: no limit).
     min_coherence
@@ -302,8 +324,8 @@ def densify(
         Per candidate (lazy over the candidates' space chunks): ``velocity``, ``height_error``,
         ``unwrapped_phase`` (no atmosphere, relative to the reference point),
         ``displacement`` (m, zero at the first epoch), ``ambiguity``, ``temporal_coherence``,
-        ``aps``, ``accepted`` and ``n_arcs`` (arcs used). Candidates with no usable arc have NaN
-        estimates and ``accepted = False``.
+        ``aps``, ``accepted`` and ``n_arcs`` (first-order points in the local reference).
+        Candidates with none have NaN estimates and ``accepted = False``.
 
     Examples
     --------

@@ -39,6 +39,7 @@ ALTERNATES = {
     "network.cell_size": 60.0,
     "network.method": "delaunay",
     "network.k": 3,
+    "network.second_pass_k": 2,
     "network.n_sectors": 4,
     "network.max_length": 150.0,
     "arcs.height_range": (-30.0, 30.0),

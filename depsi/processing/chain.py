@@ -239,9 +239,12 @@ def _not_first_order(reference: int) -> ValueError:
                       f"first-order points; choose one with low amplitude dispersion")
 
 
-def _with_edges(points: xr.Dataset, section: NetworkConfig) -> xr.Dataset:
-    """``points`` with the arcs of ``section`` among them (``edge_source``, ``edge_target``)."""
-    source, target = network_edges(point_positions(points), method=section.method, k=section.k,
+def _with_edges(points: xr.Dataset, section: NetworkConfig, *, second_pass: bool = False
+                ) -> xr.Dataset:
+    """``points`` with the arcs of ``section`` among them (``edge_source``, ``edge_target``);
+    with ``second_pass`` those of its ``second_pass_k``."""
+    k = section.k if not second_pass or section.second_pass_k is None else section.second_pass_k
+    source, target = network_edges(point_positions(points), method=section.method, k=k,
                                    n_sectors=section.n_sectors, max_length=section.max_length)
     return points.assign({"edge_source": (EDGE, source), "edge_target": (EDGE, target)})
 
@@ -396,7 +399,8 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             corrected = points.isel(space=keep)
             corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                          .astype(np.float32))
-            observations = observations_step(_with_edges(corrected, config.network), config,
+            observations = observations_step(_with_edges(corrected, config.network,
+                                                         second_pass=True), config,
                                              devices=devices)
             integration = config.integration
             result = integrate_network(corrected, observations, reference=local,

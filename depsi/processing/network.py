@@ -60,6 +60,10 @@ class NetworkConfig(Section):
                                  "each of n_sectors directions (many loops for arc testing); "
                                  "delaunay: the triangulation.")
     k: int = Field(2, ge=1, description="Neighbours per direction sector (redundant).")
+    second_pass_k: int | None = Field(
+        1, ge=1, description="Neighbours per direction sector (redundant) of the second pass, "
+                             "on phases corrected for the atmosphere: its arcs are reliable "
+                             "enough to be tested with fewer loops; null: k.")
     n_sectors: int = Field(8, ge=1, description="Direction sectors (redundant).")
     max_length: float | None = Field(
         None, gt=0, description="Longest arc kept, metres; null keeps every arc.")

@@ -203,6 +203,64 @@ def test_probed_redundancy_numbers_are_close_for_large_networks(monkeypatch):
     assert abs(probed.mean() - exact.mean()) < 0.01
 
 
+@pytest.mark.parametrize("exact_up_to", [1000, 10])
+def test_arcs_removed_by_an_update_equal_a_new_factorisation(monkeypatch, exact_up_to):
+    """The w-test's late iterations remove a few arcs each: the solution without them, by the
+    Woodbury update of the last factorisation, and the redundancy numbers through it (exact,
+    and from the same random probes) are those of a network factorised afresh."""
+    from depsi.processing import integration
+
+    monkeypatch.setattr(integration, "EXACT_REDUNDANCY_POINTS", exact_up_to)
+    source, target, weights = _random_network()
+    n = 300
+    rhs = np.random.default_rng(2).normal(size=(len(source), 5)).astype(np.float32)
+    args = (source, target, weights, rhs)
+    solved = integration._NetworkSolve(*args, np.arange(len(source)), n, np.ones(n, bool), 0)
+    removed = np.array([3, 40, 41, 700, 2999])
+    assert solved.without(removed[:2]) and solved.without(removed[2:])  # in two iterations
+    kept = np.setdiff1d(np.arange(len(source)), removed)
+    np.testing.assert_array_equal(solved.arcs(), kept)
+    fresh = integration._NetworkSolve(*args, kept, n, np.ones(n, bool), 0)
+    np.testing.assert_allclose(solved.values(), fresh.values(), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(solved.leverage(), fresh.leverage(), rtol=0, atol=1e-10)
+    assert not solved.without(np.arange(100, 100 + integration.WOODBURY_MAX_NEW + 1))
+
+
+def test_the_w_test_decides_the_same_with_or_without_updates(monkeypatch):
+    """Planted cycle slips: the w-test with Woodbury updates rejects the same arcs as with a
+    factorisation every iteration, with the same values, in fewer factorisations."""
+    from depsi.processing import integration
+
+    points, true, arcs = _estimated()
+    rng = np.random.default_rng(3)
+    bad = np.sort(rng.choice(arcs.sizes["arc"], 30, replace=False))
+    arcs = arcs.copy(deep=True)
+    amb = arcs["ambiguity"].values.copy()
+    amb[bad, -8:] += 1
+    arcs["ambiguity"] = (arcs["ambiguity"].dims, amb)
+    counted = []
+    real = integration._factorise
+
+    def counting(normal):
+        counted.append(normal.shape[0])
+        return real(normal)
+
+    monkeypatch.setattr(integration, "_factorise", counting)
+    updated, updated_arcs = integrate_network(points, arcs, return_arcs=True)
+    n_updated = len(counted)
+    monkeypatch.setattr(integration, "WOODBURY_MAX_NEW", 0)  # every iteration factorises
+    counted.clear()
+    plain, plain_arcs = integrate_network(points, arcs, return_arcs=True)
+    assert updated.attrs["n_test_iterations"] >= 2
+    np.testing.assert_array_equal(updated_arcs.arc_removal_reason.values,
+                                  plain_arcs.arc_removal_reason.values)
+    assert (updated_arcs.arc_removal_reason.values[bad] == 2).all()
+    for name in ("velocity", "height_error", "unwrapped_phase"):
+        np.testing.assert_allclose(updated[name].values, plain[name].values, rtol=0,
+                                   atol=1e-6, err_msg=name)
+    assert n_updated < len(counted)
+
+
 def test_many_planted_wrong_arcs_are_removed_in_few_iterations():
     points, true, arcs = _estimated()
     clean_result, clean = integrate_network(points, arcs, return_arcs=True)

@@ -175,59 +175,156 @@ RHS_COLUMNS = 8
 #: Normal matrices up to this many unknowns go to QDLDL (:class:`_LDL`), larger ones to CHOLMOD
 #: (:class:`_Cholesky`). At a w-test tile's 8,900 unknowns QDLDL factorises in 36 ms against
 #: cholespy's 80 ms and releases the GIL (cholespy holds it), though its one-column solves take
-#: 3.5x longer than CHOLMOD's blocked ones: the tiles of the 10^6 scene's first-order network
-#: took 24.4 s on 2 threads against 38.2 s. CHOLMOD's supernodal factorisation is the faster one
-#: for the whole network (148,000 unknowns).
+#: 3.5x longer than CHOLMOD's: the tiles of the 10^6 scene's first-order network took 24.4 s
+#: on 2 threads against 38.2 s. CHOLMOD (simplicial, as cholespy sets it, NESDIS ordering) is
+#: the faster one for the whole network (148,000 unknowns).
 LDL_MAX_UNKNOWNS = 50_000
 
 
 def _solve(source, target, weights, rhs, kept, n, point_ok, reference, *, leverage=False):
     """Weighted LSQ over the arcs ``kept`` (indices into the arrays); returns ``(n, nrhs)``
     values (NaN off-network) and, with ``leverage``, each kept arc's ``w_a a^T N^-1 a`` (one
-    minus its redundancy number).
+    minus its redundancy number). See :class:`_NetworkSolve`."""
+    solved = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, reference)
+    return solved.values(), (solved.leverage() if leverage else None)
+
+
+#: A w-test iteration that removed at most this many arcs, with at most
+#: :data:`WOODBURY_MAX_TOTAL` removed since the last factorisation and no point lost, updates
+#: that solution (:meth:`_NetworkSolve.without`) instead of factorising again: a tile's
+#: iterations after the first few remove a handful of arcs each.
+WOODBURY_MAX_NEW = 48
+#: See :data:`WOODBURY_MAX_NEW`: the update's dense ``(k, k)`` system and ``(unknowns, k)``
+#: columns stay small.
+WOODBURY_MAX_TOTAL = 256
+
+
+class _NetworkSolve:
+    """The weighted least-squares solution of the network over the arcs ``kept`` (indices into
+    the arrays), factorised once, and that solution with some of those arcs removed.
 
     The reference column is removed (its value is fixed to 0); ``N = A^T W A`` is factorised
     once and all right-hand sides are solved together. ``A^T W`` takes the kept rows of
-    ``rhs`` where they lie (no copy of the ``(arcs, nrhs)`` right-hand sides). Leverages are
-    exact (from the inverse of ``N``) up to :data:`EXACT_REDUNDANCY_POINTS` unknowns, else
-    estimated with :data:`REDUNDANCY_PROBES` random sign probes through the same
-    factorisation.
+    ``rhs`` where they lie (no copy of the ``(arcs, nrhs)`` right-hand sides).
+
+    :meth:`without` removes arcs by the Sherman-Morrison-Woodbury identity: with
+    ``G = N^-1 A_R^T`` and ``S = W_R^-1 - A_R G``, the solution without the arcs ``R`` is
+    ``u + G S^-1 A_R u``, ``u = x - G W_R y_R`` (one solve per removed arc through the same
+    factorisation, a ``(k, k)`` Cholesky); it agrees with a new factorisation to about 1e-13.
     """
-    unknown = point_ok.copy()
-    unknown[reference] = False
-    n_unknown = int(unknown.sum())
-    # the reference maps to an extra last column, dropped below
-    col = np.full(n, n_unknown, dtype=np.int64)
-    col[unknown] = np.arange(n_unknown)
-    A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
-    A = A[:, :-1].tocsc()
-    w = weights[kept]
-    AtW = A.T.multiply(w[None, :]).tocsr()
-    normal = (AtW @ A).tocsc()
-    lu = _factorise(normal)
-    # A^T W over every arc, zero columns for the others: the product reads only kept rows
-    AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
-                            shape=(n_unknown, len(source)))
-    # A^T W y a few columns at a time: the sparse product would otherwise first copy the whole
-    # float32 (arcs, nrhs) right-hand sides to float64
-    normal_rhs = np.empty((n_unknown, rhs.shape[1]))
-    for first in range(0, rhs.shape[1], RHS_COLUMNS):
-        columns = slice(first, first + RHS_COLUMNS)
-        normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
-    solution = lu.solve(normal_rhs)
-    values = np.full((n, rhs.shape[1]), np.nan)
-    values[unknown] = solution
-    values[reference] = 0.0
-    if not leverage:
-        return values, None
-    return values, _leverage(A, w, lu, normal, n_unknown)
+
+    def __init__(self, source, target, weights, rhs, kept, n, point_ok, reference):
+        unknown = point_ok.copy()
+        unknown[reference] = False
+        n_unknown = int(unknown.sum())
+        # the reference maps to an extra last column, dropped below
+        col = np.full(n, n_unknown, dtype=np.int64)
+        col[unknown] = np.arange(n_unknown)
+        A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
+        A = A[:, :-1].tocsc()
+        w = weights[kept]
+        AtW = A.T.multiply(w[None, :]).tocsr()
+        normal = (AtW @ A).tocsc()
+        self.lu = _factorise(normal)
+        # A^T W over every arc, zero columns for the others: the product reads only kept rows
+        AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
+                                shape=(n_unknown, len(source)))
+        # A^T W y a few columns at a time: the sparse product would otherwise first copy the
+        # whole float32 (arcs, nrhs) right-hand sides to float64
+        normal_rhs = np.empty((n_unknown, rhs.shape[1]))
+        for first in range(0, rhs.shape[1], RHS_COLUMNS):
+            columns = slice(first, first + RHS_COLUMNS)
+            normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
+        self._x0 = self.x = self.lu.solve(normal_rhs)
+        self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
+        self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
+        self.unknown, self.col, self.A, self.w, self.normal = unknown, col, A, w, normal
+        self.removed = np.zeros(0, dtype=np.int64)  # arcs of kept removed by without()
+        self._G = np.zeros((n_unknown, 0))
+        self._S = None  # the Cholesky factor of S, once arcs are removed
+
+    def values(self) -> np.ndarray:
+        """``(n, nrhs)``: NaN off the network, 0 at the reference."""
+        values = np.full((len(self.point_ok), self.x.shape[1]), np.nan)
+        values[self.unknown] = self.x
+        values[self.reference] = 0.0
+        return values
+
+    def arcs(self) -> np.ndarray:
+        """The arcs of the current solution (``kept`` less those removed), in order."""
+        return self.kept[~np.isin(self.kept, self.removed)] if self.removed.size else self.kept
+
+    def _ends(self, arcs):
+        return self.col[self.source[arcs]], self.col[self.target[arcs]]
+
+    def without(self, new: np.ndarray) -> bool:
+        """Remove the arcs ``new`` (of the current ones) from the solution without a new
+        factorisation; False (and nothing changed) where the update is too large or its
+        ``S`` is not safely positive definite (the caller factorises afresh)."""
+        from scipy.linalg import cho_factor, cho_solve
+
+        if not 0 < new.size <= WOODBURY_MAX_NEW or (
+                self.removed.size + new.size > WOODBURY_MAX_TOTAL):
+            return False
+        n_unknown = self.x.shape[0]
+        source, target = self._ends(new)
+        columns = np.zeros((n_unknown + 1, new.size))  # a_r^T, the reference row dropped
+        j = np.arange(new.size)
+        np.add.at(columns, (target, j), 1.0)
+        np.add.at(columns, (source, j), -1.0)
+        solved = np.asarray(self.lu.solve(columns[:n_unknown])).reshape(n_unknown, new.size)
+        G = np.hstack([self._G, solved])
+        removed = np.concatenate([self.removed, new])
+        w_r = self.weights[removed]
+        s_r, t_r = self._ends(removed)
+        G_ext = np.vstack([G, np.zeros((1, G.shape[1]))])
+        S = np.diag(1.0 / w_r) - (G_ext[t_r] - G_ext[s_r])
+        S = 0.5 * (S + S.T)
+        try:
+            factor = cho_factor(S, lower=True, check_finite=False)
+        except np.linalg.LinAlgError:
+            return False
+        if np.min(np.diag(factor[0])) ** 2 < 1e-10 * np.max(np.diag(S)):
+            return False  # removing these arcs nearly disconnects the network
+        u = self._x0 - G @ (w_r[:, None] * np.asarray(self.rhs[removed], dtype=np.float64))
+        u_ext = np.vstack([u, np.zeros((1, u.shape[1]))])
+        self.x = u + G @ cho_solve(factor, u_ext[t_r] - u_ext[s_r], check_finite=False)
+        self.removed, self._G, self._S = removed, G, factor
+        return True
+
+    def leverage(self) -> np.ndarray:
+        """``w_a a^T N^-1 a`` of each current arc (:meth:`arcs`), through this factorisation
+        (and the update, where arcs were removed)."""
+        n_unknown = self.x.shape[0]
+        if not self.removed.size:
+            return _leverage(self.A, self.w, self.lu, self.normal, n_unknown)
+        current = self.arcs()
+        rows = ~np.isin(self.kept, self.removed)
+        A = self.A.tocsr()[rows].tocsc()
+        w = self.weights[current]
+        if n_unknown <= EXACT_REDUNDANCY_POINTS:
+            return _leverage(A, w, None, (A.T.multiply(w[None, :]) @ A).tocsc(), n_unknown)
+        return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
+
+
+class _Updated:
+    """``N^-1`` after a Woodbury update: ``N0^-1 b + G S^-1 G^T b``."""
+
+    def __init__(self, lu, G, factor):
+        self.lu, self.G, self.factor = lu, G, factor
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        from scipy.linalg import cho_solve
+
+        return self.lu.solve(b) + self.G @ cho_solve(self.factor, self.G.T @ b,
+                                                      check_finite=False)
 
 
 class _Cholesky:
-    """A sparse symmetric positive definite matrix factorised once (CHOLMOD's supernodal
-    Cholesky through cholespy: its multi-right-hand-side solves run as BLAS-3, about 10x
-    faster than SuperLU's on a 150,000-point network); ``solve(b)`` for ``b`` of shape
-    ``(n,)`` or ``(n, k)``."""
+    """A sparse symmetric positive definite matrix factorised once (CHOLMOD's Cholesky
+    through cholespy, which asks for the simplicial one: its multi-right-hand-side solves are
+    about 10x faster than SuperLU's on a 150,000-point network); ``solve(b)`` for ``b`` of
+    shape ``(n,)`` or ``(n, k)``."""
 
     def __init__(self, matrix: sp.spmatrix):
         import cholespy
@@ -409,6 +506,8 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
     iterations = 0
     estimate = redundancy is None
     cached = None if estimate else (redundancy, int(arc_ok.sum()))
+    solved = None  # the last factorised solution (possibly updated since)
+    removed = np.zeros(0, dtype=np.int64)  # by the last iteration
     while True:
         arc_ok, point_reason = _prune(source, target, arc_ok, n, reference)
         point_ok = point_reason == 0
@@ -424,11 +523,18 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
         # than REDUNDANCY_REFRESH of the arcs went since, and always before testing stops
         fresh = estimate and (cached is None
                               or arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1])
-        values, leverage = _solve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
-                                  point_ok, ref, leverage=fresh)
+        # the arcs are those of the last solution less the ones just removed (no point or arc
+        # pruned), or the same (a refresh of the redundancy numbers): no new factorisation
+        same = (solved is not None and solved.reference == ref
+                and np.array_equal(point_ok, solved.point_ok)
+                and int(arc_ok.sum()) == solved.arcs().size - removed.size)
+        if not (same and (not removed.size or (not fresh and solved.without(removed)))):
+            solved = _NetworkSolve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
+                                   point_ok, ref)
+        values = solved.values()
         if fresh:
             cached = (np.zeros(len(source)), int(arc_ok.sum()))
-            cached[0][arc_ok] = 1.0 - leverage
+            cached[0][arc_ok] = 1.0 - solved.leverage()
         redundancy = np.where(arc_ok, cached[0], 0.0)
         testable = arc_ok & (redundancy >= MIN_REDUNDANCY)
         if not testable.any():
@@ -438,6 +544,7 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
             np.where(testable, redundancy, 1.0))
         w_stat = np.where(testable, normalised, 0.0)
         failing = np.flatnonzero(w_stat > critical)
+        removed = np.zeros(0, dtype=np.int64)
         if not failing.size:
             if fresh or not estimate:
                 break
@@ -449,10 +556,10 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
                                "arcs removed); %d arcs that still fail the w-test are kept",
                                max_iterations, n_tested_out, failing.size)
             break
-        remove = _independent_worst(failing, w_stat, source, target, n)
-        arc_ok[remove] = False
-        arc_reason[remove] = 2
-        n_tested_out += remove.size
+        removed = _independent_worst(failing, w_stat, source, target, n)
+        arc_ok[removed] = False
+        arc_reason[removed] = 2
+        n_tested_out += removed.size
         iterations += 1
     return arc_ok, point_reason, values, ref, w_stat, redundancy, iterations, n_tested_out
 
@@ -528,7 +635,12 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     tile_of_arc = np.floor((midpoint - low) / cell).astype(np.int64)
     length = np.hypot(*(positions[target] - positions[source]).T)
     margin = TILE_MARGIN * float(np.median(length[arc_ok])) if arc_ok.any() else 0.0
-    tiles = np.unique(tile_of_arc[arc_ok], axis=0)
+    # the tiles holding arcs, by a one-dimensional key (np.unique over rows sorts a
+    # structured copy: 1.6 s at 1.43 M arcs, before any tile starts)
+    used = tile_of_arc[arc_ok]
+    span = int(used[:, 1].max()) + 1 if used.size else 1
+    key = np.unique(used[:, 0] * span + used[:, 1])
+    tiles = np.column_stack([key // span, key % span])
     waves = _tile_waves(tiles, cell, margin)
     workers = worker_threads()
     rejected = 0

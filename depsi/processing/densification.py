@@ -105,13 +105,13 @@ def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTre
     and screen sources were 1.8 GB in every task); the neighbours are those of the whole
     network, ties included, whatever the scheduler."""
     n = len(c_pos)
-    _, idx = tree.query(c_pos, k=k)
+    _, idx = tree.query(c_pos, k=k, workers=-1)  # the same neighbours on every core
     used, local = np.unique(idx.reshape(n, k), return_inverse=True)
     payload = {"c_pos": c_pos, "fo_idx": local.reshape(n, k).astype(np.int32)}
     payload.update({name: values[used] for name, values in table.items()})
     if screen is not None and screen.method != "kriging":
         ks = min(GAUSSIAN_NEIGHBOURS, screen.tree.n)
-        _, idx = screen.tree.query(c_pos, k=ks)
+        _, idx = screen.tree.query(c_pos, k=ks, workers=-1)
         used, local = np.unique(idx.reshape(n, ks), return_inverse=True)
         payload.update({"screen_idx": local.reshape(n, ks).astype(np.int32),
                         "screen_pos": screen.src_pos[used], "screen_values": screen.values[used]})
@@ -247,8 +247,12 @@ def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
     # each point's residual from its own model, less its constant phase
     residual = unwrapped - phase_per_metre(float(fo.attrs["wavelength"])) * (
         velocity[:, None] * years_since_mother(fo)[None, :] + h2ph * height[:, None])
-    mean = np.mean(np.exp(1j * residual), axis=1)
-    residual -= np.angle(mean)[:, None]
+    # its constant phase from float32 cosines and sines of the residual less whole cycles
+    # (only the cycles against the nearest neighbour's are read of it): no complex temporary
+    reduced = (residual - np.rint(residual * (1.0 / _TWO_PI)) * _TWO_PI).astype(np.float32)
+    residual -= np.arctan2(np.sin(reduced).sum(axis=1, dtype=np.float64),
+                           np.cos(reduced).sum(axis=1, dtype=np.float64))[:, None]
+    del reduced
     table = {
         "fo_x": (_FIRST, pos[:, 0]), "fo_y": (_FIRST, pos[:, 1]),
         "fo_velocity": (_FIRST, velocity), "fo_height_error": (_FIRST, height),

@@ -41,6 +41,7 @@ from pydantic import Field, ValidationError
 
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.backend import Device, single_threaded_blas
+from depsi.kernels.periodogram import result_coherence
 from depsi.processing.arcs import ArcsConfig, estimate_arcs, heights_resolvable
 from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
@@ -654,7 +655,7 @@ def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
         shifted = unwrapped / m2ph - h2ph * h[:, None]
         displacement[rows] = shifted - shifted[:, :1]
         velocity[rows], height[rows] = v, h
-        coherence[rows] = np.abs(np.mean(np.exp(1j * residual), axis=1))
+        coherence[rows] = result_coherence(residual)
     return out.assign(velocity=("space", velocity), height_error=("space", height),
                       temporal_coherence=("space", coherence))
 

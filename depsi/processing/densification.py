@@ -35,7 +35,7 @@ from depsi.kernels.backend import (
     to_host,
     use_device,
 )
-from depsi.kernels.periodogram import periodogram
+from depsi.kernels.periodogram import periodogram, result_coherence
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
 from depsi.processing.atmosphere import (
     GAUSSIAN_NEIGHBOURS,
@@ -213,7 +213,7 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
     ambiguity = np.rint((local + reduced - base) / _TWO_PI) + np.where(has[:, None], amb, 0)
     unwrapped = base + _TWO_PI * ambiguity
     residual = unwrapped - m2ph * (velocity[:, None] * years[None, :] + h2ph * height[:, None])
-    coherence = np.abs(np.mean(np.exp(1j * residual), axis=1))
+    coherence = result_coherence(residual)
     displacement = unwrapped / m2ph - h2ph * height[:, None]
     displacement -= displacement[:, :1]
     accepted = has & (coherence >= min_coherence)

@@ -23,6 +23,7 @@ from scipy.sparse.linalg import splu
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre, wrap_phase
+from depsi.kernels.periodogram import result_coherence
 from depsi.processing.network import point_positions, worker_threads
 from depsi.sections import Section
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
@@ -1002,7 +1003,7 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
         # H_rel = H - H_ref; the unknown (h2ph - h2ph_ref) * H_ref term is second order
         model = m2ph * (velocity[rows, None] * years[None, :] + h2ph * height[rows, None])
         residual = unwrapped - model
-        coherence_out[rows] = np.abs(np.mean(np.exp(1j * residual), axis=1))
+        coherence_out[rows] = result_coherence(residual)
         displacement = unwrapped / m2ph - h2ph * height[rows, None]
         displacement_out[rows] = displacement - displacement[:, :1]
         unwrapped_out[rows] = unwrapped

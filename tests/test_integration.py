@@ -21,6 +21,16 @@ def _estimated(**kwargs):
     return points, true, estimate_arcs(form_network(points, method="redundant")).compute()
 
 
+def _with_cycle_slips(arcs, count, *, seed):
+    """A copy of ``arcs`` with a cycle slip in the last 8 epochs of ``count`` random arcs."""
+    bad = np.sort(np.random.default_rng(seed).choice(arcs.sizes["arc"], count, replace=False))
+    arcs = arcs.copy(deep=True)
+    amb = arcs["ambiguity"].values.copy()
+    amb[bad, -8:] += 1
+    arcs["ambiguity"] = (arcs["ambiguity"].dims, amb)
+    return arcs, bad
+
+
 def test_incidence_matrix_has_minus_one_at_source_plus_one_at_target():
     A = incidence_matrix(np.array([0, 2]), np.array([1, 0]), 3).toarray()
     assert A.tolist() == [[-1, 1, 0], [1, 0, -1]]
@@ -232,12 +242,7 @@ def test_the_w_test_decides_the_same_with_or_without_updates(monkeypatch):
     from depsi.processing import integration
 
     points, true, arcs = _estimated()
-    rng = np.random.default_rng(3)
-    bad = np.sort(rng.choice(arcs.sizes["arc"], 30, replace=False))
-    arcs = arcs.copy(deep=True)
-    amb = arcs["ambiguity"].values.copy()
-    amb[bad, -8:] += 1
-    arcs["ambiguity"] = (arcs["ambiguity"].dims, amb)
+    arcs, bad = _with_cycle_slips(arcs, 30, seed=3)
     counted = []
     real = integration._factorise
 
@@ -291,12 +296,7 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     from depsi.processing import integration
 
     points, true, arcs = _estimated()
-    rng = np.random.default_rng(5)
-    bad = np.sort(rng.choice(arcs.sizes["arc"], 12, replace=False))
-    arcs = arcs.copy(deep=True)
-    amb = arcs["ambiguity"].values.copy()
-    amb[bad, -8:] += 1
-    arcs["ambiguity"] = (arcs["ambiguity"].dims, amb)
+    arcs, bad = _with_cycle_slips(arcs, 12, seed=5)
     whole, whole_arcs = integrate_network(points, arcs, return_arcs=True)
     monkeypatch.setattr(integration, "TILE_POINTS", points.sizes["space"] // 4)
     tiled, tiled_arcs = integrate_network(points, arcs, return_arcs=True)

@@ -98,23 +98,28 @@ def ensemble_coherence(residual_phase: Any) -> Any:
     return xp.where(n > 0, s / xp.maximum(n, 1), xp.nan)
 
 
+def mean_phasor(residual_phase: np.ndarray) -> np.ndarray:
+    """``mean_t exp(j r_t)`` over the last axis of a float64 residual phase (NaN where a row
+    holds NaN), from float32 cosines and sines of the residual less whole cycles, summed in
+    float64 (absolute error about 1e-7): no complex temporary, 4x faster than NumPy's complex
+    exponential, which :func:`ensemble_coherence` keeps where float64 is owed."""
+    residual_phase = np.asarray(residual_phase, dtype=np.float64)
+    reduced = residual_phase - np.rint(residual_phase * (1.0 / _TWO_PI)) * _TWO_PI
+    reduced = reduced.astype(np.float32)
+    return (np.cos(reduced).sum(axis=-1, dtype=np.float64)
+            + 1j * np.sin(reduced).sum(axis=-1, dtype=np.float64)) / residual_phase.shape[-1]
+
+
 def result_coherence(residual_phase: np.ndarray) -> np.ndarray:
-    """``|mean_t exp(j r_t)|`` over the last axis of a float64 residual phase (NaN where a
-    row holds NaN), for the float32 ``temporal_coherence`` of results: from float32 cosines
-    and sines of the residual less whole cycles, summed in float64 (absolute error about 1e-7,
-    the result's own precision). No complex temporary; 4x faster than NumPy's complex
-    exponential, which :func:`ensemble_coherence` keeps where float64 is owed.
+    """``|mean_t exp(j r_t)|`` for the float32 ``temporal_coherence`` of results, by
+    :func:`mean_phasor` (its absolute error, about 1e-7, is the result's own precision).
 
     Examples
     --------
     >>> float(result_coherence(np.array([0.1, 0.1 + 2 * np.pi, 0.1 - 40 * np.pi])).round(6))
     1.0
     """
-    residual_phase = np.asarray(residual_phase, dtype=np.float64)
-    reduced = residual_phase - np.rint(residual_phase * (1.0 / _TWO_PI)) * _TWO_PI
-    reduced = reduced.astype(np.float32)
-    return np.hypot(np.cos(reduced).sum(axis=-1, dtype=np.float64),
-                    np.sin(reduced).sum(axis=-1, dtype=np.float64)) / residual_phase.shape[-1]
+    return np.abs(mean_phasor(residual_phase))
 
 
 def grid_nodes(low: float, high: float, step: float) -> np.ndarray:

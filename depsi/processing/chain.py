@@ -438,8 +438,8 @@ def _kept(first: xr.Dataset, names: tuple[str, ...]) -> xr.Dataset:
 @single_threaded_blas()
 def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
                        devices: Devices = None) -> xr.Dataset:
-    """Every point not kept in the network, estimated from arcs to its nearest first-order
-    points; the accepted ones, as result variables with ``order`` 2."""
+    """Every point not kept in the network, estimated against the local reference of its
+    nearest first-order points; the accepted ones, as result variables with ``order`` 2."""
     release_memory()
     others = np.setdiff1d(np.arange(points.sizes["space"]),
                           first["point_index"].values[first["in_network"].values])

@@ -27,10 +27,8 @@ of moving real DEM errors into the screen.
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 
-import dask
 import numpy as np
 import xarray as xr
 from scipy.optimize import curve_fit
@@ -39,7 +37,7 @@ from scipy.stats import f as f_distribution
 
 from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import single_threaded_blas
-from depsi.processing.network import point_positions
+from depsi.processing.network import point_positions, worker_threads
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -222,8 +220,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
 
     # batches of cells (bounded memory) on this process's threads, BLAS at one thread each
     # (the chain's steps set it): NumPy releases the GIL in the solves and the large products
-    threads = int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
         list(pool.map(predict_cells, range(0, n_cells, batch)))
     return out
 

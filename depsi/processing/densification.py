@@ -35,7 +35,7 @@ from depsi.kernels.backend import (
     to_host,
     use_device,
 )
-from depsi.kernels.periodogram import periodogram, result_coherence
+from depsi.kernels.periodogram import mean_phasor, periodogram, result_coherence
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
 from depsi.processing.atmosphere import (
     GAUSSIAN_NEIGHBOURS,
@@ -247,12 +247,9 @@ def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
     # each point's residual from its own model, less its constant phase
     residual = unwrapped - phase_per_metre(float(fo.attrs["wavelength"])) * (
         velocity[:, None] * years_since_mother(fo)[None, :] + h2ph * height[:, None])
-    # its constant phase from float32 cosines and sines of the residual less whole cycles
-    # (only the cycles against the nearest neighbour's are read of it): no complex temporary
-    reduced = (residual - np.rint(residual * (1.0 / _TWO_PI)) * _TWO_PI).astype(np.float32)
-    residual -= np.arctan2(np.sin(reduced).sum(axis=1, dtype=np.float64),
-                           np.cos(reduced).sum(axis=1, dtype=np.float64))[:, None]
-    del reduced
+    # its constant phase to float32's precision (only the cycles against the nearest
+    # neighbour's are read of it)
+    residual -= np.angle(mean_phasor(residual))[:, None]
     table = {
         "fo_x": (_FIRST, pos[:, 0]), "fo_y": (_FIRST, pos[:, 1]),
         "fo_velocity": (_FIRST, velocity), "fo_height_error": (_FIRST, height),

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 import xarray as xr
 from pydantic import Field
-from scipy.linalg import lapack
+from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
 from scipy.stats import norm
@@ -253,7 +253,16 @@ class _NetworkSolve:
 
     def arcs(self) -> np.ndarray:
         """The arcs of the current solution (``kept`` less those removed), in order."""
-        return self.kept[~np.isin(self.kept, self.removed)] if self.removed.size else self.kept
+        return self.kept[self._rows()]
+
+    def _rows(self) -> np.ndarray:
+        """Which of ``kept`` are current."""
+        return ~np.isin(self.kept, self.removed)
+
+    @property
+    def n_arcs(self) -> int:
+        """How many arcs the current solution has (``removed`` are distinct arcs of kept)."""
+        return self.kept.size - self.removed.size
 
     def _ends(self, arcs):
         return self.col[self.source[arcs]], self.col[self.target[arcs]]
@@ -262,8 +271,6 @@ class _NetworkSolve:
         """Remove the arcs ``new`` (of the current ones) from the solution without a new
         factorisation; False (and nothing changed) where the update is too large or its
         ``S`` is not safely positive definite (the caller factorises afresh)."""
-        from scipy.linalg import cho_factor, cho_solve
-
         if not 0 < new.size <= WOODBURY_MAX_NEW or (
                 self.removed.size + new.size > WOODBURY_MAX_TOTAL):
             return False
@@ -299,10 +306,9 @@ class _NetworkSolve:
         n_unknown = self.x.shape[0]
         if not self.removed.size:
             return _leverage(self.A, self.w, self.lu, self.normal, n_unknown)
-        current = self.arcs()
-        rows = ~np.isin(self.kept, self.removed)
+        rows = self._rows()
         A = self.A.tocsr()[rows].tocsc()
-        w = self.weights[current]
+        w = self.w[rows]
         if n_unknown <= EXACT_REDUNDANCY_POINTS:
             return _leverage(A, w, None, (A.T.multiply(w[None, :]) @ A).tocsc(), n_unknown)
         return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
@@ -315,8 +321,6 @@ class _Updated:
         self.lu, self.G, self.factor = lu, G, factor
 
     def solve(self, b: np.ndarray) -> np.ndarray:
-        from scipy.linalg import cho_solve
-
         return self.lu.solve(b) + self.G @ cho_solve(self.factor, self.G.T @ b,
                                                       check_finite=False)
 
@@ -528,7 +532,7 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
         # pruned), or the same (a refresh of the redundancy numbers): no new factorisation
         same = (solved is not None and solved.reference == ref
                 and np.array_equal(point_ok, solved.point_ok)
-                and int(arc_ok.sum()) == solved.arcs().size - removed.size)
+                and int(arc_ok.sum()) == solved.n_arcs - removed.size)
         if not (same and (not removed.size or (not fresh and solved.without(removed)))):
             solved = _NetworkSolve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
                                    point_ok, ref)

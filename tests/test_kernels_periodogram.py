@@ -173,7 +173,10 @@ def test_shared_h2ph_equals_per_item_h2ph():
     shared = periodogram(phase, h2ph, t, wavelength=WAVELENGTH)
     per_item = periodogram(phase, np.tile(h2ph, (15, 1)), t, wavelength=WAVELENGTH)
     np.testing.assert_allclose(shared.velocity, per_item.velocity, rtol=1e-9)
-    np.testing.assert_allclose(shared.height_error, per_item.height_error, rtol=1e-9)
+    # the two coarse grids round differently (BLAS kernels by CPU), so Newton starts elsewhere
+    # and lands on the same float64 maximum: 1e-8 m of height is 1e-9 rad of model phase here
+    np.testing.assert_allclose(shared.height_error, per_item.height_error, rtol=1e-9,
+                               atol=1e-8)
 
 
 def test_extra_seasonal_term_is_recovered():
@@ -321,10 +324,12 @@ def test_velocity_only_batches_flags_and_refusals():
     phase[4] = np.nan
     one = periodogram(phase, None, t, wavelength=WAVELENGTH)
     many = periodogram(phase, None, t, wavelength=WAVELENGTH, max_batch=7)
-    # the grid sums are complex64 GEMMs, whose rounding depends on the batch's shape
-    for name in ("velocity", "coherence", "offset"):
+    # the grid sums are complex64 GEMMs, whose rounding depends on the batch's shape (and
+    # the CPU's BLAS kernels): velocities to 1e-5 relative, and the constant phase to what
+    # such a velocity difference moves it by: |m2ph| x 4e-7 m/yr x 2 yr (mean epoch), 2e-4 rad
+    for name, atol in (("velocity", 1e-7), ("coherence", 1e-7), ("offset", 2e-4)):
         np.testing.assert_allclose(getattr(many, name), getattr(one, name), rtol=1e-5,
-                                   atol=1e-7, err_msg=name)
+                                   atol=atol, err_msg=name)
     for name in ("ambiguity", "flag", "n_valid"):
         np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=name)
     assert one.flag[3] == one.flag[4] == Flag.TOO_FEW_OBSERVATIONS

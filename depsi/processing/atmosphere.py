@@ -42,6 +42,14 @@ class AtmosphereConfig(Section):
     temporal_window: float = Field(
         DEFAULT_TEMPORAL_WINDOW, gt=0, description="Low-pass width (years) separating "
                                                    "unmodelled deformation from atmosphere.")
+    second_pass: Literal["network", "refit"] = Field(
+        "network", description="After the screen: network (the arcs estimated and integrated "
+                               "again on phases corrected for the screen, which re-unwraps "
+                               "them) or refit (each first-order point's velocity and height "
+                               "fitted to its first-pass unwrapped phase less the screen: the "
+                               "first pass's ambiguities kept, about 10x cheaper; as accurate "
+                               "under a 1 rad screen, up to 7 % worse velocities under 1.5-2 "
+                               "rad, docs/benchmarks.md).")
     correlated_height: bool = Field(
         True, description="Move the atmosphere's projection on the baselines (a smooth field "
                           "in the height errors) into the screen, predicted from all result "

@@ -54,6 +54,7 @@ from depsi.processing.integration import (
     empty_observations,
     fill_observations,
     integrate_network,
+    refit_points,
     remove_reference_noise,
 )
 from depsi.processing.model import estimate_model
@@ -395,20 +396,31 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             screen_attrs = {a: screen.attrs[a] for a in screen.attrs
                             if a.startswith("variogram_") or a == "aps_method"}
             screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
+            aps = screen["aps"].transpose("space", "time").values
+            unwrapped = None
+            if section.second_pass == "refit":
+                unwrapped = kept["unwrapped_phase"].transpose("space", "time").values - aps
+                first_attrs = dict(kept.attrs)
             del first, kept
             release_memory()
             corrected = points.isel(space=keep)
             corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
                                          .astype(np.float32))
-            observations = observations_step(_with_edges(corrected, config.network,
-                                                         second_pass=True), config,
-                                             devices=devices)
-            integration = config.integration
-            result = integrate_network(corrected, observations, reference=local,
-                                       min_coherence=integration.min_coherence,
-                                       alpha=integration.alpha,
-                                       max_iterations=integration.max_iterations)
-            del observations
+            if unwrapped is not None:
+                result = refit_points(corrected, unwrapped, local)
+                result.attrs = {**first_attrs, **result.attrs, "second_pass": "refit"}
+                del unwrapped
+            else:
+                observations = observations_step(_with_edges(corrected, config.network,
+                                                             second_pass=True), config,
+                                                 devices=devices)
+                integration = config.integration
+                result = integrate_network(corrected, observations, reference=local,
+                                           min_coherence=integration.min_coherence,
+                                           alpha=integration.alpha,
+                                           max_iterations=integration.max_iterations)
+                result.attrs["second_pass"] = "network"
+                del observations
             result["aps"] = ("space", "time"), screen["aps"].transpose("space", "time").values
             result["aps_observed"] = (("space", "time"),
                                       screen["aps_observed"].transpose("space", "time").values)

@@ -23,6 +23,7 @@ from scipy.sparse.linalg import splu
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre, wrap_phase
+from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.periodogram import result_coherence
 from depsi.processing.network import point_positions, worker_threads
 from depsi.sections import Section
@@ -1023,6 +1024,79 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
         removal_reason=("space", point_reason),
         reference_phase=("time", np.asarray(reference_phase).astype(np.float32)),
     )
+    return out
+
+
+def refit_points(points: xr.Dataset, unwrapped: np.ndarray, reference: int) -> xr.Dataset:
+    """Network points' results from their unwrapped phases: velocity and height error by
+    least squares per point (with a constant phase), every point kept.
+
+    The second pass of :func:`depsi.processing.chain.atmosphere_step` by default: ``points``
+    hold the phases corrected for the screen and ``unwrapped`` the first pass's unwrapped
+    phases less the same screen, so the ambiguities the network found are kept and only the
+    estimates are freed of the atmosphere (no second periodogram or network solution).
+
+    Parameters
+    ----------
+    points
+        Point STM (``phase``, ``h2ph``, ``wavelength``) of the network's points.
+    unwrapped : (space, time)
+        Their unwrapped phases (rad); taken relative to point ``reference`` (its row is
+        subtracted), as :func:`integrate_network` gives them.
+    reference
+        Index into ``points.space`` of the reference point.
+
+    Returns
+    -------
+    xarray.Dataset
+        As :func:`integrate_network`: ``velocity``, ``height_error``, ``unwrapped_phase``,
+        ``displacement``, ``ambiguity``, ``temporal_coherence``, ``in_network`` (all true),
+        ``removal_reason``, ``reference_phase``; attrs ``reference``.
+
+    Examples
+    --------
+    >>> t = np.arange(30) * 24 / 365.25  # years, 24-day revisit
+    >>> h2ph = (3e-4 * np.sin(7.0 * np.arange(30)))[None].repeat(3, axis=0)  # not collinear with t
+    >>> m2ph = phase_per_metre(0.0555)
+    >>> truth = m2ph * (np.array([[0.0], [0.004], [-0.002]]) * t
+    ...                 + h2ph * np.array([[0.0], [5.0], [-3.0]]))
+    >>> points = xr.Dataset(
+    ...     {"phase": (("space", "time"), np.angle(np.exp(1j * truth))),
+    ...      "h2ph": (("space", "time"), h2ph)},
+    ...     coords={"time": np.datetime64("2020-01-01") + np.arange(30) * np.timedelta64(24, "D"),
+    ...             "azimuth": ("space", [0, 1, 2]), "range": ("space", [0, 0, 0])},
+    ...     attrs={"wavelength": 0.0555})
+    >>> out = refit_points(points, truth, 0)
+    >>> [round(float(v), 4) for v in out.velocity], [round(float(h), 2) for h in out.height_error]
+    ([0.0, 0.004, -0.002], [0.0, 5.0, -3.0])
+    """
+    validate(points, "points", require=("phase", "h2ph"), require_wavelength=True)
+    n, n_epochs = points.sizes["space"], points.sizes["time"]
+    if unwrapped.shape != (n, n_epochs):
+        raise ValueError(f"unwrapped: expected shape ({n}, {n_epochs}), found {unwrapped.shape}")
+    if not 0 <= int(reference) < n:
+        raise ValueError(f"reference: expected an index into space in [0, {n}), "
+                         f"found {reference}")
+    m2ph = phase_per_metre(float(points.attrs["wavelength"]))
+    years = years_since_mother(points)
+    h2ph_all = points["h2ph"].transpose("space", ...)
+    base = np.asarray(unwrapped[reference], dtype=np.float64)
+    values = np.empty((n, 2 + n_epochs))
+    for start in range(0, n, POINT_BLOCK):
+        rows = slice(start, min(start + POINT_BLOCK, n))
+        y = np.asarray(unwrapped[rows], dtype=np.float64) - base
+        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
+        design = np.empty(y.shape + (3,))
+        design[..., 0] = 1.0
+        design[..., 1] = m2ph * years
+        design[..., 2] = m2ph * h2ph
+        fit = lstsq_batched(design, y)
+        values[rows, 0], values[rows, 1] = fit.x[:, 1], fit.x[:, 2]
+        values[rows, 2:] = y
+    values[reference, :2] = 0.0  # its own phases are zero: no round-off left
+    out = _point_results(points, values, np.ones(n, bool), np.zeros(n, np.int8), int(reference),
+                         years)
+    out.attrs["reference"] = int(reference)
     return out
 
 

@@ -223,7 +223,12 @@ def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray
     chosen = np.sort(ranked[:config.first_order])
     if config.cell_size is not None and len(ranked) > config.first_order:
         cells = np.floor(point_positions(points)[ranked] / config.cell_size).astype(np.int64)
-        _, first_in_cell = np.unique(cells, axis=0, return_index=True)  # best, as ranked
+        cells -= cells.min(axis=0)
+        key = cells[:, 0] * (int(cells[:, 1].max()) + 1) + cells[:, 1]  # one int per cell
+        # the first of each cell in ranked order, the best (a stable sort; np.unique's
+        # return_index on rows took 3 s at 10^6 points)
+        order = np.argsort(key, kind="stable")
+        first_in_cell = order[np.r_[True, key[order][1:] != key[order][:-1]]]
         if len(first_in_cell) > config.first_order:
             chosen = np.sort(ranked[first_in_cell])
             logger.info("first order: the best point of each of %d cells of %.0f m "

@@ -108,7 +108,8 @@ def _unique_edges(source: np.ndarray, target: np.ndarray, n: int) -> tuple[np.nd
     lo = np.minimum(source, target).astype(np.int64)
     hi = np.maximum(source, target).astype(np.int64)
     keep = lo != hi
-    key = np.unique(lo[keep] * n + hi[keep])
+    key = np.sort(lo[keep] * n + hi[keep])  # a sort: NumPy's hashed unique is 8x slower here
+    key = key[np.r_[True, key[1:] != key[:-1]]] if key.size else key
     return key // n, key % n
 
 
@@ -139,8 +140,8 @@ def redundant_edges(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Edges to the ``k`` nearest neighbours in each of ``n_sectors`` angular sectors.
 
-    One KD-tree query gives every point its nearest candidates; a stable sort by
-    (point, sector) ranks them within each sector, so no Python loop runs over points.
+    One KD-tree query gives every point its nearest candidates; a stable sort of each point's
+    candidates by sector ranks them within each sector, so no Python loop runs over points.
 
     Examples
     --------
@@ -159,23 +160,27 @@ def redundant_edges(
     # blocks of points bound the (points, n_query) temporaries whatever the network's size
     for start in range(0, n, EDGE_QUERY_BLOCK):
         block = np.arange(start, min(start + EDGE_QUERY_BLOCK, n))
-        dist, idx = tree.query(positions[block], k=n_query, distance_upper_bound=bound)
+        dist, idx = tree.query(positions[block], k=n_query, distance_upper_bound=bound,
+                               workers=-1)
         dist, idx = dist[:, 1:], idx[:, 1:]  # drop the point itself
         valid = np.isfinite(dist) & (idx < n)
-        rows = np.broadcast_to(block[:, None], idx.shape)[valid]
-        nbrs = idx[valid]
-        delta = positions[nbrs] - positions[rows]
-        angle = np.mod(np.arctan2(delta[:, 1], delta[:, 0]), _TWO_PI)
-        sector = np.minimum((angle / (_TWO_PI / n_sectors)).astype(np.int64), n_sectors - 1)
-        group = rows.astype(np.int64) * n_sectors + sector
-        order = np.argsort(group, kind="stable")  # within a group, still nearest first
-        sorted_group = group[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sorted_group)) + 1]
-        counts = np.diff(np.r_[starts, len(sorted_group)])
-        rank = np.arange(len(sorted_group)) - np.repeat(starts, counts)
-        chosen = order[rank < k]
-        sources.append(rows[chosen])
-        targets.append(nbrs[chosen])
+        nbrs = np.where(valid, idx, block[:, None])
+        delta = positions[nbrs] - positions[block][:, None, :]
+        angle = np.mod(np.arctan2(delta[..., 1], delta[..., 0]), _TWO_PI)
+        sector = np.minimum((angle / (_TWO_PI / n_sectors)).astype(np.int8), n_sectors - 1)
+        sector[~valid] = n_sectors  # after every sector
+        # each point's candidates by sector, nearest first within one (a stable sort per row)
+        order = np.argsort(sector, axis=1, kind="stable")
+        by_sector = np.take_along_axis(sector, order, axis=1)
+        first = np.empty_like(by_sector, dtype=bool)
+        first[:, 0] = True
+        np.not_equal(by_sector[:, 1:], by_sector[:, :-1], out=first[:, 1:])
+        column = np.arange(by_sector.shape[1])
+        start_of_run = np.maximum.accumulate(np.where(first, column, 0), axis=1)
+        chosen = (column - start_of_run < k) & (by_sector < n_sectors)
+        rows, slots = np.nonzero(chosen)
+        sources.append(block[rows])
+        targets.append(nbrs[rows, order[rows, slots]])
     return _unique_edges(np.concatenate(sources), np.concatenate(targets), n)
 
 

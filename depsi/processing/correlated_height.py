@@ -202,19 +202,28 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
 
     def predict_cells(start: int) -> None:  # one batch of cells; batches write disjoint rows
         stop = min(start + batch, n_cells)
-        nb = src_pos[idx[start:stop]]                                    # (B, k, 2)
+        # positions relative to each cell's centre, in float32: distances to 1e-3 m and
+        # covariances to 1e-7 relative, 4-6x faster than float64 (whose exp has no SIMD loop)
+        centre = centres[start:stop, None, :]
+        nb = (src_pos[idx[start:stop]] - centre).astype(np.float32)    # (B, k, 2)
         d_nn = _distances(nb, nb)                                        # (B, k, k)
-        cov = signal_sill * np.exp(-d_nn / signal_range)
+        d_nn *= np.float32(-1.0 / signal_range)
+        cov = np.exp(d_nn).astype(np.float64)
+        cov *= signal_sill
         if extra_sill > 0:
-            cov += extra_sill * np.exp(-d_nn / extra_range)
+            d_nn *= np.float32(signal_range / extra_range)
+            cov += extra_sill * np.exp(d_nn)
+        del d_nn
         cov[:, np.arange(k), np.arange(k)] += nugget
         targets = table[start:stop]                                      # (B, width)
-        tp = dst_pos[np.maximum(targets, 0)]                             # (B, width, 2)
+        tp = (dst_pos[np.maximum(targets, 0)] - centre).astype(np.float32)  # (B, width, 2)
         # dual kriging: v^T C^-1 c_t = (C^-1 v)^T c_t, one right-hand side per cell instead of
-        # one per target (C is symmetric)
+        # one per target (C is symmetric); the solve in float64
         dual = np.linalg.solve(cov, src_values[idx[start:stop], None])[..., 0]  # (B, k)
-        values = np.einsum("bk,bkw->bw", dual,
-                           signal_sill * np.exp(-_distances(nb, tp) / signal_range))
+        d_nt = _distances(nb, tp)
+        d_nt *= np.float32(-1.0 / signal_range)
+        values = signal_sill * np.einsum("bk,bkw->bw", dual.astype(np.float32), np.exp(d_nt),
+                                         dtype=np.float64)
         valid = targets >= 0
         out[targets[valid]] = values[valid]
 

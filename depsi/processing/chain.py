@@ -228,7 +228,8 @@ def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray
         # the first of each cell in ranked order, the best (a stable sort; np.unique's
         # return_index on rows took 3 s at 10^6 points)
         order = np.argsort(key, kind="stable")
-        first_in_cell = order[np.r_[True, key[order][1:] != key[order][:-1]]]
+        key = key[order]
+        first_in_cell = order[np.r_[True, key[1:] != key[:-1]]]
         if len(first_in_cell) > config.first_order:
             chosen = np.sort(ranked[first_in_cell])
             logger.info("first order: the best point of each of %d cells of %.0f m "
@@ -409,8 +410,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             del first, kept
             release_memory()
             corrected = points.isel(space=keep)
-            corrected = corrected.assign(phase=wrap_phase(corrected["phase"] - screen["aps"].values)
-                                         .astype(np.float32))
+            corrected = corrected.assign(
+                phase=wrap_phase(corrected["phase"].transpose("space", "time") - aps)
+                .astype(np.float32))
             if unwrapped is not None:
                 result = refit_points(corrected, unwrapped, local)
                 result.attrs = {**first_attrs, **result.attrs, "second_pass": "refit"}
@@ -426,7 +428,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                                            max_iterations=integration.max_iterations)
                 result.attrs["second_pass"] = "network"
                 del observations
-            result["aps"] = ("space", "time"), screen["aps"].transpose("space", "time").values
+            result["aps"] = ("space", "time"), aps
             result["aps_observed"] = (("space", "time"),
                                       screen["aps_observed"].transpose("space", "time").values)
             result.attrs.update(screen_attrs)

@@ -62,6 +62,7 @@ from depsi.processing.network import (
     ARC_CHUNK,
     NetworkConfig,
     arcs_from_edges,
+    cell_keys,
     network_edges,
     point_positions,
 )
@@ -223,13 +224,8 @@ def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray
     chosen = np.sort(ranked[:config.first_order])
     if config.cell_size is not None and len(ranked) > config.first_order:
         cells = np.floor(point_positions(points)[ranked] / config.cell_size).astype(np.int64)
-        cells -= cells.min(axis=0)
-        key = cells[:, 0] * (int(cells[:, 1].max()) + 1) + cells[:, 1]  # one int per cell
-        # the first of each cell in ranked order, the best (a stable sort; np.unique's
-        # return_index on rows took 3 s at 10^6 points)
-        order = np.argsort(key, kind="stable")
-        key = key[order]
-        first_in_cell = order[np.r_[True, key[1:] != key[:-1]]]
+        # the first of each cell in ranked order, the best
+        _, first_in_cell = np.unique(cell_keys(cells), return_index=True)
         if len(first_in_cell) > config.first_order:
             chosen = np.sort(ranked[first_in_cell])
             logger.info("first order: the best point of each of %d cells of %.0f m "

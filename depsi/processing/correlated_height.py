@@ -37,7 +37,7 @@ from scipy.stats import f as f_distribution
 
 from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import single_threaded_blas
-from depsi.processing.network import point_positions, worker_threads
+from depsi.processing.network import cell_keys, point_positions, worker_threads
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     extent = np.maximum(np.ptp(dst_pos, axis=0), 1.0)
     cell = np.sqrt(TARGETS_PER_CELL * extent[0] * extent[1] / max(len(dst_pos), 1))
     ij = np.floor((dst_pos - low) / cell).astype(np.int64)
-    _, cell_of = np.unique(ij[:, 0] * (ij[:, 1].max() + 1) + ij[:, 1], return_inverse=True)
+    _, cell_of = np.unique(cell_keys(ij), return_inverse=True)
     order = np.argsort(cell_of, kind="stable")
     counts = np.bincount(cell_of)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])

@@ -103,6 +103,23 @@ def point_positions(
                             np.asarray(points["range"].values, dtype=np.float64) * rg_sp])
 
 
+def cell_keys(cells: np.ndarray) -> np.ndarray:
+    """One int64 per row of integer cell indices ``cells`` (n, 2), ordered as the rows are
+    lexicographically: ``np.unique`` on these is that of the rows, without the structured copy
+    that ``np.unique(axis=0)`` sorts (seconds at 10^6 rows).
+
+    Examples
+    --------
+    >>> cell_keys(np.array([[3, -1], [2, 5], [3, -1]])).tolist()
+    [7, 6, 7]
+    """
+    cells = np.asarray(cells, dtype=np.int64)
+    if not cells.size:
+        return np.zeros(len(cells), dtype=np.int64)
+    cells = cells - cells.min(axis=0)
+    return cells[:, 0] * (int(cells[:, 1].max()) + 1) + cells[:, 1]
+
+
 def _unique_edges(source: np.ndarray, target: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Undirected, deduplicated edges with ``source < target`` and no self-loops."""
     lo = np.minimum(source, target).astype(np.int64)

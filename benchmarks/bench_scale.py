@@ -544,7 +544,7 @@ def markdown(rows: list[dict]) -> str:
         acc = row.get("accuracy", {})
         wall = row.get("chain_wall_s")
         growth = "-"
-        if wall and previous:
+        if wall and previous and n != previous[0]:  # rows of one size (options) have none
             growth = f"{math.log(wall / previous[1]) / math.log(n / previous[0]):.2f}"
         peak = row.get("child", {}).get("peak_rss_bytes")
         velocity = (f"{_fmt(acc.get('velocity_rmse', float('nan')) * 1e3, '.2f')} "

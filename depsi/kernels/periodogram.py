@@ -504,7 +504,7 @@ def _refine(xp, phase0, vmask, model: _Model, theta, n_valid, steps, rcond):
         step, ok = _newton_step(xp, work_model, c, s, C, S, rcond)
         started = ok if started is None else started
         # an item that has converged stays where it is until the working set is compacted:
-        # its iterations, and so its result, do not depend on the other items of its batch
+        # the iterations it takes do not depend on when the others of its batch converge
         step = xp.where(moving[None], step, 0.0)
         theta = theta + step
         c, s, C, S = _evaluate(xp, work_phase, work_mask, work_model, theta, f4)

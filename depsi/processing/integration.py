@@ -25,6 +25,7 @@ from scipy.stats import norm
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.periodogram import result_coherence
+from depsi.kernels.temporal import design_matrix
 from depsi.processing.network import cell_keys, point_positions, worker_threads
 from depsi.sections import Section
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
@@ -1076,7 +1077,7 @@ def refit_points(points: xr.Dataset, unwrapped: np.ndarray, reference: int) -> x
     if not 0 <= int(reference) < n:
         raise ValueError(f"reference: expected an index into space in [0, {n}), "
                          f"found {reference}")
-    m2ph = phase_per_metre(float(points.attrs["wavelength"]))
+    wavelength = float(points.attrs["wavelength"])
     years = years_since_mother(points)
     h2ph_all = points["h2ph"].transpose("space", ...)
     base = np.asarray(unwrapped[reference], dtype=np.float64)
@@ -1084,11 +1085,9 @@ def refit_points(points: xr.Dataset, unwrapped: np.ndarray, reference: int) -> x
     for start in range(0, n, POINT_BLOCK):
         rows = slice(start, min(start + POINT_BLOCK, n))
         y = np.asarray(unwrapped[rows], dtype=np.float64) - base
-        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
-        design = np.empty(y.shape + (3,))
-        design[..., 0] = 1.0
-        design[..., 1] = m2ph * years
-        design[..., 2] = m2ph * h2ph
+        design, _ = design_matrix(years, terms=("offset", "velocity", "height_error"),
+                                  h2ph=h2ph_rows(h2ph_all, rows, n_epochs),
+                                  wavelength=wavelength)
         fit = lstsq_batched(design, y)
         values[rows, 0], values[rows, 1] = fit.x[:, 1], fit.x[:, 2]
         values[rows, 2:] = y

@@ -8,9 +8,12 @@ incidence angle, the heading and the line-of-sight unit vector (east, north, up,
 the ground to the satellite). Every function works on whole arrays of points at once: Newton
 iterations vectorised over points, no Python loop over points.
 
-Sign of ``h2ph`` (checked against SNAP's own ``h2ph`` band, ``tests/test_geometry.py``):
-positive when the secondary sees the point from higher up than the mother, i.e. when raising
-the point shortens the secondary's range less than the mother's... see :func:`baselines`.
+Sign of ``h2ph``: ``h2ph = d(R_secondary - R_mother) / dh``, the change of the range difference
+when a point is raised at a fixed pixel, ``= -B_perp / (R sin(incidence))`` with ``B_perp``
+positive when the secondary lies above the mother's line of sight. It is SNAP's convention
+(its ``h2ph`` band; measured on the real SNAP pair, ``tests/test_geometry.py``) and the one of
+depsi's phase model with interferograms ``slc * conj(slc_mother)`` and SLC phases
+``-4 pi R / wavelength``.
 """
 
 from __future__ import annotations
@@ -486,11 +489,11 @@ def baselines(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any = 
     ``B = P_secondary - P_mother``, ``bpar = R_mother - R_secondary`` (the range difference,
     m) and ``bperp`` the component of ``B`` perpendicular to the mother's line of sight in the
     zero-Doppler plane, positive when the secondary is further from the Earth than the line of
-    sight (above it). ``h2ph = bperp / (R_mother sin(incidence))``, so that raising the point by
-    ``dh`` changes the interferometric range difference ``R_secondary - R_mother`` by
-    ``-h2ph * dh``: with depsi's phase model (``phase = m2ph * (... + h2ph * height_error)``,
-    ``m2ph = -4 pi / wavelength``) the interferogram is ``mother * conj(secondary)``, as SNAP
-    and DORIS form it.
+    sight (above it), as SNAP's ``Perp Baseline``. ``h2ph = -bperp / (R_mother sin(incidence))``
+    is the change of ``R_secondary - R_mother`` per metre of height at a fixed pixel, SNAP's
+    sign: with depsi's phase model (``phase = m2ph * (... + h2ph * height_error)``,
+    ``m2ph = -4 pi / wavelength``, interferograms ``slc * conj(slc_mother)``) and SLC phases
+    ``-4 pi R / wavelength``.
 
     Returns
     -------
@@ -529,7 +532,7 @@ def baselines(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any = 
         bpar.append(r_m - np.linalg.norm(target - p_k, axis=-1))
     bperp = np.stack(bperp, axis=-1)
     bpar = np.stack(bpar, axis=-1)
-    h2ph = bperp / (r_m * np.sin(incidence))[..., None]
+    h2ph = -bperp / (r_m * np.sin(incidence))[..., None]
     return {"bperp": bperp, "bpar": bpar, "h2ph": h2ph, "incidence": np.rad2deg(incidence),
             "slant_range": r_m}
 
@@ -697,6 +700,117 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
     return out
 
 
+#: Points geocoded per batch (bounds the Newton iterations' temporaries to a few hundred MB).
+GEOCODE_BATCH = 500_000
+
+#: Per-point coordinates :func:`geocode_points` adds: name -> (units, long name).
+POINT_GEOMETRY = {
+    "incidence_angle": ("degree", "incidence angle of the line of sight at the point"),
+    "heading": ("degree", "heading of the flight direction, clockwise from north"),
+    "los_east": ("1", "east component of the unit vector from the point to the satellite"),
+    "los_north": ("1", "north component of the unit vector from the point to the satellite"),
+    "los_up": ("1", "up component of the unit vector from the point to the satellite"),
+}
+
+
+def _point_heights(points: xr.Dataset, geometry: StackGeometry) -> np.ndarray:
+    if "height" in points.variables and points["height"].dims == ("space",):
+        height = np.asarray(points["height"].values, np.float64)
+        return np.where(np.isfinite(height), height, geometry.height)
+    return np.full(points.sizes["space"], geometry.height)
+
+
+def _batched(function, n: int, *arrays: np.ndarray) -> dict[str, np.ndarray]:
+    parts: dict[str, list[np.ndarray]] = {}
+    for start in range(0, max(n, 1), GEOCODE_BATCH):  # batches of points, not single points
+        window = slice(start, start + GEOCODE_BATCH)
+        for key, value in function(*(a[window] for a in arrays)).items():
+            parts.setdefault(key, []).append(value)
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def geocode_points(points: xr.Dataset, *, force: bool = False) -> xr.Dataset:
+    """A point STM with its positions and line-of-sight geometry from the stack's orbits.
+
+    Needs the geometry in ``points.attrs`` (:func:`attach_geometry` puts it on a stack and
+    selection carries it to the points). Each point is geocoded at its ``height`` coordinate
+    when the points have one (a DEM or the product's height raster, NaN falling back), else at
+    the geometry's scene height. ``lat``/``lon`` are added when absent (or replaced with
+    ``force``); ``incidence_angle``, ``heading`` and ``los_east``/``los_north``/``los_up`` are
+    always added, as coordinates on ``space``.
+
+    Examples
+    --------
+    Without a geometry the points come back as they were:
+
+    >>> import xarray as xr, numpy as np
+    >>> pts = xr.Dataset(coords={"azimuth": ("space", [0]), "range": ("space", [0])})
+    >>> geocode_points(pts) is pts
+    True
+    """
+    geometry = StackGeometry.from_attrs(points.attrs)
+    if geometry is None:
+        return points
+    n = points.sizes["space"]
+    azimuth = np.asarray(points["azimuth"].values, np.float64)
+    range_ = np.asarray(points["range"].values, np.float64)
+    height = _point_heights(points, geometry)
+    found = _batched(lambda a, r, h: look_geometry(geometry, a, r, h), n, azimuth, range_,
+                     height)
+    coords: dict[str, Any] = {}
+    if force or "lat" not in points.variables or "lon" not in points.variables:
+        coords["lat"] = ("space", found["lat"], {"units": "degrees_north",
+                                                 "long_name": "latitude (WGS84), geocoded"})
+        coords["lon"] = ("space", found["lon"], {"units": "degrees_east",
+                                                 "long_name": "longitude (WGS84), geocoded"})
+    source = {"incidence_angle": "incidence", "heading": "heading", "los_east": "los_east",
+              "los_north": "los_north", "los_up": "los_up"}
+    for name, (units, long_name) in POINT_GEOMETRY.items():
+        coords[name] = ("space", found[source[name]].astype(np.float32),
+                        {"units": units, "long_name": long_name})
+    logger.info("geocoded %d points from the orbits (heights %s)", n,
+                "per point" if "height" in points.variables else f"{geometry.height:g} m")
+    return points.assign_coords(coords)
+
+
+def correct_positions(result: xr.Dataset) -> xr.Dataset:
+    """Each point's position moved to where its estimated height error puts it.
+
+    A point whose height is ``h + height_error`` lies, at the same pixel, displaced towards the
+    sensor by about ``height_error / tan(incidence)``: its position is re-geocoded at the
+    corrected height and the shift is added to ``lat``/``lon`` (whatever their source). The
+    positions before the correction stay as ``lat_uncorrected``/``lon_uncorrected``.
+    Without a geometry in the attrs, or without ``height_error``, the result is returned as is.
+    """
+    geometry = StackGeometry.from_attrs(result.attrs)
+    if geometry is None or "height_error" not in result or not {"lat", "lon"} <= set(
+            result.variables) or "lat_uncorrected" in result.variables:
+        return result
+    n = result.sizes["space"]
+    azimuth = np.asarray(result["azimuth"].values, np.float64)
+    range_ = np.asarray(result["range"].values, np.float64)
+    height = _point_heights(result, geometry)
+    error = np.asarray(result["height_error"].values, np.float64)
+    error = np.where(np.isfinite(error), error, 0.0)
+
+    def shift(a, r, h, e):
+        lat0, lon0 = radar_to_geo(geometry, a, r, h)
+        lat1, lon1 = radar_to_geo(geometry, a, r, h + e)
+        return {"lat": lat1 - lat0, "lon": lon1 - lon0}
+
+    moved = _batched(shift, n, azimuth, range_, height, error)
+    lat, lon = result["lat"], result["lon"]
+    return result.assign_coords(
+        lat=("space", np.asarray(lat.values, np.float64) + moved["lat"],
+             {"units": "degrees_north", "long_name": "latitude (WGS84), corrected for the "
+                                                     "estimated height error"}),
+        lon=("space", np.asarray(lon.values, np.float64) + moved["lon"],
+             {"units": "degrees_east", "long_name": "longitude (WGS84), corrected for the "
+                                                    "estimated height error"}),
+        lat_uncorrected=("space", np.asarray(lat.values), dict(lat.attrs)),
+        lon_uncorrected=("space", np.asarray(lon.values), dict(lon.attrs)))
+
+
 __all__ = [
     "GEOMETRY_ATTR",
     "GeometryError",
@@ -705,6 +819,8 @@ __all__ = [
     "StackGeometry",
     "attach_geometry",
     "baselines",
+    "correct_positions",
+    "geocode_points",
     "ecef_to_geodetic",
     "enu_basis",
     "geo_to_radar",

@@ -26,6 +26,14 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.io.geometry import (
+    GeometryError,
+    GeometryMode,
+    Orbit,
+    RadarGrid,
+    StackGeometry,
+    attach_geometry,
+)
 from depsi.io.metadata import (
     WAVELENGTH_RANGE,
     MetadataError,
@@ -548,6 +556,78 @@ def _snap_metadata(path: Path) -> dict[str, Any]:
             "range_offset": integer("subset_offset_x"), "file": str(file)}
 
 
+def _snap_time(value: Any, what: str) -> np.datetime64:
+    """SNAP's UTC ``[days, seconds, microseconds]`` since 2000-01-01 as datetime64[ns]."""
+    try:
+        days, seconds, micro = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise GeometryError(f"{what}: expected a UTC time [days, seconds, microseconds], "
+                            f"found {value!r}") from None
+    return (_MJD2000 + np.timedelta64(days, "D") + np.timedelta64(seconds, "s")
+            + np.timedelta64(micro, "us"))
+
+
+def _snap_orbit(element: dict, what: str) -> Orbit:
+    """The ``Orbit_State_Vectors`` of an ``Abstracted_Metadata`` or ``Slave_Metadata`` item."""
+    children = {e.get("name"): e for e in element.get("elements", [])}
+    vectors = children.get("Orbit_State_Vectors", {}).get("elements", [])
+    if not vectors:
+        raise GeometryError(f"{what}: expected 'Orbit_State_Vectors' with state vectors, "
+                            "found none")
+    rows = [_snap_attributes(v) for v in vectors]
+    try:
+        times = np.array([_snap_time(r["time"], f"{what}/Orbit_State_Vectors") for r in rows])
+        position = [[float(np.ravel(r[f"{c}_pos"])[0]) for c in "xyz"] for r in rows]
+        velocity = [[float(np.ravel(r[f"{c}_vel"])[0]) for c in "xyz"] for r in rows]
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise GeometryError(f"{what}/Orbit_State_Vectors: expected time, x/y/z_pos and "
+                            f"x/y/z_vel in every vector, found a vector without {err}") from None
+    reference = times[0].astype("datetime64[D]").astype("datetime64[ns]")
+    return Orbit(reference, (times - reference) / np.timedelta64(1, "ns") * 1e-9, position,
+                 velocity, source=what)
+
+
+def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
+                   wavelength: float) -> StackGeometry:
+    """The stack's geometry from a SNAP product's metadata: the mother's timing and orbit
+    (``Abstracted_Metadata``) and each secondary's orbit (``Slave_Metadata``)."""
+    file = path / "SNAP" / "product_metadata.json"
+    elements = {e.get("name"): e for e in json.loads(file.read_text())}
+    abstracted = elements.get("Abstracted_Metadata", {})
+    fields = _snap_attributes(abstracted)
+    what = f"SNAP metadata '{file}': Abstracted_Metadata"
+
+    def number(name: str) -> float:
+        try:
+            return float(np.ravel(fields[name])[0])
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise GeometryError(f"{what}/{name}: expected a number, found "
+                                f"{fields.get(name)!r}") from None
+
+    first_line = _snap_time(fields.get("first_line_time"), f"{what}/first_line_time")
+    grid = RadarGrid(first_line, number("line_time_interval"),
+                     number("slant_range_to_first_pixel"), number("range_spacing"),
+                     look_side="left" if fields.get("antenna_pointing") == "left" else "right")
+    orbits = {first_line.astype("datetime64[D]"): _snap_orbit(abstracted, what)}
+    for item in elements.get("Slave_Metadata", {}).get("elements", []):
+        found = _SNAP_DATE.search(str(item.get("name", ""))[-9:])
+        if found:
+            day = _snap_date(found.group(0), f"{file}: Slave_Metadata/{item.get('name')}")
+            orbits[day.astype("datetime64[D]")] = _snap_orbit(
+                item, f"SNAP metadata '{file}': Slave_Metadata/{item.get('name')}")
+    days = dates.astype("datetime64[D]")
+    missing = [str(d) for d in days if d not in orbits]
+    if missing:
+        raise GeometryError(f"SNAP metadata '{file}': expected orbit state vectors for every "
+                            f"date of the stack, found none for {missing} (orbits of "
+                            f"{sorted(str(d) for d in orbits)})")
+    mother_day = first_line.astype("datetime64[D]") if mother is None else \
+        np.datetime64(mother, "D")
+    height = number("avg_scene_height") if "avg_scene_height" in fields else 0.0
+    return StackGeometry(grid, tuple(orbits[d] for d in days),
+                         int(np.flatnonzero(days == mother_day)[0]), wavelength, height)
+
+
 def _snap_epochs(ds: xr.Dataset, path: Path, polarisation: str) -> list[_SnapEpoch]:
     bands: dict[tuple[str, str | None], dict[str, str]] = {}
     for name in ds.data_vars:
@@ -634,6 +714,7 @@ def from_snap(
     paths: str | os.PathLike | Iterable[str | os.PathLike],
     *,
     polarisation: str = "VV",
+    geometry: GeometryMode = "product",
     chunks: Any = None,
 ) -> xr.Dataset:
     """Read coregistered SNAP "znap" Zarr products (I/Q bands per date) into one SLC stack.
@@ -652,6 +733,13 @@ def from_snap(
         One or more ``.znap`` product folders of one coregistered stack.
     polarisation
         Which polarisation's bands to read.
+    geometry
+        ``"product"``: SNAP's own ``h2ph`` bands and tie-point lat/lon (h2ph from the orbits
+        only where no band has it). ``"orbits"``: h2ph and lat/lon computed from the orbit state
+        vectors of the metadata (:func:`depsi.io.geometry.attach_geometry`; geocoded at
+        ``avg_scene_height``), SNAP's kept as ``h2ph_product``, ``lat_product``,
+        ``lon_product``. Either way the geometry goes into ``attrs["sar_geometry"]`` so that
+        selected points are geocoded with their line of sight.
     chunks
         Block shape as in :func:`from_binary`.
 
@@ -746,13 +834,22 @@ def from_snap(
     geo_source = opened[products[0]]
     if {"latitude", "longitude"} <= set(geo_source.data_vars):
         for name, coord in (("latitude", "lat"), ("longitude", "lon")):
-            geometry = _tie_point_geometry(geo_source, name, products[0])
+            tie_grid = _tie_point_geometry(geo_source, name, products[0])
             out = out.assign_coords({coord: (("azimuth", "range"),
-                                             _tie_point_raster(geometry, shape, block[:2]))})
+                                             _tie_point_raster(tie_grid, shape, block[:2]))})
     else:
         logger.warning("SNAP product %s has no latitude/longitude tie-point grids: no lat/lon",
                        products[0])
-    return _finish(out, "from_snap", lazy_coords=("lat", "lon"))
+    try:
+        stack_geometry = _snap_geometry(products[0], dates, mother, first)
+    except GeometryError:
+        if geometry == "orbits" or "h2ph" not in out.data_vars:
+            raise
+        logger.warning("SNAP product %s: no usable orbits; the product's h2ph and lat/lon "
+                       "are used as they are", products[0], exc_info=True)
+    else:
+        out = attach_geometry(out, stack_geometry, mode=geometry)
+    return _finish(out, "from_snap", lazy_coords=("lat", "lon", "lat_product", "lon_product"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import xarray as xr
 from pydantic import Field
 from scipy.spatial import cKDTree
 
+from depsi.io.geometry import geocode_points
 from depsi.io.prefetch import default_block_shape, iter_processed_blocks
 from depsi.io.store import append_epochs, open_stm, space_chunk_size
 from depsi.kernels.statistics import (
@@ -632,6 +633,8 @@ def ps_selection(
     result = _finish_points(points, method=method, threshold=threshold, counts=counts,
                             window_attrs=_window_attrs(stack["time"].values[window]))
     result.attrs["selection_engine"] = engine
+    # positions and line of sight from the orbits, where the stack carries its geometry
+    result = geocode_points(result)
     if engine == "dask" and result.sizes["space"]:
         chunks = {"space": space_chunk_size(result), "time": -1}
         result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})

@@ -448,7 +448,8 @@ def geo_to_radar(geometry: StackGeometry, lat: Any, lon: Any, height: Any = None
     h = geometry.height if height is None else height
     target = geodetic_to_ecef(lat, lon, h)
     t0 = orbit.seconds(grid.first_line_time)
-    t = zero_doppler_time(orbit, target, guess=t0)
+    # a secondary's own acquisition is days away from the grid's time: start mid-orbit
+    t = zero_doppler_time(orbit, target, guess=t0 if epoch in (None, geometry.mother) else None)
     position, _, _ = orbit.state(t)
     slant = np.linalg.norm(target - position, axis=-1)
     return (t - t0) / grid.line_interval, (slant - grid.near_range) / grid.range_spacing
@@ -776,8 +777,9 @@ def geocode_points(points: xr.Dataset, *, force: bool = False) -> xr.Dataset:
 def correct_positions(result: xr.Dataset) -> xr.Dataset:
     """Each point's position moved to where its estimated height error puts it.
 
-    A point whose height is ``h + height_error`` lies, at the same pixel, displaced towards the
-    sensor by about ``height_error / tan(incidence)``: its position is re-geocoded at the
+    A point whose height is ``h + height_error`` lies, at the same pixel, displaced away from
+    the sensor by about ``height_error / tan(incidence)`` (a higher point is imaged nearer the
+    sensor than it lies): its position is re-geocoded at the
     corrected height and the shift is added to ``lat``/``lon`` (whatever their source). The
     positions before the correction stay as ``lat_uncorrected``/``lon_uncorrected``.
     Without a geometry in the attrs, or without ``height_error``, the result is returned as is.

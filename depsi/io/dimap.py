@@ -345,12 +345,11 @@ def _band_table(root: ET.Element, path: Path, shape: tuple[int, int]) -> dict[st
         if index not in files:
             raise ValueError(f"{what}: expected a Data_File with BAND_INDEX {index} in "
                              f"Data_Access, found none")
-        width = _text(info, "BAND_RASTER_WIDTH")
-        height = _text(info, "BAND_RASTER_HEIGHT")
-        if (width, height) != (None, None) and (int(height or shape[0]),
-                                                int(width or shape[1])) != shape:
-            raise ValueError(f"{what}: fields 'BAND_RASTER_WIDTH'/'BAND_RASTER_HEIGHT': expected "
-                             f"{shape[1]} x {shape[0]} (NCOLS x NROWS), found {width} x {height}")
+        for tag, expected in (("BAND_RASTER_HEIGHT", shape[0]), ("BAND_RASTER_WIDTH", shape[1])):
+            found = _int_field(info, tag, what) if _text(info, tag) is not None else expected
+            if found != expected:
+                raise ValueError(f"{what}: field {tag!r}: expected {expected} (NROWS/NCOLS of "
+                                 f"the .dim), found {found}")
         band = _check_envi(files[index], what, data_type=data_type, shape=shape)
         scale = _float_field(info, "SCALING_FACTOR", what, 1.0)
         add = _float_field(info, "SCALING_OFFSET", what, 0.0)

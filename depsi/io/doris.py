@@ -78,7 +78,12 @@ from depsi.io.geometry import (
     look_geometry,
     radar_to_geo,
 )
-from depsi.io.metadata import MetadataError, combine_metadata, read_metadata
+from depsi.io.metadata import (
+    WAVELENGTH_RTOL,
+    MetadataError,
+    combine_metadata,
+    read_metadata,
+)
 from depsi.io.slc import RASTER_DIMS, _chunks, _file_dtype, from_binary
 
 logger = logging.getLogger(__name__)
@@ -661,6 +666,11 @@ def _check_writable(stack: xr.Dataset, geometry: StackGeometry) -> np.ndarray:
     if len(geometry.orbits) != time.size:
         raise GeometryError(f"geometry: expected one orbit per epoch ({time.size}), found "
                             f"{len(geometry.orbits)}")
+    wavelength = stack.attrs.get("wavelength")
+    if wavelength is not None and abs(float(wavelength) - geometry.wavelength) > \
+            WAVELENGTH_RTOL * geometry.wavelength:
+        raise ValueError(f"stack: attribute 'wavelength': expected the geometry's "
+                         f"{geometry.wavelength!r} m, found {wavelength!r} m")
     days = time.astype("datetime64[D]")
     grid_day = geometry.grid.first_line_time.astype("datetime64[D]")
     if grid_day != days[geometry.mother]:
@@ -720,7 +730,8 @@ def write_doris_stack(folder: str | os.PathLike, stack: xr.Dataset, geometry: St
     ------
     ValueError, GeometryError
         A stack without ``complex`` or dates, two epochs on one date, orbits other than one
-        per epoch, rasters of another shape.
+        per epoch, a wavelength other than the geometry's, a grid whose first line is not on
+        the mother's date, rasters of another shape.
     FileExistsError
         When a file to write exists and ``overwrite`` is False.
 

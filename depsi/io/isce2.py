@@ -278,6 +278,8 @@ def read_image_header(file: str | os.PathLike) -> ImageHeader:
         raise FileNotFoundError(f"ISCE image '{file}': expected a header '{xml.name}' or "
                                 f"'{vrt.name}' beside it, found neither")
     if not file.is_file():
+        if vrt.is_file():
+            _header_from_vrt(file, vrt)  # a virtual mosaic says so, with the way out
         raise FileNotFoundError(f"ISCE image '{file}': expected the raw file its header "
                                 f"'{header.header}' describes, found no such file")
     size = file.stat().st_size

@@ -363,3 +363,22 @@ def test_stripmap_layout_reads_pixels_geometry_and_baselines(copy, written, capl
     assert np.array_equal(ds["complex"].values, written["stack"]["complex"].values)
     assert ds["bperp"].values.tolist() == [-1.0, -1.0, 0.0, -1.0, 62.0]
     assert "h2ph" not in ds and "only 'bperp' per date" in caplog.text
+
+
+def test_merged_grid_of_several_swaths_starts_at_the_first_line_and_nearest_range():
+    from depsi.io.isce2 import SwathProduct, _merged_grid
+
+    def swath(number, start_s, stop_s, near, samples):
+        day = np.datetime64("2023-03-31T05:50:00", "ns")
+        return SwathProduct(Path(f"IW{number}.xml"), number,
+                            day + np.timedelta64(int(start_s * 1e9), "ns"),
+                            day + np.timedelta64(int(stop_s * 1e9), "ns"), 0.002, near, 2.0,
+                            samples, 0.0555, "DESCENDING", np.array([], "datetime64[ns]"),
+                            np.empty((0, 3)), np.empty((0, 3)))
+
+    grid, shape = _merged_grid([swath(2, 1.0, 3.0, 850_000.0, 1001),
+                                swath(1, 0.5, 2.5, 800_000.0, 1001)])
+    assert grid.first_line_time == np.datetime64("2023-03-31T05:50:00.5", "ns")
+    assert grid.near_range == 800_000.0 and grid.look_side == "right"
+    # mergeBurstsVirtual: round((3.0 - 0.5) / dt) + 1 lines, round((852000 - 800000) / dr) + 1
+    assert shape == (1251, 26001)

@@ -465,9 +465,11 @@ def test_parse_par_strips_units_and_keeps_text(tmp_path):
     with pytest.raises(MetadataError) as error:  # an ISP image without its grid fields
         parse_par(path)
     assert {p[0] for p in error.value.problems} >= {"date", "start_time", "radar_frequency"}
-    path.write_text("misc_value:  1.5e3  Hz\nname:  abc 1\nvector: 1 2 3 m m m\n")
+    path.write_text("misc_value:  1.5e3  Hz\nname:  abc 1\nvector: 1 2 3 m m m\n"
+                    "title:  2018 s1a\ndate:  2018 01 06 00 40 12.5566\n")
     par = parse_par(path)
     assert par["kind"] == "par"
+    assert par["title"] == "2018 s1a" and par["date"][:3].tolist() == [2018, 1, 6]
     assert par["misc_value"] == 1500.0 and par["name"] == "abc 1"
     assert par["vector"].tolist() == [1, 2, 3]
 

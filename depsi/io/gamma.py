@@ -205,7 +205,7 @@ def _check_isp(par: dict[str, Any], kind: str, problems: _Problems) -> None:
     day = par.get("date")
     if isinstance(day, np.ndarray):
         try:
-            if day.dtype.kind != "i":
+            if (day[:3] != np.round(day[:3])).any():
                 raise ValueError("not whole numbers")
             date(int(day[0]), int(day[1]), int(day[2]))
         except ValueError as err:
@@ -248,7 +248,7 @@ def _parse_key_values(lines: Sequence[str], problems: _Problems
         if text == "":
             problems.add(key, "a value", "an empty value")
             continue
-        fields[key] = _check_field(key, _value(text), problems)
+        fields[key] = text if key in _TEXT else _check_field(key, _value(text), problems)
     return fields, "\n".join(header)
 
 

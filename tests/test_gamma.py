@@ -479,3 +479,12 @@ def test_xarray_dataset_without_dates_cannot_be_written(tmp_path):
                        coords={"time": [0, 1]})
     with pytest.raises(ValueError, match=r"stack\['time'\]: expected dates"):
         write_gamma(tmp_path, stack, geometry=None)
+
+
+@pytest.mark.realdata
+def test_write_gamma_writes_a_chunked_stack_band_by_band(written, tmp_path):
+    stack = written["stack"].chunk({"azimuth": 16, "range": 20, "time": 2})
+    paths = write_gamma(tmp_path, stack, written["geometry"])
+    for mine, reference in zip(paths["slc"] + paths["par"],
+                               written["paths"]["slc"] + written["paths"]["par"]):
+        assert mine.read_bytes() == reference.read_bytes(), mine.name

@@ -989,6 +989,19 @@ def _check_writable(stack: xr.Dataset, geometry: StackGeometry) -> xr.DataArray:
     return slc.transpose(*RASTER_DIMS)
 
 
+def _write_slcs(paths: Sequence[Path], data: Any, shape: tuple[int, int]) -> None:
+    """One big-endian complex64 file per epoch, band of lines by band (one Dask block row at
+    a time, so memory holds one band of every epoch)."""
+    maps = [np.memmap(p, dtype=">c8", mode="w+", shape=shape) for p in paths]
+    bounds = np.cumsum((0, *data.chunks[0])) if isinstance(data, da.Array) else (0, shape[0])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        band = np.asarray(data[lo:hi])
+        for k, mapped in enumerate(maps):
+            mapped[lo:hi] = band[:, :, k]
+    for mapped in maps:
+        mapped.flush()
+
+
 def _replace_all(parts: dict[Path, Path]) -> None:
     for part, final in parts.items():
         os.replace(part, final)
@@ -1067,24 +1080,15 @@ def write_gamma(folder: str | os.PathLike, stack: xr.Dataset, geometry: StackGeo
                                        stack.attrs.get("polarisation")) if s)
     centre = _scene_centre(geometry, shape)
     timing = _epoch_timing(geometry, shape)
-    t0 = geometry.grid.first_line_time
-    mother_start = float((t0 - t0.astype("datetime64[D]")) / np.timedelta64(1, "ns")) * 1e-9
+    # seconds of the mother's date (beyond 86400 for a scene that starts after midnight)
+    mother_start = float((geometry.grid.first_line_time - days[geometry.mother].astype("M8[ns]"))
+                         / np.timedelta64(1, "ns")) * 1e-9
 
     slc_paths = [folder / f"r{name}.rslc" for name in names]
     par_paths = [folder / f"r{name}.rslc.par" for name in names]
     parts = {p.with_name(p.name + ".part"): p for p in slc_paths + par_paths}
     try:
-        maps = [np.memmap(p.with_name(p.name + ".part"), dtype=">c8", mode="w+", shape=shape)
-                for p in slc_paths]
-        data = slc.data
-        bounds = np.cumsum((0, *data.chunks[0])) if isinstance(data, da.Array) else (0, shape[0])
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            band = np.asarray(data[lo:hi])
-            for k, mapped in enumerate(maps):
-                mapped[lo:hi] = band[:, :, k]
-        for mapped in maps:
-            mapped.flush()
-        del maps
+        _write_slcs([p.with_name(p.name + ".part") for p in slc_paths], slc.data, shape)
         for k, (path, orbit) in enumerate(zip(par_paths, geometry.orbits)):
             shift, range_shift = (0.0, 0.0) if k == geometry.mother else timing[k]
             text = _par_text(day=days[k], start=mother_start + shift, shape=shape,

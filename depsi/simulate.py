@@ -791,7 +791,9 @@ def _orbit_lines(bperp: float, centre_second: float) -> list[str]:
     angle = geometry["omega"] * (seconds - centre_second)
     positions = geometry["radius"] * (np.cos(angle)[:, None] * geometry["radial"]
                                       + np.sin(angle)[:, None] * geometry["along"])
-    positions += bperp * geometry["perpendicular"]
+    # depsi's h2ph = -B_perp / (R sin(theta)): a positive simulated h2ph is a secondary below
+    # the mother's line of sight (as in simulated_geometry)
+    positions -= bperp * geometry["perpendicular"]
     lines = [" t(s)    X(m)                 Y(m)                  Z(m)                ",
              "NUMBER_OF_DATAPOINTS:       200"]
     lines += [f" {int(s)}   {x:<20.9f} {y:<21.9f} {z:<20.9f}"
@@ -1142,3 +1144,162 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
         "n_compared": int(compared.sum()),
         "fraction_of_true_ps": float(true["ps_mask"].values.sum() / max(n_true, 1)),
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# The simulated scene's geometry, and its stacks in the formats users bring
+# ----------------------------------------------------------------------------------------------
+
+#: State vectors of a simulated orbit: every second, this many seconds either side of the
+#: scene centre's time.
+ORBIT_HALF_SPAN_SECONDS = 100
+
+#: Stack formats :func:`write_stack` writes (each read back by its reader in depsi.io).
+STACK_FORMATS = ("doris", "gamma", "isce2", "dimap", "geotiff")
+
+
+def _simulated_orbit(day: np.datetime64, centre_second: float, bperp: float):
+    """A circular orbit over the scene centre, shifted across track so that its h2ph from the
+    orbits has the sign and size of the simulator's ``h2ph = bperp / (R sin(theta))``."""
+    from depsi.io.geometry import Orbit
+
+    geometry = _orbit_geometry()
+    seconds = np.floor(centre_second) - ORBIT_HALF_SPAN_SECONDS + np.arange(
+        2 * ORBIT_HALF_SPAN_SECONDS + 1, dtype=np.float64)
+    angle = geometry["omega"] * (seconds - centre_second)
+    radius, omega = geometry["radius"], geometry["omega"]
+    position = radius * (np.cos(angle)[:, None] * geometry["radial"]
+                         + np.sin(angle)[:, None] * geometry["along"])
+    velocity = radius * omega * (-np.sin(angle)[:, None] * geometry["radial"]
+                                 + np.cos(angle)[:, None] * geometry["along"])
+    # depsi's h2ph = -B_perp / (R sin(theta)) (SNAP's sign): a positive simulated h2ph is a
+    # secondary below the mother's line of sight
+    position = position - bperp * geometry["perpendicular"]
+    return Orbit(day, seconds, position, velocity, source=f"simulated orbit of {day}")
+
+
+def simulated_geometry(stack: xr.Dataset):
+    """The :class:`~depsi.io.geometry.StackGeometry` of a stack from :func:`simulate_stack`.
+
+    The mother's radar grid (line time and interval, near range and slant spacing of the
+    simulated flat-Earth geometry) and, per epoch, a circular orbit over the scene centre
+    offset across track by the epoch's ``bperp``, so that the h2ph computed from these orbits
+    agrees in sign and within a few per cent with the stack's own ``h2ph`` (the simulated
+    geometry is a flat Earth; the orbits' is the WGS84 ellipsoid). Used by :func:`write_stack`
+    to write stacks whose metadata are self-consistent.
+
+    Examples
+    --------
+    >>> stack, _ = simulate_stack(shape=(20, 30), n_epochs=4, seed=0)
+    >>> geometry = simulated_geometry(stack)
+    >>> len(geometry.orbits), geometry.mother
+    (4, 2)
+    """
+    from depsi.io.geometry import RadarGrid, StackGeometry
+
+    time = stack["time"].values
+    mother = int(np.flatnonzero(time == np.datetime64(stack.attrs["mother_time"]))[0])
+    n_az, n_rg = stack.sizes["azimuth"], stack.sizes["range"]
+    interval = PIXEL_SPACING[0] / GROUND_SPEED
+    slant_range = _range_geometry(n_rg)[0]
+    spacing = float((slant_range[-1] - slant_range[0]) / max(n_rg - 1, 1)) if n_rg > 1 else \
+        PIXEL_SPACING[1] * math.sin(math.radians(INCIDENCE_CENTRE_DEG))
+    days = time.astype("datetime64[D]").astype("datetime64[ns]")
+    first_line = days[mother] + np.timedelta64(int(ACQUISITION_SECOND_OF_DAY * 1e9), "ns")
+    centre_second = ACQUISITION_SECOND_OF_DAY + n_az / 2 * interval
+    bperp = stack["bperp"].values.astype(np.float64)
+    orbits = tuple(_simulated_orbit(days[t], centre_second, bperp[t]) for t in range(len(time)))
+    grid = RadarGrid(first_line, interval, float(slant_range[0]), spacing)
+    return StackGeometry(grid, orbits, mother, float(stack.attrs["wavelength"]), 0.0)
+
+
+def _write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, Any]:
+    """One complex64 GeoTIFF per epoch (``slc_YYYYMMDD.tif``), one float32 h2ph GeoTIFF per
+    epoch (``h2ph_YYYYMMDD.tif``) and float64 ``lat.tif``/``lon.tif`` (geocoded from the
+    geometry), as an SLC stack exported by GDAL-based tools."""
+    import rasterio
+
+    from depsi.io.geometry import radar_to_geo
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dates = [np.datetime_as_string(t, unit="D") for t in stack["time"].values]
+    n_az, n_rg = stack.sizes["azimuth"], stack.sizes["range"]
+    values = dask.compute(stack["complex"].data, stack["h2ph"].data)
+    files: dict[str, list[Path]] = {"slc_files": [], "h2ph_files": []}
+    for t, day in enumerate(dates):
+        for kind, data, dtype in (("slc", values[0], "complex64"), ("h2ph", values[1], "float32")):
+            path = folder / f"{kind}_{day.replace('-', '')}.tif"
+            part = path.with_name(path.name + ".part")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+                with rasterio.open(part, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
+                                   dtype=dtype) as tif:
+                    tif.write(np.ascontiguousarray(data[:, :, t], dtype=dtype)[None])
+            os.replace(part, path)
+            files[f"{kind}_files"].append(path)
+    azimuth, range_ = np.meshgrid(np.arange(n_az), np.arange(n_rg), indexing="ij")
+    for name, values in zip(("lat", "lon"), radar_to_geo(geometry, azimuth, range_)):
+        path = folder / f"{name}.tif"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            with rasterio.open(path, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
+                               dtype="float64") as tif:
+                tif.write(values[None])
+        files[f"{name}_file"] = path
+    return files | {"dates": dates}
+
+
+def write_stack(folder: str | os.PathLike, *, format: str, overwrite: bool = False,
+                **simulate_kwargs: Any) -> dict[str, Any]:
+    """Simulate a stack and write it in one of the formats users bring, through depsi's writers.
+
+    Parameters
+    ----------
+    folder
+        Where the stack goes (created; a BEAM-DIMAP product is ``folder/stack.dim``).
+    format
+        One of :data:`STACK_FORMATS`: ``doris`` (DORIS-5 stack folder, doris_stack layout),
+        ``gamma`` (rslc + slc.par), ``isce2`` (topsStack merged/ layout), ``dimap`` (SNAP
+        BEAM-DIMAP), ``geotiff`` (one complex GeoTIFF and one h2ph GeoTIFF per epoch; dates and
+        wavelength then come from the configuration).
+    overwrite
+        Replace an existing stack (doris only refuses otherwise; the others overwrite).
+    **simulate_kwargs
+        Keyword arguments of :func:`simulate_stack`.
+
+    Returns
+    -------
+    dict
+        ``folder``, ``path`` (what a reader or ``input.path`` takes), ``format``, ``dates``
+        (ISO strings), ``wavelength``, ``truth`` (the simulated truth), ``geometry``.
+    """
+    if format not in STACK_FORMATS:
+        raise ValueError(f"format: expected one of {STACK_FORMATS}, found {format!r}")
+    folder = Path(folder)
+    stack, truth = simulate_stack(**simulate_kwargs)
+    geometry = simulated_geometry(stack)
+    raster = stack.drop_vars([n for n in stack.coords if n not in ("azimuth", "range", "time")])
+    path = folder
+    if format == "doris":
+        from depsi.io.doris import write_doris_stack
+
+        write_doris_stack(folder, raster, geometry, overwrite=overwrite)
+    elif format == "gamma":
+        from depsi.io.gamma import write_gamma
+
+        write_gamma(folder, raster.drop_vars("h2ph"), geometry)
+    elif format == "isce2":
+        from depsi.io.isce2 import write_isce2
+
+        write_isce2(folder, raster.drop_vars("h2ph"), geometry)
+    elif format == "dimap":
+        from depsi.io.dimap import write_dimap
+
+        folder.mkdir(parents=True, exist_ok=True)
+        path = write_dimap(folder / "stack.dim", raster, geometry, overwrite=overwrite)
+    else:
+        _write_geotiff_stack(folder, raster, geometry)
+    return {"folder": folder, "path": path, "format": format,
+            "dates": [np.datetime_as_string(t, unit="D") for t in stack["time"].values],
+            "wavelength": float(stack.attrs["wavelength"]), "truth": truth,
+            "geometry": geometry}

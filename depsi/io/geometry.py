@@ -61,7 +61,7 @@ def _seconds(moment: Any, reference: np.datetime64) -> float:
 # The data model: orbits, the radar grid, a stack's geometry
 # ----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Orbit:
     """State vectors of one acquisition, Earth-fixed (ECEF, WGS84).
 
@@ -130,7 +130,8 @@ class Orbit:
         """Position, velocity and acceleration at ``t`` (s after reference), each ``(..., 3)``."""
         t = np.asarray(t, dtype=np.float64)
         lo, hi = self.time[0], self.time[-1]
-        margin = 0.5 * (hi - lo)
+        # a cubic extrapolates well over a couple of state-vector intervals, not further
+        margin = 2.0 * float(np.median(np.diff(self.time)))
         if t.size and (np.nanmin(t) < lo - margin or np.nanmax(t) > hi + margin):
             raise GeometryError(f"{self.source}: azimuth times {np.nanmin(t):.3f}.."
                                 f"{np.nanmax(t):.3f} s lie far outside the state vectors "
@@ -346,8 +347,10 @@ def zero_doppler_time(orbit: Orbit, target: np.ndarray, guess: Any = None) -> np
     """Seconds after ``orbit.reference`` at which ``target`` (ECEF ``(..., 3)``) is at zero
     Doppler, ``(target - P(t)) . V(t) = 0``, by Newton's method from ``guess``."""
     target = np.asarray(target, dtype=np.float64)
-    t = np.full(target.shape[:-1], 0.5 * (orbit.time[0] + orbit.time[-1])
-                if guess is None else 0.0) + (0.0 if guess is None else guess)
+    if guess is None:
+        t = _bracketed_start(orbit, target)
+    else:
+        t = np.broadcast_to(np.asarray(guess, np.float64), target.shape[:-1]).copy()
     for _ in range(NEWTON_ITERATIONS):
         position, velocity, acceleration = orbit.state(t)
         offset = target - position
@@ -355,6 +358,20 @@ def zero_doppler_time(orbit: Orbit, target: np.ndarray, guess: Any = None) -> np
         slope = _dot(offset, acceleration) - _dot(velocity, velocity)
         t = t - f / slope
     return t
+
+
+#: State vectors probed per orbit to bracket a zero-Doppler time before Newton's method.
+_BRACKET_PROBES = 64
+
+
+def _bracketed_start(orbit: Orbit, target: np.ndarray) -> np.ndarray:
+    """A start for Newton's method: the probe time nearest the Doppler's sign change, so that
+    an orbit hours long (a whole precise-orbit file) converges as a short one does."""
+    probes = orbit.time[:: max(1, orbit.time.size // _BRACKET_PROBES)]
+    position, velocity, _ = orbit.state(probes)
+    doppler = (np.einsum("...i,ki->...k", target, velocity)
+               - np.einsum("ki,ki->k", position, velocity))
+    return probes[np.argmin(np.abs(doppler), axis=-1)]
 
 
 def pixel_time_range(grid: RadarGrid, orbit: Orbit, azimuth: Any, range_: Any

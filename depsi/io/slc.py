@@ -457,7 +457,34 @@ def open_binary_folder(folder: str | os.PathLike) -> xr.Dataset:
         order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
         h2ph = da.stack([layers[i] for i in order], axis=-1)
         stack["h2ph"] = (("azimuth", "range", "time"), h2ph.rechunk(stack["complex"].chunks))
-    return stack
+    return _with_res_geometry(stack, metadata, res_files)
+
+
+def _with_res_geometry(stack: xr.Dataset, metadata: dict[str, Any],
+                       res_files: Sequence[Path]) -> xr.Dataset:
+    """The stack with its geometry from the ``.res`` orbits (precise_orbits) and the mother's
+    timing (``master.res``), so that its points are geocoded; as it was when the files hold
+    no orbits (a warning says so)."""
+    epochs = metadata["epochs"]
+    if any(m.get("orbit") is None for m in epochs):
+        logger.warning("DORIS folder %s: not every .res file has precise_orbits: no geometry "
+                       "from the orbits, points are not geocoded", res_files[0].parent)
+        return stack
+    names = [Path(m["path"]).name for m in epochs]
+    mother = names.index("master.res") if "master.res" in names else len(epochs) // 2
+    order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
+    orbits = [Orbit(m["date"], m["orbit"][:, 0], m["orbit"][:, 1:4], None,
+                    source=f"'{m['path']}' section 'precise_orbits'") for m in epochs]
+    meta = epochs[mother]
+    window = meta.get("crop") or {"first_line": 1, "first_pixel": 1}
+    interval = meta["azimuth_time_interval"]
+    grid = RadarGrid(meta["first_azimuth_time"] + np.timedelta64(
+        round((window["first_line"] - 1) * interval * 1e9), "ns"), interval,
+        meta["slant_range_first_pixel"] + (window["first_pixel"] - 1)
+        * meta["slant_range_spacing"], meta["slant_range_spacing"])
+    geometry = StackGeometry(grid, tuple(orbits[i] for i in order),
+                             int(np.flatnonzero(order == mother)[0]), metadata["wavelength"])
+    return attach_geometry(stack, geometry)
 
 
 # ----------------------------------------------------------------------------------------------

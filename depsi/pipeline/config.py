@@ -46,7 +46,8 @@ from depsi.sections import Section as _Section
 logger = logging.getLogger(__name__)
 
 #: Stack formats the pipeline reads; ``simulated`` builds a stack with known truth instead.
-INPUT_FORMATS = ("zarr", "binary", "snap", "geotiff", "simulated")
+INPUT_FORMATS = ("zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "geotiff",
+                 "simulated")
 #: Products the export step can write.
 EXPORTS = ("csv", "gpkg", "geotiff", "plots")
 
@@ -106,11 +107,28 @@ class InputConfig(_Section):
     """Where the SLC stack comes from."""
 
     path: Path | None = Field(
-        None, description="Stack to read: a Zarr store, or the folder of a binary, SNAP or "
-                          "GeoTIFF stack. Leave null with format 'simulated'.")
-    format: Literal["zarr", "binary", "snap", "geotiff", "simulated"] | None = Field(
-        None, description="Format of the stack: zarr, binary, snap, geotiff or simulated. "
-                          "null: zarr for a path ending in .zarr, simulated without a path.")
+        None, description="Stack to read: a Zarr store; the folder of a binary (depsi's flat "
+                          "DORIS layout), DORIS-5 stack (doris_stack's date folders), ISCE2 "
+                          "topsStack/stripmapStack, GAMMA, SNAP znap or GeoTIFF stack; or a "
+                          "SNAP BEAM-DIMAP .dim file (or a folder of them). Leave null with "
+                          "format 'simulated'.")
+    format: Literal["zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "geotiff",
+                    "simulated"] | None = Field(
+        None, description="Format of the stack: zarr, binary, doris, isce2, gamma, snap, "
+                          "dimap, geotiff or simulated. null: zarr for a path ending in .zarr, "
+                          "dimap for one ending in .dim, simulated without a path.")
+    geometry: Literal["product", "orbits"] = Field(
+        "product", description="Where h2ph and lat/lon come from: 'product' (the files' own, "
+                               "computed from the orbits only where missing) or 'orbits' "
+                               "(always computed from the orbit state vectors).")
+    dates: list[str] | None = Field(
+        None, description="GeoTIFF stacks: one acquisition date per epoch (YYYY-MM-DD), in "
+                          "the order of the files' names.")
+    wavelength: float | None = Field(
+        None, gt=1e-3, lt=1.0, description="GeoTIFF stacks: radar wavelength (m).")
+    h2ph: Path | None = Field(
+        None, description="GeoTIFF stacks: folder of the h2ph rasters, one h2ph_*.tif per "
+                          "epoch in date order; null: the h2ph_*.tif beside the SLCs.")
     simulate: SimulateConfig | None = Field(
         None, description="Parameters of the simulated stack (format 'simulated' only; "
                           "defaults when left null).")
@@ -123,6 +141,8 @@ class InputConfig(_Section):
                 fmt = "simulated"
             elif self.path.suffix == ".zarr":
                 fmt = "zarr"
+            elif self.path.suffix == ".dim":
+                fmt = "dimap"
             else:
                 raise ValueError(f"format is needed for path {str(self.path)!r}: "
                                  f"one of {', '.join(INPUT_FORMATS[:-1])}")
@@ -137,6 +157,14 @@ class InputConfig(_Section):
                 raise ValueError(f"a simulate section is only allowed with format 'simulated', "
                                  f"not {fmt!r}")
             simulate = None
+        given = [k for k in ("dates", "wavelength", "h2ph") if getattr(self, k) is not None]
+        if given and fmt != "geotiff":
+            raise ValueError(f"{', '.join(given)}: only for format 'geotiff' (format {fmt!r} "
+                             "reads them from its own metadata)")
+        if fmt == "geotiff" and (self.dates is None or self.wavelength is None):
+            missing = [k for k in ("dates", "wavelength") if getattr(self, k) is None]
+            raise ValueError(f"format 'geotiff' needs {' and '.join(missing)}: GeoTIFF SLCs "
+                             "carry no acquisition dates or radar wavelength")
         # object.__setattr__ avoids re-running this validator through validate_assignment.
         object.__setattr__(self, "format", fmt)
         object.__setattr__(self, "simulate", simulate)

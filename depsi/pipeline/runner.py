@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import dask.array as da
 import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
@@ -295,22 +296,98 @@ def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None)
     xarray.Dataset
         Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
     """
-    from depsi.io import from_geotiff, from_snap, open_binary_folder, open_slc_zarr
+    from depsi.io import from_snap, open_binary_folder, open_slc_zarr
 
-    fmt = config.input.format
+    section = config.input
+    fmt = section.format
     if fmt == "simulated":
         return open_slc_zarr(path)
-    source = Path(config.input.path)
+    source = Path(section.path)
     if not source.exists():
         raise FileNotFoundError(f"input.path: stack {str(source)!r} does not exist")
+    mode = section.geometry
     if fmt == "zarr":
         return open_slc_zarr(source)
     if fmt == "snap":
-        return from_snap(sorted(source.glob("*.znap")) or source)
+        return from_snap(sorted(source.glob("*.znap")) or source, geometry=mode)
+    if fmt == "dimap":
+        from depsi.io.dimap import from_dimap
+
+        return from_dimap(sorted(source.glob("*.dim")) if source.is_dir() else source,
+                          geometry=mode)
+    if fmt == "doris":
+        from depsi.io.doris import from_doris_stack
+
+        return from_doris_stack(source, geometry=mode)
+    if fmt == "gamma":
+        from depsi.io.gamma import from_gamma
+
+        return from_gamma(source, geometry=mode)
+    if fmt == "isce2":
+        from depsi.io.isce2 import from_isce2
+
+        return from_isce2(source, geometry=mode)
     if fmt == "geotiff":
-        files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
-        return from_geotiff(files)
+        return _open_geotiff(section, source)
     return open_binary_folder(source)
+
+
+def _open_raster(rioxarray: Any, path: Path) -> xr.DataArray:
+    import warnings
+
+    from rasterio.errors import NotGeoreferencedWarning
+
+    with warnings.catch_warnings():
+        # rasters in radar geometry have no geotransform by nature
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        return rioxarray.open_rasterio(path, chunks={}, mask_and_scale=False)
+
+
+def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
+    """A GeoTIFF stack: SLC rasters with dates and wavelength from the configuration, h2ph
+    from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
+    ``lat.tif``/``lon.tif`` beside the SLCs (WGS84 degrees per radar pixel, as ISCE2's or
+    SNAP's geometry exports)."""
+    import rioxarray
+
+    from depsi.io import from_geotiff
+
+    tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
+    h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
+    h2ph_files = sorted(p for p in h2ph_folder.iterdir() if p.name.lower().startswith("h2ph")
+                        and p.suffix.lower() in (".tif", ".tiff"))
+    position_files = {name: source / f"{name}.tif" for name in ("lat", "lon")}
+    slc_files = [p for p in tifs if p not in h2ph_files
+                 and p not in position_files.values()]
+    if not slc_files:
+        raise FileNotFoundError(f"input.path: expected SLC GeoTIFFs (*.tif) in "
+                                f"{str(source)!r}, found none")
+    if len(h2ph_files) != len(section.dates):
+        raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(section.dates)} "
+                         f"dates) in {str(h2ph_folder)!r}, found {len(h2ph_files)}: the chain "
+                         "needs h2ph and GeoTIFF SLCs carry no orbits")
+    stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
+    layers = []
+    for path in h2ph_files:
+        band = _open_raster(rioxarray, path)
+        if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
+            raise ValueError(f"input.h2ph: '{path}': expected {stack.sizes['azimuth']} x "
+                             f"{stack.sizes['range']} pixels like the SLCs, found "
+                             f"{band.shape[1]} x {band.shape[2]}")
+        layers.append(band.data[0].astype(np.float32))
+    order = np.argsort(np.array(section.dates, dtype="datetime64[D]"), kind="stable")
+    h2ph = da.stack([layers[i] for i in order], axis=-1).rechunk(stack["complex"].chunks)
+    stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
+    if all(p.is_file() for p in position_files.values()):
+        for name, path in position_files.items():
+            band = _open_raster(rioxarray, path)
+            if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
+                raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
+                                 f"{stack.sizes['range']} pixels like the SLCs, found "
+                                 f"{band.shape[1]} x {band.shape[2]}")
+            stack = stack.assign_coords({name: (("azimuth", "range"),
+                                                band.data[0].astype(np.float64))})
+    return stack
 
 
 def _step_stack(ctx: _Context) -> dict[str, Any]:
@@ -326,9 +403,23 @@ def _step_stack(ctx: _Context) -> dict[str, Any]:
             kwargs["chunks"] = tuple(sim.chunks)
         write_stack_zarr(path, overwrite=True, progress=ctx.progress, **kwargs)
     stack = open_stack(config, path=path)
+    _check_stack_geometry(stack, config)
     ctx.products["stack"] = path
     return {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
             "epochs": int(stack.sizes["time"])}
+
+
+def _check_stack_geometry(stack: xr.Dataset, config: PipelineConfig) -> None:
+    """Before any pixel is read: the chain needs h2ph, and the exports need positions (the
+    product's lat/lon, or orbits to geocode the points from)."""
+    where = f"input.path {str(config.input.path)!r} (format {config.input.format!r})"
+    if "h2ph" not in stack.data_vars:
+        raise ValueError(f"{where}: expected h2ph (from the product or computed from its "
+                         "orbits), found neither: the arcs and the model need it")
+    geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
+    if not geocodable:
+        raise ValueError(f"{where}: expected lat/lon rasters or orbit state vectors to "
+                         "geocode the points, found neither: no export could place them")
 
 
 def point_chunk_bytes(config: PipelineConfig) -> int:

@@ -40,7 +40,7 @@ import xarray as xr
 from pydantic import Field, ValidationError
 
 from depsi.conventions import phase_per_metre, wrap_phase
-from depsi.io.geometry import correct_positions
+from depsi.io.geometry import POINT_GEOMETRY, correct_positions
 from depsi.kernels.backend import Device, single_threaded_blas
 from depsi.kernels.periodogram import result_coherence
 from depsi.processing.arcs import ArcsConfig, estimate_arcs, heights_resolvable
@@ -548,6 +548,11 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
             "n_densified": int((out["order"].values == 2).sum()),
             "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
         })
+        # each point's line-of-sight geometry (from selection's geocoding) travels with it
+        index = out["point_index"].values
+        out = out.assign_coords({name: ("space", points[name].values[index],
+                                         dict(points[name].attrs))
+                                 for name in POINT_GEOMETRY if name in points.coords})
         # positions moved by the estimated height errors (where the orbits are known)
         out = correct_positions(out)
         return validate(out, "points")

@@ -165,3 +165,24 @@ def test_simulated_geometry_h2ph_matches_the_simulated_h2ph():
     simulated = stack["h2ph"].values[[0, 15, 29], [0, 20, 39]]
     np.testing.assert_allclose(ours, simulated, rtol=1e-4, atol=1e-9)
     assert isinstance(stack, xr.Dataset)
+
+
+@pytest.mark.slow
+def test_reference_by_lon_lat_picks_the_nearest_first_order_point():
+    from depsi.processing.chain import ChainConfig, run_ps_chain
+    from depsi.processing.selection import ps_selection
+    from depsi.simulate import simulate_stack
+
+    stack, _ = simulate_stack(shape=(80, 80), n_epochs=24, seed=5, ps_fraction=0.05)
+    points = ps_selection(stack).compute()
+    first = run_ps_chain(points)
+    candidates = np.flatnonzero(first["order"].values == 1)
+    chosen = candidates[len(candidates) // 3]
+    lon, lat = float(first["lon"].values[chosen]), float(first["lat"].values[chosen])
+    config = ChainConfig.model_validate({"integration": {"reference_lonlat": [lon, lat]}})
+    again = run_ps_chain(points, config)
+    assert again.attrs["reference"] == int(first["point_index"].values[chosen])
+    far = ChainConfig.model_validate({"integration": {"reference_lonlat": [lon + 1, lat]}})
+    with pytest.raises(ValueError, match=r"reference_lonlat: expected a first-order point "
+                                         r"within 2000 m .* found the nearest \d+ m away"):
+        run_ps_chain(points, far)

@@ -1,6 +1,11 @@
-"""Reading and writing STMs and SLC stacks: Zarr stores, CSV, raw binary, SNAP, metadata."""
+"""Reading and writing STMs and SLC stacks: Zarr stores, CSV, raw binary, DORIS-5, ISCE2, GAMMA,
+SNAP (znap and BEAM-DIMAP), GeoTIFF, metadata, and the geometry from their orbits."""
 
 from depsi.io.csv import from_csv
+from depsi.io.dimap import from_dimap
+from depsi.io.doris import from_doris_stack
+from depsi.io.gamma import from_gamma
+from depsi.io.isce2 import from_isce2
 from depsi.io.metadata import MetadataError, read_metadata, read_metadata_stack
 from depsi.io.prefetch import iter_blocks, iter_processed_blocks, prefetched
 from depsi.io.slc import from_binary, from_geotiff, from_snap, open_binary_folder, open_slc_zarr
@@ -14,6 +19,10 @@ __all__ = [
     "from_binary",
     "from_csv",
     "from_dataset",
+    "from_dimap",
+    "from_doris_stack",
+    "from_gamma",
+    "from_isce2",
     "from_geotiff",
     "from_snap",
     "iter_blocks",

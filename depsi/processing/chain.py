@@ -357,6 +357,35 @@ def _local_reference(points: xr.Dataset, reference: int | None) -> int | None:
     return int(found[0])
 
 
+#: Farthest (m) the point chosen by ``reference_lonlat`` may lie when no radius is configured.
+REFERENCE_SEARCH_METRES = 100.0
+
+
+def _reference_by_position(points: xr.Dataset, lonlat: tuple[float, float],
+                           radius: float | None) -> int:
+    """The first-order point nearest to ``lonlat`` (local index), within ``radius`` metres."""
+    if not {"lat", "lon"} <= set(points.variables):
+        raise ValueError("integration.reference_lonlat: expected points with lat/lon "
+                         "(geocoded from the orbits or given by the product), found none")
+    lon0, lat0 = lonlat
+    lat = np.deg2rad(np.asarray(points["lat"].values, np.float64))
+    lon = np.deg2rad(np.asarray(points["lon"].values, np.float64))
+    # haversine on the mean Earth radius: metres, good to 0.5 % for the distances that matter
+    dlat, dlon = lat - np.deg2rad(lat0), lon - np.deg2rad(lon0)
+    a = np.sin(dlat / 2) ** 2 + np.cos(lat) * np.cos(np.deg2rad(lat0)) * np.sin(dlon / 2) ** 2
+    distance = 2 * 6_371_008.8 * np.arcsin(np.sqrt(np.clip(a, 0, 1)))
+    nearest = int(np.nanargmin(distance))
+    limit = radius if radius else REFERENCE_SEARCH_METRES
+    if not distance[nearest] <= limit:
+        raise ValueError(f"integration.reference_lonlat: expected a first-order point within "
+                         f"{limit:g} m of lon {lon0}, lat {lat0}, found the nearest "
+                         f"{distance[nearest]:.0f} m away (point_index "
+                         f"{int(points['point_index'].values[nearest])})")
+    logger.info("reference: point_index %d, %.1f m from lon %g, lat %g",
+                int(points["point_index"].values[nearest]), distance[nearest], lon0, lat0)
+    return nearest
+
+
 @single_threaded_blas()
 def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                      config: ChainConfig) -> xr.Dataset:
@@ -370,8 +399,11 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
     if not isinstance(arcs, ArcObservations):
         arcs = arc_observations(points, arcs)  # rebinding drops this frame's arc STM
     section = config.integration
-    return integrate_network(points, arcs,
-                             reference=_local_reference(points, section.reference),
+    reference = (_local_reference(points, section.reference)
+                 if section.reference_lonlat is None
+                 else _reference_by_position(points, section.reference_lonlat,
+                                             section.reference_radius))
+    return integrate_network(points, arcs, reference=reference,
                              min_coherence=section.min_coherence, alpha=section.alpha,
                              max_iterations=section.max_iterations)
 

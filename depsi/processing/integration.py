@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse as sp
 import xarray as xr
-from pydantic import Field
+from pydantic import Field, model_validator
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.csgraph import connected_components
 from scipy.sparse.linalg import splu
@@ -81,6 +81,11 @@ class IntegrationConfig(Section):
         None, ge=0, description="Reference point: its index along the space of the point STM "
                                 "(a first-order point); null: the most coherent point near "
                                 "the centre of the network.")
+    reference_lonlat: tuple[float, float] | None = Field(
+        None, description="Reference point by position, [lon, lat] in WGS84 degrees: the "
+                          "first-order point nearest to it, which must lie within "
+                          "reference_radius (m; 100 m when that is null or 0). Excludes "
+                          "'reference'.")
     reference_radius: float | None = Field(
         DEFAULT_REFERENCE_RADIUS, ge=0,
         description="Results are relative to the mean over the network points within this "
@@ -88,6 +93,18 @@ class IntegrationConfig(Section):
     reference_noise: bool = Field(
         True, description="Estimate the reference point's own noise from its neighbours and "
                           "remove it from every point.")
+
+    @model_validator(mode="after")
+    def _one_reference(self) -> IntegrationConfig:
+        if self.reference is not None and self.reference_lonlat is not None:
+            raise ValueError("reference and reference_lonlat: expected at most one of them, "
+                             f"found both ({self.reference} and {list(self.reference_lonlat)})")
+        if self.reference_lonlat is not None:
+            lon, lat = self.reference_lonlat
+            if not (-180 <= lon <= 360 and -90 <= lat <= 90):
+                raise ValueError(f"reference_lonlat: expected [lon, lat] in degrees, found "
+                                 f"{list(self.reference_lonlat)}")
+        return self
 #: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
 #: normal matrix (``n^2`` floats); above, from random probes.
 EXACT_REDUNDANCY_POINTS = 1000

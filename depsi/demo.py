@@ -179,18 +179,20 @@ def _progress_bar():
 
 def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
              overwrite: bool = True) -> Path:
-    """Simulate a stack, select PS, run the chain, write Zarr, CSV and plots to ``out``.
+    """Simulate a stack, write it as a DORIS-5 stack folder, read it back, select PS, run the
+    chain, write Zarr, CSV and plots to ``out``.
 
     Returns the output folder. The log says what was done, how long each step took, and how
     the estimates compare with the simulator's truth.
     """
     from depsi.io import open_stm, save_stm
     from depsi.io.cf import LOS_SIGN_CONVENTION
+    from depsi.io.doris import from_doris_stack
     from depsi.io.export import to_csv
     from depsi.pipeline.runner import heartbeat
     from depsi.processing.chain import run_ps_chain
     from depsi.processing.selection import ps_selection
-    from depsi.simulate import accuracy, write_stack_zarr
+    from depsi.simulate import accuracy, write_stack
 
     out = Path(out)
     if out.exists():
@@ -201,12 +203,16 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     timings = {}
 
     start = time.perf_counter()
-    stack_path = write_stack_zarr(out / "stack.zarr", shape=tuple(shape), n_epochs=n_epochs,
-                                  seed=seed, ps_fraction=0.03, progress=False)
-    stack = xr.open_zarr(stack_path, consolidated=None)
-    truth = xr.open_zarr(stack_path, group="truth", consolidated=None).compute()
+    # written as a DORIS-5 stack folder and read back by its reader, as a user's stack is:
+    # the points are geocoded from the .res orbits
+    written = write_stack(out / "stack", format="doris", shape=tuple(shape),
+                          n_epochs=n_epochs, seed=seed, ps_fraction=0.03)
+    stack_path = written["path"]
+    stack = from_doris_stack(stack_path)
+    truth = written["truth"].compute()
     timings["simulate"] = time.perf_counter() - start
-    logger.info("simulated %s stack with %d epochs in %s", shape, n_epochs, stack_path)
+    logger.info("simulated %s stack with %d epochs, written as a DORIS-5 stack folder in %s",
+                shape, n_epochs, stack_path)
 
     start = time.perf_counter()
     ps = ps_selection(stack, method="nad", threshold=DEMO_NAD_THRESHOLD)

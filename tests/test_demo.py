@@ -10,7 +10,7 @@ def test_demo_writes_products_and_recovers_the_velocity_field(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--size", "128", "--epochs", "24"]) == 0
     assert str(out.resolve()) in capsys.readouterr().out
-    for name in ("stack.zarr", "ps.zarr", "stm.zarr", "points.csv", "velocity.png"):
+    for name in ("stack", "ps.zarr", "stm.zarr", "points.csv", "velocity.png"):
         assert (out / name).exists(), name
     result = open_stm(out / "stm.zarr")
     assert result.sizes["space"] > 100

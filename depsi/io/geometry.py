@@ -3,7 +3,7 @@
 A stack's geometry is its mother's radar grid (azimuth time of line 0, line interval, slant
 range of pixel 0, range spacing) and one orbit per epoch. From them, for any pixel at a height:
 its WGS84 position (zero-Doppler range-Doppler geocoding, exact on the ellipsoid), the
-perpendicular and parallel baselines of every epoch, ``h2ph = B_perp / (R sin(incidence))``, the
+perpendicular and parallel baselines of every epoch, ``h2ph = -B_perp / (R sin(incidence))``, the
 incidence angle, the heading and the line-of-sight unit vector (east, north, up, pointing from
 the ground to the satellite). Every function works on whole arrays of points at once: Newton
 iterations vectorised over points, no Python loop over points.
@@ -559,18 +559,6 @@ def baselines(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any = 
 # Rasters and points
 # ----------------------------------------------------------------------------------------------
 
-def _node_axis(size: int, nodes: int) -> np.ndarray:
-    return np.unique(np.linspace(0.0, max(size - 1, 0), max(2, min(nodes, size))))
-
-
-def h2ph_on_grid(geometry: StackGeometry, shape: tuple[int, int], *,
-                 nodes: int = H2PH_GRID_NODES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """h2ph of every epoch on a coarse ``nodes x nodes`` grid of pixel positions."""
-    az_nodes, rg_nodes = _node_axis(shape[0], nodes), _node_axis(shape[1], nodes)
-    values = baselines(geometry, az_nodes[:, None], rg_nodes[None, :])["h2ph"]
-    return az_nodes, rg_nodes, values
-
-
 def _interpolate_nodes(az_nodes, rg_nodes, values, azimuth, range_):
     """Bicubic (fewer nodes: lower degree) interpolation of (az, rg, epoch) node values."""
     kx, ky = min(3, az_nodes.size - 1), min(3, rg_nodes.size - 1)
@@ -668,7 +656,8 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
     -------
     xarray.Dataset
         A new Dataset; attrs ``sar_geometry`` (JSON, :meth:`StackGeometry.from_attrs`),
-        ``mother_time``, ``azimuth_spacing``/``range_spacing`` (m), ``heading``,
+        ``mother_time``, ``azimuth_spacing`` (ground, m), ``range_spacing`` (slant, m),
+        ``ground_range_spacing`` (m), ``heading``,
         ``incidence_angle`` (deg, scene centre) and ``wavelength``.
     """
     if mode not in ("product", "orbits"):
@@ -702,17 +691,17 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
         lat, lon = latlon_raster(geometry, azimuth, range_, chunks[:2], h)
         out = out.assign_coords(lat=(("azimuth", "range"), lat), lon=(("azimuth", "range"), lon))
     centre = look_geometry(geometry, azimuth[len(azimuth) // 2], range_[len(range_) // 2])
-    mother_orbit = geometry.mother_orbit
-    t0 = mother_orbit.seconds(geometry.grid.first_line_time)
-    _, v, _ = mother_orbit.state(np.array([t0]))
+    # ground spacings: between the geocoded centre pixel and its next line and next sample
+    a0, r0 = azimuth[len(azimuth) // 2], range_[len(range_) // 2]
+    lat, lon = radar_to_geo(geometry, np.array([a0, a0 + 1, a0]), np.array([r0, r0, r0 + 1]))
+    xyz = geodetic_to_ecef(lat, lon, geometry.height)
     out.attrs.update({
         GEOMETRY_ATTR: geometry.to_json(),
         "wavelength": float(out.attrs.get("wavelength", geometry.wavelength)),
         "mother_time": str(np.datetime64(stack["time"].values[geometry.mother], "D")),
         "range_spacing": geometry.grid.range_spacing,
-        "azimuth_spacing": float(np.linalg.norm(v) * geometry.grid.line_interval
-                                 * WGS84_A / np.linalg.norm(mother_orbit.state(
-                                     np.array([t0]))[0])),
+        "azimuth_spacing": float(np.linalg.norm(xyz[1] - xyz[0])),
+        "ground_range_spacing": float(np.linalg.norm(xyz[2] - xyz[0])),
         "heading": float(centre["heading"]), "incidence_angle": float(centre["incidence"]),
     })
     return out

@@ -1155,7 +1155,7 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
 ORBIT_HALF_SPAN_SECONDS = 100
 
 #: Stack formats :func:`write_stack` writes (each read back by its reader in depsi.io).
-STACK_FORMATS = ("doris", "gamma", "isce2", "dimap", "geotiff")
+STACK_FORMATS = ("doris", "gamma", "isce2", "dimap", "snap", "geotiff")
 
 
 def _simulated_orbit(day: np.datetime64, centre_second: float, bperp: float):
@@ -1260,10 +1260,12 @@ def write_stack(folder: str | os.PathLike, *, format: str, overwrite: bool = Fal
     format
         One of :data:`STACK_FORMATS`: ``doris`` (DORIS-5 stack folder, doris_stack layout),
         ``gamma`` (rslc + slc.par), ``isce2`` (topsStack merged/ layout), ``dimap`` (SNAP
-        BEAM-DIMAP), ``geotiff`` (one complex GeoTIFF and one h2ph GeoTIFF per epoch; dates and
+        BEAM-DIMAP), ``snap`` (SNAP znap Zarr products, one ``YYYYMMDD-coreg.znap`` per date),
+        ``geotiff`` (one complex GeoTIFF and one h2ph GeoTIFF per epoch; dates and
         wavelength then come from the configuration).
     overwrite
-        Replace an existing stack (doris only refuses otherwise; the others overwrite).
+        Replace an existing stack (doris, dimap and snap refuse otherwise; the others
+        overwrite).
     **simulate_kwargs
         Keyword arguments of :func:`simulate_stack`.
 
@@ -1297,6 +1299,10 @@ def write_stack(folder: str | os.PathLike, *, format: str, overwrite: bool = Fal
 
         folder.mkdir(parents=True, exist_ok=True)
         path = write_dimap(folder / "stack.dim", raster, geometry, overwrite=overwrite)
+    elif format == "snap":
+        from depsi.io.znap import write_znap
+
+        write_znap(folder, raster, geometry, overwrite=overwrite)
     else:
         _write_geotiff_stack(folder, raster, geometry)
     return {"folder": folder, "path": path, "format": format,

@@ -250,3 +250,41 @@ def test_perpendicular_baselines_from_slc_par_orbits_agree_with_gamma(realdata):
     # measured 0.95 % (0.37 m RMS): GAMMA's tables come from its refined baseline model
     # (precision_baseline of base.par), ours from the orbits alone; the same sign convention
     assert np.sqrt(np.mean(error**2)) / np.sqrt(np.mean(reference**2)) <= 0.01
+
+
+def test_points_geocoded_on_a_dem_sit_at_the_dem_height(tmp_path):
+    """A tilted-plane DEM: after the iterations each point's height is the DEM's at its own
+    position, and its position is the orbit's geocoding at that height."""
+    import rasterio
+    import xarray as xr
+
+    from depsi.io.geometry import geocode_with_dem, open_dem
+    from depsi.simulate import simulate_stack, simulated_geometry
+
+    stack, _ = simulate_stack(shape=(30, 40), n_epochs=4, seed=2)
+    geometry = simulated_geometry(stack)
+    lat0, lon0 = radar_to_geo(geometry, 15.0, 20.0)
+    lats = np.linspace(lat0 + 0.05, lat0 - 0.05, 101)
+    lons = np.linspace(lon0 - 0.05, lon0 + 0.05, 121)
+    plane = 300.0 + 4000.0 * (lons[None, :] - lon0) + 2000.0 * (lats[:, None] - lat0)
+    path = tmp_path / "dem.tif"
+    step_lon, step_lat = lons[1] - lons[0], lats[1] - lats[0]
+    transform = rasterio.Affine(step_lon, 0, lons[0] - step_lon / 2, 0, step_lat,
+                                lats[0] - step_lat / 2)
+    with rasterio.open(path, "w", driver="GTiff", width=lons.size, height=lats.size, count=1,
+                       dtype="float64", crs="EPSG:4326", transform=transform) as tif:
+        tif.write(plane[None])
+    rng = np.random.default_rng(0)
+    points = xr.Dataset(coords={"azimuth": ("space", rng.uniform(0, 29, 40)),
+                                "range": ("space", rng.uniform(0, 39, 40))},
+                        attrs={"sar_geometry": geometry.to_json()})
+    located = geocode_with_dem(points, open_dem(path))
+    height = located["height"].values
+    expected = (300.0 + 4000.0 * (located["lon"].values - lon0)
+                + 2000.0 * (located["lat"].values - lat0))
+    np.testing.assert_allclose(height, expected, atol=0.01)
+    lat, lon = radar_to_geo(geometry, points["azimuth"].values, points["range"].values, height)
+    np.testing.assert_allclose(located["lat"].values, lat, atol=1e-9)
+    assert height.std() > 5  # the plane's slope really varies the heights
+    with pytest.raises(GeometryError, match="dem: expected points with their orbits"):
+        geocode_with_dem(points.assign_attrs(sar_geometry=None).drop_attrs(), open_dem(path))

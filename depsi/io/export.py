@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 #: Per-point columns of the CSV and GeoPackage exports, in order (displacement follows as
 #: ``d_YYYYMMDD`` columns, in metres).
 POINT_COLUMNS = ("pnt_id", "lat", "lon", "azimuth", "range", "velocity", "height_error",
-                 "temporal_coherence")
+                 "temporal_coherence", "height", "lat_uncorrected", "lon_uncorrected",
+                 "incidence_angle", "heading", "los_east", "los_north", "los_up")
 
 _GEO_HINT = "install the optional 'geo' extra: pip install 'depsi[geo]'"
 
@@ -93,6 +94,10 @@ def point_ids(result: xr.Dataset) -> np.ndarray:
 
 def point_table(result: xr.Dataset) -> pd.DataFrame:
     """One row per point: :data:`POINT_COLUMNS` present in ``result``, then ``d_YYYYMMDD``.
+
+    With the geometry from the orbits the table also carries each point's line of sight
+    (``los_east``/``los_north``/``los_up``, unit vector to the satellite), its incidence angle
+    and heading (degrees), for GNSS comparisons and ascending/descending decompositions.
 
     Parameters
     ----------

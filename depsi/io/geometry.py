@@ -780,6 +780,60 @@ def geocode_points(points: xr.Dataset, *, force: bool = False) -> xr.Dataset:
     return points.assign_coords(coords)
 
 
+#: Geocode -> sample the DEM -> geocode again, until no height changes by more than
+#: DEM_TOLERANCE (m): each pass shrinks the height error by the DEM's slope times
+#: cot(incidence), at most DEM_ITERATIONS passes.
+DEM_ITERATIONS = 12
+DEM_TOLERANCE = 1e-3
+
+
+def open_dem(path: str | Any) -> xr.DataArray:
+    """A DEM raster in geographic coordinates (WGS84 lon/lat degrees, heights in m above the
+    ellipsoid) as a DataArray on ``(lat, lon)``; needs rioxarray (the ``geo`` extra)."""
+    import rioxarray
+
+    dem = rioxarray.open_rasterio(path, masked=True).squeeze("band", drop=True)
+    crs = dem.rio.crs
+    if crs is not None and not crs.is_geographic:
+        raise GeometryError(f"DEM '{path}': expected geographic coordinates (WGS84 lon/lat), "
+                            f"found the projected CRS {crs.to_string()}")
+    return dem.rename({"y": "lat", "x": "lon"}).astype(np.float64)
+
+
+def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr.Dataset:
+    """Points geocoded at the heights of a DEM: geocode, sample the DEM at the positions
+    (bilinear), geocode again at those heights, until the heights settle (:data:`DEM_TOLERANCE`). The heights
+    become the ``height`` coordinate; positions outside the DEM keep the scene's height.
+
+    Raises
+    ------
+    GeometryError
+        When the points carry no geometry (a DEM needs the orbits to be used).
+    """
+    if StackGeometry.from_attrs(points.attrs) is None:
+        raise GeometryError("dem: expected points with their orbits (attrs 'sar_geometry') to "
+                            "geocode on a DEM, found none")
+    located = geocode_points(points, force=True)
+    previous = np.full(located.sizes["space"], np.inf)
+    for _ in range(DEM_ITERATIONS):
+        height = np.asarray(dem.interp(lat=xr.DataArray(located["lat"].values, dims="space"),
+                                       lon=xr.DataArray(located["lon"].values, dims="space")
+                                       ).values, np.float64)
+        located = geocode_points(located.assign_coords(height=(
+            "space", height,
+            {"units": "m", "long_name": "height above the WGS84 ellipsoid, from the DEM"})),
+            force=True)
+        settled = np.isnan(height) | (np.abs(height - previous) <= DEM_TOLERANCE)
+        previous = height
+        if settled.all():
+            break
+    outside = int(np.isnan(located["height"].values).sum())
+    if outside:
+        logger.warning("dem: %d of %d points lie outside the DEM: geocoded at the scene's "
+                       "height", outside, located.sizes["space"])
+    return located
+
+
 def correct_positions(result: xr.Dataset) -> xr.Dataset:
     """Each point's position moved to where its estimated height error puts it.
 
@@ -829,6 +883,8 @@ __all__ = [
     "baselines",
     "correct_positions",
     "geocode_points",
+    "geocode_with_dem",
+    "open_dem",
     "ecef_to_geodetic",
     "enu_basis",
     "geo_to_radar",

@@ -121,6 +121,10 @@ class InputConfig(_Section):
         "product", description="Where h2ph and lat/lon come from: 'product' (the files' own, "
                                "computed from the orbits only where missing) or 'orbits' "
                                "(always computed from the orbit state vectors).")
+    dem: Path | None = Field(
+        None, description="A DEM raster in WGS84 lon/lat (heights above the ellipsoid, m) to "
+                          "geocode the points on; null: the product's height raster, else the "
+                          "scene's height.")
     dates: list[str] | None = Field(
         None, description="GeoTIFF stacks: one acquisition date per epoch (YYYY-MM-DD), in "
                           "the order of the files' names.")

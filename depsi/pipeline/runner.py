@@ -416,6 +416,12 @@ def _check_stack_geometry(stack: xr.Dataset, config: PipelineConfig) -> None:
     if "h2ph" not in stack.data_vars:
         raise ValueError(f"{where}: expected h2ph (from the product or computed from its "
                          "orbits), found neither: the arcs and the model need it")
+    dem = config.input.dem
+    if dem is not None and not Path(dem).is_file():
+        raise FileNotFoundError(f"input.dem: DEM {str(dem)!r} does not exist")
+    if dem is not None and "sar_geometry" not in stack.attrs:
+        raise ValueError(f"{where}: input.dem needs the stack's orbits to geocode on it, found "
+                         "no orbits in this stack")
     geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
     if not geocodable:
         raise ValueError(f"{where}: expected lat/lon rasters or orbit state vectors to "
@@ -452,6 +458,10 @@ def _step_selection(ctx: _Context) -> dict[str, Any]:
     stack = open_stack(ctx.config, path=ctx.products["stack"])
     ps = ps_selection(stack, method=section.method, threshold=section.threshold,
                       engine=section.engine, progress=ctx.progress)
+    if ctx.config.input.dem is not None:
+        from depsi.io.geometry import geocode_with_dem, open_dem
+
+        ps = geocode_with_dem(ps, open_dem(ctx.config.input.dem))
     path = save_stm(ps, ctx.workspace / PRODUCTS["selection"], overwrite=True,
                     chunk_bytes=point_chunk_bytes(ctx.config))
     ctx.products["selection"] = path

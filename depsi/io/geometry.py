@@ -802,8 +802,9 @@ def open_dem(path: str | Any) -> xr.DataArray:
 
 def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr.Dataset:
     """Points geocoded at the heights of a DEM: geocode, sample the DEM at the positions
-    (bilinear), geocode again at those heights, until the heights settle (:data:`DEM_TOLERANCE`). The heights
-    become the ``height`` coordinate; positions outside the DEM keep the scene's height.
+    (bilinear), geocode again at those heights, until the heights settle
+    (:data:`DEM_TOLERANCE`). The heights become the ``height`` coordinate; positions outside
+    the DEM keep the scene's height.
 
     Raises
     ------

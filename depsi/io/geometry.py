@@ -38,8 +38,12 @@ WGS84_E2 = WGS84_F * (2.0 - WGS84_F)
 
 #: Plausible distance of a SAR satellite from the Earth's centre (m): low orbits to 2000 km.
 ORBIT_RADIUS_RANGE = (6.5e6, 8.5e6)
-#: Newton iterations of geocoding and of the zero-Doppler time; each squares the error.
+#: Newton iterations of geocoding and of the zero-Doppler time at most; each squares the error,
+#: and they stop once every step is below CONVERGED_RADIANS (1e-12 rad: 6 um on the ground)
+#: or CONVERGED_SECONDS (1e-9 s: 7 um along the orbit).
 NEWTON_ITERATIONS = 8
+CONVERGED_RADIANS = 1e-12
+CONVERGED_SECONDS = 1e-9
 #: Attribute under which a stack or STM carries its geometry (a JSON string).
 GEOMETRY_ATTR = "sar_geometry"
 #: Nodes per axis of the coarse grid on which h2ph is computed and then interpolated.
@@ -356,7 +360,10 @@ def zero_doppler_time(orbit: Orbit, target: np.ndarray, guess: Any = None) -> np
         offset = target - position
         f = _dot(offset, velocity)
         slope = _dot(offset, acceleration) - _dot(velocity, velocity)
-        t = t - f / slope
+        step = f / slope
+        t = t - step
+        if not np.nanmax(np.abs(step), initial=0.0) > CONVERGED_SECONDS:
+            break
     return t
 
 
@@ -453,6 +460,9 @@ def radar_to_geo(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any
         step_lam = (a11 * f_range - a21 * f_doppler) / det
         lat = lat - np.rad2deg(step_phi)
         lon = lon - np.rad2deg(step_lam)
+        if not (np.nanmax(np.abs(step_phi), initial=0.0) > CONVERGED_RADIANS
+                or np.nanmax(np.abs(step_lam), initial=0.0) > CONVERGED_RADIANS):
+            break
     return lat, (lon + 180.0) % 360.0 - 180.0
 
 

@@ -96,9 +96,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                   ps_fraction=args.ps_fraction)
     if args.format == "zarr":
         out = simulate.write_stack_zarr(args.out, overwrite=args.overwrite, **kwargs)
-    else:
+    elif args.format == "binary":
         out = simulate.write_stack_binary(args.out, **kwargs)
         out = args.out
+    else:
+        out = simulate.write_stack(args.out, format=args.format, overwrite=args.overwrite,
+                                   **kwargs)["path"]
     logger.info("simulated stack written to %s", out)
     sys.stdout.write(f"{out}\n")
     return 0
@@ -336,9 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     sim.add_argument("--ps-fraction", type=float, default=0.02,
                      help="fraction of pixels that are persistent scatterers (default 0.02)")
-    sim.add_argument("--format", choices=("zarr", "binary"), default="zarr",
-                     help="Zarr store with truth group, or raw per-epoch files with DORIS-like "
-                          "metadata (default zarr)")
+    sim.add_argument("--format", choices=("zarr", "binary", "doris", "gamma", "isce2", "dimap",
+                                          "snap", "geotiff"), default="zarr",
+                     help="Zarr store with truth group, raw per-epoch files with DORIS-like "
+                          "metadata, or a stack in a processor's format, its orbits and "
+                          "timing consistent (default zarr)")
     sim.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
                      help="replace an existing store (default: refuse)")
     sim.set_defaults(func=_cmd_simulate)

@@ -186,3 +186,11 @@ def test_reference_by_lon_lat_picks_the_nearest_first_order_point():
     with pytest.raises(ValueError, match=r"reference_lonlat: expected a first-order point "
                                          r"within 2000 m .* found the nearest \d+ m away"):
         run_ps_chain(points, far)
+
+
+def test_depsi_simulate_offers_every_stack_format():
+    from depsi.cli import build_parser
+
+    action = next(a for a in build_parser()._subparsers._group_actions[0].choices["simulate"]
+                  ._actions if a.dest == "format")
+    assert set(action.choices) == {"zarr", "binary", *STACK_FORMATS}

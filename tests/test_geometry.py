@@ -129,21 +129,34 @@ def test_geocoding_agrees_with_esa_geolocation_grid(realdata, snap_geometry):
 
 @pytest.mark.realdata
 def test_geocoding_against_snap_tie_points(snap_pair, snap_geometry):
-    """SNAP's tie points (at the geolocation grid's height, about 0 m here) seen from the orbit:
-    range within half a pixel; azimuth offset by one constant 0.71 line (SNAP's tie points
-    against SNAP's own first_line_time, the same in all 9 points)."""
+    """SNAP's tie points (at the geolocation grid's height, about 0 m here), read with their
+    rows at the line indices (slc.SNAP_TIE_POINT_CENTRE), against the orbits' geocoding on the
+    grid timed from the product's burst (slc._snap_line_time)."""
     lat = snap_pair["lat_product"].values
     lon = snap_pair["lon_product"].values
     ours_lat, ours_lon = radar_to_geo(snap_geometry, *np.meshgrid(
         np.arange(lat.shape[0]), np.arange(lat.shape[1]), indexing="ij"), 0.0)
     east, north = _horizontal_offsets(ours_lat, ours_lon, lat, lon)
-    rms = float(np.sqrt(np.mean(east**2 + north**2)))
     heading = np.deg2rad(snap_pair.attrs["heading"])
     along = east * np.sin(heading) + north * np.cos(heading)
-    across = east * np.cos(heading) - north * np.sin(heading)
-    assert np.sqrt(np.mean(across**2)) < 5.0      # measured 2.6 m
-    assert 8.0 < np.mean(along) < 11.0             # measured 9.6 m = 0.71 line
-    assert rms < 12.0                              # measured 9.5 m
+    assert np.sqrt(np.mean(east**2 + north**2)) < 5.0   # measured 1.64 m
+    assert abs(np.mean(along)) < 1.0                     # measured 0.3 m
+
+
+@pytest.mark.realdata
+def test_geocoding_agrees_with_snaps_own_per_pixel_geocoding(realdata, snap_geometry):
+    """The mother product's latitude_VV / longitude_VV bands: SNAP's range-Doppler geocoding of
+    every pixel at its DEM heights (elevation_VV), from the same orbits."""
+    import xarray as xr
+
+    mother = xr.open_zarr(realdata / "sarxarray_slc" / "zarrs" / "20230331-coreg.znap",
+                          consolidated=False)
+    elevation = mother["elevation_VV"].values.astype(np.float64)
+    azimuth, range_ = np.meshgrid(np.arange(84), np.arange(338), indexing="ij")
+    lat, lon = radar_to_geo(snap_geometry, azimuth, range_, elevation)
+    east, north = _horizontal_offsets(lat, lon, mother["latitude_VV"].values.astype(float),
+                                      mother["longitude_VV"].values.astype(float))
+    assert np.sqrt(np.mean(east**2 + north**2)) < 0.5    # measured 0.12 m
 
 
 @given(azimuth=st.floats(0, 83), range_=st.floats(0, 337), height=st.floats(-50, 3000))

@@ -230,17 +230,28 @@ def test_snap_wavelength_is_c_over_the_radar_frequency(snap: xr.Dataset) -> None
 
 
 @pytest.mark.realdata
-def test_snap_lat_lon_at_the_corners_equal_snaps_own_corner_coordinates(
+def test_snap_corners_are_its_tie_points_read_at_pixel_centres_ours_at_line_indices(
         snap: xr.Dataset, snap_products: list[Path]) -> None:
+    """SNAP states its corner coordinates as its tie points read at pixel centres (+0.5 in
+    both axes); the tie rows lie at the line indices themselves (measured from the orbits,
+    tests/test_geometry.py), so from_snap reads them half a line earlier than SNAP does."""
+    from depsi.io.slc import SNAP_TIE_POINT_CENTRE, _interpolate_tie_points
+
     metadata = json.loads((snap_products[0] / "SNAP" / "product_metadata.json").read_text())
     stated = {a["name"]: a["data"]["elems"][0] for a in metadata[0]["attributes"]
               if isinstance(a["data"]["elems"], list)}
+    product = _open_znap(snap_products[0])
     lat, lon = snap.lat.values, snap.lon.values
     assert lat.dtype == np.float64 and lat.shape == (84, 338)
-    for corner, (row, col) in {"first_near": (0, 0), "first_far": (0, -1),
-                               "last_near": (-1, 0), "last_far": (-1, -1)}.items():
-        assert lat[row, col] == pytest.approx(stated[f"{corner}_lat"], abs=1e-12)
-        assert lon[row, col] == pytest.approx(stated[f"{corner}_long"], abs=1e-12)
+    for corner, (row, col) in {"first_near": (0, 0), "first_far": (0, 337),
+                               "last_near": (83, 0), "last_far": (83, 337)}.items():
+        for name, ours, key in (("latitude", lat, "lat"), ("longitude", lon, "long")):
+            tie = _tie_point_geometry(product, name, snap_products[0])
+            at = {"offset": tie["offset"], "subsampling": tie["subsampling"]}
+            snaps = _interpolate_tie_points(tie["grid"], row, col, **at)
+            assert snaps == pytest.approx(stated[f"{corner}_{key}"], abs=1e-12)
+            assert ours[row, col] == pytest.approx(_interpolate_tie_points(
+                tie["grid"], row, col, centre=SNAP_TIE_POINT_CENTRE, **at), abs=1e-12)
 
 
 @pytest.mark.realdata

@@ -494,6 +494,11 @@ def _with_res_geometry(stack: xr.Dataset, metadata: dict[str, Any],
 _SNAP_BAND = re.compile(r"^(?P<kind>i|q|h2ph)_(?:(?P<swath>[A-Z]{2}\d)_)?(?P<pol>[HV]{2})"
                         r"(?:_(?P<role>mst|slv\d*))?_(?P<date>\d{2}[A-Za-z]{3}\d{4})$")
 _SNAP_DATE = re.compile(r"(\d{2})([A-Za-z]{3})(\d{4})")
+#: Where pixel (azimuth, range) lies in the coordinates of a znap product's tie-point grids:
+#: rows at the line index itself, columns at the pixel's centre. Measured on the real pair
+#: (tests/test_geometry.py): seen from the orbits, its tie rows fall on lines 0.000, 303.978 and
+#: 608.001, its columns on pixel + 0.42.
+SNAP_TIE_POINT_CENTRE = (0.0, 0.5)
 #: SNAP writes UTC times as [days, seconds, microseconds] since 2000-01-01.
 _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
 
@@ -614,6 +619,41 @@ def _snap_orbit(element: dict, what: str) -> Orbit:
                  velocity, source=what)
 
 
+def _snap_line_time(abstracted: dict, fields: dict[str, Any], what: str) -> np.datetime64:
+    """Zero-Doppler time of the product's line 0.
+
+    From the burst whose lines hold the subset's first line (``BurstBoundary``:
+    ``FirstLineTime`` + (``subset_offset_y`` - ``FirstLineDeburst``) x ``line_time_interval``)
+    where the product records its bursts, else ``first_line_time``. On the real pair SNAP's
+    ``first_line_time`` of the subset lies 1.2 lines (2.5 ms) after its burst's timing; with
+    the burst's, the orbits' geocoding agrees with SNAP's own per-pixel latitude/longitude to
+    0.12 m, with ``first_line_time`` to 16.6 m (tests/test_geometry.py).
+    """
+    stated = _snap_time(fields.get("first_line_time"), f"{what}/first_line_time")
+    children = {e.get("name"): e for e in abstracted.get("elements", [])}
+    bursts = [b for swath in children.get("BurstBoundary", {}).get("elements", [])
+              for b in swath.get("elements", [])]
+    try:
+        offset = float(np.ravel(fields.get("subset_offset_y") or [0])[0])
+        interval = float(np.ravel(fields["line_time_interval"])[0])
+        rows = [_snap_attributes(b) for b in bursts]
+        spans = [(float(np.ravel(r["FirstLineDeburst"])[0]),
+                  float(np.ravel(r["LastLineDeburst"])[0]),
+                  float(np.ravel(r["FirstLineTime"])[0])) for r in rows]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return stated
+    for first, last, seconds in spans:
+        if first <= offset <= last:
+            moment = _MJD2000 + np.timedelta64(
+                int(round((seconds + (offset - first) * interval) * 1e9)), "ns")
+            shift = float((stated - moment) / np.timedelta64(1, "ns")) * 1e-9 / interval
+            if abs(shift) > 0.1:
+                logger.info("%s: line 0 at the burst's timing, %.2f lines before its "
+                            "first_line_time", what, shift)
+            return moment
+    return stated
+
+
 def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
                    wavelength: float) -> StackGeometry:
     """The stack's geometry from a SNAP product's metadata: the mother's timing and orbit
@@ -631,7 +671,7 @@ def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
             raise GeometryError(f"{what}/{name}: expected a number, found "
                                 f"{fields.get(name)!r}") from None
 
-    first_line = _snap_time(fields.get("first_line_time"), f"{what}/first_line_time")
+    first_line = _snap_line_time(abstracted, fields, what)
     grid = RadarGrid(first_line, number("line_time_interval"),
                      number("slant_range_to_first_pixel"), number("range_spacing"),
                      look_side="left" if fields.get("antenna_pointing") == "left" else "right")
@@ -679,13 +719,13 @@ def _snap_epochs(ds: xr.Dataset, path: Path, polarisation: str) -> list[_SnapEpo
 
 
 def _interpolate_tie_points(grid: np.ndarray, azimuth: np.ndarray, range_: np.ndarray, *,
-                            offset: tuple[float, float], subsampling: tuple[float, float]
-                            ) -> np.ndarray:
+                            offset: tuple[float, float], subsampling: tuple[float, float],
+                            centre: tuple[float, float] = (0.5, 0.5)) -> np.ndarray:
     """Bilinear interpolation of a SNAP tie-point grid at pixel indices (azimuth, range).
 
-    SNAP's convention: pixel ``i`` covers ``[i, i + 1)`` and is sampled at its centre ``i + 0.5``;
-    tie point ``k`` lies at ``offset + k * subsampling``. Outside the grid the outermost cell is
-    extended linearly, as SNAP does.
+    SNAP's convention: pixel ``i`` covers ``[i, i + 1)`` and is sampled at its centre
+    ``i + centre`` (0.5 by default); tie point ``k`` lies at ``offset + k * subsampling``.
+    Outside the grid the outermost cell is extended linearly, as SNAP does.
 
     Examples
     --------
@@ -696,8 +736,8 @@ def _interpolate_tie_points(grid: np.ndarray, azimuth: np.ndarray, range_: np.nd
            [100., 105.]])
     """
     grid = np.asarray(grid, dtype=np.float64)
-    pos_az = (np.asarray(azimuth, dtype=np.float64) + 0.5 - offset[0]) / subsampling[0]
-    pos_rg = (np.asarray(range_, dtype=np.float64) + 0.5 - offset[1]) / subsampling[1]
+    pos_az = (np.asarray(azimuth, dtype=np.float64) + centre[0] - offset[0]) / subsampling[0]
+    pos_rg = (np.asarray(range_, dtype=np.float64) + centre[1] - offset[1]) / subsampling[1]
     i0 = np.clip(np.floor(pos_az).astype(np.int64), 0, grid.shape[0] - 2)
     j0 = np.clip(np.floor(pos_rg).astype(np.int64), 0, grid.shape[1] - 2)
     wa, wr = pos_az - i0, pos_rg - j0
@@ -724,7 +764,8 @@ def _tie_point_geometry(ds: xr.Dataset, name: str, path: Path) -> dict[str, Any]
 
 def _tie_point_block(azimuth: np.ndarray, range_: np.ndarray, **geometry: Any) -> np.ndarray:
     return _interpolate_tie_points(geometry["grid"], azimuth, range_,
-                                   offset=geometry["offset"], subsampling=geometry["subsampling"])
+                                   offset=geometry["offset"], subsampling=geometry["subsampling"],
+                                   centre=geometry.get("centre", (0.5, 0.5)))
 
 
 def _tie_point_raster(geometry: dict[str, Any], shape: tuple[int, int],
@@ -861,7 +902,8 @@ def from_snap(
     geo_source = opened[products[0]]
     if {"latitude", "longitude"} <= set(geo_source.data_vars):
         for name, coord in (("latitude", "lat"), ("longitude", "lon")):
-            tie_grid = _tie_point_geometry(geo_source, name, products[0])
+            tie_grid = _tie_point_geometry(geo_source, name, products[0]) | {
+                "centre": SNAP_TIE_POINT_CENTRE}
             out = out.assign_coords({coord: (("azimuth", "range"),
                                              _tie_point_raster(tie_grid, shape, block[:2]))})
     else:

@@ -392,7 +392,8 @@ def write_znap(
     product = f"depsi_SLC_{np.datetime_as_string(time[geometry.mother], unit='D')}_Stack"
     metadata = json.dumps(_metadata(stack, geometry, names, shape, origin, polarisation,
                                     product), indent=1)
-    az_nodes, az_offset, az_step = _tie_points(shape[0])
+    az_nodes, _, az_step = _tie_points(shape[0])
+    az_offset = 0.0  # rows at the line index itself, as SNAP's (slc.SNAP_TIE_POINT_CENTRE)
     rg_nodes, rg_offset, rg_step = _tie_points(shape[1])
     lat, lon = radar_to_geo(geometry, origin[0] + az_nodes[:, None],
                             origin[1] + rg_nodes[None, :])

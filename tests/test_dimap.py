@@ -266,3 +266,33 @@ def test_missing_orbit_of_a_secondary_is_named(tmp_path, product):
 def test_wrong_polarisation_says_what_the_product_holds(product):
     with pytest.raises(ValueError, match=r"'VH'.*found polarisations \['VV'\]"):
         from_dimap(product, polarisation="VH")
+
+
+def test_line_zero_is_timed_from_the_burst_holding_the_subset(tmp_path, product, geometry):
+    """With a BurstBoundary (as SNAP writes for TOPS), line 0 is the burst's FirstLineTime
+    plus subset_offset_y lines, not the (1.2 lines late) subset first_line_time."""
+    import xml.etree.ElementTree as ET
+
+    copied = _copy(product, tmp_path)
+    tree = ET.parse(copied)
+    abstracted = next(e for e in tree.iter("MDElem") if e.get("name") == "Abstracted_Metadata")
+    interval = geometry.grid.line_interval
+    offset_y = 912
+    # a burst that starts 912 lines and 2.5 ms before the stated first_line_time
+    stated = geometry.grid.first_line_time
+    burst_start = stated - np.timedelta64(int(round((offset_y * interval + 2.5e-3) * 1e9)),
+                                          "ns")
+    seconds = (burst_start - np.datetime64("2000-01-01T00:00:00", "ns")) / np.timedelta64(
+        1, "ns") * 1e-9
+    for attr in abstracted.findall("MDATTR"):
+        if attr.get("name") == "subset_offset_y":
+            attr.text = str(offset_y)
+    boundary = ET.SubElement(abstracted, "MDElem", name="BurstBoundary")
+    burst = ET.SubElement(ET.SubElement(boundary, "MDElem", name="IW3"), "MDElem", name="Burst0")
+    for name, value in (("FirstLineDeburst", "0.0"), ("LastLineDeburst", "1523.0"),
+                        ("FirstLineTime", repr(float(seconds)))):
+        ET.SubElement(burst, "MDATTR", name=name, type="float64").text = value
+    tree.write(copied, encoding="ISO-8859-1", xml_declaration=True)
+    grid = StackGeometry.from_attrs(from_dimap(copied).attrs).grid
+    expected = stated - np.timedelta64(2_500_000, "ns")
+    assert abs((grid.first_line_time - expected) / np.timedelta64(1, "ns")) < 2_000

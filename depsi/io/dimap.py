@@ -16,8 +16,9 @@ per secondary with its ``Slave_bands`` and orbit). Each band is an ENVI pair ``B
 one band, band-sequential) and ``BAND.hdr`` (``samples``, ``lines``, ``bands``, ``header
 offset``, ``data type`` 1/2/3/4/5/12, ``byte order`` 1 = big-endian, as Java writes it). UTC
 values are ``ProductData.UTC`` text, ``19-MAR-2023 05:50:35.812250`` (English month, upper case,
-microseconds). Tie-point grids follow SNAP's pixel-centre convention
-(:func:`depsi.io.slc._interpolate_tie_points`).
+microseconds). Tie-point grids are read as the znap reader reads SNAP's: rows at the line
+indices, columns at pixel centres (:data:`depsi.io.slc.SNAP_TIE_POINT_CENTRE`, measured on the
+real SNAP pair).
 
 Where the public sources are silent, the plain reading is taken:
 
@@ -69,6 +70,7 @@ from depsi.io.metadata import WAVELENGTH_RANGE, MetadataError
 from depsi.io.slc import (
     _SNAP_BAND,
     RASTER_DIMS,
+    SNAP_TIE_POINT_CENTRE,
     _chunks,
     _finish,
     _iq_to_complex64,
@@ -571,6 +573,34 @@ def _secondary_element(product: _Product, epoch: _Epoch) -> ET.Element:
                         f"{[e.get('name') for e in product.secondaries]}")
 
 
+#: SNAP's MJD2000 seconds (BurstBoundary FirstLineTime) count from this UTC instant.
+_MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
+
+
+def _burst_line_time(abstracted: ET.Element | None, attrs: dict[str, str], what: str
+                     ) -> np.datetime64:
+    """Line 0's time from the burst holding the subset's first line, where the product records
+    its bursts (``BurstBoundary``), else ``first_line_time``: SNAP's subset ``first_line_time``
+    of a TOPS burst is 1.2 lines late on the real pair (as ``slc._snap_line_time`` reads it)."""
+    stated = _parse_utc(attrs.get("first_line_time"), f"{what}: field 'first_line_time'")
+    boundary = _md_child(abstracted, "BurstBoundary")
+    if boundary is None:
+        return stated
+    try:
+        offset = float(attrs.get("subset_offset_y") or 0)
+        interval = float(attrs["line_time_interval"])
+        for swath in boundary.findall("MDElem"):
+            for burst in swath.findall("MDElem"):
+                fields = _md_attrs(burst)
+                first, last = float(fields["FirstLineDeburst"]), float(fields["LastLineDeburst"])
+                if first <= offset <= last:
+                    seconds = float(fields["FirstLineTime"]) + (offset - first) * interval
+                    return _MJD2000 + np.timedelta64(int(round(seconds * 1e9)), "ns")
+    except (KeyError, ValueError):
+        return stated
+    return stated
+
+
 def _radar_grid(product: _Product) -> tuple[RadarGrid, float]:
     what = f"DIMAP product '{product.path}': Abstracted_Metadata"
     attrs = _md_attrs(product.abstracted)
@@ -578,8 +608,7 @@ def _radar_grid(product: _Product) -> tuple[RadarGrid, float]:
     if pointing not in ("right", "left"):
         raise GeometryError(f"{what}: field 'antenna_pointing': expected 'right' or 'left', "
                             f"found {attrs.get('antenna_pointing')!r}")
-    grid = RadarGrid(first_line_time=_parse_utc(attrs.get("first_line_time"),
-                                                f"{what}: field 'first_line_time'"),
+    grid = RadarGrid(first_line_time=_burst_line_time(product.abstracted, attrs, what),
                      line_interval=_md_float(attrs, "line_time_interval", what),
                      near_range=_md_float(attrs, "slant_range_to_first_pixel", what),
                      range_spacing=_md_float(attrs, "range_spacing", what),
@@ -749,9 +778,9 @@ def from_dimap(
     geo = next((p for p in products if {"latitude", "longitude"} <= set(p.tie_points)), None)
     if geo is not None:
         for name, coord in (("latitude", "lat"), ("longitude", "lon")):
+            tie_points = geo.tie_points[name] | {"centre": SNAP_TIE_POINT_CENTRE}
             out = out.assign_coords({coord: (("azimuth", "range"),
-                                             _tie_point_raster(geo.tie_points[name], shape,
-                                                               block[:2]))})
+                                             _tie_point_raster(tie_points, shape, block[:2]))})
     else:
         logger.warning("DIMAP products %s have no latitude/longitude tie-point grids: no lat/lon",
                        [str(p.path) for p in products])
@@ -1025,7 +1054,8 @@ def _write_product(work: Path, stem: str, stack: xr.Dataset, geometry: StackGeom
         grid[:] = values
         grid.flush()
         del grid
-    grid_info = {"offsets": (0.5, 0.5), "steps": (az_step, rg_step), "shape": lat.shape}
+    # rows at the line indices, columns at pixel centres, as SNAP's (slc.SNAP_TIE_POINT_CENTRE)
+    grid_info = {"offsets": (0.0, 0.5), "steps": (az_step, rg_step), "shape": lat.shape}
     root = _header(stem, stack, geometry, names, shape, polarisation, has_h2ph, grid_info,
                    (az0, rg0))
     ET.indent(root)

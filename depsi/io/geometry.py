@@ -46,6 +46,9 @@ CONVERGED_RADIANS = 1e-12
 CONVERGED_SECONDS = 1e-9
 #: Attribute under which a stack or STM carries its geometry (a JSON string).
 GEOMETRY_ATTR = "sar_geometry"
+#: Attribute saying a stack's lat/lon rasters are computed from its orbits (``"orbits"``):
+#: selection then geocodes only the selected points instead of reading them.
+POSITIONS_ATTR = "positions_from"
 #: Nodes per axis of the coarse grid on which h2ph is computed and then interpolated.
 H2PH_GRID_NODES = 12
 
@@ -700,6 +703,8 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
         h = None if height is None else height.data
         lat, lon = latlon_raster(geometry, azimuth, range_, chunks[:2], h)
         out = out.assign_coords(lat=(("azimuth", "range"), lat), lon=(("azimuth", "range"), lon))
+        # selection geocodes its points itself rather than reading these rasters whole
+        out.attrs[POSITIONS_ATTR] = "orbits"
     centre = look_geometry(geometry, azimuth[len(azimuth) // 2], range_[len(range_) // 2])
     # ground spacings: between the geocoded centre pixel and its next line and next sample
     a0, r0 = azimuth[len(azimuth) // 2], range_[len(range_) // 2]

@@ -26,7 +26,7 @@ import xarray as xr
 from pydantic import Field
 from scipy.spatial import cKDTree
 
-from depsi.io.geometry import geocode_points
+from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.prefetch import default_block_shape, iter_processed_blocks
 from depsi.io.store import append_epochs, open_stm, space_chunk_size
 from depsi.kernels.statistics import (
@@ -291,6 +291,10 @@ def amplitude_statistics(stack: xr.Dataset, *, time_window: Any = None) -> xr.Da
     (2.0, 1.0)
     """
     _check_stack(stack)
+    if stack.attrs.get(POSITIONS_ATTR) == "orbits":
+        # lat/lon rasters geocoded from the orbits: the selected points are geocoded instead
+        # (geocode_points below), not every pixel of the scene
+        stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     window = epoch_window(stack["time"].values, time_window)
     slc = _lazy_raster(stack, ["complex"])["complex"].isel(time=window)
     outputs = _reduce_time(_statistics_gufunc, slc, list(STATISTICS.values()))
@@ -617,6 +621,10 @@ def ps_selection(
     if int(workers) < 1:
         raise ValueError(f"workers: expected a number of threads >= 1, found {workers!r}")
     _check_stack(stack)
+    if stack.attrs.get(POSITIONS_ATTR) == "orbits":
+        # lat/lon rasters geocoded from the orbits: the selected points are geocoded instead
+        # (geocode_points below), not every pixel of the scene
+        stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     window = epoch_window(stack["time"].values, time_window)
     engine, why = resolve_engine(stack, engine)
     logger.info("ps_selection: %s engine (%s)", engine, why)

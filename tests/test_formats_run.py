@@ -137,9 +137,10 @@ def test_a_stack_without_positions_or_orbits_is_refused_before_selection(tmp_pat
     stack.drop_vars(["lat", "lon"]).to_zarr(store, zarr_format=2, consolidated=False)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"input": {"format": "zarr", "path": str(store)},
-                                    "output": {"workspace": str(tmp_path / "ws")}}))
+                                    "output": {"workspace": str(tmp_path / "ws"),
+                                               "exports": ["csv", "gpkg"]}}))
     assert main(["run", str(path), "--no-progress"]) != 0
-    assert "lat/lon rasters or orbit state vectors" in caplog.text
+    assert "lat/lon rasters or orbit state vectors" in caplog.text and "'gpkg'" in caplog.text
     assert not (tmp_path / "ws" / "ps.zarr").exists()
 
 

@@ -51,6 +51,7 @@ ALTERNATES = {
     "integration.alpha": 0.2,
     "integration.max_iterations": 0,
     "integration.reference": None,  # set to a first-order point by the fixture
+    "integration.reference_lonlat": None,  # set to a first-order point's position likewise
     "integration.reference_radius": 0.0,
     "integration.reference_noise": False,
     "atmosphere.method": "gaussian",
@@ -135,6 +136,9 @@ def test_every_chain_field_changes_the_products(points, base, field):
     value = ALTERNATES[field]
     if field == "integration.reference":
         value = int(base["network"]["point_index"].values[7])
+    if field == "integration.reference_lonlat":
+        network = base["network"]
+        value = (float(network["lon"].values[7]), float(network["lat"].values[7]))
     assert value != getattr(getattr(ChainConfig(), section), name)
     config = chain_config(first_order=150, **{section: {name: value}})
     products = _products(points, config)

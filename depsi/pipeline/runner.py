@@ -409,6 +409,10 @@ def _step_stack(ctx: _Context) -> dict[str, Any]:
             "epochs": int(stack.sizes["time"])}
 
 
+#: Exports that place points on a map and so need their positions.
+EXPORTS_WITH_POSITIONS = ("gpkg", "geotiff")
+
+
 def _check_stack_geometry(stack: xr.Dataset, config: PipelineConfig) -> None:
     """Before any pixel is read: the chain needs h2ph, and the exports need positions (the
     product's lat/lon, or orbits to geocode the points from)."""
@@ -423,9 +427,11 @@ def _check_stack_geometry(stack: xr.Dataset, config: PipelineConfig) -> None:
         raise ValueError(f"{where}: input.dem needs the stack's orbits to geocode on it, found "
                          "no orbits in this stack")
     geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
-    if not geocodable:
+    placed = sorted(set(config.output.exports) & set(EXPORTS_WITH_POSITIONS))
+    if placed and not geocodable:
         raise ValueError(f"{where}: expected lat/lon rasters or orbit state vectors to "
-                         "geocode the points, found neither: no export could place them")
+                         f"geocode the points, found neither: the exports {placed} need "
+                         "positions")
 
 
 def point_chunk_bytes(config: PipelineConfig) -> int:

@@ -1,0 +1,248 @@
+"""Checks that an SLC stack's values are physically possible, before the chain reads it whole.
+
+The readers check files (sizes, chunks present, dates); :func:`validate_stack` checks values on
+a bounded sample (a fixed grid of windows, all epochs), so that a wrong file that decodes as
+numbers is refused with its name instead of running to nonsense.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Literal
+
+import dask
+import numpy as np
+import xarray as xr
+
+from depsi.io.geometry import GEOMETRY_ATTR, StackGeometry
+
+logger = logging.getLogger(__name__)
+
+#: Largest physically possible |h2ph| (dimensionless: phase = 4 pi / wavelength x h2ph x height).
+#: h2ph = B_perp / (R sin(theta)): perpendicular baselines stay below 10 km (no SAR mission's
+#: orbital tube comes near; Sentinel-1 keeps ~200 m) and R sin(theta) exceeds 2e5 m for every
+#: spaceborne SAR (R >= 500 km at theta >= 25 deg), so 10e3 / 2e5 = 0.05. Real stacks hold
+#: |h2ph| < 1e-3; a float64 file read as float32 gives values up to 1e19.
+H2PH_MAX = 0.05
+
+#: Windows per axis sampled by :func:`validate_stack` (SAMPLE_GRID**2 windows, every epoch).
+SAMPLE_GRID = 3
+#: Largest side (pixels) of one sampled window: the sample is at most
+#: SAMPLE_GRID**2 x SAMPLE_WINDOW**2 pixels per epoch, whatever the scene's size.
+SAMPLE_WINDOW = 32
+
+#: Shortest span of a stack's epochs: a deformation time series needs epochs on distinct days
+#: (acquisitions of one day give velocities of metres per year from noise).
+MIN_EPOCH_SPAN = np.timedelta64(1, "D")
+
+BadEpochPolicy = Literal["fail", "drop"]
+
+
+class InputValidationError(ValueError):
+    """An input's values or files are impossible; the message names the input and the check."""
+
+
+def check_epoch_span(time: np.ndarray, what: str) -> None:
+    """Refuse two or more epochs spanning less than :data:`MIN_EPOCH_SPAN` (dates named).
+
+    Integer epoch indices (no dates) and a single epoch pass.
+
+    Examples
+    --------
+    >>> check_epoch_span(np.array(["2023-03-19", "2023-03-31"], "datetime64[ns]"), "dates")
+    >>> check_epoch_span(np.array(["2023-03-19T10", "2023-03-19T11"], "datetime64[ns]"),
+    ...                  "dates")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    depsi.io.validate.InputValidationError: dates: expected epochs spanning at least 1 day, ...
+    """
+    time = np.asarray(time)
+    if time.dtype.kind != "M" or time.size < 2:
+        return
+    span = time.max() - time.min()
+    if span < MIN_EPOCH_SPAN:
+        shown = [str(t) for t in np.datetime_as_string(np.sort(time)[:6], unit="s")]
+        shown += ["..."] if time.size > 6 else []
+        hours = span / np.timedelta64(1, "s") / 3600
+        raise InputValidationError(
+            f"{what}: expected epochs spanning at least 1 day, found {time.size} epochs "
+            f"within {hours:.3g} hours: {shown}")
+
+
+def _windows(n: int) -> list[slice]:
+    """SAMPLE_GRID windows of at most SAMPLE_WINDOW pixels, spread evenly along an axis."""
+    side = max(1, min(SAMPLE_WINDOW, -(-n // SAMPLE_GRID)))
+    starts = sorted({min(n - side, max(0, int((k + 0.5) * n / SAMPLE_GRID) - side // 2))
+                     for k in range(SAMPLE_GRID)})
+    return [slice(s, s + side) for s in starts]
+
+
+def _sample(variable: xr.DataArray) -> np.ndarray:
+    """``(pixels, time)`` values of the sampled windows (one compute for all windows)."""
+    data = variable.transpose("azimuth", "range", "time").data
+    windows = [data[a, r, :].reshape(-1, data.shape[2])
+               for a in _windows(data.shape[0]) for r in _windows(data.shape[1])]
+    if hasattr(data, "dask"):
+        windows = dask.compute(*windows)
+    return np.concatenate([np.asarray(w) for w in windows], axis=0)
+
+
+def _days(stack: xr.Dataset, index: Sequence[int]) -> list[str]:
+    time = stack["time"].values
+    return [str(np.datetime64(time[i], "D")) if time.dtype.kind == "M" else f"epoch {time[i]}"
+            for i in index]
+
+
+def _bad_epochs(stack: xr.Dataset) -> dict[int, str]:
+    """{epoch index: what is wrong} from the sampled ``complex`` values."""
+    if "complex" not in stack.data_vars:
+        return {}
+    sample = _sample(stack["complex"])
+    bad = {}
+    finite = np.isfinite(sample.real) & np.isfinite(sample.imag)
+    amplitude = np.abs(sample)
+    for k in range(sample.shape[1]):
+        n_bad = int((~finite[:, k]).sum())
+        if n_bad:
+            bad[k] = (f"finite complex values (phase), found {n_bad} of {sample.shape[0]} "
+                      "sampled pixels NaN or infinite")
+            continue
+        if sample.shape[0] < 2:
+            continue
+        low, high = float(amplitude[:, k].min()), float(amplitude[:, k].max())
+        if high == 0:
+            bad[k] = f"an amplitude that varies, found all zero in {sample.shape[0]} sampled pixels"
+        elif high == low:
+            bad[k] = (f"an amplitude that varies, found the constant {high:g} in "
+                      f"{sample.shape[0]} sampled pixels")
+    return bad
+
+
+def _h2ph_source(stack: xr.Dataset, source: str) -> str:
+    attrs = stack["h2ph"].attrs
+    origin = attrs.get("source") or attrs.get("long_name")
+    return f"{source}: h2ph" + (f" ({origin})" if origin else "")
+
+
+def _check_h2ph(stack: xr.Dataset, source: str) -> None:
+    """|h2ph| within H2PH_MAX, and not zero at every epoch (a secondary's h2ph is never 0)."""
+    if "h2ph" not in stack.data_vars:
+        return
+    sample = _sample(stack["h2ph"]).astype(np.float64)
+    what = _h2ph_source(stack, source)
+    with np.errstate(invalid="ignore"):
+        over = np.abs(sample) > H2PH_MAX
+    if over.any():
+        epochs = np.flatnonzero(over.any(axis=0))
+        raise InputValidationError(
+            f"{what}: expected |h2ph| <= {H2PH_MAX} (B_perp <= 10 km over R sin(theta) >= "
+            f"2e5 m), found values up to {float(np.nanmax(np.abs(sample))):.3g} in epochs "
+            f"{_days(stack, epochs)} (a file of another dtype or byte order?)")
+    if stack.sizes["time"] >= 2 and sample.size and (sample == 0).all():
+        raise InputValidationError(
+            f"{what}: expected a non-zero height-to-phase factor at the secondary epochs, found "
+            f"zero at all {stack.sizes['time']} epochs in {sample.shape[0]} sampled pixels "
+            "(no perpendicular baselines: heights and velocities cannot be separated)")
+
+
+def _mother_index(stack: xr.Dataset) -> int | None:
+    geometry = StackGeometry.from_attrs(stack.attrs) if GEOMETRY_ATTR in stack.attrs else None
+    if geometry is not None:
+        return geometry.mother
+    time = stack["time"].values
+    for key in ("mother_time", "coregistration_mother_time"):
+        day = stack.attrs.get(key)
+        if day and time.dtype.kind == "M":
+            match = np.flatnonzero(time.astype("datetime64[D]") == np.datetime64(str(day)[:10]))
+            if match.size:
+                return int(match[0])
+    return None
+
+
+def _drop(stack: xr.Dataset, bad: dict[int, str], source: str) -> xr.Dataset:
+    keep = [k for k in range(stack.sizes["time"]) if k not in bad]
+    mother = _mother_index(stack)
+    if mother in bad:
+        raise InputValidationError(
+            f"{source}: epoch {_days(stack, [mother])[0]} (the mother): expected {bad[mother]} "
+            "(the mother epoch cannot be dropped)")
+    if len(keep) < 2:
+        raise InputValidationError(
+            f"{source}: expected at least 2 usable epochs after dropping bad ones, found "
+            f"{len(keep)} of {stack.sizes['time']} (bad: {_days(stack, sorted(bad))})")
+    out = stack.isel(time=keep)
+    out.attrs = dict(stack.attrs)  # never write into attrs shared with the parent
+    if GEOMETRY_ATTR in stack.attrs:
+        geometry = StackGeometry.from_attrs(stack.attrs)
+        out.attrs[GEOMETRY_ATTR] = geometry.select_epochs(keep).to_json()
+    logger.warning("%s: dropped %d of %d epochs with unusable amplitude: %s", source, len(bad),
+                   stack.sizes["time"], "; ".join(f"{d}: expected {bad[k]}" for d, k in
+                                                  zip(_days(stack, sorted(bad)), sorted(bad))))
+    return out
+
+
+def validate_stack(stack: xr.Dataset, *, on_bad_epoch: BadEpochPolicy = "fail",
+                   source: str = "stack") -> xr.Dataset:
+    """Check a raster stack's values on a bounded sample; the stack, bad epochs dropped if asked.
+
+    Reads ``SAMPLE_GRID**2`` windows of at most ``SAMPLE_WINDOW**2`` pixels, every epoch, of
+    ``complex`` and ``h2ph`` (never the whole stack) and checks: the epochs span at least a day
+    (:func:`check_epoch_span`); complex values are finite and each epoch's amplitude is neither
+    all zero nor constant; ``|h2ph| <= H2PH_MAX``; h2ph is not zero at every epoch.
+
+    Parameters
+    ----------
+    stack
+        Raster stack ``(azimuth, range, time)`` with ``complex`` and optionally ``h2ph``.
+    on_bad_epoch
+        ``"fail"``: an epoch with non-finite or all-zero/constant samples raises. ``"drop"``:
+        such epochs are dropped with a warning giving their dates and count (the mother epoch
+        never: it raises). h2ph and date checks always raise.
+    source
+        How the stack is named in messages (its path).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``stack`` itself, or a copy without the dropped epochs (``sar_geometry`` subset too).
+
+    Raises
+    ------
+    InputValidationError
+        The check that failed, the source, and the epochs' dates.
+
+    Examples
+    --------
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(20, 20), n_epochs=4)
+    >>> validate_stack(stack).sizes["time"]
+    4
+    >>> flat = stack.assign(complex=stack.complex.where(stack.time != stack.time[0], 0))
+    >>> validate_stack(flat, on_bad_epoch="drop").sizes["time"]
+    3
+    """
+    if on_bad_epoch not in ("fail", "drop"):
+        raise ValueError(f"on_bad_epoch: expected 'fail' or 'drop', found {on_bad_epoch!r}")
+    check_epoch_span(stack["time"].values, f"{source}: time")
+    _check_h2ph(stack, source)
+    bad = _bad_epochs(stack)
+    if not bad:
+        return stack
+    if on_bad_epoch == "fail":
+        details = "; ".join(f"epoch {d}: expected {bad[k]}"
+                            for d, k in zip(_days(stack, sorted(bad)), sorted(bad)))
+        raise InputValidationError(
+            f"{source}: {len(bad)} of {stack.sizes['time']} epochs unusable: {details} "
+            "(input.on_bad_epoch: 'drop' drops them)")
+    return _drop(stack, bad, source)
+
+
+__all__ = [
+    "H2PH_MAX",
+    "MIN_EPOCH_SPAN",
+    "SAMPLE_GRID",
+    "SAMPLE_WINDOW",
+    "InputValidationError",
+    "check_epoch_span",
+    "validate_stack",
+]

@@ -8,6 +8,7 @@ them. The task graph holds file names and windows, never pixel data: one task pe
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from depsi.io.metadata import (
     resolve_metadata,
 )
 from depsi.io.store import DEFAULT_CHUNK_BYTES
+from depsi.io.validate import InputValidationError, check_epoch_span
 from depsi.stm.schema import STMValidationError, validate
 
 logger = logging.getLogger(__name__)
@@ -160,6 +162,7 @@ def _epochs(n: int, names: Sequence[str], *, dates: Any, metadata: Any,
                    for d in unique[counts > 1]]
         raise ValueError(f"dates: expected one epoch per date, found duplicates "
                          f"{'; '.join(clashes)}")
+    check_epoch_span(time, "dates")
     order = np.argsort(time, kind="stable")
     if not np.array_equal(order, np.arange(n)):
         logger.info("sorting %d epochs by date", n)
@@ -451,13 +454,45 @@ def open_binary_folder(folder: str | os.PathLike) -> xr.Dataset:
     slc_files = [folder / f"slc_{day}.raw" for day in dates]
     stack = from_binary(slc_files, shape, metadata=metadata)
     h2ph_files = [folder / f"h2ph_{day}.raw" for day in dates]
-    if all(p.exists() for p in h2ph_files):
+    if _check_h2ph_files(h2ph_files, shape, folder):
         layers = [da.from_array(np.memmap(p, dtype="<f4", mode="r", shape=shape),
                                 chunks=stack["complex"].data.chunks[:2]) for p in h2ph_files]
         order = np.argsort(np.asarray(metadata["dates"], dtype="datetime64[ns]"), kind="stable")
         h2ph = da.stack([layers[i] for i in order], axis=-1)
         stack["h2ph"] = (("azimuth", "range", "time"), h2ph.rechunk(stack["complex"].chunks))
+        stack["h2ph"].attrs.update(units="1", source=f"{folder}/h2ph_YYYYMMDD.raw")
     return _with_res_geometry(stack, metadata, res_files)
+
+
+#: Bytes per pixel of an ``h2ph_YYYYMMDD.raw`` file (little-endian float32).
+H2PH_ITEMSIZE = 4
+
+
+def _check_h2ph_files(files: Sequence[Path], shape: tuple[int, int], folder: Path) -> bool:
+    """True when every epoch has its h2ph file of the right size; False when none has one.
+
+    Some present and some missing, or a file of the wrong size, raises naming the files: a
+    stack read without one epoch's h2ph would silently lose h2ph for every epoch.
+    """
+    missing = [p for p in files if not p.is_file()]
+    if len(missing) == len(files):
+        return False
+    if missing:
+        raise InputValidationError(
+            f"folder {str(folder)!r}: expected an h2ph_YYYYMMDD.raw for every epoch (or none), "
+            f"found {len(files) - len(missing)} of {len(files)}; missing: "
+            f"{[p.name for p in missing]}")
+    pixels = shape[0] * shape[1]
+    expected = pixels * H2PH_ITEMSIZE
+    wrong = [(p, p.stat().st_size) for p in files if p.stat().st_size != expected]
+    if wrong:
+        hints = {pixels * 8: " (that is float64 data of this shape)",
+                 pixels * 2: " (that is float16 data of this shape)"}
+        details = "; ".join(f"'{p}' has {size} bytes{hints.get(size, '')}" for p, size in wrong)
+        raise InputValidationError(
+            f"h2ph files: expected {expected} bytes each ({shape[0]} x {shape[1]} pixels of "
+            f"little-endian float32), found {details}")
+    return True
 
 
 def _with_res_geometry(stack: xr.Dataset, metadata: dict[str, Any],
@@ -1061,6 +1096,194 @@ def from_geotiff(
 # SLC stacks stored as Zarr
 # ----------------------------------------------------------------------------------------------
 
+#: Variables of an SLC store whose chunks must all be on disk: a missing chunk reads as the fill
+#: value (zeros) without a message. Stores must be written with every chunk (depsi's writers
+#: do; zarr's ``write_empty_chunks=False`` leaves out all-fill chunks, which no SLC has).
+ZARR_CHECKED_VARIABLES = ("complex", "real", "imag", "h2ph", "lat", "lon")
+#: Missing chunk keys shown in a message (the count is always given).
+_SHOWN_KEYS = 5
+_ZARR_METADATA_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
+
+
+@dataclass(frozen=True)
+class _ZarrArray:
+    """What an array's metadata claims: its chunk grid and how its chunk files are named."""
+
+    name: str
+    dims: tuple[str, ...]
+    grid: tuple[int, ...]
+    prefix: str
+    separator: str
+    source: str
+
+
+def _read_json(file: Path, store: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise STMValidationError(f"SLC store '{store}': expected JSON metadata in '{file}', "
+                                 f"found unreadable content ({err})") from None
+    if not isinstance(document, dict):
+        raise STMValidationError(f"SLC store '{store}': expected a JSON object in '{file}', "
+                                 f"found {type(document).__name__}")
+    return document
+
+
+def _zarr_claim(name: str, meta: dict[str, Any], attrs: dict[str, Any], v3: bool,
+                source: str) -> _ZarrArray:
+    try:
+        shape = [int(n) for n in meta["shape"]]
+        if v3:
+            chunks = [int(n) for n in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+            encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+            default = encoding.get("name", "default") == "default"
+            separator = (encoding.get("configuration") or {}).get(
+                "separator", "/" if default else ".")
+            prefix = "c" if default else ""
+            dims = tuple(meta.get("dimension_names") or ())
+        else:
+            chunks = [int(n) for n in meta["chunks"]]
+            separator = meta.get("dimension_separator") or "."
+            prefix = ""
+            dims = tuple(attrs.get("_ARRAY_DIMENSIONS") or ())
+    except (KeyError, TypeError, ValueError) as err:
+        raise STMValidationError(f"{source}: expected 'shape' and a regular chunk grid, found "
+                                 f"no usable {err}") from None
+    if len(chunks) != len(shape) or any(c <= 0 for c in chunks) or any(n < 0 for n in shape):
+        raise STMValidationError(f"{source}: expected positive chunk sizes, one per dimension "
+                                 f"of shape {shape}, found chunks {chunks}")
+    grid = tuple(-(-n // c) for n, c in zip(shape, chunks))
+    return _ZarrArray(name, dims, grid, prefix, separator, source)
+
+
+def _zarr_claims(path: Path, v3: bool) -> list[_ZarrArray]:
+    """Every checked array's claim, from each metadata document xarray or zarr may read."""
+    claims = []
+    if not v3 and (path / ".zmetadata").is_file():
+        documents = _read_json(path / ".zmetadata", path).get("metadata") or {}
+        for name in ZARR_CHECKED_VARIABLES:
+            meta = documents.get(f"{name}/.zarray")
+            if isinstance(meta, dict):
+                claims.append(_zarr_claim(name, meta, documents.get(f"{name}/.zattrs") or {},
+                                          v3, f"SLC store '{path}' (.zmetadata): variable "
+                                              f"{name!r}"))
+    for name in ZARR_CHECKED_VARIABLES:
+        file = path / name / ("zarr.json" if v3 else ".zarray")
+        if not file.is_file():
+            continue
+        meta = _read_json(file, path)
+        if v3 and meta.get("node_type") != "array":
+            continue
+        attrs = {} if v3 or not (path / name / ".zattrs").is_file() else _read_json(
+            path / name / ".zattrs", path)
+        claims.append(_zarr_claim(name, meta, attrs, v3, f"SLC store '{path}': variable "
+                                                         f"{name!r}"))
+    return claims
+
+
+def _chunk_index(key: str, claim: _ZarrArray) -> tuple[int, ...] | None:
+    if claim.prefix:
+        if key == claim.prefix and not claim.grid:
+            return ()
+        if not key.startswith(claim.prefix + claim.separator):
+            return None
+        key = key[len(claim.prefix) + 1:]
+    try:
+        index = tuple(int(part) for part in key.split(claim.separator))
+    except ValueError:
+        return None
+    if not claim.grid:
+        return () if index == (0,) else None
+    if len(index) != len(claim.grid) or not all(0 <= i < n for i, n in zip(index, claim.grid)):
+        return None
+    return index
+
+
+def _present_chunks(folder: Path, claim: _ZarrArray) -> set[tuple[int, ...]]:
+    present = set()
+    for root, _, files in os.walk(folder):
+        relative = Path(root).relative_to(folder)
+        for file in files:
+            if file in _ZARR_METADATA_FILES:
+                continue
+            key = (relative / file).as_posix()
+            index = _chunk_index(key if claim.separator == "/" else file, claim)
+            if index is not None and (claim.separator == "/" or relative == Path(".")):
+                present.add(index)
+    return present
+
+
+def _missing_chunks(present: set[tuple[int, ...]], claim: _ZarrArray, limit: int
+                    ) -> tuple[int, list[tuple[int, ...]]]:
+    """(count of missing chunks, the first ``limit`` of them).
+
+    The grid is walked only until ``limit`` are found, so a grid that claims far more chunks
+    than the store has files costs no more than its files.
+    """
+    count = int(np.prod(claim.grid, dtype=object)) - len(present)
+    found = []
+    if count > 0:
+        for index in itertools.product(*(range(n) for n in claim.grid)):
+            if index not in present:
+                found.append(index)
+                if len(found) >= limit:
+                    break
+    return count, found
+
+
+def _key_text(index: tuple[int, ...], claim: _ZarrArray) -> str:
+    parts = [claim.prefix] if claim.prefix else []
+    return claim.separator.join(parts + [str(i) for i in index]) or "0"
+
+
+def _check_zarr_chunks(path: Path, v3: bool) -> list[tuple[_ZarrArray, int]]:
+    """Refuse an SLC store whose arrays lack chunk files their metadata claims.
+
+    Missing ``h2ph`` chunks all in one time chunk are returned instead (the claim and that
+    time chunk): they may be the mother's zeros, which zarr leaves out;
+    :func:`_check_h2ph_chunks` decides once the dates are known.
+    """
+    deferred = []
+    for claim in _zarr_claims(path, v3):
+        present = _present_chunks(path / claim.name, claim)
+        time_axis = claim.dims.index("time") if "time" in claim.dims else None
+        spatial = int(np.prod([n for i, n in enumerate(claim.grid) if i != time_axis]))
+        maybe_mother = claim.name == "h2ph" and time_axis is not None
+        count, shown = _missing_chunks(present, claim,
+                                       max(spatial, _SHOWN_KEYS) if maybe_mother else _SHOWN_KEYS)
+        if count <= 0:
+            continue
+        if maybe_mother and len(shown) == count and len({k[time_axis] for k in shown}) == 1:
+            deferred.append((claim, shown[0][time_axis]))
+            continue
+        raise STMValidationError(
+            f"{claim.source}: expected all {int(np.prod(claim.grid, dtype=object))} chunks "
+            f"of its chunk grid {claim.grid} on disk, found {count} missing (such as "
+            f"{[_key_text(k, claim) for k in shown[:_SHOWN_KEYS]]}): a missing chunk reads "
+            "as zeros")
+    return deferred
+
+
+def _check_h2ph_chunks(deferred: list[tuple[_ZarrArray, int]], ds: xr.Dataset,
+                       path: Path) -> None:
+    """Missing h2ph chunks are allowed only where they hold the mother epoch alone (zeros)."""
+    for claim, time_chunk in deferred:
+        size = ds["h2ph"].encoding.get("chunks") or ds["h2ph"].encoding.get("preferred_chunks")
+        axis = claim.dims.index("time")
+        step = size[axis] if isinstance(size, (tuple, list)) else None
+        epochs = (np.arange(ds.sizes["time"])[time_chunk * step:(time_chunk + 1) * step]
+                  if step else np.arange(0))
+        mother = ds.attrs.get("mother_time") or ds.attrs.get("coregistration_mother_time")
+        days = ds["time"].values[epochs].astype("datetime64[D]") if ds["time"].dtype.kind == \
+            "M" else np.array([])
+        if mother is None or days.size != 1 or str(days[0]) != str(mother)[:10]:
+            raise STMValidationError(
+                f"{claim.source}: expected all chunks of its chunk grid {claim.grid} on disk "
+                f"(only the mother epoch's may be left out as zeros), found missing chunks "
+                f"in time chunk {time_chunk} (epochs {[str(d) for d in days] or epochs.tolist()},"
+                f" mother {mother!r}): a missing chunk reads as zeros")
+
+
 def open_slc_zarr(
     path: str | os.PathLike,
     *,
@@ -1114,12 +1337,15 @@ def open_slc_zarr(
         raise STMValidationError(f"SLC store '{path}': expected a Zarr group (a .zgroup or "
                                  "zarr.json file), found neither")
     consolidated = (path / ".zmetadata").is_file() and not v3
+    deferred = _check_zarr_chunks(path, v3)
     # By default each Dask chunk spans every stored time chunk of its (azimuth, range) block:
     # zarr then decodes them straight into one array, where a rechunk after opening would
     # copy every block once more to join its time chunks.
     ds = xr.open_zarr(path, consolidated=consolidated, chunks={"time": -1} if chunks is None
                       else {})
     layout = "; ".join(f"{n} {tuple(v.dims)}" for n, v in ds.data_vars.items()) or "nothing"
+    if deferred and "h2ph" in ds.data_vars:
+        _check_h2ph_chunks(deferred, ds, path)
 
     missing = [d for d in RASTER_DIMS if d not in ds.dims]
     if missing:
@@ -1148,6 +1374,7 @@ def open_slc_zarr(
 
     if dates is not None:
         ds = ds.assign_coords(time=_parse_dates(dates, ds.sizes["time"]))
+    check_epoch_span(ds["time"].values, f"SLC store '{path}': time")
     if wavelength is not None:
         wavelength = _check_wavelength(wavelength, "wavelength")
         stored = ds.attrs.get("wavelength")

@@ -7,6 +7,8 @@ order of (azimuth, range).
 
 from __future__ import annotations
 
+import codecs
+import io
 import logging
 import os
 import re
@@ -58,16 +60,102 @@ UNITS = {"displacement": "m", "lat": "degrees_north", "lon": "degrees_east", "h2
 _EPOCH_COLUMN = re.compile(r"^(?P<prefix>.+)_(?P<date>\d+)$")
 
 
+#: Longest line accepted (header or row). A DePSI export of 1000 epochs and 5 per-epoch
+#: variables has rows of about 75 kB; a longer line is no point table (a binary file, a
+#: file without line breaks) and is refused before pandas buffers it whole.
+MAX_LINE_BYTES = 1 * 2**20
+
+#: Largest CSV file accepted: 10^7 points x 300 epochs x 2 variables at 10 bytes a value is
+#: 60 GB; a larger file would take longer to parse than to re-export as Zarr.
+MAX_CSV_BYTES = 64 * 2**30
+
 #: Longest header line read when looking for duplicate column names.
-MAX_HEADER_BYTES = 16 * 2**20
+MAX_HEADER_BYTES = MAX_LINE_BYTES
+
+#: Valid ranges (degrees) of the ``lat`` and ``lon`` columns; longitudes may be given
+#: east-positive from 0 to 360 as well as from -180 to 180.
+LAT_RANGE = (-90.0, 90.0)
+LON_RANGE = (-180.0, 360.0)
+
+
+class _CheckedFile(io.RawIOBase):
+    """A CSV file read as UTF-8 and in lines of at most MAX_LINE_BYTES, checked as it is read.
+
+    Invalid UTF-8 is refused with its byte offset (not read as latin-1: a silently mis-decoded
+    point identifier would not match its source); a longer line is refused at once, without
+    reading it whole. Each read returns at most MAX_LINE_BYTES, so a too-long line always
+    crosses a read and is seen by the count of bytes since the last line break.
+    """
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+        self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._offset = 0
+        self._line = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._file.read(min(len(buffer), MAX_LINE_BYTES))
+        self._check(data)
+        buffer[:len(data)] = data
+        return len(data)
+
+    def _check(self, data: bytes) -> None:
+        pending = len(self._decoder.getstate()[0])
+        try:
+            self._decoder.decode(data, final=not data)
+        except UnicodeDecodeError as err:
+            at = self._offset - pending + err.start
+            raise STMValidationError(
+                f"CSV file {str(self.path)!r}: expected UTF-8 text, found the byte(s) "
+                f"{err.object[err.start:err.end]!r} at byte offset {at} ({err.reason}); "
+                "re-encode it as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        first, last = data.find(b"\n"), data.rfind(b"\n")
+        if first == -1:
+            self._line += len(data)
+        else:
+            longest = self._line + first
+            self._line = len(data) - last - 1
+            if longest > MAX_LINE_BYTES:
+                self._too_long(self._offset + first)
+        if self._line > MAX_LINE_BYTES:
+            self._too_long(self._offset + len(data))
+        self._offset += len(data)
+
+    def _too_long(self, at: int) -> None:
+        raise STMValidationError(
+            f"CSV file {str(self.path)!r}: expected lines of at most {MAX_LINE_BYTES} bytes "
+            f"(MAX_LINE_BYTES), found a longer one ending at or after byte offset {at}")
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _open_checked(path: Path) -> io.BufferedReader:
+    """The file for pandas, after checking that it is a regular file of a sane size."""
+    if not path.exists():
+        raise FileNotFoundError(f"CSV file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise STMValidationError(f"CSV file {str(path)!r}: expected a regular file, found "
+                                 "a directory or device")
+    size = path.stat().st_size
+    if size > MAX_CSV_BYTES:
+        raise STMValidationError(f"CSV file {str(path)!r}: expected at most {MAX_CSV_BYTES} "
+                                 f"bytes (MAX_CSV_BYTES), found {size}")
+    return io.BufferedReader(_CheckedFile(path), buffer_size=2**16)
 
 
 def _check_unique_header(path: Path, sep: str) -> None:
     """pandas renames a repeated column (``d_20160327.1``): refuse it before that happens."""
     import csv
 
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        line = f.readline(MAX_HEADER_BYTES)
+    with _open_checked(path) as f:
+        line = f.readline(MAX_HEADER_BYTES + 1).decode("utf-8", errors="replace")
     if len(sep) != 1:
         return  # a regular-expression separator: pandas' own parser decides
     names = next(csv.reader([line], delimiter=sep), [])
@@ -85,7 +173,8 @@ def _check_unique_header(path: Path, sep: str) -> None:
 def _read_header(path: Path, sep: str) -> list[str]:
     try:
         _check_unique_header(path, sep)
-        return list(pd.read_csv(path, sep=sep, nrows=0).columns)
+        with _open_checked(path) as f:
+            return list(pd.read_csv(f, sep=sep, nrows=0, encoding="utf-8").columns)
     except FileNotFoundError:
         raise FileNotFoundError(f"CSV file {str(path)!r} does not exist") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
@@ -212,17 +301,34 @@ def _read_blocks(path: Path, sep: str, usecols: list[str], point_columns, epochs
     times = np.unique(np.array([date for _, date in epochs.values()], dtype="datetime64[ns]"))
     points: dict[str, list[np.ndarray]] = {name_of(c): [] for c in point_columns}
     series: dict[str, list[np.ndarray]] = {name: [] for name in variables}
-    reader = pd.read_csv(path, sep=sep, usecols=usecols, chunksize=ROWS_PER_READ,
-                         dtype={"pnt_id": str})
-    for frame in reader:
-        for column in point_columns:
-            name = name_of(column)
-            points[name].append(_point_array(frame[column], name, path))
-        for name, block in _epoch_block(frame, epochs, variables, times, path).items():
-            series[name].append(block)
+    with _open_checked(path) as f:
+        reader = pd.read_csv(f, sep=sep, usecols=usecols, chunksize=ROWS_PER_READ,
+                             dtype={"pnt_id": str}, encoding="utf-8")
+        for frame in reader:
+            for column in point_columns:
+                name = name_of(column)
+                points[name].append(_point_array(frame[column], name, path))
+            for name, block in _epoch_block(frame, epochs, variables, times, path).items():
+                series[name].append(block)
     joined_points = {n: np.concatenate(v) for n, v in points.items()}
+    for column in point_columns:
+        _check_degrees(joined_points[name_of(column)], column, path)
     joined_series = {n: np.concatenate(v) for n, v in series.items()}
     return joined_points, joined_series, times
+
+
+def _check_degrees(values: np.ndarray, column: str, path: Path) -> None:
+    """Latitudes within LAT_RANGE, longitudes within LON_RANGE (missing values: the schema's)."""
+    bounds = {"lat": LAT_RANGE, "lon": LON_RANGE}.get(_point_name(column))
+    if bounds is None or values.dtype.kind not in "fiu":
+        return
+    with np.errstate(invalid="ignore"):
+        outside = (values < bounds[0]) | (values > bounds[1])
+    if outside.any():
+        raise STMValidationError(
+            f"column {column!r} in {str(path)!r}: expected degrees in [{bounds[0]:g}, "
+            f"{bounds[1]:g}], found {int(outside.sum())} of {values.size} rows outside, "
+            f"such as {float(values[outside][0])!r}")
 
 
 def _chunk_bytes(blocksize: int | str) -> int:

@@ -133,6 +133,10 @@ class InputConfig(_Section):
     h2ph: Path | None = Field(
         None, description="GeoTIFF stacks: folder of the h2ph rasters, one h2ph_*.tif per "
                           "epoch in date order; null: the h2ph_*.tif beside the SLCs.")
+    on_bad_epoch: Literal["fail", "drop"] = Field(
+        "fail", description="An epoch whose sampled amplitude is all zero, constant or not "
+                            "finite: 'fail' refuses the stack naming its date; 'drop' leaves "
+                            "it out with a warning (never the mother epoch).")
     simulate: SimulateConfig | None = Field(
         None, description="Parameters of the simulated stack (format 'simulated' only; "
                           "defaults when left null).")

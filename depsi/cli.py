@@ -79,6 +79,19 @@ def describe_store(path: Path) -> str:
 def _cmd_info(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if args.verify:
+        from depsi.pipeline.runner import is_workspace, verify_workspace
+
+        if is_workspace(path):  # each finished step as --resume would judge it
+            checks = verify_workspace(path)
+            for check in checks:
+                state = {"damaged": "damaged manifest"}.get(check.state, check.state)
+                sys.stdout.write(f"{check.step:<13} {state}"
+                                 f"{': ' + check.reason if check.reason else ''}\n")
+            bad = [c.step for c in checks if c.state in ("stale", "damaged")]
+            sys.stdout.write(f"workspace {path}: " + (
+                f"{len(bad)} step(s) stale or damaged ({', '.join(bad)}); depsi run --resume "
+                "redoes them\n" if bad else "every finished step is valid\n"))
+            return 2 if bad else 0  # as a --verify of a damaged store
         from depsi.io.store import verify_store
 
         counts = verify_store(path)  # raises on the first missing or damaged chunk

@@ -143,6 +143,9 @@ class StepRecord:
         Sizes of the product (points, epochs, ...).
     outputs
         Paths the step wrote or reused.
+    reason
+        Why a resumed run redid the step (its manifest existed but was stale or damaged:
+        ``input changed: slc_20230331.raw (content)``, ...); empty otherwise.
     """
 
     name: str
@@ -150,6 +153,7 @@ class StepRecord:
     seconds: float = 0.0
     counts: dict[str, Any] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
+    reason: str = ""
 
 
 @dataclass
@@ -184,6 +188,8 @@ class RunSummary:
             counts = ", ".join(f"{k} {v}" for k, v in record.counts.items())
             lines.append(f"  {record.name:<13} {record.status:<8} {record.seconds:7.1f} s"
                          f"{'  ' + counts if counts else ''}")
+            if record.reason:
+                lines.append(f"                redone: {record.reason}")
             lines.extend(f"                -> {output}" for output in record.outputs)
         if self.log_file is not None:
             lines.append(f"log: {self.log_file}")
@@ -240,18 +246,51 @@ def manifest_path(workspace: str | os.PathLike, step: str) -> Path:
     return Path(workspace) / f"{step}.done.json"
 
 
-def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | None:
-    """The manifest of ``step``, or ``None`` when absent or unreadable (never trusted then)."""
+#: Keys every manifest has, with their types; the stack step's also has ``input_fingerprint``
+#: (:func:`~depsi.pipeline.fingerprint.input_fingerprint`). One without them is damaged.
+MANIFEST_KEYS = {"version": int, "step": str, "run_id": str, "config_hash": str,
+                 "inputs": dict, "product": str, "fingerprint": str, "counts": dict,
+                 "seconds": (int, float), "finished": (int, float)}
+
+
+def load_manifest(workspace: str | os.PathLike,
+                  step: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest of ``step`` and ``None``, or ``None`` and why it cannot be used.
+
+    The reason starts with ``no manifest`` when there is none, ``manifest NAME is damaged``
+    when it is unreadable, not a JSON object, of another version or missing an expected key
+    (:data:`MANIFEST_KEYS`): its step is then redone, never trusted.
+    """
     path = manifest_path(workspace, step)
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        return None
+        return None, f"no manifest {path.name}"
     except (OSError, ValueError) as err:
-        logger.warning("manifest %s is unreadable (%s): step %s will be redone", path, err, step)
-        return None
-    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
-        return None
+        return None, f"manifest {path.name} is damaged (unreadable: {err})"
+    if not isinstance(manifest, dict):
+        return None, (f"manifest {path.name} is damaged (expected a JSON object, found a "
+                      f"{type(manifest).__name__})")
+    if manifest.get("version") != MANIFEST_VERSION:
+        return None, (f"manifest {path.name} is damaged (expected version {MANIFEST_VERSION}, "
+                      f"found {manifest.get('version')!r})")
+    expected = dict(MANIFEST_KEYS) | ({"input_fingerprint": dict} if step == "stack" else {})
+    missing = [key for key in expected if key not in manifest]
+    wrong = [key for key, kind in expected.items()
+             if key in manifest and not isinstance(manifest[key], kind)]
+    if missing or wrong:
+        found = [f"missing {', '.join(missing)}"] if missing else []
+        found += [f"wrong type of {', '.join(wrong)}"] if wrong else []
+        return None, f"manifest {path.name} is damaged ({'; '.join(found)})"
+    return manifest, None
+
+
+def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | None:
+    """The manifest of ``step``, or ``None`` when absent or damaged (never trusted then;
+    :func:`load_manifest` says why)."""
+    manifest, reason = load_manifest(workspace, step)
+    if manifest is None and not reason.startswith("no manifest"):
+        logger.warning("%s: step %s will be redone", reason, step)
     return manifest
 
 
@@ -273,6 +312,8 @@ class _Context:
     products: dict[str, Path] = field(default_factory=dict)
     run_ids: dict[str, str] = field(default_factory=dict)
     devices: list | None = None
+    #: The stack step's inputs as found before it ran or was checked (computed once a run).
+    input_fingerprint: dict[str, Any] | None = None
 
 
 def _input_product(config: PipelineConfig, workspace: Path) -> Path:
@@ -630,26 +671,150 @@ def _fingerprint_target(step: str, ctx: _Context) -> Path | None:
     return ctx.workspace / PRODUCTS[step]
 
 
-def valid_manifest(ctx: _Context, step: str) -> tuple[dict[str, Any] | None, str]:
-    """The manifest of ``step`` when the finished product can be trusted, and why (not)."""
-    manifest = read_manifest(ctx.workspace, step)
+def _current_inputs(ctx: _Context) -> dict[str, Any]:
+    from depsi.pipeline.fingerprint import input_fingerprint
+
+    if ctx.input_fingerprint is None:
+        ctx.input_fingerprint = input_fingerprint(ctx.config)
+    return ctx.input_fingerprint
+
+
+#: Changed input files named in a reason, at most.
+CHANGES_SHOWN = 8
+
+
+def valid_manifest(ctx: _Context, step: str, *,
+                   check_config: bool = True) -> tuple[dict[str, Any] | None, str]:
+    """The manifest of ``step`` when the finished product can be trusted, and why (not).
+
+    Trusted: the manifest is complete (:func:`load_manifest`), the config sections the step
+    depends on hash the same (unless ``check_config`` is False), the products it read have
+    the run ids it recorded (so a redone step redoes every later one), the stack step's input
+    files are unchanged (:func:`~depsi.pipeline.fingerprint.input_changes`), and the product
+    has the recorded fingerprint and opens. A damaged manifest is logged as a warning.
+    """
+    from depsi.pipeline.fingerprint import input_changes
+
+    manifest, reason = load_manifest(ctx.workspace, step)
     if manifest is None:
-        return None, f"no manifest {manifest_path(ctx.workspace, step).name}"
-    if manifest.get("config_hash") != section_hash(ctx.config, step):
+        if not reason.startswith("no manifest"):
+            logger.warning("%s: step %s will be redone", reason, step)
+        return None, reason
+    if check_config and manifest["config_hash"] != section_hash(ctx.config, step):
         return None, f"config sections {', '.join(STEP_SECTIONS[step])} changed"
     for upstream in UPSTREAM[step]:
-        if manifest.get("inputs", {}).get(upstream) != ctx.run_ids.get(upstream):
+        if upstream not in ctx.run_ids:
+            return None, f"its input step {upstream} is not finished and valid"
+        if manifest["inputs"].get(upstream) != ctx.run_ids[upstream]:
             return None, f"its input {PRODUCTS[upstream]} was rewritten since"
+    if step == "stack":
+        changes = input_changes(manifest["input_fingerprint"], _current_inputs(ctx),
+                                limit=CHANGES_SHOWN)
+        if changes:
+            return None, f"input changed: {', '.join(changes)}"
     path = _fingerprint_target(step, ctx)
     try:
         fingerprint = product_fingerprint(path)
     except FileNotFoundError:
         return None, f"product {path} is missing"
-    if fingerprint != manifest.get("fingerprint"):
+    # a real input is judged by its input fingerprint above, which ignores junk and a
+    # workspace inside it; its file listing is recorded as "fingerprint" all the same
+    read_in_place = step == "stack" and ctx.config.input.format != "simulated"
+    if fingerprint != manifest["fingerprint"] and not read_in_place:
         return None, f"product {path} differs from the one the manifest describes"
     if not _product_opens(step, path, ctx.config):
         return None, f"product {path} does not open"
     return manifest, "complete"
+
+
+@dataclass
+class StepCheck:
+    """The state of one step's finished product in a workspace (:func:`verify_workspace`).
+
+    Attributes
+    ----------
+    step
+        The step (one of :data:`STEPS`).
+    state
+        ``ok`` (``--resume`` would skip it), ``stale`` (its product, an earlier product or
+        its input files changed: ``--resume`` redoes it), ``damaged`` (its manifest cannot be
+        read) or ``not run`` (no manifest).
+    reason
+        Why it is stale or damaged.
+    """
+
+    step: str
+    state: str
+    reason: str = ""
+
+
+def _recorded_config(workspace: Path) -> PipelineConfig | None:
+    """The input section the stack step ran with, from its manifest (None: not recorded)."""
+    from depsi.pipeline.config import parse_config
+
+    manifest, _ = load_manifest(workspace, "stack")
+    section = (manifest or {}).get("input_fingerprint", {}).get("input")
+    if not isinstance(section, dict):
+        return None
+    try:
+        return parse_config({"input": section, "output": {"workspace": str(workspace)}})
+    except ValueError as err:
+        logger.warning("the input section recorded in %s does not validate: %s",
+                       manifest_path(workspace, "stack"), err)
+        return None
+
+
+def is_workspace(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a workspace of :func:`run_pipeline` (a folder with manifests or its
+    log, not itself a Zarr store)."""
+    path = Path(path)
+    if not path.is_dir() or any((path / name).exists() for name in
+                                (".zgroup", ".zarray", ".zmetadata", "zarr.json")):
+        return False
+    return (path / LOG_FILE).is_file() or any(manifest_path(path, s).exists() for s in STEPS)
+
+
+def verify_workspace(workspace: str | os.PathLike) -> list[StepCheck]:
+    """Check every finished step of a workspace as ``--resume`` would, without the config.
+
+    Each manifest against its product, the run ids of the products it read, and the stack
+    step's input fingerprint against the input files as they are now (the input section is
+    the one recorded in the stack's manifest; config sections are not compared, there being
+    no config to compare with).
+
+    Parameters
+    ----------
+    workspace
+        A workspace folder of :func:`run_pipeline`.
+
+    Returns
+    -------
+    list of StepCheck
+        One per step of :data:`STEPS`, in order.
+    """
+    workspace = Path(workspace).absolute()
+    config = _recorded_config(workspace)
+    ctx = _Context(config=config or PipelineConfig(), workspace=workspace, progress=False)
+    checks = []
+    for step in STEPS:
+        manifest, reason = load_manifest(workspace, step)
+        if manifest is None:
+            damaged = not reason.startswith("no manifest")
+            checks.append(StepCheck(step, "damaged" if damaged else "not run",
+                                    reason if damaged else ""))
+            continue
+        if step == "stack" and config is None:
+            name = manifest_path(workspace, step).name
+            checks.append(StepCheck(step, "damaged",
+                                    f"manifest {name} records no valid input section"))
+            continue
+        manifest, reason = valid_manifest(ctx, step, check_config=False)
+        if manifest is None:
+            checks.append(StepCheck(step, "stale", reason))
+            continue
+        ctx.run_ids[step] = manifest["run_id"]
+        checks.append(StepCheck(step, "ok"))
+    return checks
 
 
 def _remove_stale_temporaries(workspace: Path) -> None:
@@ -803,8 +968,12 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
                         ctx.products[step], manifest_path(ctx.workspace, step).name)
             return
         logger.info("step %s: redone (%s)", step, reason)
+        if not reason.startswith("no manifest"):  # a first run needs no explanation
+            record.reason = reason
     # A manifest is only ever present for a complete product: drop it before rewriting.
     manifest_path(ctx.workspace, step).unlink(missing_ok=True)
+    # what the stack step reads, taken before it reads: a change while it runs shows next time
+    inputs = {"input_fingerprint": _current_inputs(ctx)} if step == "stack" else {}
     logger.info("step %s: running", step)
     began = time.perf_counter()
     with heartbeat(f"step {step}"):
@@ -817,7 +986,7 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
         "config_hash": section_hash(ctx.config, step),
         "inputs": {upstream: ctx.run_ids[upstream] for upstream in UPSTREAM[step]},
         "product": str(target), "fingerprint": product_fingerprint(target),
-        "counts": counts, "seconds": round(seconds, 3), "finished": time.time(),
+        "counts": counts, "seconds": round(seconds, 3), "finished": time.time(), **inputs,
     })
     ctx.run_ids[step] = run_id
     record.status, record.seconds, record.counts = "ran", seconds, counts

@@ -66,7 +66,13 @@ from depsi.io.geometry import (
     radar_to_geo,
     zero_doppler_time,
 )
-from depsi.io.metadata import WAVELENGTH_RANGE, MetadataError
+from depsi.io.metadata import (
+    MAX_XML_BYTES,
+    WAVELENGTH_RANGE,
+    MetadataError,
+    parse_xml,
+    read_bounded_text,
+)
 from depsi.io.slc import (
     _SNAP_BAND,
     RASTER_DIMS,
@@ -100,6 +106,10 @@ DimapGeometryMode = Literal["product", "orbits"]
 # ----------------------------------------------------------------------------------------------
 # Small readers: UTC text, MDElem trees, ENVI headers
 # ----------------------------------------------------------------------------------------------
+
+#: Largest ENVI ``.hdr`` read, in bytes: a real one is a few kB (band names, map info).
+MAX_HDR_BYTES = 1 * 2**20
+_NON_SPACE = re.compile(r"\S")
 
 _UTC = re.compile(r"\s*(\d{1,2})-([A-Za-z]{3})-(\d{4})\s+(\d{1,2}):(\d{2}):(\d{2})"
                   r"(?:\.(\d{1,6}))?\s*")
@@ -165,15 +175,46 @@ def _md_float(attrs: dict[str, str], name: str, what: str) -> float:
 def _read_envi_header(path: Path) -> dict[str, str]:
     """``key = value`` pairs of an ENVI ``.hdr`` (braced values may span lines), lower-cased."""
     try:
-        text = path.read_text(errors="replace")
+        text = read_bounded_text(path, what="ENVI header", max_bytes=MAX_HDR_BYTES)
     except FileNotFoundError:
         raise FileNotFoundError(f"ENVI header '{path}': expected a file, found none") from None
     if not text.lstrip().startswith("ENVI"):
         raise ValueError(f"ENVI header '{path}': expected a first line 'ENVI', found "
                          f"{text.splitlines()[0] if text else ''!r}")
-    fields = {}
-    for match in re.finditer(r"^\s*([^=\n]+?)\s*=\s*(\{[^}]*\}|[^\n]*)", text, re.MULTILINE):
-        fields[match.group(1).strip().lower()] = match.group(2).strip()
+    return _envi_fields(text)
+
+
+def _envi_fields(text: str) -> dict[str, str]:
+    """``key = value`` pairs of ENVI header text, in one pass of ``str.find``.
+
+    The same as ``re.finditer(r"^\\s*([^=\\n]+?)\\s*=\\s*(\\{[^}]*\\}|[^\\n]*)", re.M)``, whose
+    lazy key and unclosed-brace branch rescan the rest of the text at every line.
+    """
+    fields: dict[str, str] = {}
+    size, position = len(text), 0
+    no_brace_from = size + 1  # no '}' at or after this index
+    while position < size:
+        line_end = text.find("\n", position)
+        line_end = size if line_end < 0 else line_end
+        equals = text.find("=", position, line_end)
+        if equals <= position:
+            position = line_end + 1
+            continue
+        found = _NON_SPACE.search(text, equals + 1)
+        start = found.start() if found else size
+        end = -1
+        if start < size and text[start] == "{" and start < no_brace_from:
+            end = text.find("}", start)
+            if end < 0:
+                no_brace_from = start
+            else:
+                end += 1
+        if end < 0:
+            end = text.find("\n", start)
+            end = size if end < 0 else end
+        fields[text[position:equals].strip().lower()] = text[start:end].strip()
+        following = text.find("\n", end)
+        position = size if following < 0 else following + 1
     return fields
 
 
@@ -401,7 +442,7 @@ def _open_product(path: Path) -> _Product:
     if not path.is_file():
         raise FileNotFoundError(f"DIMAP product '{path}': expected a .dim file, found none")
     try:
-        root = ET.parse(path).getroot()
+        root = parse_xml(path, what="DIMAP product", max_bytes=MAX_XML_BYTES)
     except ET.ParseError as err:
         raise ValueError(f"DIMAP product '{path}': expected a Dimap_Document XML file, found "
                          f"unreadable XML ({err})") from None

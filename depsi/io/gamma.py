@@ -39,7 +39,13 @@ from depsi.io.geometry import (
     radar_to_geo,
     zero_doppler_time,
 )
-from depsi.io.metadata import WAVELENGTH_RTOL, MetadataError, _raise_problems
+from depsi.io.metadata import (
+    MAX_LINE_CHARS,
+    WAVELENGTH_RTOL,
+    MetadataError,
+    _raise_problems,
+    read_bounded_text,
+)
 from depsi.io.slc import (
     RASTER_DIMS,
     _BinaryStack,
@@ -77,9 +83,13 @@ POLARISATIONS = ("HH", "HV", "VH", "VV")
 # Parameter files
 # ----------------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+#: Largest GAMMA parameter file read, in bytes: a real one is under 100 kB (a bperp table of a
+#: few hundred rows); refused from its size, before it is read.
+MAX_PAR_BYTES = 16 * 2**20
+
+# \d+(?:\.\d*)? rather than \d+\.?\d*, whose overlapping digit runs backtrack quadratically
+_NUMBER = re.compile(r"^[-+]?(\d+(?:\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 _INTEGER = re.compile(r"^[-+]?\d+$")
-_KEY_LINE = re.compile(r"^\s*([^:\s][^:]*?)\s*:\s*(.*?)\s*$")
 _DATE_IN_NAME = re.compile(r"(?<!\d)((?:19|20)\d{6})(?!\d)")
 
 #: Fields whose value is free text (kept whole, with any digits in it).
@@ -227,6 +237,59 @@ def _check_isp(par: dict[str, Any], kind: str, problems: _Problems) -> None:
         problems.add("image_format", f"one of {sorted(SLC_FORMATS)}", repr(par["image_format"]))
 
 
+def _key_value(line: str) -> tuple[str, str] | None:
+    """``(key, value)`` of a ``key: value`` line, else None: str methods in one pass, the same
+    as the regex ``^\\s*([^:\\s][^:]*?)\\s*:\\s*(.*?)\\s*$`` without its quadratic
+    backtracking on long lines."""
+    head, colon, value = line.partition(":")
+    key = head.strip()
+    return (key, value.strip()) if colon and key else None
+
+
+#: Characters of a key on a bperp "key: value" line (the lookahead of its values' end).
+_BPERP_KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz /-"
+_LETTER_AFTER_SPACE = re.compile(r"(?<=\s)[A-Za-z]")
+_LETTER = re.compile(r"[A-Za-z]")
+_NON_SPACE = re.compile(r"\S")
+
+
+def _next_key(text: str, after: int, colon: int) -> tuple[int, int] | None:
+    """Start and colon of the first key that begins after ``after``: a letter after a space,
+    then only letters, spaces, '/' and '-' up to a colon."""
+    while colon >= 0:
+        segment_start = text.rfind(":", 0, colon) + 1
+        segment = text[segment_start:colon]
+        key_from = segment_start + len(segment.rstrip(_BPERP_KEY_CHARS))
+        found = _LETTER_AFTER_SPACE.search(text, max(key_from, after + 1), colon)
+        if found:
+            return found.start(), colon
+        colon = text.find(":", colon + 1)
+    return None
+
+
+def _bperp_pairs(text: str) -> list[tuple[str, str]]:
+    """The ``key: value`` pairs of a bperp header line, several to a line, in linear time.
+
+    The same as ``re.findall(r"([A-Za-z][^:]*?):\\s*(.*?)\\s*(?=\\s[A-Za-z][A-Za-z /-]*:|$)")``,
+    whose lazy value and lookahead rescan the rest of the line at every space.
+    """
+    first = _LETTER.search(text)
+    if first is None:
+        return []
+    start, colon = first.start(), text.find(":", first.start())
+    pairs = []
+    while colon >= 0:
+        found = _NON_SPACE.search(text, colon + 1)
+        value_start = found.start() if found else len(text)
+        following = _next_key(text, value_start, text.find(":", value_start))
+        end = following[0] if following else len(text)
+        pairs.append((text[start:colon], text[value_start:end].rstrip()))
+        if following is None:
+            break
+        start, colon = following
+    return pairs
+
+
 def _parse_key_values(lines: Sequence[str], problems: _Problems
                       ) -> tuple[dict[str, Any], str]:
     fields: dict[str, Any] = {}
@@ -234,14 +297,14 @@ def _parse_key_values(lines: Sequence[str], problems: _Problems
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        match = _KEY_LINE.match(line)
+        match = _key_value(line)
         if match is None:
             if fields:
                 problems.add(f"line {number}", "a 'key: value' line", repr(line.strip()))
             else:
                 header.append(line.strip())
             continue
-        key, text = match.groups()
+        key, text = match
         if key in fields:
             problems.add(key, "one line per field", f"a second line {number}: {line.strip()!r}")
             continue
@@ -289,7 +352,7 @@ def _parse_bperp(lines: Sequence[str], problems: _Problems) -> dict[str, Any]:
                 rows.append([float(t) for t in tokens])
             continue
         in_table = False
-        pairs = re.findall(r"([A-Za-z][^:]*?):\s*(.*?)\s*(?=\s[A-Za-z][A-Za-z /-]*:|$)", text)
+        pairs = _bperp_pairs(text)
         if not pairs:
             problems.add(f"line {number}", "a 'key: value' line or a table row", repr(text))
         for raw_key, raw_value in pairs:
@@ -358,7 +421,8 @@ def parse_par(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"GAMMA parameter file '{path}' does not exist")
     try:
-        text = path.read_text(encoding="utf-8", errors="strict")
+        text = read_bounded_text(path, what="GAMMA parameter file", max_bytes=MAX_PAR_BYTES,
+                                 max_line=MAX_LINE_CHARS, errors="strict")
     except UnicodeDecodeError as err:
         raise MetadataError(f"GAMMA parameter file '{path}': expected text, found bytes that "
                             f"are not UTF-8 ({err})", paths=[str(path)]) from None

@@ -84,6 +84,7 @@ from depsi.io.geometry import (
     radar_to_geo,
     zero_doppler_time,
 )
+from depsi.io.metadata import MAX_XML_BYTES, parse_xml, read_bounded_text
 from depsi.io.slc import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
 from depsi.stm.schema import validate
 
@@ -99,6 +100,9 @@ VRT_DTYPES = {"BYTE": "Byte", "SHORT": "Int16", "INT": "Int32", "FLOAT": "Float3
 ORBIT_SAMPLE_INTERVAL = 10.0
 #: Lines geocoded at once by :func:`write_isce2` (bounds its memory on large rasters).
 WRITE_BLOCK_LINES = 512
+
+#: Largest ISCE2 baseline text file read, in bytes: a real one holds a few lines.
+MAX_BASELINE_BYTES = 1 * 2**20
 
 _DATE_DIR = re.compile(r"^\d{8}$")
 _PAIR = re.compile(r"^(\d{8})_(\d{8})$")
@@ -148,7 +152,7 @@ class ImageHeader:
 
 def _xml_root(path: Path, what: str) -> ET.Element:
     try:
-        return ET.parse(path).getroot()
+        return parse_xml(path, what=what, max_bytes=MAX_XML_BYTES)
     except ET.ParseError as err:
         raise ISCE2Error(f"{what} '{path}': expected well-formed XML, found a parse error: "
                          f"{err}") from None
@@ -482,7 +486,8 @@ def _merged_grid(swaths: Sequence[SwathProduct]) -> tuple[RadarGrid, tuple[int, 
 def _read_baseline_text(path: Path) -> float:
     """Average Bperp (m, ISCE's sign) of a topsStack or stripmapStack baseline text file."""
     values = []
-    for line in path.read_text().splitlines():
+    for line in read_bounded_text(path, what="ISCE2 baseline file",
+                                  max_bytes=MAX_BASELINE_BYTES).splitlines():
         name, _, value = line.partition(":") if ":" in line else line.partition(" ")
         if name.strip() in ("Bperp (average)", "PERP_BASELINE_TOP", "PERP_BASELINE_BOTTOM"):
             try:

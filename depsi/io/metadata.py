@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -51,12 +52,26 @@ _TIME_PATTERNS = {
 }
 _TIME_LAYOUT = {"doris4": "DD-Mon-YYYY hh:mm:ss.ffffff", "doris5": "YYYY-Mon-DD hh:mm:ss.ffffff"}
 
+#: Largest DORIS ``.res`` file read, in bytes: a real one is under 1 MB (a few hundred orbit
+#: lines), so a larger one is not a result file; refused before it is read.
+MAX_RES_BYTES = 16 * 2**20
+#: Longest line of a text metadata file (``.res``, GAMMA ``.par``, ENVI ``.hdr``), in
+#: characters: real lines are under 200; a longer one is refused before any field is parsed.
+MAX_LINE_CHARS = 64 * 2**10
+#: Largest XML metadata file read (ISCE2 ``.xml``, SNAP ``.dim``), in bytes: real ones are a
+#: few MB (a .dim with every band and orbit vector of a 100-epoch stack is about 5 MB).
+MAX_XML_BYTES = 64 * 2**20
+#: Deepest nesting of XML elements: ISCE2 and DIMAP documents have about 10 levels; a deeper
+#: one is refused while parsing, before the tree grows.
+MAX_XML_DEPTH = 256
+
 _SECTION_START = re.compile(r"^\*_Start_(\w+)")
 _SECTION_END = re.compile(r"^\*\s*End_(\w+)")
-_FIELD = re.compile(r"^\s*([^:\t]*[^:\s])\s*:\s*(.*?)\s*$")
 _ORBIT_LINE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
 
-_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+# \d+(?:\.\d*)? rather than \d+\.?\d*: the two digit runs of the latter overlap, and a long run
+# of digits that fails at its end backtracks quadratically
+_NUMBER = re.compile(r"^[-+]?(\d+(?:\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
 
 class MetadataError(ValueError):
@@ -77,6 +92,115 @@ class MetadataError(ValueError):
 # Low-level parsing: sections and "Key: value" fields
 # ----------------------------------------------------------------------------------------------
 
+def _refuse(path: Path | str, what: str, message: str) -> None:
+    raise MetadataError(f"{what} '{path}': {message}", paths=[str(path)])
+
+
+def read_bounded_bytes(path: str | os.PathLike, *, what: str, max_bytes: int) -> bytes:
+    """The bytes of a metadata file of at most ``max_bytes``, refused from its size alone.
+
+    Raises
+    ------
+    MetadataError
+        When the file is larger, naming the file, the limit and the size found.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        _refuse(path, what, f"expected at most {max_bytes} bytes, found {size} bytes")
+    with open(path, "rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew since the stat
+        _refuse(path, what, f"expected at most {max_bytes} bytes, found more")
+    return data
+
+
+def check_line_lengths(text: str, path: str | os.PathLike, *, what: str,
+                       max_chars: int = MAX_LINE_CHARS) -> None:
+    """Refuse a text whose longest line exceeds ``max_chars`` (linear in the text's length)."""
+    start, size = 0, len(text)
+    while start < size:
+        end = text.find("\n", start)
+        end = size if end < 0 else end
+        if end - start > max_chars:
+            _refuse(path, what, f"expected lines of at most {max_chars} characters, found "
+                                f"one of {end - start} characters at character {start}")
+        start = end + 1
+
+
+def read_bounded_text(path: str | os.PathLike, *, what: str, max_bytes: int,
+                      max_line: int = MAX_LINE_CHARS, encoding: str = "utf-8",
+                      errors: str = "replace") -> str:
+    """A text metadata file of at most ``max_bytes`` with lines of at most ``max_line``
+    characters; the parsers after it then do bounded work per line.
+
+    Raises
+    ------
+    MetadataError
+        A larger file or a longer line, naming the file, the limit and the size found.
+    UnicodeDecodeError
+        With ``errors="strict"`` and bytes that are not ``encoding``.
+    """
+    text = read_bounded_bytes(path, what=what, max_bytes=max_bytes).decode(encoding, errors)
+    check_line_lengths(text, path, what=what, max_chars=max_line)
+    return text
+
+
+def parse_xml(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_XML_BYTES,
+              max_depth: int = MAX_XML_DEPTH) -> ET.Element:
+    """The root element of an XML metadata file, parsed with bounded work.
+
+    Refuses, before parsing, a file over ``max_bytes`` and any DOCTYPE or ENTITY declaration
+    (entity expansion, "billion laughs": metadata files never declare entities; defusedxml
+    is not a dependency), and, while parsing, nesting deeper than ``max_depth``.
+
+    Raises
+    ------
+    MetadataError
+        On any of those, naming the file, the limit and what was found.
+    xml.etree.ElementTree.ParseError
+        On XML that is not well formed (callers word the message).
+    """
+    data = read_bounded_bytes(path, what=what, max_bytes=max_bytes)
+    for declaration in (b"<!DOCTYPE", b"<!ENTITY"):
+        at = data.find(declaration)
+        if at >= 0:
+            _refuse(path, what, f"expected XML without document type or entity declarations, "
+                                f"found {declaration.decode()} at byte {at}")
+    parser = ET.XMLPullParser(events=("start", "end"))
+    depth, root, step = 0, None, 1 << 16  # small feeds: a deep tree stops early
+    for offset in range(0, len(data) + 1, step):
+        if offset < len(data):
+            parser.feed(data[offset:offset + step])
+        else:
+            parser.close()
+        for event, element in parser.read_events():
+            if event == "end":
+                depth -= 1
+                continue
+            depth += 1
+            root = element if root is None else root
+            if depth > max_depth:
+                _refuse(path, what, f"expected XML nested at most {max_depth} elements deep, "
+                                    f"found deeper nesting near byte {offset}")
+    if root is None:
+        raise ET.ParseError("no element found")
+    return root
+
+
+def _field(line: str) -> tuple[str, str] | None:
+    """``(key, value)`` of a ``Key: value`` line, else None, in one pass of str methods.
+
+    The same as the regex ``^\\s*([^:\\t]*[^:\\s])\\s*:\\s*(.*?)\\s*$``, which backtracks
+    quadratically on a long line without a colon (a 70 kB line took 74 s).
+    """
+    head, colon, value = line.partition(":")
+    key = head.strip()
+    if not colon or not key or "\t" in key:
+        return None
+    return key, value.strip()
+
+
 def _split_sections(text: str) -> tuple[dict[str, dict[str, str]], dict[str, list[str]]]:
     """Fields per section (``readfiles``, ``crop``, ...) and raw lines per section.
 
@@ -88,6 +212,9 @@ def _split_sections(text: str) -> tuple[dict[str, dict[str, str]], dict[str, lis
     current = "header"
     for line in text.splitlines():
         stripped = line.strip()
+        if not stripped:  # blank lines: no section mark, no field
+            lines[current].append(line)
+            continue
         start = _SECTION_START.match(stripped)
         if start:
             current = start.group(1)
@@ -106,11 +233,11 @@ def _split_sections(text: str) -> tuple[dict[str, dict[str, str]], dict[str, lis
             current = "header"
             continue
         lines[current].append(line)
-        match = _FIELD.match(line)
-        if match:
+        field = _field(line)
+        if field:
             # ifgs.res aligns units with runs of spaces ("Bperp          [m]"): one space
-            key = re.sub(r"\s+", " ", match.group(1))
-            fields[current].setdefault(key, match.group(2))
+            key = " ".join(field[0].split())
+            fields[current].setdefault(key, field[1])
     return fields, lines
 
 
@@ -126,14 +253,16 @@ def detect_driver(text: str) -> str | None:
     >>> detect_driver("Version:   version  4.13.1 (02-11-2021)")
     'doris4'
     """
-    if re.search(r"^\s*Version:\s*version\s+4\.", text, re.MULTILINE):
+    # [ \t]* and [ \t]+, not \s: \s* crosses line ends, and at every line start would rescan
+    # all the blank lines after it (quadratic in a file of blank lines)
+    if re.search(r"^[ \t]*Version:[ \t]*version[ \t]+4\.", text, re.MULTILINE):
         return "doris4"
-    if re.search(r"^\s*DVersion:|For TOPSAR", text, re.MULTILINE):
+    if re.search(r"^[ \t]*DVersion:|For TOPSAR", text, re.MULTILINE):
         return "doris5"
-    match = re.search(r"^\s*First_pixel_azimuth_time \(UTC\):\s*(.*?)\s*$", text, re.MULTILINE)
+    match = re.search(r"^[ \t]*First_pixel_azimuth_time \(UTC\):([^\n]*)", text, re.MULTILINE)
     if match:
         for driver, pattern in _TIME_PATTERNS.items():
-            if pattern.match(match.group(1)):
+            if pattern.match(match.group(1).strip()):
                 return driver
     return None
 
@@ -390,7 +519,8 @@ def _interferogram(path: Path, driver: str) -> dict[str, Any]:
     ifg_path = next((c for c in candidates if c.is_file()), None)
     if ifg_path is None:
         return {}
-    fields, _ = _split_sections(ifg_path.read_text(errors="replace"))
+    fields, _ = _split_sections(read_bounded_text(ifg_path, what="DORIS result file",
+                                                  max_bytes=MAX_RES_BYTES))
     get = _Collector(fields)
     sec = "coarse_orbits"
     out = {
@@ -578,7 +708,7 @@ def read_metadata(path: str | os.PathLike, *, driver: Driver = "auto") -> dict[s
         raise ValueError(f"driver: expected one of {DRIVERS}, found {driver!r}")
     if not path.is_file():
         raise FileNotFoundError(f"metadata file '{path}' does not exist")
-    text = path.read_text(errors="replace")
+    text = read_bounded_text(path, what="metadata file", max_bytes=MAX_RES_BYTES)
     detected = detect_driver(text)
     if driver == "auto":
         if detected is None:
@@ -779,6 +909,10 @@ def resolve_metadata(metadata: Any, *, driver: Driver = "auto") -> dict[str, Any
 
 __all__ = [
     "DRIVERS",
+    "MAX_LINE_CHARS",
+    "MAX_RES_BYTES",
+    "MAX_XML_BYTES",
+    "MAX_XML_DEPTH",
     "METADATA_KEYS",
     "MetadataError",
     "SPEED_OF_LIGHT",

@@ -1043,6 +1043,7 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     """
     from depsi.cluster import scheduler
 
+    from depsi.pipeline.preflight import check_feasible; check_feasible(config)  # noqa: E702
     steps = _step_range(start, stop)
     began = time.perf_counter()
     workspace = Path(config.output.workspace).absolute()

@@ -21,15 +21,16 @@ PACKAGE = ROOT / "depsi"
 #: only from its own layer and the layers below.
 #:
 #: - ``conventions``: the foundations, importing nothing of depsi: :mod:`depsi.conventions`
-#:   (NumPy and the standard library only) and :mod:`depsi.sections` (the pydantic base of
-#:   every configuration section, so that each layer can define its own sections).
+#:   (NumPy and the standard library only), :mod:`depsi.sections` (the pydantic base of
+#:   every configuration section, so that each layer can define its own sections) and
+#:   :mod:`depsi.errors` (exit codes and the classification of faults, standard library only).
 #: - ``simulate``: :mod:`depsi.simulate` is a test-data generator. It writes stores through io
 #:   and its ``accuracy`` forms interferograms with processing, and the pipeline (its
 #:   ``simulated`` input) and the demo use it: so it sits above processing and below cluster.
 #: - ``faces``: the command line, the demo and the package root (``import depsi``), which
 #:   re-exports the public API.
 LAYERS = (
-    ("conventions", ("depsi.conventions", "depsi.sections")),
+    ("conventions", ("depsi.conventions", "depsi.sections", "depsi.errors")),
     ("kernels", ("depsi.kernels",)),
     ("stm", ("depsi.stm",)),
     ("io", ("depsi.io",)),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 logger = logging.getLogger("depsi.cli")
@@ -303,8 +305,10 @@ def _cmd_slurm_script(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from depsi.errors import exit_codes_help
+
     parser = argparse.ArgumentParser(
-        prog="depsi", description=DESCRIPTION,
+        prog="depsi", description=DESCRIPTION, epilog=exit_codes_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log output (-v info, -vv debug)")
@@ -375,28 +379,98 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``depsi`` console script."""
+    """Entry point of the ``depsi`` console script.
+
+    Returns the exit code (:class:`depsi.errors.ExitCode`): a failure is logged as one ERROR
+    line (:func:`depsi.errors.classify`), also into the workspace's ``depsi.log`` for ``depsi
+    run``; only an unexpected error (a bug, code 1) keeps its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     if args.command in ("demo", "run"):
         level = min(level, logging.INFO)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=LOG_FORMAT)
     if args.command is None:
         parser.print_help()
         return 0
     try:
-        return args.func(args)
-    except (FileExistsError, FileNotFoundError, TimeoutError, ValueError, ImportError) as err:
-        logger.error("%s", " ".join(line.strip() for line in str(err).splitlines()))
-        return 2
-    except RuntimeError as err:
-        from depsi.pipeline.runner import PipelineError
+        with _sigterm_as_interrupt():
+            return args.func(args)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - every fault gets its line
+        return _report_failure(err, args)
 
-        if not isinstance(err, PipelineError):
-            raise
-        logger.error("%s", err)
-        return 2
+
+#: Format of the log lines, on the console and in the workspace's ``depsi.log``.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (scancel, a job's walltime) unwinds like Ctrl-C: writers drop their temporaries."""
+    import signal
+    import threading
+
+    from depsi.errors import Terminated
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_failure(err: BaseException, args: argparse.Namespace) -> int:
+    """Log ``err`` as one ERROR line (``depsi run``: also in its workspace's log); the code."""
+    from depsi.errors import ExitCode, classify
+
+    workspace = _run_workspace(args)
+    config = Path(args.config) if args.command == "run" else None
+    code, message = classify(err, workspace=workspace, config=config)
+    exc_info = err if code == ExitCode.INTERNAL_ERROR else None
+    logger.error("%s", message, exc_info=exc_info)
+    if workspace is not None:
+        _append_to_run_log(workspace, message, exc_info)
+    return int(code)
+
+
+def _run_workspace(args: argparse.Namespace) -> Path | None:
+    """The workspace of ``depsi run`` when its configuration loads (else None)."""
+    if args.command != "run":
+        return None
+    from depsi.pipeline.config import load_config
+
+    config_logger = logging.getLogger("depsi.pipeline.config")
+    disabled, config_logger.disabled = config_logger.disabled, True  # it was logged already
+    try:
+        return Path(load_config(Path(args.config)).output.workspace).absolute()
+    except Exception:  # noqa: BLE001 - a config that does not load has no workspace
+        return None
+    finally:
+        config_logger.disabled = disabled
+
+
+def _append_to_run_log(workspace: Path, message: str, exc_info: BaseException | None) -> None:
+    """The failure line at the end of ``<workspace>/depsi.log``, where the run's lines are;
+    skipped when the workspace is missing or cannot be written (the console has the line)."""
+    from depsi.pipeline.runner import LOG_FILE
+
+    if not workspace.is_dir():
+        return
+    record = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, "%s", (message,),
+                               (type(exc_info), exc_info, exc_info.__traceback__)
+                               if exc_info is not None else None)
+    try:
+        with open(workspace / LOG_FILE, "a", encoding="utf-8") as log:
+            log.write(logging.Formatter(LOG_FORMAT).format(record) + "\n")
+    except OSError:
+        pass  # a full or read-only workspace: the console has the line
 
 
 if __name__ == "__main__":

@@ -323,6 +323,22 @@ def _input_product(config: PipelineConfig, workspace: Path) -> Path:
 
 
 def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None) -> xr.Dataset:
+    """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store),
+    its values checked on sampled blocks (:func:`depsi.io.validate.validate_stack`: finite,
+    amplitude neither zero nor constant in an epoch, h2ph physical; ``input.on_bad_epoch``).
+
+    Every step that reads the stack opens it here, so epochs dropped by ``on_bad_epoch: drop``
+    stay dropped in every step.
+    """
+    from depsi.io.validate import validate_stack
+
+    stack = _open_stack_unchecked(config, path=path)
+    source = str(path if config.input.format == "simulated" else config.input.path)
+    return validate_stack(stack, on_bad_epoch=config.input.on_bad_epoch, source=source)
+
+
+def _open_stack_unchecked(config: PipelineConfig, *,
+                          path: str | os.PathLike | None = None) -> xr.Dataset:
     """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store).
 
     Parameters
@@ -1042,8 +1058,9 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     'skipped'
     """
     from depsi.cluster import scheduler
+    from depsi.pipeline.preflight import check_feasible
 
-    from depsi.pipeline.preflight import check_feasible; check_feasible(config)  # noqa: E702
+    check_feasible(config)  # before any step: refuse what cannot fit, naming the key
     steps = _step_range(start, stop)
     began = time.perf_counter()
     workspace = Path(config.output.workspace).absolute()

@@ -290,6 +290,32 @@ def _check_selection(config: Any, block: tuple[int, int], n_epochs: int, limit: 
     return predicted
 
 
+#: Space chunks of the point products take at most this fraction of a worker's memory limit:
+#: the chain's per-chunk temporaries (densification) are far larger than the chunk itself.
+CHUNK_FRACTION_OF_WORKER_MEMORY = 1 / 256
+
+
+def point_chunk_bytes(config: Any) -> int:
+    """Target bytes per space chunk of ``ps.zarr`` and ``stm.zarr`` for the configured workers.
+
+    :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES`, or less when the workers have a memory limit
+    (``local``: ``memory_limit``; ``slurm``: memory per job / processes), so that each task of the
+    chain fits in a worker (:data:`CHUNK_FRACTION_OF_WORKER_MEMORY`).
+    """
+    from dask.utils import parse_bytes
+
+    from depsi.io.store import DEFAULT_CHUNK_BYTES
+
+    compute = config.compute
+    limit = None
+    if compute.scheduler == "local" and compute.memory_limit not in (None, "auto"):
+        limit = parse_bytes(compute.memory_limit)
+    elif compute.scheduler == "slurm":
+        limit = parse_bytes(compute.slurm.memory) // compute.slurm.processes
+    if limit is None:
+        return DEFAULT_CHUNK_BYTES
+    return int(max(2**18, min(DEFAULT_CHUNK_BYTES, limit * CHUNK_FRACTION_OF_WORKER_MEMORY)))
+
 def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str, Any]:
     """Predict the memory of the run's largest allocations and refuse what cannot fit.
 
@@ -313,7 +339,6 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
         Naming the key (``arcs.height_step``, ``compute.threads``, ...), the predicted bytes
         or count, and the limit.
     """
-    from depsi.pipeline.runner import point_chunk_bytes
 
     _check_counts(config)
     if memory_bytes is None:

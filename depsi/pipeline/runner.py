@@ -74,6 +74,7 @@ from depsi.io.paths import temporary_sibling
 from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
+from depsi.pipeline.preflight import check_feasible, point_chunk_bytes
 from depsi.processing.chain import STEP_SECTIONS as CHAIN_SECTIONS
 
 logger = logging.getLogger(__name__)
@@ -114,9 +115,6 @@ UPSTREAM = {"stack": (), "selection": ("stack",), "network": ("selection",),
 LOG_FILE = "depsi.log"
 #: Name of the lock file that keeps two runs out of one workspace.
 LOCK_FILE = "depsi.lock"
-#: Space chunks of the point products take at most this fraction of a worker's memory limit:
-#: the chain's per-chunk temporaries (densification) are far larger than the chunk itself.
-CHUNK_FRACTION_OF_WORKER_MEMORY = 1 / 256
 
 #: Version of the manifest layout; a manifest of another version is not trusted.
 MANIFEST_VERSION = 1
@@ -489,28 +487,6 @@ def _check_stack_geometry(stack: xr.Dataset, config: PipelineConfig) -> None:
         raise ValueError(f"{where}: expected lat/lon rasters or orbit state vectors to "
                          f"geocode the points, found neither: the exports {placed} need "
                          "positions")
-
-
-def point_chunk_bytes(config: PipelineConfig) -> int:
-    """Target bytes per space chunk of ``ps.zarr`` and ``stm.zarr`` for the configured workers.
-
-    :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES`, or less when the workers have a memory limit
-    (``local``: ``memory_limit``; ``slurm``: memory per job / processes), so that each task of the
-    chain fits in a worker (:data:`CHUNK_FRACTION_OF_WORKER_MEMORY`).
-    """
-    from dask.utils import parse_bytes
-
-    from depsi.io.store import DEFAULT_CHUNK_BYTES
-
-    compute = config.compute
-    limit = None
-    if compute.scheduler == "local" and compute.memory_limit not in (None, "auto"):
-        limit = parse_bytes(compute.memory_limit)
-    elif compute.scheduler == "slurm":
-        limit = parse_bytes(compute.slurm.memory) // compute.slurm.processes
-    if limit is None:
-        return DEFAULT_CHUNK_BYTES
-    return int(max(2**18, min(DEFAULT_CHUNK_BYTES, limit * CHUNK_FRACTION_OF_WORKER_MEMORY)))
 
 
 def _step_selection(ctx: _Context) -> dict[str, Any]:
@@ -1058,7 +1034,6 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     'skipped'
     """
     from depsi.cluster import scheduler
-    from depsi.pipeline.preflight import check_feasible
 
     check_feasible(config)  # before any step: refuse what cannot fit, naming the key
     steps = _step_range(start, stop)

@@ -371,3 +371,200 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
     logger.info("preflight: arcs grid %d nodes (%d bytes), memory limit %d bytes (%s)",
                 report["arcs"]["grid_nodes"], report["arcs"]["bytes"], limit, source)
     return report
+
+
+# ---------------------------------------------------------------- can the stack support PS?
+class StackSupportError(ValueError):
+    """A stack that cannot support the PS method (too few epochs); names the epochs, the span
+    and the minimum. A ``ValueError``: bad input (exit code 2), not a resource limit."""
+
+
+#: Parameters of the arcs' model per arc (:mod:`depsi.processing.arcs`): the periodogram fits
+#: a velocity and a height-error difference, and its modulus absorbs a constant phase offset.
+ARC_MODEL_PARAMETERS = ("offset", "velocity", "height_error")
+
+#: Fewest epochs refused outright: one more phase observation than the arcs' model has
+#: parameters, so that the fit is over-determined and its ensemble coherence tests something
+#: (with as many observations as parameters every arc fits perfectly, whatever its noise).
+MIN_EPOCHS = len(ARC_MODEL_PARAMETERS) + 1
+
+#: Epochs below which amplitude-dispersion selection is warned about. Ferretti, Prati & Rocca
+#: (2001, "Permanent scatterers in SAR interferometry", IEEE TGRS 39(1), 8-20, sec. IV) use the
+#: dispersion D_A = sigma_A / m_A as a proxy of the phase std only over a large number of
+#: images; the PSI literature puts the floor at about 20 (Crosetto et al. 2016, "Persistent
+#: Scatterer Interferometry: a review", ISPRS J. Photogramm. 115, 78-89).
+NAD_GUIDANCE_EPOCHS = 20
+
+#: Nominal phase noise of an arc or of a point against the reference (rad), for the predicted
+#: precisions: a PS at the selection threshold D_A = 0.25 has a phase std of about D_A
+#: (Ferretti et al. 2001), an arc of two such points sqrt(2) x 0.25 = 0.35 rad, and residual
+#: atmosphere over an arc adds as much again: 0.5 rad, an ensemble coherence of
+#: exp(-0.5**2 / 2) = 0.88, a good PS.
+NOMINAL_PHASE_STD = 0.5
+
+#: Predicted velocity std (m/yr) above which the stack is warned about: PSI stacks of a few
+#: years reach 1-2 mm/yr (Crosetto et al. 2016); above 2 mm/yr typical subsidence rates of a
+#: few mm/yr cannot be told from zero at two standard deviations.
+MAX_VELOCITY_STD = 0.002
+
+#: Predicted height-error std (m) above which the height cannot be resolved: a tenth of the
+#: arcs' default search range (+-50 m); the height term then only adds noise to the velocity.
+MAX_HEIGHT_STD = 10.0
+
+
+def _regressor_residual(column: np.ndarray, others: list[np.ndarray]) -> np.ndarray:
+    """``column`` minus its least-squares fit on ``others``: its part the others cannot take."""
+    basis = np.column_stack(others)
+    coefficients = np.linalg.lstsq(basis, column, rcond=None)[0]
+    return column - basis @ coefficients
+
+
+def _centre_h2ph(stack: Any) -> tuple[np.ndarray | None, str]:
+    """h2ph per epoch at the scene centre (one chunk read) and where it was taken."""
+    if "h2ph" not in stack.data_vars:
+        return None, "no h2ph"
+    h2ph = stack["h2ph"]
+    centre = {dim: stack.sizes[dim] // 2 for dim in ("azimuth", "range") if dim in h2ph.dims}
+    values = np.asarray(h2ph.isel(centre).values, dtype=np.float64).reshape(-1)
+    where = ", ".join(f"{dim} {index}" for dim, index in centre.items()) or "every pixel"
+    return values, where
+
+
+def predicted_precision(years: np.ndarray, h2ph: np.ndarray | None, wavelength: float, *,
+                        phase_std: float = NOMINAL_PHASE_STD) -> dict[str, float]:
+    """Least-squares std of velocity (m/yr) and height error (m) of one point or arc.
+
+    The design is ``[1, t, h2ph]`` in phase, ``m2ph * (offset + v t + h2ph H)``, with equal
+    noise ``phase_std`` on every epoch (the offset takes the mother's noise), so each std is
+    ``phase_std / |m2ph| / |r|`` with ``r`` the part of that column the other columns cannot
+    fit (Frisch-Waugh): for velocity ``r = t - mean t`` when h2ph is dropped. Without h2ph (or
+    with one that does not vary) the height std is infinite and velocity is fitted on
+    ``[1, t]``.
+
+    Examples
+    --------
+    >>> t = np.arange(30) * 12 / 365.25
+    >>> round(predicted_precision(t, None, 0.0555)["velocity_std"] * 1000, 2)  # mm/yr
+    1.42
+    """
+    from depsi.conventions import phase_per_metre
+
+    scale = phase_std / abs(phase_per_metre(wavelength))
+    ones, t = np.ones_like(years), np.asarray(years, dtype=np.float64)
+    height_norm = 0.0
+    if h2ph is not None and np.ptp(h2ph) > 0:
+        height_norm = float(np.linalg.norm(_regressor_residual(h2ph, [ones, t])))
+    resolvable = height_norm > 0
+    time_residual = _regressor_residual(t, [ones, h2ph] if resolvable else [ones])
+    return {"velocity_std": scale / float(np.linalg.norm(time_residual)),
+            "height_std": scale / height_norm if resolvable else math.inf}
+
+
+def _refuse_short(n_epochs: int, span: str, config: Any) -> None:
+    if n_epochs < MIN_EPOCHS:
+        raise StackSupportError(
+            f"input: {n_epochs} epochs{span} cannot support the PS method: expected at least "
+            f"{MIN_EPOCHS} epochs, since the arcs' model has {len(ARC_MODEL_PARAMETERS)} "
+            f"parameters per arc ({', '.join(ARC_MODEL_PARAMETERS)}) and needs more phase "
+            f"observations than that to test a fit; amplitude-dispersion selection "
+            f"(selection.method {config.selection.method!r}) needs about "
+            f"{NAD_GUIDANCE_EPOCHS} (Ferretti et al. 2001)")
+
+
+def check_stack_support(stack: Any, config: Any) -> dict[str, Any]:
+    """Whether the stack's epochs can support the PS method: refuse too few, warn of weak ones.
+
+    Called when the stack is opened, before selection. Refuses fewer than :data:`MIN_EPOCHS`
+    epochs; warns (``logging``) below :data:`NAD_GUIDANCE_EPOCHS` epochs (amplitude dispersion
+    an unreliable proxy of phase stability), when the predicted velocity std
+    (:func:`predicted_precision`, :data:`NOMINAL_PHASE_STD`, the h2ph of the scene centre)
+    exceeds :data:`MAX_VELOCITY_STD`, and when the height error cannot be resolved (its
+    predicted std above :data:`MAX_HEIGHT_STD`, or h2ph not varying).
+
+    Parameters
+    ----------
+    stack
+        The opened SLC stack ``(azimuth, range, time)`` with ``h2ph`` and ``wavelength`` in
+        attrs; one chunk of h2ph is read.
+    config
+        The :class:`~depsi.pipeline.config.PipelineConfig` (its selection method is named).
+
+    Returns
+    -------
+    dict
+        ``epochs``, ``span_days``, ``velocity_std`` (m/yr, None without a wavelength),
+        ``height_std`` (m, None when not resolvable), ``drop_height`` (the height term should be
+        dropped) and ``warnings`` (the messages logged).
+
+    Raises
+    ------
+    StackSupportError
+        Fewer than :data:`MIN_EPOCHS` epochs, naming them, the span and the minimum.
+
+    Examples
+    --------
+    >>> from depsi.pipeline.config import PipelineConfig
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(20, 20), n_epochs=30, seed=1)
+    >>> check_stack_support(stack, PipelineConfig())["warnings"]
+    []
+    """
+    from depsi.conventions import years_since
+
+    times = np.asarray(stack["time"].values)
+    n_epochs = int(times.size)
+    span_days = (float((times[-1] - times[0]) / np.timedelta64(1, "D"))
+                 if n_epochs and times.dtype.kind == "M" else 0.0)
+    dates = (f" ({np.datetime_as_string(times[0], 'D')} to "
+             f"{np.datetime_as_string(times[-1], 'D')}, {span_days:.0f} days)"
+             if n_epochs and times.dtype.kind == "M" else "")
+    _refuse_short(n_epochs, dates, config)
+    report: dict[str, Any] = {"epochs": n_epochs, "span_days": round(span_days, 1),
+                              "velocity_std": None, "height_std": None, "drop_height": False,
+                              "warnings": []}
+    if n_epochs < NAD_GUIDANCE_EPOCHS:
+        report["warnings"].append(
+            f"input: {n_epochs} epochs{dates}: amplitude-dispersion selection (selection."
+            f"method {config.selection.method!r}) is unreliable below about "
+            f"{NAD_GUIDANCE_EPOCHS} epochs (Ferretti et al. 2001): the dispersion of "
+            f"{n_epochs} amplitudes is a weak proxy of phase stability, expect candidates "
+            "that are not stable")
+    wavelength = stack.attrs.get("wavelength")
+    if wavelength is not None and times.dtype.kind == "M":
+        h2ph, where = _centre_h2ph(stack)
+        precision = predicted_precision(years_since(times, times[0]), h2ph, float(wavelength))
+        report["velocity_std"] = precision["velocity_std"]
+        _warn_precision(report, precision, n_epochs, dates, where, h2ph)
+    else:
+        logger.info("stack support: no wavelength or dates, precision not predicted")
+    for message in report["warnings"]:
+        logger.warning("%s", message)
+    return report
+
+
+def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epochs: int,
+                    dates: str, where: str, h2ph: np.ndarray | None) -> None:
+    velocity_mm = precision["velocity_std"] * 1000
+    if precision["velocity_std"] > MAX_VELOCITY_STD:
+        report["warnings"].append(
+            f"input: {n_epochs} epochs{dates}: predicted velocity std {velocity_mm:.1f} mm/yr "
+            f"(phase noise {NOMINAL_PHASE_STD} rad; expected at most "
+            f"{MAX_VELOCITY_STD * 1000:.1f} mm/yr): velocities smaller than about "
+            f"{2 * velocity_mm:.0f} mm/yr (two std) cannot be resolved from zero; a longer "
+            "time span or more epochs are needed")
+    height_std = precision["height_std"]
+    if math.isfinite(height_std) and height_std <= MAX_HEIGHT_STD:
+        report["height_std"] = height_std
+        return
+    report["drop_height"] = True
+    if math.isfinite(height_std):
+        report["height_std"] = height_std
+        spread = f"an h2ph spread of {np.ptp(h2ph):.2e} m/m at the scene centre ({where})"
+        found = f"gives a predicted height-error std of {height_std:.1f} m (expected at most " \
+                f"{MAX_HEIGHT_STD:.0f} m)"
+    else:
+        spread = (f"h2ph at the scene centre ({where})" if h2ph is not None else "no h2ph")
+        found = "does not vary over the epochs"
+    report["warnings"].append(
+        f"input: {spread} {found}: height errors cannot be resolved and the height term "
+        "should be dropped (not done automatically)")

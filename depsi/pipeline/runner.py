@@ -74,7 +74,7 @@ from depsi.io.paths import temporary_sibling
 from depsi.io.prefetch import bars_wanted
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
-from depsi.pipeline.preflight import check_feasible, point_chunk_bytes
+from depsi.pipeline.preflight import check_feasible, check_stack_support, point_chunk_bytes
 from depsi.processing.chain import STEP_SECTIONS as CHAIN_SECTIONS
 
 logger = logging.getLogger(__name__)
@@ -177,11 +177,15 @@ class RunSummary:
     steps: dict[str, StepRecord] = field(default_factory=dict)
     seconds: float = 0.0
     log_file: Path | None = None
+    #: What a resumed run redid and why (:func:`_resume_message`); empty without resume.
+    resume_plan: str = ""
 
     def format(self) -> str:
         """The summary as a few lines of text (logged at the end of a run)."""
         lines = [f"depsi run finished in {self.seconds:.1f} s on {self.scheduler}",
                  f"workspace: {self.workspace}"]
+        if self.resume_plan:
+            lines.append(self.resume_plan)
         for record in self.steps.values():
             counts = ", ".join(f"{k} {v}" for k, v in record.counts.items())
             lines.append(f"  {record.name:<13} {record.status:<8} {record.seconds:7.1f} s"
@@ -242,6 +246,26 @@ def product_fingerprint(path: str | os.PathLike) -> str:
 def manifest_path(workspace: str | os.PathLike, step: str) -> Path:
     """Where the manifest of ``step`` lives: ``<workspace>/<step>.done.json``."""
     return Path(workspace) / f"{step}.done.json"
+
+
+#: Name of the record of the step that failed last, beside the manifests; removed when a later
+#: run completes that step.
+FAILED_FILE = "failed.json"
+
+
+def failed_path(workspace: str | os.PathLike) -> Path:
+    """Where the record of the last failed step lives: ``<workspace>/failed.json``."""
+    return Path(workspace) / FAILED_FILE
+
+
+def read_failure(workspace: str | os.PathLike) -> dict[str, Any] | None:
+    """The record of the step that failed last (:func:`failed_path`), or None (none, or
+    unreadable: it only explains, it decides nothing)."""
+    try:
+        record = json.loads(failed_path(workspace).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "step" in record else None
 
 
 #: Keys every manifest has, with their types; the stack step's also has ``input_fingerprint``
@@ -312,6 +336,8 @@ class _Context:
     devices: list | None = None
     #: The stack step's inputs as found before it ran or was checked (computed once a run).
     input_fingerprint: dict[str, Any] | None = None
+    #: Id of this run (in ``failed.json``).
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def _input_product(config: PipelineConfig, workspace: Path) -> Path:
@@ -459,9 +485,19 @@ def _step_stack(ctx: _Context) -> dict[str, Any]:
         write_stack_zarr(path, overwrite=True, progress=ctx.progress, **kwargs)
     stack = open_stack(config, path=path)
     _check_stack_geometry(stack, config)
+    support = check_stack_support(stack, config)  # before selection: refuse too few epochs
     ctx.products["stack"] = path
     return {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
-            "epochs": int(stack.sizes["time"])}
+            "epochs": int(stack.sizes["time"]), **_support_counts(support)}
+
+
+def _support_counts(support: dict[str, Any]) -> dict[str, Any]:
+    """The predicted precisions of :func:`check_stack_support` as the stack step's counts."""
+    velocity, height = support["velocity_std"], support["height_std"]
+    return {"span_days": support["span_days"],
+            "velocity_std_mm_yr": None if velocity is None else round(velocity * 1000, 2),
+            "height_std_m": None if height is None else round(height, 1),
+            "drop_height": support["drop_height"], "support_warnings": len(support["warnings"])}
 
 
 #: Exports that place points on a map and so need their positions.
@@ -818,7 +854,7 @@ def _remove_stale_temporaries(workspace: Path) -> None:
     for product in PRODUCTS.values():
         with write_lock(workspace / product):
             recover_interrupted(workspace / product)
-    names = [f"{step}.done.json" for step in STEPS]
+    names = [f"{step}.done.json" for step in STEPS] + [FAILED_FILE]
     for name in names:
         for stale in glob.glob(str(workspace / f".{glob.escape(name)}.*")):
             logger.warning("removing %s, left by an interrupted run (never used as a product)",
@@ -948,9 +984,83 @@ def _reuse_earlier(ctx: _Context, step: str, record: StepRecord) -> None:
     record.outputs = [str(target)]
 
 
-def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> None:
-    if resume:
+@contextmanager
+def _failure_recorded(ctx: _Context, step: str) -> Iterator[None]:
+    """A step that raises leaves ``failed.json`` (:func:`failed_path`) naming it, the
+    exception, its one-line explanation (:func:`depsi.errors.classify`), the time and run id."""
+    try:
+        yield
+    except (Exception, KeyboardInterrupt) as err:
+        _record_failure(ctx, step, err)
+        raise
+
+
+def _record_failure(ctx: _Context, step: str, err: BaseException) -> None:
+    from depsi.errors import classify
+
+    try:
+        code, hint = classify(err, workspace=ctx.workspace)
+    except Exception as inner:  # noqa: BLE001 - the record must not hide the failure itself
+        code, hint = None, f"(not classified: {type(inner).__name__}: {inner})"
+    record = {"step": step, "exception": type(err).__name__,
+              "message": " ".join(str(err).split()) or type(err).__name__, "hint": hint,
+              "exit_code": None if code is None else int(code), "run_id": ctx.run_id,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "timestamp": time.time()}
+    try:
+        _write_json_atomic(failed_path(ctx.workspace), record)
+    except OSError as inner:  # a full or read-only workspace: the error itself still goes up
+        logger.warning("could not write %s: %s", failed_path(ctx.workspace), inner)
+
+
+def _clear_failure(ctx: _Context, step: str) -> None:
+    """``failed.json`` goes once the step it names has completed."""
+    failure = read_failure(ctx.workspace)
+    if failure is not None and failure.get("step") == step:
+        failed_path(ctx.workspace).unlink(missing_ok=True)
+        logger.info("step %s: completed; removed %s of run %s", step, FAILED_FILE,
+                    failure.get("run_id"))
+
+
+#: ``run_ids`` of a step that a resumed run will redo, while planning: its products get a new
+#: run id, so every step reading them is redone too.
+_TO_BE_REDONE = "to be redone"
+
+
+def _resume_plan(ctx: _Context, steps: list[str]) -> dict[str, tuple[dict | None, str]]:
+    """``valid_manifest`` of each step as the run will find it, before any step runs (a
+    step redone gives every step reading it a new input)."""
+    saved = dict(ctx.run_ids)
+    plan = {}
+    for step in steps:
         manifest, reason = valid_manifest(ctx, step)
+        plan[step] = (manifest, reason)
+        ctx.run_ids[step] = manifest["run_id"] if manifest is not None else _TO_BE_REDONE
+    ctx.run_ids = saved
+    return plan
+
+
+def _resume_message(plan: dict[str, tuple[dict | None, str]],
+                    failure: dict[str, Any] | None) -> str:
+    """``resume: will redo selection (failed last time: ...), network, ...; skips stack``."""
+    redo, skip = [], []
+    for step, (manifest, reason) in plan.items():
+        if manifest is not None:
+            skip.append(step)
+        elif failure is not None and failure.get("step") == step:
+            text = f"{failure.get('exception')}: {failure.get('message', '')}"
+            redo.append(f"{step} (failed last time: {text[:200]})")
+        elif reason.startswith("no manifest") or reason.startswith("its input"):
+            redo.append(step)
+        else:
+            redo.append(f"{step} ({reason})")
+    text = f"resume: will redo {', '.join(redo)}" if redo else "resume: nothing to redo"
+    return text + (f"; skips {', '.join(skip)} (finished and valid)" if skip else "")
+
+
+def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool,
+              planned: tuple[dict | None, str] | None = None) -> None:
+    if resume:
+        manifest, reason = planned if planned is not None else valid_manifest(ctx, step)
         if manifest is not None:
             ctx.run_ids[step] = manifest["run_id"]
             ctx.products[step] = _fingerprint_target(step, ctx)
@@ -964,22 +1074,25 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool) -> 
             record.reason = reason
     # A manifest is only ever present for a complete product: drop it before rewriting.
     manifest_path(ctx.workspace, step).unlink(missing_ok=True)
-    # what the stack step reads, taken before it reads: a change while it runs shows next time
-    inputs = {"input_fingerprint": _current_inputs(ctx)} if step == "stack" else {}
-    logger.info("step %s: running", step)
-    began = time.perf_counter()
-    with heartbeat(f"step {step}"):
-        counts = _STEP_FUNCTIONS[step](ctx)
-    seconds = time.perf_counter() - began
-    target = _fingerprint_target(step, ctx)
-    run_id = uuid.uuid4().hex
-    _write_json_atomic(manifest_path(ctx.workspace, step), {
-        "version": MANIFEST_VERSION, "step": step, "run_id": run_id,
-        "config_hash": section_hash(ctx.config, step),
-        "inputs": {upstream: ctx.run_ids[upstream] for upstream in UPSTREAM[step]},
-        "product": str(target), "fingerprint": product_fingerprint(target),
-        "counts": counts, "seconds": round(seconds, 3), "finished": time.time(), **inputs,
-    })
+    with _failure_recorded(ctx, step):
+        # what the stack step reads, taken before it reads: a change while it runs shows next
+        # time
+        inputs = {"input_fingerprint": _current_inputs(ctx)} if step == "stack" else {}
+        logger.info("step %s: running", step)
+        began = time.perf_counter()
+        with heartbeat(f"step {step}"):
+            counts = _STEP_FUNCTIONS[step](ctx)
+        seconds = time.perf_counter() - began
+        target = _fingerprint_target(step, ctx)
+        run_id = uuid.uuid4().hex
+        _write_json_atomic(manifest_path(ctx.workspace, step), {
+            "version": MANIFEST_VERSION, "step": step, "run_id": run_id,
+            "config_hash": section_hash(ctx.config, step),
+            "inputs": {upstream: ctx.run_ids[upstream] for upstream in UPSTREAM[step]},
+            "product": str(target), "fingerprint": product_fingerprint(target),
+            "counts": counts, "seconds": round(seconds, 3), "finished": time.time(), **inputs,
+        })
+    _clear_failure(ctx, step)
     ctx.run_ids[step] = run_id
     record.status, record.seconds, record.counts = "ran", seconds, counts
     record.outputs = [str(target)]
@@ -1046,16 +1159,21 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     ctx = _Context(config=config, workspace=workspace, progress=progress,
                    devices=config.compute.devices)
     with _log_to_file(workspace / LOG_FILE), _workspace_lock(workspace):
-        logger.info("depsi run: steps %s in %s (resume=%s)", ", ".join(steps), workspace,
-                    resume)
+        logger.info("depsi run: steps %s in %s (resume=%s, run %s)", ", ".join(steps),
+                    workspace, resume, ctx.run_id)
         _remove_stale_temporaries(workspace)
         for step in STEPS[:STEPS.index(steps[0])]:
             _reuse_earlier(ctx, step, summary.steps[step])
         with scheduler(config.compute) as running, ExitStack() as bars:
             summary.scheduler = running.description
             _dask_progress(bars, running, progress)
+            plan = _resume_plan(ctx, steps) if resume else {}  # the products open as they will
+            if resume:
+                summary.resume_plan = _resume_message(plan, read_failure(workspace))
+                logger.info("%s", summary.resume_plan)
             for step in tqdm(steps, desc="depsi run", unit="step", disable=not progress):
-                _run_step(ctx, step, summary.steps[step], resume=resume)
+                _run_step(ctx, step, summary.steps[step], resume=resume,
+                          planned=plan.get(step))
         summary.seconds = time.perf_counter() - began
         for line in summary.format().splitlines():  # to the run's log file only:
             SUMMARY_LOGGER.info("%s", line)             # the CLI prints it on stdout

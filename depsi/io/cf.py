@@ -1,9 +1,12 @@
 """CF-style attributes (``units``, ``long_name``, ``standard_name``) for what depsi writes.
 
 :func:`with_cf_attributes` fills them in on a copy of a Dataset from one table, ``CF``,
-keyed by depsi's conventional names (DESIGN.md §3); :func:`~depsi.io.store.save_stm` and the
-exports apply it, so the steps themselves never deal with attributes. Attributes a variable
-already has are kept.
+keyed by depsi's conventional names (DESIGN.md §3). Whatever depsi hands back goes through it:
+the readers' stacks, ``ps_selection``, every step of the PS chain, ``estimate_model``, and
+:func:`~depsi.io.store.save_stm` and the exports, so results in memory carry the units a
+saved store has (``result.velocity.plot()`` labels its axis in m year-1) and the two cannot
+diverge. The steps' algorithms never read attributes. Attributes a variable already has are
+kept.
 
 Sign convention (docs/concepts.md): ``phase = m2ph * (displacement + h2ph * height_error)``
 with ``m2ph = -4 pi / wavelength``; a positive line-of-sight displacement is a movement
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import xarray as xr
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ CF: dict[str, dict[str, str]] = {
     "target": {"units": "1", "long_name": "index of the arc's second point"},
     "bperp": {"units": "m", "long_name": "perpendicular baseline to the mother epoch"},
     "order": {"units": "1", "long_name": "network order of the point (1 first order)"},
+    "edge_source": {"units": "1", "long_name": "index of the network arc's first point"},
+    "edge_target": {"units": "1", "long_name": "index of the network arc's second point"},
     # observations
     "complex": {"units": "1", "long_name": "single-look complex value"},
     "amplitude": {"units": "1", "long_name": "SLC amplitude"},
@@ -69,6 +73,8 @@ CF: dict[str, dict[str, str]] = {
     "fo_reference_phase": {"units": "rad", "long_name": "phase of the first-order reference"},
     "residual": {"units": "rad", "long_name": "phase residual of the model"},
     "reference_noise": {"units": "rad", "long_name": "phase noise of the reference point"},
+    "reference_phase": {"units": "rad",
+                        "long_name": "wrapped phase of the reference point (the datum)"},
     "ambiguity": {"units": "1", "long_name": "integer phase ambiguity (cycles)"},
     # amplitude statistics and selection
     "amplitude_mean": {"units": "1", "long_name": "mean amplitude over time"},
@@ -95,12 +101,31 @@ CF: dict[str, dict[str, str]] = {
     "temporal_coherence": {"units": "1", "long_name": "temporal coherence (0..1)"},
     "in_reference_area": {"units": "1", "long_name": "point in the reference area"},
     "flag": {"units": "1", "long_name": "quality flag"},
+    "in_network": {"units": "1", "long_name": "point kept by the network's arc testing"},
+    "removal_reason": {"units": "1", "long_name": "why the point left the network (legend "
+                                                  "in attrs)"},
+    "arc_kept": {"units": "1", "long_name": "arc kept by the network's arc testing"},
+    "arc_removal_reason": {"units": "1", "long_name": "why the arc left the network (legend "
+                                                      "in attrs)"},
+    "w_statistic": {"units": "1", "long_name": "w-test statistic of the arc"},
     "length": {"units": "m", "long_name": "arc length"},
     "coherence": {"units": "1", "long_name": "coherence (0..1)"},
     "arc_coherence": {"units": "1", "long_name": "ensemble coherence of the arc (0..1)"},
     "seasonal_amplitude": {"units": "m", "long_name": "seasonal displacement amplitude",
                            **_LOS},
+    # temporal model (estimate_model): coefficients and their a-posteriori standard deviations
+    "offset": {"units": "m", "long_name": "displacement at the first epoch (model offset)"},
+    "seasonal_sin": {"units": "m", "long_name": "annual sine term of the displacement"},
+    "seasonal_cos": {"units": "m", "long_name": "annual cosine term of the displacement"},
+    "sigma2": {"units": "1", "long_name": "a-posteriori variance factor"},
 }
+CF.update({f"{name}_std": {"units": CF[name]["units"],
+                            "long_name": f"a-posteriori standard deviation of {name}"}
+           for name in ("offset", "velocity", "height_error", "seasonal_sin", "seasonal_cos")})
+
+
+#: Attributes of a datetime variable that xarray's CF time encoding writes itself.
+_TIME_ENCODING = ("units", "calendar")
 
 
 def cf_attributes(name: str) -> dict[str, str]:
@@ -109,9 +134,10 @@ def cf_attributes(name: str) -> dict[str, str]:
 
 
 def _fallback(var: xr.Variable, name: str) -> dict[str, str]:
-    """Attributes for a name the table does not know: a long_name; units "1" only for flags."""
+    """Attributes for a name the table does not know: a long_name; units "1" only for flags
+    and integers (depsi's integers are indices, counts and codes, all dimensionless)."""
     attrs = {"long_name": str(name).replace("_", " ")}
-    if var.dtype == bool:
+    if var.dtype.kind in "biu":
         attrs["units"] = "1"
     return attrs
 
@@ -120,9 +146,12 @@ def with_cf_attributes(ds: xr.Dataset) -> xr.Dataset:
     """A copy of ``ds`` with ``units``/``long_name``/``standard_name`` on every variable and
     coordinate that the table ``CF`` knows (existing attributes win).
 
-    Numbers without an entry keep what they have and get a ``long_name`` from their name; a
-    numeric variable left without ``units`` is logged once. Datetime coordinates get no
-    ``units`` attribute: xarray writes their CF time units itself.
+    Numbers without an entry keep what they have and get a ``long_name`` from their name
+    (booleans and integers, flags and indices, also ``units`` "1"); a numeric variable left
+    without ``units`` is logged once. Datetime coordinates get no ``units`` attribute: xarray
+    writes their CF time units itself on save, and a ``units`` attribute beside them would make
+    the store fail to write. Strings (point ids) get none either. The copy is shallow: data,
+    lazy or not, is shared, never computed.
 
     Examples
     --------
@@ -137,13 +166,16 @@ def with_cf_attributes(ds: xr.Dataset) -> xr.Dataset:
     missing = []
     for name, var in out.variables.items():
         wanted = cf_attributes(name) or _fallback(var, name)
-        if np.issubdtype(var.dtype, np.datetime64) or np.issubdtype(var.dtype, np.timedelta64):
+        attrs = dict(var.attrs)
+        if var.dtype.kind in "mM":
             wanted.pop("units", None)
-            if "units" in var.encoding or "units" in var.attrs:
-                wanted = {k: v for k, v in wanted.items() if k != "units"}
+            # time units in attrs (as some products give them) belong to the encoding:
+            # xarray refuses to write a datetime variable with a units attribute
+            moved = {k: attrs.pop(k) for k in _TIME_ENCODING if k in attrs}
+            var.encoding = {**moved, **var.encoding}
         elif var.dtype.kind in "USO":
             wanted.pop("units", None)
-        attrs = {**wanted, **var.attrs}
+        attrs = {**wanted, **attrs}
         var.attrs = attrs
         if var.dtype.kind in "biufc" and "units" not in attrs:
             missing.append(str(name))

@@ -27,6 +27,7 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import (
     GeometryError,
     GeometryMode,
@@ -227,7 +228,7 @@ def _finish(ds: xr.Dataset, reader: str, lazy_coords: Sequence[str] = ()) -> xr.
     history = ds.attrs.get("history", "")
     ds.attrs["history"] = (history + "\n" if history else "") + f"read by depsi.io.slc.{reader}"
     validate(ds.drop_vars([c for c in lazy_coords if c in ds.variables]), kind="raster")
-    return ds
+    return with_cf_attributes(ds)
 
 
 def _iq_to_complex64(real: np.ndarray, imag: np.ndarray) -> np.ndarray:

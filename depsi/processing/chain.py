@@ -40,6 +40,7 @@ import xarray as xr
 from pydantic import Field, ValidationError
 
 from depsi.conventions import phase_per_metre, wrap_phase
+from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import POINT_GEOMETRY, correct_positions
 from depsi.kernels.backend import Device, single_threaded_blas
 from depsi.kernels.periodogram import result_coherence
@@ -281,7 +282,7 @@ def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     network = _with_edges(first, config.network)
     network.attrs = {**first.attrs, "network_method": config.network.method,
                      "n_first_order": int(len(chosen))}
-    return network
+    return with_cf_attributes(network)
 
 
 def _network_points(network: xr.Dataset) -> xr.Dataset:
@@ -309,8 +310,10 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     # memory already) are not copied again, and no chunk list is concatenated
     new = [name for name in estimated.data_vars if name not in arcs.data_vars]
     if not compute:
-        return arcs.assign(estimated[new].data_vars).assign_attrs(estimated.attrs)
-    return arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs)
+        return with_cf_attributes(
+            arcs.assign(estimated[new].data_vars).assign_attrs(estimated.attrs))
+    return with_cf_attributes(
+        arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs))
 
 
 @single_threaded_blas()
@@ -403,9 +406,10 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                  if section.reference_lonlat is None
                  else _reference_by_position(points, section.reference_lonlat,
                                              section.reference_radius))
-    return integrate_network(points, arcs, reference=reference,
-                             min_coherence=section.min_coherence, alpha=section.alpha,
-                             max_iterations=section.max_iterations)
+    return with_cf_attributes(integrate_network(points, arcs, reference=reference,
+                                                min_coherence=section.min_coherence,
+                                                alpha=section.alpha,
+                                                max_iterations=section.max_iterations))
 
 
 def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
@@ -418,7 +422,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         section = config.atmosphere
         points = _network_points(network)
         if section.method == "none":
-            result = first.assign(aps=xr.zeros_like(first["unwrapped_phase"]))
+            aps = xr.zeros_like(first["unwrapped_phase"])
+            aps.attrs = {}  # a screen, not unwrapped_phase: the table's attributes for aps
+            result = first.assign(aps=aps)
         else:
             keep = np.flatnonzero(first["in_network"].values)
             local = int(np.flatnonzero(keep == first.attrs["reference"])[0])
@@ -468,7 +474,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         result.attrs = {**result.attrs,
                         "n_first_order": int(network.attrs.get("n_first_order",
                                                                network.sizes["space"]))}
-        return result
+        return with_cf_attributes(result)
 
 
 #: What densification reads of the first pass (besides positions and ``point_index``).
@@ -492,7 +498,7 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
     others = np.setdiff1d(np.arange(points.sizes["space"]),
                           first["point_index"].values[first["in_network"].values])
     if not others.size:
-        return _result_view(first.isel(space=slice(0, 0)), order=2)
+        return with_cf_attributes(_result_view(first.isel(space=slice(0, 0)), order=2))
     first_kept = _kept(first, DENSIFY_READS)
     section, arcs = config.densification, config.arcs
     dense = densify(points.isel(space=others), first_kept, k=section.k,
@@ -525,7 +531,7 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
                           coords={name: space.get(name, template[name].variable)
                                   for name in template.coords}, attrs=template.attrs)
     logger.info("densification: %d of %d candidates accepted", count, others.size)
-    return accepted
+    return with_cf_attributes(accepted)
 
 
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
@@ -587,7 +593,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                                  for name in POINT_GEOMETRY if name in points.coords})
         # positions moved by the estimated height errors (where the orbits are known)
         out = correct_positions(out)
-        return validate(out, "points")
+        return with_cf_attributes(validate(out, "points"))
 
 
 @single_threaded_blas()

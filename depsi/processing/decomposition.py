@@ -35,7 +35,7 @@ LOS_NORM_TOLERANCE = 1e-3
 REQUIRED_VARIABLES = ("lat", "lon", "velocity", "los_east", "los_north", "los_up")
 
 #: ``velocity`` units taken as metres per year (DESIGN.md §3 writes ``m/yr``).
-VELOCITY_UNITS = ("m/yr", "m/year", "m yr-1", "m a-1", "m/a")
+VELOCITY_UNITS = ("m/yr", "m/year", "m year-1", "m yr-1", "m a-1", "m/a")
 
 METHODS = ("pairs", "grid")
 

@@ -17,6 +17,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import phase_per_metre, years_since
+from depsi.io.cf import with_cf_attributes
 from depsi.kernels.backend import (
     Device,
     array_namespace,
@@ -213,16 +214,18 @@ def estimate_model(
         attrs = {"units": UNITS[name]} if name in UNITS else {}
         out[name] = (("space",), packed[:, p], attrs)
         out[f"{name}_std"] = (("space",), packed[:, P + p], attrs)
-    out["sigma2"] = (("space",), packed[:, 2 * P])
+    # dimensionless with inverse-variance weights; metres squared with unit weights
+    out["sigma2"] = (("space",), packed[:, 2 * P], {"units": "1" if weights is not None
+                                                    else "m2"})
     out["flag"] = (("space",), packed[:, 2 * P + 1].astype(FLAG_DTYPE))
     if m2ph is not None:
         out["temporal_coherence"] = (("space",), packed[:, 2 * P + 2])
     out["residual"] = (("space", "time"), packed[:, width - T:].astype(obs.dtype),
-                       {"units": "m"})
+                       {"units": "m", "long_name": f"residual of the model fitted to {variable}"})
     out.attrs = {k: v for k, v in stm.attrs.items() if k in ("wavelength", "mother_time")}
     out.attrs["model_terms"] = list(names)
     out.attrs["history"] = (str(stm.attrs.get("history", "")) +
                             f"\nestimate_model(terms={list(names)}, variable={variable!r})").strip()
     logger.info("estimate_model: %d points x %d epochs, terms %s, %d chunk(s) on %s (lazy)",
                 stm.sizes["space"], T, names, len(chunks), [str(d) for d in chosen])
-    return out
+    return with_cf_attributes(out)

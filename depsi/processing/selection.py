@@ -26,6 +26,7 @@ import xarray as xr
 from pydantic import Field
 from scipy.spatial import cKDTree
 
+from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.prefetch import default_block_shape, iter_processed_blocks
 from depsi.io.store import append_epochs, open_stm, space_chunk_size
@@ -647,7 +648,7 @@ def ps_selection(
         chunks = {"space": space_chunk_size(result), "time": -1}
         result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})
                                 for name, var in result.data_vars.items()})
-    return result
+    return with_cf_attributes(result)
 
 
 # --------------------------------------------------------------------------------------------

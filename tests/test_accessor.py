@@ -260,9 +260,20 @@ def test_enrich_from_polygon_excludes_holes_and_covers_multipolygon_parts():
     )
     ds = points([[1.5, 0], [0, 0], [3, 3], [10.5, 0.5], [20.5, 0.5], [15, 0.5], [2, 0]])
     out = ds.stm.enrich_from_polygon(frame, ["name", "value"])
-    assert out["name"].values.tolist() == ["ring", "", "", "pair", "pair", "", "ring"]
-    np.testing.assert_array_equal(out["value"].values, [7, np.nan, np.nan, 9, 9, np.nan, 7])
+    assert out["name"].values.tolist() == ["ring", "", "", "pair", "pair", "", ""]
+    np.testing.assert_array_equal(out["value"].values, [7, np.nan, np.nan, 9, 9, np.nan, np.nan])
     assert out["name"].dtype.kind == "U" and out["value"].dtype == np.float64
+
+
+def test_enrich_from_polygon_edge_point_is_outside_unless_boundary_is_included():
+    """(2, 0) lies on the ring's outer edge: outside as in stmtools, inside on request."""
+    frame = gpd.GeoDataFrame({"name": ["ring"]}, geometry=[ring(0, 0, 2, 1)])
+    ds = points([[2, 0], [1, 0], [1.5, 0]])  # outer edge, hole's edge, interior
+    assert ds.stm.enrich_from_polygon(frame, "name")["name"].values.tolist() == ["", "", "ring"]
+    covered = ds.stm.enrich_from_polygon(frame, "name", include_boundary=True)
+    assert covered["name"].values.tolist() == ["ring", "ring", "ring"]
+    kept = ds.stm.subset(method="polygon", polygon=frame, include_boundary=True)
+    assert kept.sizes["space"] == 3
 
 
 def test_enrich_from_polygon_overlap_takes_first_polygon():
@@ -275,8 +286,8 @@ def test_enrich_from_polygon_overlap_takes_first_polygon():
     assert out["rank"].values.tolist() == ["second"]
 
 
-def brute_force_first_polygon(geoms, xy):
-    inside = np.stack([shapely.intersects_xy(g, xy[:, 0], xy[:, 1]) for g in geoms])
+def brute_force_first_polygon(geoms, xy, test=shapely.contains_xy):
+    inside = np.stack([test(g, xy[:, 0], xy[:, 1]) for g in geoms])
     return np.where(inside.any(0), np.argmax(inside, axis=0), np.nan)
 
 
@@ -303,6 +314,9 @@ def test_enrich_from_polygon_handles_small_blocks_and_degenerate_extents(monkeyp
     out = points(xy).stm.enrich_from_polygon(frame, "k")
     np.testing.assert_array_equal(out["k"].values, brute_force_first_polygon(geoms, xy))
     assert np.isnan(out["k"].values[-2]) and out["k"].values[-1] == 0
+    covered = points(xy).stm.enrich_from_polygon(frame, "k", include_boundary=True)
+    np.testing.assert_array_equal(covered["k"].values,
+                                  brute_force_first_polygon(geoms, xy, shapely.intersects_xy))
 
 
 def test_enrich_from_polygon_reprojects_polygons_to_lonlat():

@@ -30,7 +30,7 @@ def example(realdata) -> Path:
 
 @pytest.fixture(scope="module")
 def example_ds(example) -> xr.Dataset:
-    return from_csv(example)
+    return from_csv(example, names="depsi")
 
 
 # ---- the real export -----------------------------------------------------------------------
@@ -79,14 +79,14 @@ def test_real_csv_values_equal_pandas_columns(example, example_ds):
 
 
 def test_example2_prefixes_def_and_amp_map_to_same_variables(realdata, example_ds):
-    ds = from_csv(realdata / "depsi_ps_csv" / "example2.csv")
+    ds = from_csv(realdata / "depsi_ps_csv" / "example2.csv", names="depsi")
     assert {"displacement", "amplitude", "h2ph"} <= set(ds.data_vars)
     np.testing.assert_array_equal(ds["point_id"].values, example_ds["point_id"].values)
     np.testing.assert_allclose(ds["amplitude"].values, example_ds["amplitude"].values)
 
 
 def test_blocksize_gives_dask_chunks_of_about_that_many_bytes(example):
-    ds = from_csv(example, blocksize="100kB")
+    ds = from_csv(example, blocksize="100kB", names="depsi")
     assert isinstance(ds["displacement"].data, da.Array)
     sizes = ds["displacement"].chunks[0]
     assert len(sizes) > 1 and ds["displacement"].chunks[1] == (11,)
@@ -98,7 +98,7 @@ def test_reading_in_row_blocks_gives_the_same_dataset(example, example_ds, monke
     import depsi.io.csv as csv_module
 
     monkeypatch.setattr(csv_module, "ROWS_PER_READ", 333)
-    xr.testing.assert_identical(from_csv(example), example_ds)
+    xr.testing.assert_identical(from_csv(example, names="depsi"), example_ds)
 
 
 # ---- strings survive a Zarr round trip ------------------------------------------------------
@@ -115,7 +115,7 @@ def long_id_csv(tmp_path: Path) -> Path:
 # zarr warns that fixed-width unicode has no stable Zarr v3 specification yet
 @pytest.mark.filterwarnings("ignore:The data type.*does not have a Zarr V3 specification")
 def test_long_ids_survive_zarr_v3_round_trip(tmp_path):
-    ds = from_csv(long_id_csv(tmp_path))
+    ds = from_csv(long_id_csv(tmp_path), names="depsi")
     assert ds["point_id"].dtype == np.dtype("<U35")
     ds.to_zarr(tmp_path / "ps.zarr", zarr_format=3, consolidated=False)
     back = xr.open_zarr(tmp_path / "ps.zarr", consolidated=False)
@@ -127,7 +127,7 @@ def test_long_ids_survive_zarr_v3_round_trip(tmp_path):
 def test_long_ids_survive_save_stm_and_open_stm(tmp_path):
     from depsi.io.store import open_stm, save_stm
 
-    ds = from_csv(long_id_csv(tmp_path))
+    ds = from_csv(long_id_csv(tmp_path), names="depsi")
     back = open_stm(save_stm(ds, tmp_path / "ps.zarr"))
     assert back["point_id"].values.tolist() == ds["point_id"].values.tolist()
     xr.testing.assert_equal(back["displacement"].compute(), ds["displacement"])
@@ -141,7 +141,7 @@ def test_unknown_prefix_keeps_its_name_and_missing_dates_are_nan(tmp_path):
         "pnt_line,pnt_pixel,pnt_quality,d_20200101,d_20200113,coh_20200113\n"
         "0,0,good,0.0,0.002,0.9\n"
     ))
-    ds = from_csv(path)
+    ds = from_csv(path, names="depsi")
     assert ds["coh"].dims == ("space", "time")
     np.testing.assert_array_equal(ds["coh"].values, np.array([[np.nan, 0.9]], "f4"))
     assert ds["quality"].values.tolist() == ["good"]
@@ -149,7 +149,7 @@ def test_unknown_prefix_keeps_its_name_and_missing_dates_are_nan(tmp_path):
 
 def test_custom_prefixes_rename_variables(tmp_path):
     path = write(tmp_path, "pnt_line,pnt_pixel,ph_20200101\n0,0,0.5\n")
-    assert "phase" in from_csv(path, prefixes={"ph": "phase"})
+    assert "phase" in from_csv(path, prefixes={"ph": "phase"}, names="depsi")
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -158,28 +158,28 @@ def test_custom_prefixes_rename_variables(tmp_path):
 def test_csv_without_epoch_columns_names_file_and_pattern(tmp_path):
     path = write(tmp_path, "pnt_id,pnt_line,pnt_pixel\nL0P0,0,0\n", name="points_only.csv")
     with pytest.raises(STMValidationError, match=r"points_only.csv.*<prefix>_YYYYMMDD"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 @pytest.mark.parametrize("column", ["d_20161345", "d_2016032", "a_20160230"])
 def test_unparseable_date_names_the_column(tmp_path, column):
     path = write(tmp_path, f"pnt_line,pnt_pixel,d_20160327,{column}\n0,0,0.0,0.1\n")
     with pytest.raises(STMValidationError, match=f"column '{column}'.*YYYYMMDD"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_two_prefixes_for_one_variable_are_named(tmp_path):
     path = write(tmp_path, "pnt_line,pnt_pixel,d_20200101,def_20200113\n0,0,0.0,0.1\n")
     with pytest.raises(STMValidationError, match=r"'d_' and 'def_'.*'displacement'"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_non_integer_pixel_index_is_named(tmp_path):
     path = write(tmp_path, "pnt_line,pnt_pixel,d_20200101\n0.5,0,0.0\n")
     with pytest.raises(STMValidationError, match="'pnt_line'.*whole pixel indices"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.csv"):
-        from_csv(tmp_path / "nothing.csv")
+        from_csv(tmp_path / "nothing.csv", names="depsi")

@@ -307,7 +307,7 @@ def test_a_csv_header_that_is_not_utf8_names_the_file_and_its_encoding(tmp_path)
     path = tmp_path / "ps.csv"
     path.write_bytes("pnt_id,pnt_line,pnt_pixel,dé_20200101\na,1,2,0.1\n".encode("cp1252"))
     with pytest.raises(ValueError) as raised:
-        from_csv(path)
+        from_csv(path, names="depsi")
     code, message = classify(raised.value)
     assert code == ExitCode.BAD_INPUT
     assert str(path) in message and "looks like WINDOWS-1252" in message

@@ -98,21 +98,21 @@ def test_a_repeated_csv_column_is_refused(tmp_path):
     path = tmp_path / "ps.csv"
     path.write_text("pnt_id,pnt_line,pnt_pixel,d_20160327,d_20160327\nL1P1,1,1,0.0,0.1\n")
     with pytest.raises(STMValidationError, match=r"'d_20160327'\] more than once"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_non_numeric_latitude_in_csv_is_refused(tmp_path):
     path = tmp_path / "ps.csv"
     path.write_text("pnt_id,pnt_line,pnt_pixel,pnt_lat,d_20160327\nL1P1,1,1,north,0.0\n")
     with pytest.raises(STMValidationError, match="'pnt_lat'.*expected numbers"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_duplicate_positions_in_csv_are_refused(tmp_path):
     path = tmp_path / "ps.csv"
     path.write_text("pnt_line,pnt_pixel,d_20160327\n1,1,0.0\n1,1,0.5\n")
     with pytest.raises(STMValidationError, match="duplicated position"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 # ------------------------------------------------------------------------------- validation

@@ -162,16 +162,36 @@ def test_from_csv_accepts_stmtools_keywords_and_gives_the_same_values(peers, rea
             np.testing.assert_array_equal(a, b, err_msg=name)
 
 
-def test_from_csv_default_names_follow_depsi_conventions_on_purpose(peers, realdata):
-    """Deliberate: without keywords depsi names by DESIGN.md §3 (``displacement``, ``azimuth``,
-    ``range``, ``point_id``); stmtools says ``deformation`` and keeps ``pnt_*`` names."""
+def test_from_csv_without_keywords_equals_stmtools(peers, realdata):
+    """Called as stmtools' users call it, ``from_csv(file)`` gives stmtools' names, dims,
+    coordinates (``space`` included), chunks, dtypes and values, in file order."""
     stmtools = peers[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = stmtools.from_csv(realdata / CSV)
     ours = depsi.from_csv(realdata / CSV)
-    assert "deformation" in theirs and "displacement" in ours
-    assert {"azimuth", "range", "point_id"} <= set(ours.coords)
+    assert set(ours.coords) == set(theirs.coords)
+    assert set(ours.data_vars) == set(theirs.data_vars)
+    assert ours.chunks == theirs.chunks
+    for name in theirs.variables:
+        assert ours[name].dims == theirs[name].dims, name
+    xr.testing.assert_equal(ours.compute(), theirs.compute())
+    for name in theirs.variables:
+        assert ours[name].values.dtype == theirs[name].values.dtype, name
+
+
+def test_from_csv_names_depsi_keeps_depsi_conventions(peers, realdata):
+    """``names="depsi"``: DESIGN.md §3 names (``displacement``, ``azimuth``, ``range``,
+    ``point_id``), float32 epochs, Morton order; the same values per point as stmtools."""
+    stmtools = peers[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = stmtools.from_csv(realdata / CSV).compute()
+    ours = depsi.from_csv(realdata / CSV, names="depsi")
+    assert {"azimuth", "range", "point_id"} <= set(ours.coords) and "displacement" in ours
+    assert ours.displacement.dtype == np.float32
+    ours, theirs = _by_point(ours, "point_id"), _by_point(theirs, "pnt_id")
+    np.testing.assert_allclose(ours.displacement.values, theirs.deformation.values, atol=1e-7)
     np.testing.assert_array_equal(ours.time.values, theirs.time.values)
 
 
@@ -552,14 +572,24 @@ def test_from_dataset_refuses_broken_stores_like_sarxarray(peers, realdata, brok
         depsi.io.from_dataset(source)
 
 
-def test_subset_polygon_includes_edge_points_where_stmtools_excludes_them(peers, stmat):
-    """Deliberate: a point on a polygon's edge is inside for depsi (``covers``); stmtools'
-    ``contains`` query leaves it out."""
+def test_subset_polygon_excludes_edge_points_like_stmtools(peers, stmat):
+    """A point on a polygon's edge is outside, as stmtools' ``contains`` query has it;
+    ``include_boundary=True`` (depsi only) counts it inside."""
     edge = gpd.GeoDataFrame({"id": [1]}, geometry=[shapely.box(0, 0, 9, 9)], crs="EPSG:4326")
     theirs = theirs_stm(peers, stmat, "subset", method="polygon", polygon=edge)
     ours = ours_stm(stmat, "subset", method="polygon", polygon=edge)
     assert sorted(theirs.lon.values.tolist()) == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert sorted(ours.lon.values.tolist()) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    np.testing.assert_array_equal(ours.lon.values, theirs.lon.values)
+    covered = ours_stm(stmat, "subset", method="polygon", polygon=edge, include_boundary=True)
+    assert sorted(covered.lon.values.tolist()) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_enrich_from_polygon_excludes_edge_points_like_stmtools(peers, stmat):
+    edge = gpd.GeoDataFrame({"id": [1]}, geometry=[shapely.box(0, 0, 9, 9)], crs="EPSG:4326")
+    theirs = theirs_stm(peers, stmat, "enrich_from_polygon", edge, "id").compute()
+    ours = ours_stm(stmat, "enrich_from_polygon", edge, "id").compute()
+    inside = np.array([v is not None for v in theirs["id"].values])
+    np.testing.assert_array_equal(~np.isnan(ours["id"].values), inside)
 
 
 def test_register_datatype_same_attrs_and_same_error(peers, stmat):
@@ -617,10 +647,8 @@ def test_stmtools_readme_workflow_runs_unchanged_with_the_same_points(peers, rea
                           lambda ds, m, *a, **k: theirs_stm(peers, ds, m, *a, **k))
     ours = workflow(depsi.from_csv, ours_stm)
     assert 0 < ours.sizes["space"] < 2500
-    # the same Morton keys in the same sequence; points with equal keys keep their earlier
-    # order, which is file order for stmtools and depsi's stored Morton order (deliberate)
+    # the same Morton keys and the same points in the same sequence (both read in file order)
     np.testing.assert_array_equal(ours.order.values.astype(np.int64), theirs.order.values)
-    ours, theirs = _by_point(ours, "pnt_id"), _by_point(theirs, "pnt_id")
     np.testing.assert_array_equal(ours.pnt_id.values, theirs.pnt_id.values.astype(str))
     np.testing.assert_allclose(ours.deformation.values, theirs.deformation.values, atol=1e-7)
     assert (ours.district.values == "centre").all()
@@ -629,3 +657,488 @@ def test_stmtools_readme_workflow_runs_unchanged_with_the_same_points(peers, rea
 def test_from_csv_takes_stmtools_float_blocksize(realdata):
     ds = depsi.from_csv(realdata / CSV, blocksize=200e6)
     assert ds.chunks is not None and ds.sizes["space"] == 2500
+
+
+# --------------------------------------------------------------------------------------------
+# The peers' own expectations. Each test below is one test of stmtools' (tests/test_io.py,
+# tests/test_stm.py) or sarxarray's (tests/test_io.py, tests/test_stack.py) suite, on the same
+# inputs and with the same defaults, run once with the peer (so that the port is checked) and
+# once with depsi's function of the same name. A deviation listed in docs/migration.md is an
+# xfail on depsi's run only, naming the deviation; read_metadata and private helpers are left
+# out (depsi's read_metadata is not the same dict, see docs/migration.md).
+# --------------------------------------------------------------------------------------------
+
+IMPLEMENTATIONS = ("peer", "depsi")
+
+
+class _Impl:
+    """One library's way to call the names under test, as its users call them."""
+
+    def __init__(self, which, peers):
+        self.which, self.peers = which, peers
+
+    @property
+    def is_peer(self):
+        return self.which == "peer"
+
+    def from_csv(self, *args, **kwargs):
+        if self.is_peer:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return self.peers[0].from_csv(*args, **kwargs)
+        return depsi.from_csv(*args, **kwargs)
+
+    def stm(self, ds, method, /, *args, **kwargs):
+        if self.is_peer:
+            return theirs_stm(self.peers, ds, method, *args, **kwargs)
+        return ours_stm(ds, method, *args, **kwargs)
+
+    def stm_property(self, ds, name):
+        if self.is_peer:
+            with _peer_accessors(self.peers[2]):
+                return getattr(ds.copy().stm, name)
+        return getattr(ds.copy().stm, name)
+
+    def sar(self, name, *args, **kwargs):
+        """sarxarray's module-level function ``name`` or depsi.io's."""
+        if self.is_peer:
+            return _theirs_stack(self.peers, getattr(self.peers[1], name), *args, **kwargs)
+        return getattr(depsi.io, name)(*args, **kwargs)
+
+    def slcstack(self, ds, method, /, *args, **kwargs):
+        if self.is_peer:
+            return _theirs_stack(self.peers, lambda: getattr(ds.slcstack, method)(*args, **kwargs))
+        return getattr(ds.slcstack, method)(*args, **kwargs)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request, peers):
+    return _Impl(request.param, peers)
+
+
+def deviation(request, impl, reason):
+    """Mark depsi's run of this expectation as a listed deviation (strict xfail)."""
+    if not impl.is_peer:
+        request.applymarker(pytest.mark.xfail(reason=f"docs/migration.md: {reason}",
+                                              strict=True))
+
+
+@pytest.fixture
+def example_csv(realdata):
+    return realdata / CSV
+
+
+# ---- stmtools tests/test_io.py ---------------------------------------------------------------
+
+
+def test_stmtools_expectation_readcsv_dims(impl, example_csv):
+    assert dict(impl.from_csv(example_csv).sizes) == {"space": 2500, "time": 11}
+
+
+def test_stmtools_expectation_readcsv_vars(impl, example_csv):
+    expected = {"pnt_height", "pnt_ampconsist", "pnt_enscoh", "pnt_line", "pnt_id", "pnt_flags",
+                "pnt_pixel", "pnt_linear", "pnt_demheight", "pnt_demheight_highres",
+                "amplitude", "h2ph", "deformation"}
+    assert set(impl.from_csv(example_csv).data_vars) == expected
+
+
+def test_stmtools_expectation_readcsv_output_chunksize(impl, example_csv):
+    data = impl.from_csv(example_csv, output_chunksize={"space": 1000, "time": -1})
+    assert data.chunks["space"][0] == 1000
+    assert data.chunks["time"][0] == 11
+
+
+def test_stmtools_expectation_readcsv_custom_var_name(impl, example_csv):
+    data = impl.from_csv(example_csv,
+                         spacetime_pattern={"^d_": "defo", "^a_": "amp", "^h2ph_": "h2ph"})
+    assert {"defo", "amp"} <= set(data.data_vars)
+    assert not {"deformation", "amplitude"} <= set(data.data_vars)
+
+
+def test_stmtools_expectation_readcsv_list_coords(impl, example_csv):
+    data = impl.from_csv(example_csv, coords_cols=["pnt_lat", "pnt_lon"])
+    assert {"pnt_lat", "pnt_lon"} <= set(data.coords)
+    assert not {"lat", "lon"} <= set(data.coords)
+
+
+def test_stmtools_expectation_readcsv_custom_coords(impl, example_csv):
+    data = impl.from_csv(example_csv, coords_cols={"pnt_lat": "lat_cus", "pnt_lon": "lon_cus"})
+    assert {"lat_cus", "lon_cus"} <= set(data.coords)
+    assert "pnt_lat" not in data.coords
+    assert not {"lat", "lon"} <= set(data.coords)
+
+
+def test_stmtools_expectation_readcsv_wrong_pattern(impl, example_csv):
+    with pytest.raises(ValueError):
+        impl.from_csv(example_csv, spacetime_pattern={"nonexist": "nonexist_data"})
+
+
+def test_stmtools_expectation_readcsv_timevalues(impl, example_csv):
+    data = impl.from_csv(example_csv)
+    assert data.time.values[0] == pd.Timestamp("2016-03-27")
+    assert data.time.values[-1] == pd.Timestamp("2016-07-15")
+    assert (data.time.values[1:] - data.time.values[:-1]).min() > pd.Timedelta("0s")
+    assert len(data.time.values) == 11
+    assert data.time.dtype == "datetime64[ns]"
+
+
+def test_stmtools_expectation_readcsv_undated_columns_give_epoch_numbers(request, impl,
+                                                                         example_csv, tmp_path):
+    deviation(request, impl, "from_csv: dates must be YYYYMMDD; stmtools falls back to epoch "
+                             "numbers 0, 1, ... for the whole file, depsi refuses the column")
+    frame = pd.read_csv(example_csv)
+    frame = frame.rename(columns={f"{p}_20160429": f"{p}_2016/4/29" for p in ("d", "a", "h2ph")})
+    frame.to_csv(tmp_path / "example.csv", index=False)
+    assert impl.from_csv(tmp_path / "example.csv").time.values[0] == 0
+
+
+# ---- stmtools tests/test_stm.py (fixtures of its conftest.py and test_stm.py) -----------------
+
+
+@pytest.fixture
+def peer_stmat():
+    """stmtools' conftest ``stmat`` (10 points x 5 epochs, Dask), with the ``pnt_height`` its
+    ``test_register_datatype`` asks for."""
+    import dask.array as da
+
+    return xr.Dataset(
+        {"amplitude": (("space", "time"), da.arange(50).reshape((10, 5))),
+         "phase": (("space", "time"), da.arange(50).reshape((10, 5))),
+         "pnt_height": ("space", da.arange(10))},
+        coords={"lon": ("space", da.arange(10)), "lat": ("space", da.arange(10)),
+                "time": ("time", np.arange(5))},
+    ).unify_chunks()
+
+
+@pytest.fixture
+def peer_stmat_rd(peer_stmat):
+    return peer_stmat.drop_vars("pnt_height").rename({"lon": "rdx", "lat": "rdy"})
+
+
+@pytest.fixture
+def stmat_only_point():
+    import dask.array as da
+
+    return xr.Dataset(
+        {"amplitude": ("space", da.arange(10)), "phase": ("space", da.arange(10)),
+         "pnt_height": ("space", da.arange(10))},
+        coords={"lon": ("space", da.arange(10)), "lat": ("space", da.arange(10))},
+    ).unify_chunks()
+
+
+def _quadrilateral(corners):
+    return shapely.Polygon([*corners, corners[0]])
+
+
+@pytest.fixture
+def peer_polygon():
+    """stmtools' ``polygon``: (1, 1) and (3, 3) are vertices (on the boundary), (2, 2) inside."""
+    return gpd.GeoDataFrame({"ID": ["001"], "temperature": [15.24]},
+                            geometry=[_quadrilateral([(1, 1), (1, 2), (3, 3), (2, 1)])],
+                            crs="EPSG:4326")
+
+
+@pytest.fixture
+def peer_multi_polygon():
+    return gpd.GeoDataFrame(
+        {"ID": ["001", "002"], "temperature": [15.24, 14.12]},
+        geometry=[_quadrilateral([(1, 1), (1, 2), (3, 3), (2, 1)]),
+                  _quadrilateral([(5, 5), (5, 6), (7, 7), (6, 5)])],
+        crs="EPSG:4326")
+
+
+def test_stmtools_expectation_time_dim_exists(impl, stmat_only_point):
+    assert "time" in impl.stm(stmat_only_point, "regulate_dims").dims
+
+
+def test_stmtools_expectation_time_dim_size_one(impl, stmat_only_point):
+    assert impl.stm(stmat_only_point, "regulate_dims").sizes["time"] == 1
+
+
+def test_stmtools_expectation_time_dim_customed_label(impl, stmat_only_point):
+    ds = stmat_only_point.rename({"space": "space2"})
+    regulated = impl.stm(ds, "regulate_dims", space_label="space2")
+    assert regulated.sizes["time"] == 1 and regulated.sizes["space"] == 10
+
+
+def test_stmtools_expectation_pnt_time_dim_nonexists(impl, stmat_only_point):
+    assert "time" not in impl.stm(stmat_only_point, "regulate_dims")["pnt_height"].dims
+
+
+def test_stmtools_expectation_subset_works_after_regulate_dims(impl, stmat_only_point):
+    regulated = impl.stm(stmat_only_point, "regulate_dims")
+    subset = impl.stm(regulated, "subset", method="threshold", var="pnt_height", threshold=">5")
+    assert subset.sizes["space"] == 4
+
+
+def test_stmtools_expectation_numpoints_and_numepochs(impl, peer_stmat):
+    assert impl.stm_property(peer_stmat, "num_points") == 10
+    assert impl.stm_property(peer_stmat, "num_epochs") == 5
+
+
+def test_stmtools_expectation_register_datatype(impl, peer_stmat):
+    registered = impl.stm(peer_stmat, "register_datatype", "pnt_height", "pntAttrib")
+    assert "pnt_height" in registered.attrs["pntAttrib"]
+
+
+def test_stmtools_expectation_register_datatype_nonexists(impl, peer_stmat):
+    with pytest.raises(ValueError):
+        impl.stm(peer_stmat, "register_datatype", "non_exist", "pntAttrib")
+
+
+def test_stmtools_expectation_subset_missing_dimension(impl, stmat_only_point):
+    with pytest.raises(KeyError):
+        impl.stm(stmat_only_point, "subset", method="threshold", var="pnt_height",
+                 threshold=">5")
+
+
+def test_stmtools_expectation_subset_missing_value(impl, peer_stmat):
+    with pytest.raises(ValueError):
+        impl.stm(peer_stmat, "subset", method="threshold", var="pnt_height", threshold=">")
+
+
+def test_stmtools_expectation_subset_method_not_implemented(impl, peer_stmat):
+    with pytest.raises(NotImplementedError):
+        impl.stm(peer_stmat, "subset", method="something_else")
+
+
+def test_stmtools_expectation_subset_with_threshold(impl, peer_stmat):
+    import dask.array as da
+
+    values = np.ones(10)
+    values[:3] = 3
+    ds = peer_stmat.assign(thres=("space", da.from_array(values)))
+    assert impl.stm(ds, "subset", method="threshold", var="thres", threshold=">2").equals(
+        ds.sel(space=[0, 1, 2]))
+    assert impl.stm(ds, "subset", method="threshold", var="thres", threshold="<2").equals(
+        ds.sel(space=range(3, 10)))
+
+
+def test_stmtools_expectation_subset_with_polygons(impl, peer_stmat, peer_polygon):
+    subset = impl.stm(peer_stmat, "subset", method="polygon", polygon=peer_polygon)
+    assert subset.equals(peer_stmat.sel(space=[2]))
+
+
+def test_stmtools_expectation_subset_with_polygons_rd(impl, peer_stmat_rd, peer_polygon):
+    subset = impl.stm(peer_stmat_rd, "subset", method="polygon", polygon=peer_polygon,
+                      xlabel="rdx", ylabel="rdy")
+    assert subset.equals(peer_stmat_rd.sel(space=[2]))
+
+
+def test_stmtools_expectation_subset_with_multi_polygons(impl, peer_stmat, peer_multi_polygon):
+    subset = impl.stm(peer_stmat, "subset", method="polygon", polygon=peer_multi_polygon)
+    assert subset.equals(peer_stmat.sel(space=[2, 6]))
+
+
+def test_stmtools_expectation_subset_with_multi_polygons_file(impl, peer_stmat,
+                                                              peer_multi_polygon, tmp_path):
+    path = tmp_path / "multi_polygon.gpkg"
+    peer_multi_polygon.to_file(path)
+    subset = impl.stm(peer_stmat, "subset", method="polygon", polygon=path)
+    assert subset.equals(peer_stmat.sel(space=[2, 6]))
+
+
+def _enriched_values(ds, field):
+    """stmtools' check: the values of the points inside (None outside for stmtools; depsi's
+    NaN/"" outside is a listed deviation, so both are left out here)."""
+    values = np.asarray(ds[field].values)
+    return [v for v in values if v is not None and v == v and v != ""]
+
+
+@pytest.mark.parametrize("fields", ["ID", ["ID", "temperature"]])
+def test_stmtools_expectation_enrich_one_polygon(impl, peer_stmat, peer_polygon, fields):
+    enriched = impl.stm(peer_stmat, "enrich_from_polygon", peer_polygon, fields)
+    for field in [fields] if isinstance(fields, str) else fields:
+        assert field in enriched.data_vars
+        assert np.all(_enriched_values(enriched, field) == np.array(peer_polygon[field]))
+
+
+@pytest.mark.parametrize("fields", ["ID", ["ID", "temperature"]])
+def test_stmtools_expectation_enrich_multi_polygon(impl, peer_stmat, peer_multi_polygon, fields):
+    enriched = impl.stm(peer_stmat, "enrich_from_polygon", peer_multi_polygon, fields)
+    for field in [fields] if isinstance(fields, str) else fields:
+        assert field in enriched.data_vars
+        assert np.all(_enriched_values(enriched, field) == np.array(peer_multi_polygon[field]))
+
+
+def test_stmtools_expectation_enrich_multi_polygon_from_file(impl, peer_stmat,
+                                                             peer_multi_polygon, tmp_path):
+    path = tmp_path / "multi_polygon.gpkg"
+    peer_multi_polygon.to_file(path)
+    enriched = impl.stm(peer_stmat, "enrich_from_polygon", path, ["ID", "temperature"])
+    for field in ("ID", "temperature"):
+        assert np.all(_enriched_values(enriched, field) == np.array(peer_multi_polygon[field]))
+
+
+def test_stmtools_expectation_enrich_exceptions(impl, peer_stmat, peer_multi_polygon):
+    with pytest.raises(NotImplementedError):
+        impl.stm(peer_stmat, "enrich_from_polygon", 999, "field")
+    with pytest.raises(ValueError):
+        impl.stm(peer_stmat, "enrich_from_polygon", peer_multi_polygon, "non_exist_field")
+
+
+def _grid(azimuth, range_):
+    import dask.array as da
+
+    return xr.Dataset(coords={"azimuth": ("space", da.from_array(np.array(azimuth))),
+                              "range": ("space", da.from_array(np.array(range_)))}).unify_chunks()
+
+
+STMAT_XY = ([0, 1, 2, 3] * 4, [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4)
+STMAT_MORTON = ([0, 1, 0, 1, 2, 3, 2, 3, 0, 1, 0, 1, 2, 3, 2, 3],
+                [0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3, 2, 2, 3, 3])
+
+
+def test_stmtools_expectation_order_attr_exists(impl):
+    ordered = impl.stm(_grid(*STMAT_XY), "get_order", xlabel="azimuth", ylabel="range")
+    assert "order" in ordered.keys() and isinstance(ordered.order, xr.DataArray)
+
+
+def test_stmtools_expectation_order(impl):
+    ordered = impl.stm(_grid(*STMAT_XY), "get_order", xlabel="azimuth", ylabel="range")
+    ordered = ordered.sortby(ordered.order)
+    morton = _grid(*STMAT_MORTON)
+    assert ordered.azimuth.equals(morton.azimuth) and ordered.range.equals(morton.range)
+
+
+def test_stmtools_expectation_reorder(impl):
+    ordered = impl.stm(_grid(*STMAT_XY), "reorder", xlabel="azimuth", ylabel="range")
+    morton = _grid(*STMAT_MORTON)
+    assert ordered.azimuth.equals(morton.azimuth) and ordered.range.equals(morton.range)
+
+
+def test_stmtools_expectation_reorder_lonlat(impl):
+    a = [0.00, 0.07, 0.14, 0.21] * 4
+    r = [0.00] * 4 + [0.06] * 4 + [0.12] * 4 + [0.18] * 4
+    lonlat = _grid(a, r)
+    morton = _grid([0.00, 0.07, 0.00, 0.07, 0.14, 0.21, 0.14, 0.21] * 2,
+                   [0.00, 0.00, 0.06, 0.06, 0.00, 0.00, 0.06, 0.06,
+                    0.12, 0.12, 0.18, 0.18, 0.12, 0.12, 0.18, 0.18])
+    naive = impl.stm(lonlat, "reorder", xlabel="azimuth", ylabel="range")
+    scaled = impl.stm(lonlat, "reorder", xlabel="azimuth", ylabel="range", xscale=15, yscale=17)
+    assert not naive.azimuth.equals(morton.azimuth)
+    assert not naive.range.equals(morton.range)
+    assert scaled.azimuth.equals(morton.azimuth) and scaled.range.equals(morton.range)
+
+
+# ---- sarxarray tests/test_io.py and tests/test_stack.py ---------------------------------------
+
+
+@pytest.fixture
+def peer_slcs(realdata):
+    return [str(realdata / f) for f in SCENES]
+
+
+def test_sarxarray_expectation_from_dataset_normal(impl, realdata):
+    source = xr.open_zarr(realdata / "sarxarray_slc/zarrs/slcs_example.zarr")
+    slcs = impl.sar("from_dataset", source.copy())
+    assert all(dim in slcs.sizes for dim in ("azimuth", "range", "time"))
+    assert all(var not in slcs.variables for var in ("real", "imag"))
+    assert all(var in slcs.variables for var in ("complex", "amplitude", "phase"))
+
+
+@pytest.mark.parametrize("broken", ["slcs_example_broken_dim.zarr",
+                                    "slcs_example_broken_vars.zarr"])
+def test_sarxarray_expectation_from_dataset_broken(impl, realdata, broken):
+    source = xr.open_zarr(realdata / "sarxarray_slc/zarrs" / broken)
+    with pytest.raises(ValueError):
+        impl.sar("from_dataset", source.copy())
+
+
+@pytest.mark.parametrize("one", [False, True])
+def test_sarxarray_expectation_loading_vars_and_coords(request, impl, peer_slcs, one):
+    deviation(request, impl, "from_binary reads only complex; amplitude and phase are derived "
+                             "where needed")
+    files = peer_slcs[:1] if one else peer_slcs
+    stack = impl.sar("from_binary", files, (100, 100), dtype=np.complex64, chunks=(10, 10))
+    assert {"complex", "amplitude", "phase"} <= set(stack.data_vars)
+    assert {"azimuth", "range", "time"} <= set(stack.coords)
+    assert stack.sizes == {"azimuth": 100, "range": 100, "time": len(files)}
+    stack.compute()
+
+
+def test_sarxarray_expectation_loading_custom_var(request, impl, peer_slcs):
+    deviation(request, impl, "from_binary: vlabel is not provided (the variable is complex)")
+    stack = impl.sar("from_binary", peer_slcs, (100, 100), dtype=np.complex64, chunks=(10, 10),
+                     vlabel="other_types")
+    assert "other_types" in stack.data_vars
+    assert stack.sizes == {"azimuth": 100, "range": 100, "time": 2}
+
+
+@pytest.mark.parametrize("chunks, expected", [((10, 10), (10, 10)), ((30, 30), (30, 30)),
+                                              ((20, 40), (20, 40)), (None, (100, 100))])
+def test_sarxarray_expectation_loading_chunksizes(impl, peer_slcs, chunks, expected):
+    kwargs = {} if chunks is None else {"chunks": chunks}
+    stack = impl.sar("from_binary", peer_slcs, (100, 100), dtype=np.complex64, **kwargs)
+    assert (stack.chunks["azimuth"][0], stack.chunks["range"][0]) == expected
+
+
+def test_sarxarray_expectation_loading_slcs_string_failing(request, impl, peer_slcs):
+    deviation(request, impl, "from_binary accepts one path given as a string (one epoch)")
+    with pytest.raises(ValueError):
+        impl.sar("from_binary", peer_slcs[0], (100, 100), dtype=np.complex64, chunks=(10, 10))
+
+
+def test_sarxarray_expectation_loading_slcs_empty_failing(impl):
+    with pytest.raises(ValueError):
+        impl.sar("from_binary", [], (100, 100), dtype=np.complex64, chunks=(10, 10))
+
+
+def test_sarxarray_expectation_loading_wrong_customized_dtype_failing(request, impl, peer_slcs):
+    deviation(request, impl, "from_binary reads any two-field structured dtype as (real, "
+                             "imaginary), whatever the field names")
+    with pytest.raises(TypeError):
+        impl.sar("from_binary", peer_slcs, (100, 100),
+                 dtype=np.dtype([("error1", np.float32), ("error2", np.float32)]),
+                 chunks=(10, 10))
+
+
+NUMPY_STAYS_NUMPY = ("multi_look of a NumPy-backed stack stays NumPy-backed (sarxarray "
+                     "chunks it 'auto', so its test asserts ds.chunks)")
+
+
+@pytest.fixture
+def synthetic_stack():
+    """sarxarray's ``synthetic_dataset`` (tests/test_stack.py), seeded."""
+    rng = np.random.default_rng(5)
+    return xr.Dataset(
+        {"complex": (("azimuth", "range", "time"),
+                     rng.random((10, 10, 10)) + 1j * rng.random((10, 10, 10)))},
+        coords={"azimuth": np.arange(600, 610), "range": np.arange(1400, 1410),
+                "time": np.arange(1, 11)},
+    )
+
+
+@pytest.mark.parametrize("window, statistics", [((2, 2), "mean"), ((2, 2), "median"),
+                                                ((2, 3), "mean")])
+def test_sarxarray_expectation_stack_multi_look(request, impl, synthetic_stack, window,
+                                                statistics):
+    deviation(request, impl, NUMPY_STAYS_NUMPY)
+    ds = synthetic_stack
+    looked = impl.slcstack(ds, "multi_look", window_size=window, method="coarsen",
+                           statistics=statistics)
+    n_az, n_rg = 10 // window[0], 10 // window[1]
+    assert (looked.azimuth.size, looked.range.size, looked.time.size) == (n_az, n_rg, 10)
+    assert looked.attrs["multi-look"] == f"coarsen-{statistics}"
+    assert looked.chunks == {"azimuth": (n_az,), "range": (n_rg,), "time": (10,)}
+    window_values = ds.complex.isel(azimuth=slice(0, window[0]), range=slice(0, window[1]),
+                                    time=0).values
+    reduce = np.mean if statistics == "mean" else np.median
+    assert np.allclose(looked.complex.isel(azimuth=0, range=0, time=0).values,
+                       reduce(window_values))
+    assert np.allclose(looked.azimuth.values, np.arange(n_az))
+    assert np.allclose(looked.range.values, np.arange(n_rg))
+    assert np.allclose(looked.time.values, ds.time.values)
+
+
+def test_sarxarray_expectation_stack_multi_look_compute_false(request, impl, synthetic_stack):
+    from dask.delayed import Delayed
+
+    deviation(request, impl, NUMPY_STAYS_NUMPY)
+    delayed = impl.slcstack(synthetic_stack, "multi_look", window_size=(2, 3),
+                            method="coarsen", statistics="mean", compute=False)
+    assert isinstance(delayed, Delayed)
+    results = delayed.compute()
+    assert (results.azimuth.size, results.range.size, results.time.size) == (5, 3, 10)
+    assert results.chunks == {"azimuth": (5,), "range": (3,), "time": (10,)}
+    assert results.attrs["multi-look"] == "coarsen-mean"

@@ -197,20 +197,21 @@ def _csv(path: Path, **changes) -> Path:
 
 
 def test_valid_csv_reads(tmp_path):
-    assert from_csv(_csv(tmp_path / "ps.csv")).sizes["space"] == 3
+    assert from_csv(_csv(tmp_path / "ps.csv"), names="depsi").sizes["space"] == 3
 
 
 def test_latitude_999_is_refused_naming_column_and_rows(tmp_path):
     path = _csv(tmp_path / "ps.csv", pnt_lat=[52.0, 999.0, 999.0])
     with pytest.raises(STMValidationError, match=r"column 'pnt_lat' .*expected degrees in "
                                                  r"\[-90, 90\], found 2 of 3 rows outside"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_longitude_beyond_360_is_refused_and_0_to_360_is_legal(tmp_path):
-    assert from_csv(_csv(tmp_path / "east.csv", pnt_lon=[4.0, 359.0, 181.0])).sizes["space"]
+    east = _csv(tmp_path / "east.csv", pnt_lon=[4.0, 359.0, 181.0])
+    assert from_csv(east, names="depsi").sizes["space"]
     with pytest.raises(STMValidationError, match=r"column 'pnt_lon' .*found 1 of 3 rows"):
-        from_csv(_csv(tmp_path / "ps.csv", pnt_lon=[4.0, 400.0, 4.1]))
+        from_csv(_csv(tmp_path / "ps.csv", pnt_lon=[4.0, 400.0, 4.1]), names="depsi")
 
 
 def test_non_utf8_csv_is_refused_naming_the_byte_offset(tmp_path):
@@ -220,7 +221,7 @@ def test_non_utf8_csv_is_refused_naming_the_byte_offset(tmp_path):
     path.write_bytes(text[:at] + b"\xe9" + text[at + 1:])
     with pytest.raises(STMValidationError, match=rf"'{path}': expected UTF-8 text, found the "
                                                  rf"byte\(s\) b'\\xe9' at byte offset {at}"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_a_line_longer_than_the_limit_is_refused(tmp_path):
@@ -228,9 +229,9 @@ def test_a_line_longer_than_the_limit_is_refused(tmp_path):
     with path.open("ab") as f:
         f.write(b"L9P9," + b"9" * (MAX_LINE_BYTES + 10) + b"\n")
     with pytest.raises(STMValidationError, match=r"expected lines of at most 1048576 bytes"):
-        from_csv(path)
+        from_csv(path, names="depsi")
 
 
 def test_a_directory_is_refused_as_csv(tmp_path):
     with pytest.raises(STMValidationError, match="expected a regular file"):
-        from_csv(tmp_path)
+        from_csv(tmp_path, names="depsi")

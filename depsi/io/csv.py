@@ -1,8 +1,9 @@
 """Read DePSI-style point exports in CSV (one row per point) into a point STM.
 
 Columns ``pnt_*`` are per-point attributes; columns ``<prefix>_YYYYMMDD`` are per-epoch values,
-grouped by prefix into (space, time) variables. The result follows DESIGN.md §3 and is in Morton
-order of (azimuth, range).
+grouped by prefix into (space, time) variables. ``from_csv`` carries stmtools' name and by
+default returns what ``stmtools.from_csv`` returns; ``names="depsi"`` gives depsi's names
+(DESIGN.md §3) in Morton order of (azimuth, range).
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import codecs
 import io
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -58,6 +61,19 @@ ROWS_PER_READ = 200_000
 UNITS = {"displacement": "m", "lat": "degrees_north", "lon": "degrees_east", "h2ph": "1"}
 
 _EPOCH_COLUMN = re.compile(r"^(?P<prefix>.+)_(?P<date>\d+)$")
+
+#: The naming conventions of ``from_csv``: stmtools' (the default, as stmtools' own
+#: ``from_csv``) or depsi's (DESIGN.md §3).
+NAMES = ("stmtools", "depsi")
+
+#: stmtools 0.1.4's defaults (``stmtools._io.from_csv``), the defaults of ``from_csv``.
+STMTOOLS_SPACE_PATTERN = "^pnt_"
+STMTOOLS_SPACETIME_PATTERN = {"^d_": "deformation", "^a_": "amplitude", "^h2ph_": "h2ph"}
+STMTOOLS_COORDS_COLS = {"pnt_lat": "lat", "pnt_lon": "lon"}
+#: stmtools' Dask read block (bytes); its result's space chunk is the rows of the first block,
+#: rounded up to STMTOOLS_CHUNK_ROUNDING when the file has more than one block.
+STMTOOLS_BLOCKSIZE = 200e6
+STMTOOLS_CHUNK_ROUNDING = 5000
 
 
 #: Longest line accepted (header or row). A DePSI export of 1000 epochs and 5 per-epoch
@@ -191,6 +207,8 @@ def _pattern_prefix(column: str, patterns: Mapping[str, str] | None,
             return None
         match = _EPOCH_COLUMN.match(column)
         return None if match is None else (match["prefix"], match["date"])
+    if space is not None and space.match(column):
+        return None  # as stmtools: a point column even if a per-epoch pattern matches too
     for pattern in patterns:
         if re.match(pattern, column):
             return pattern, column.rsplit("_", 1)[-1]
@@ -276,8 +294,8 @@ def _point_array(series: pd.Series, name: str, path: Path) -> np.ndarray:
     return series.to_numpy()
 
 
-def _epoch_block(frame: pd.DataFrame, epochs, variables, times, path: Path):
-    """The per-epoch columns of one block of rows as {variable: (rows, time) float32}."""
+def _epoch_block(frame: pd.DataFrame, epochs, variables, times, path: Path, dtype):
+    """The per-epoch columns of one block of rows as {variable: (rows, time) ``dtype``}."""
     out = {}
     for name in variables:
         columns = [c for c, (n, _) in epochs.items() if n == name]
@@ -288,14 +306,14 @@ def _epoch_block(frame: pd.DataFrame, epochs, variables, times, path: Path):
             raise STMValidationError(
                 f"columns of {name!r} in {str(path)!r}: expected numbers, found: {err}"
             ) from err
-        block = np.full((len(frame), times.size), np.nan, dtype=EPOCH_DTYPE)
-        block[:, where] = values.astype(EPOCH_DTYPE)
+        block = np.full((len(frame), times.size), np.nan, dtype=dtype)
+        block[:, where] = values.astype(dtype)
         out[name] = block
     return out
 
 
 def _read_blocks(path: Path, sep: str, usecols: list[str], point_columns, epochs,
-                 point_name=None):
+                 point_name=None, dtype=EPOCH_DTYPE):
     name_of = point_name or _point_name
     variables = list(dict.fromkeys(name for name, _ in epochs.values()))
     times = np.unique(np.array([date for _, date in epochs.values()], dtype="datetime64[ns]"))
@@ -308,7 +326,8 @@ def _read_blocks(path: Path, sep: str, usecols: list[str], point_columns, epochs
             for column in point_columns:
                 name = name_of(column)
                 points[name].append(_point_array(frame[column], name, path))
-            for name, block in _epoch_block(frame, epochs, variables, times, path).items():
+            for name, block in _epoch_block(frame, epochs, variables, times, path,
+                                            dtype).items():
                 series[name].append(block)
     joined_points = {n: np.concatenate(v) for n, v in points.items()}
     for column in point_columns:
@@ -349,89 +368,114 @@ def _chunk_bytes(blocksize: int | str) -> int:
 
 def from_csv(
     path: str | os.PathLike,
-    *,
-    blocksize: int | str | None = None,
-    prefixes: Mapping[str, str] | None = None,
-    sep: str = ",",
     space_pattern: str | None = None,
     spacetime_pattern: Mapping[str, str] | None = None,
     coords_cols: Sequence[str] | Mapping[str, str] | None = None,
     output_chunksize: Mapping[str, int] | None = None,
+    blocksize: int | str | None = None,
+    *,
+    names: Literal["stmtools", "depsi"] = "stmtools",
+    prefixes: Mapping[str, str] | None = None,
+    sep: str = ",",
 ) -> xr.Dataset:
     """Read a DePSI-style CSV export into a point STM (dims ``space``, ``time``).
+
+    Called as stmtools' users call ``stmtools.from_csv`` (its positional order and defaults),
+    it returns what stmtools 0.1.4 returns; ``names="depsi"`` reads by depsi's conventions.
 
     Parameters
     ----------
     path
         The CSV file: one row per point, an optional unnamed index column first.
-    blocksize
-        None (default): NumPy-backed result. Otherwise the target bytes of one space chunk
-        (an int, or a string such as ``"64MB"``): the result is Dask-backed with ``time`` in
-        one chunk. The file itself is always parsed in blocks of ``ROWS_PER_READ`` rows, so
-        the peak memory is about the result plus one block.
+    space_pattern, spacetime_pattern, coords_cols, output_chunksize, blocksize
+        stmtools' arguments, with stmtools' meaning and, for ``names="stmtools"``, stmtools'
+        defaults: ``space_pattern`` (default ``STMTOOLS_SPACE_PATTERN``, ``"^pnt_"``):
+        regular expression of the point columns; columns matching no pattern are skipped with
+        a warning. ``spacetime_pattern`` (default ``STMTOOLS_SPACETIME_PATTERN``: ``^d_`` ->
+        ``deformation``, ``^a_`` -> ``amplitude``, ``^h2ph_`` -> ``h2ph``): {regular
+        expression: variable name} of the per-epoch columns (the date is the text after the
+        last ``_``). ``coords_cols`` (default ``STMTOOLS_COORDS_COLS``: ``pnt_lat`` -> ``lat``,
+        ``pnt_lon`` -> ``lon``): the point columns that become coordinates, a list, or a dict
+        that also renames them; the other point columns keep their CSV names (``pnt_id``,
+        ``pnt_line``, ...). ``output_chunksize``: chunks of the result, e.g.
+        ``{"space": 5000, "time": -1}``. ``blocksize`` (default ``STMTOOLS_BLOCKSIZE``, bytes):
+        as stmtools' Dask read block, it sets the default space chunk (the rows of one block,
+        rounded up to 5000 when the file has more blocks). A pattern that matches no column
+        raises. For ``names="depsi"`` the three patterns are optional (None: depsi's
+        prefixes, below) and ``blocksize`` is the target bytes of one space chunk (None:
+        NumPy-backed result).
+    names
+        ``"stmtools"`` (default): stmtools' names, dtypes and file order, Dask-backed.
+        ``"depsi"``: DESIGN.md §3 names (``displacement``, ``amplitude``, ``h2ph``,
+        ``point_id``, ``lat``, ``lon``, ``azimuth``, ``range``; other ``pnt_*`` columns lose
+        the prefix), float32 per-epoch values (``EPOCH_DTYPE``), Morton order of (azimuth,
+        range), unique positions required.
     prefixes
-        Extra or overriding per-epoch prefixes -> variable names, on top of
-        ``PREFIX_NAMES`` (``d``/``def`` -> ``displacement``, ``a``/``amp`` -> ``amplitude``,
-        ``h2ph`` -> ``h2ph``); other prefixes keep their name.
+        ``names="depsi"`` only: extra or overriding per-epoch prefixes -> variable names, on
+        top of ``PREFIX_NAMES`` (``d``/``def`` -> ``displacement``, ``a``/``amp`` ->
+        ``amplitude``, ``h2ph`` -> ``h2ph``); other prefixes keep their name.
     sep
         Column separator.
-    space_pattern, spacetime_pattern, coords_cols, output_chunksize
-        stmtools' keywords, with stmtools' meaning. ``space_pattern``: regular expression of
-        the point columns (default: every column that is not per-epoch); other columns are
-        skipped with a warning. ``spacetime_pattern``: {regular expression: variable name}
-        of the per-epoch columns, replacing ``prefixes`` (the date is the text after the last
-        ``_``). ``coords_cols``: the point columns that become coordinates, a list, or a dict
-        that also renames them; when given, point columns keep their CSV names (``pnt_id``,
-        ``pnt_line``, ...) as in stmtools. ``output_chunksize``: chunks of the result, e.g.
-        ``{"space": 5000, "time": -1}`` (Dask-backed). A pattern that matches no column
-        raises.
 
     Returns
     -------
     xarray.Dataset
-        Coordinates ``time`` (datetime64[ns], the sorted union of the dates in the column
-        names), ``point_id`` (fixed-width unicode), ``lat``/``lon`` (float64), ``azimuth``/
-        ``range`` (int64). Per-epoch variables are float32 (``EPOCH_DTYPE``), NaN where a
-        variable lacks a date; the other ``pnt_*`` columns become space variables with the
-        prefix dropped, with pandas' dtype. Points are in Morton order of (azimuth, range)
-        when both are present. ``attrs["source_file"]`` holds the file name.
+        ``names="stmtools"``: as stmtools, coordinates ``space`` (0, 1, ... in file order),
+        ``time`` (datetime64[ns]) and the ``coords_cols``; point columns with pandas' dtype,
+        ``pnt_id`` as text; per-epoch values float64; chunked by ``output_chunksize``.
+        ``names="depsi"``: coordinates ``time``, ``point_id`` (fixed-width unicode),
+        ``lat``/``lon`` (float64), ``azimuth``/``range`` (int64); per-epoch variables float32,
+        NaN where a variable lacks a date. ``attrs["source_file"]`` holds the file name.
 
     Raises
     ------
     STMValidationError
-        No ``<prefix>_YYYYMMDD`` column; a column whose digits are no valid date; two prefixes
-        for one variable; non-integer pixel indices; non-numeric epoch values; a pattern that
-        matches no column (a ``ValueError``, as in stmtools).
+        No per-epoch column; a column whose digits are no valid date; two prefixes for one
+        variable; non-integer pixel indices; non-numeric epoch values; a pattern that matches
+        no column (a ``ValueError``, as in stmtools).
+    ValueError
+        An unknown ``names``; ``prefixes`` with ``names="stmtools"``.
 
     Notes
     -----
-    Differences from stmtools' ``from_csv`` on purpose (docs/migration.md): points are in
-    Morton order, not file order; ``pnt_id`` keeps its whole text (stmtools 0.1.4 keeps one
-    character); per-epoch values are float32; dates must be YYYYMMDD; there is no ``space``
-    index coordinate.
+    Differences from stmtools' ``from_csv`` kept on purpose (docs/migration.md): ``pnt_id``
+    keeps its whole text (stmtools 0.1.4 keeps one character with current pandas/dask); dates
+    must be YYYYMMDD (stmtools falls back to epoch numbers 0, 1, ...).
 
     Examples
     --------
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "ps.csv"
-    >>> _ = f.write_text("pnt_id,pnt_line,pnt_pixel,d_20160327,d_20160407\\n"
-    ...                  "L1P1,1,1,0.0,0.001\\nL0P0,0,0,0.0,-0.002\\n")
-    >>> ds = from_csv(f)
+    >>> _ = f.write_text("pnt_id,pnt_line,pnt_pixel,pnt_lat,pnt_lon,d_20160327,d_20160407\\n"
+    ...                  "L1P1,1,1,52.1,4.9,0.0,0.001\\nL0P0,0,0,52.0,4.8,0.0,-0.002\\n")
+    >>> ds = from_csv(f, spacetime_pattern={"^d_": "deformation"})
+    >>> ds.pnt_id.values.tolist(), ds.deformation.dtype.name
+    (['L1P1', 'L0P0'], 'float64')
+    >>> ds = from_csv(f, names="depsi")
     >>> ds.point_id.values.tolist(), ds.displacement.dtype.name
     (['L0P0', 'L1P1'], 'float32')
-    >>> from_csv(f, spacetime_pattern={"^d_": "deformation"}).pnt_id.values.tolist()
-    ['L0P0', 'L1P1']
     """
+    if names not in NAMES:
+        raise ValueError(f"names: expected one of {NAMES}, found {names!r}")
     path = Path(path)
+    stmtools_names = names == "stmtools"
+    if stmtools_names:
+        if prefixes is not None:
+            raise ValueError("prefixes: expected with names='depsi' only; with stmtools' names "
+                             f"map columns by spacetime_pattern, found prefixes={prefixes!r}")
+        space_pattern = STMTOOLS_SPACE_PATTERN if space_pattern is None else space_pattern
+        spacetime_pattern = (dict(STMTOOLS_SPACETIME_PATTERN) if spacetime_pattern is None
+                             else spacetime_pattern)
+        coords_cols = dict(STMTOOLS_COORDS_COLS) if coords_cols is None else coords_cols
     columns = _read_header(path, sep)
-    names = {**PREFIX_NAMES, **(prefixes or {})}
+    prefix_names = {**PREFIX_NAMES, **(prefixes or {})}
     index_column = columns[0] if columns and (columns[0] == "" or
                                               columns[0].startswith("Unnamed: 0")) else None
     columns = [c for c in columns if c != index_column]
     stmtools_style = coords_cols is not None or spacetime_pattern is not None
     _check_patterns(columns, path, space_pattern, spacetime_pattern)
     space = re.compile(space_pattern) if space_pattern is not None else None
-    epochs = _epoch_columns(columns, path, names, spacetime_pattern, space)
+    epochs = _epoch_columns(columns, path, prefix_names, spacetime_pattern, space)
     point_columns = [c for c in columns if c not in epochs]
     if space is not None:
         skipped = [c for c in point_columns if not space.match(c)]
@@ -453,18 +497,15 @@ def from_csv(
     if unknown and space is None:
         logger.info("%s: columns without pnt_ prefix read as point attributes: %s", path, unknown)
 
-    points, series, times = _read_blocks(path, sep, list(dict.fromkeys(
-        [*point_columns, *epochs])), point_columns, epochs, point_name)
-    pixel = {"azimuth": point_name("pnt_line") if "pnt_line" in point_columns else "azimuth",
-             "range": point_name("pnt_pixel") if "pnt_pixel" in point_columns else "range"}
-    if pixel["azimuth"] in points and pixel["range"] in points:
-        order = morton_order(points[pixel["azimuth"]], points[pixel["range"]])
-        points = {n: v[order] for n, v in points.items()}
-        series = {n: v[order] for n, v in series.items()}
-    else:
-        logger.warning("%s: no pnt_line/pnt_pixel columns; points kept in file order", path)
+    points, series, times = _read_blocks(
+        path, sep, list(dict.fromkeys([*point_columns, *epochs])), point_columns, epochs,
+        point_name, np.dtype(np.float64) if stmtools_names else EPOCH_DTYPE)
+    if not stmtools_names:
+        points, series = _morton_sorted(points, series, point_name, point_columns, path)
 
     coords = {"time": times}
+    if stmtools_names:
+        coords["space"] = np.arange(len(next(iter(series.values()))))
     coords |= {n: ("space", v) for n, v in points.items() if n in coordinates}
     data = {n: ("space", v) for n, v in points.items() if n not in coordinates}
     data |= {n: (("space", "time"), v) for n, v in series.items()}
@@ -473,6 +514,10 @@ def from_csv(
         if name in ds.variables:
             ds[name].attrs["units"] = units
     validate(ds, kind="points", unique_positions=not stmtools_style)
+    if stmtools_names and output_chunksize is None:
+        output_chunksize = {"space": _stmtools_space_chunk(
+            path, ds.sizes["space"], STMTOOLS_BLOCKSIZE if blocksize is None else blocksize),
+            "time": -1}
     if output_chunksize is not None:
         ds = ds.chunk(dict(output_chunksize))
     elif blocksize is not None:
@@ -481,6 +526,28 @@ def from_csv(
         ds = ds.chunk({"space": space_chunk_size(ds, _chunk_bytes(blocksize)), "time": -1})
     logger.info("read %d points x %d epochs from %s", ds.sizes["space"], ds.sizes["time"], path)
     return ds
+
+
+def _morton_sorted(points, series, point_name, point_columns, path):
+    """Points and series in Morton order of (azimuth, range), when both columns are there."""
+    pixel = {"azimuth": point_name("pnt_line") if "pnt_line" in point_columns else "azimuth",
+             "range": point_name("pnt_pixel") if "pnt_pixel" in point_columns else "range"}
+    if pixel["azimuth"] not in points or pixel["range"] not in points:
+        logger.warning("%s: no pnt_line/pnt_pixel columns; points kept in file order", path)
+        return points, series
+    order = morton_order(points[pixel["azimuth"]], points[pixel["range"]])
+    return {n: v[order] for n, v in points.items()}, {n: v[order] for n, v in series.items()}
+
+
+def _stmtools_space_chunk(path: Path, rows: int, blocksize: int | float | str) -> int:
+    """stmtools' default space chunk: the rows of its first Dask read block of ``blocksize``
+    bytes, rounded up to STMTOOLS_CHUNK_ROUNDING when the file has more than one block."""
+    block = _chunk_bytes(blocksize)
+    size = path.stat().st_size
+    if size <= block or rows == 0:
+        return max(rows, 1)
+    per_block = math.ceil(rows * block / size)
+    return math.ceil(per_block / STMTOOLS_CHUNK_ROUNDING) * STMTOOLS_CHUNK_ROUNDING
 
 
 def _coordinate_names(coords_cols, point_columns: list[str], path: Path) -> dict[str, str]:

@@ -69,6 +69,11 @@ class UnknownMethodError(ValueError, NotImplementedError):
     as ``NotImplementedError``."""
 
 
+class UnsupportedPolygonsError(TypeError, NotImplementedError):
+    """Polygons of a type that is not accepted; catchable as ``TypeError`` and, as in
+    stmtools, as ``NotImplementedError``."""
+
+
 def _present(ds: xr.Dataset) -> str:
     return f"variables {sorted(map(str, ds.variables))}"
 
@@ -340,7 +345,7 @@ def _polygons_frame(polygons: Any, fields: list[str],
     try:
         geometries = np.asarray(list(polygons), dtype=object)
     except TypeError as err:
-        raise TypeError(
+        raise UnsupportedPolygonsError(
             "polygons: expected shapely geometries, a GeoDataFrame or a vector file path, "
             f"found {frame_type}"
         ) from err
@@ -422,11 +427,14 @@ def _candidate_pairs(xs: np.ndarray, ys: np.ndarray, bbox, polygons: _Polygons):
     return point, np.repeat(polygon, per_pair)
 
 
-def _polygon_index(x: np.ndarray, y: np.ndarray, polygons: _Polygons) -> np.ndarray:
-    """For each point, the position of the first polygon that covers it; -1 for none.
+def _polygon_index(x: np.ndarray, y: np.ndarray, polygons: _Polygons,
+                   include_boundary: bool = False) -> np.ndarray:
+    """For each point, the position of the first polygon that contains it; -1 for none.
 
-    A point covered by a polygon's interior or boundary counts as inside; a point in a hole is
-    outside. Blocks whose bounding box overlaps no polygon return at once.
+    A point in a polygon's interior is inside, a point in a hole outside; a point on the
+    boundary (an edge or a vertex, also a hole's) is outside, as stmtools' ``contains``
+    predicate has it, unless ``include_boundary``. Blocks whose bounding box overlaps no
+    polygon return at once.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -440,7 +448,8 @@ def _polygon_index(x: np.ndarray, y: np.ndarray, polygons: _Polygons) -> np.ndar
     if polygons.tree.query(shapely.box(*bbox)).size == 0:
         return result
     point, polygon = _candidate_pairs(xs, ys, bbox, polygons)
-    inside = shapely.intersects_xy(polygons.geometries[polygon], xs[point], ys[point])
+    test = shapely.intersects_xy if include_boundary else shapely.contains_xy
+    inside = test(polygons.geometries[polygon], xs[point], ys[point])
     point, polygon = point[inside], polygon[inside]
     first = np.full(xs.shape, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, point, polygon)  # the first polygon wins where several overlap
@@ -712,6 +721,7 @@ class SpaceTimeMatrix:
         xlabel: str = "lon",
         ylabel: str = "lat",
         crs: Any = None,
+        include_boundary: bool = False,
     ) -> xr.Dataset:
         """Select points, keeping their order.
 
@@ -725,10 +735,14 @@ class SpaceTimeMatrix:
             the point with the ``best`` (``"max"``/``"min"``) value of the space variable
             ``by`` (NaN never wins), or the first point of the cell when ``by`` is None.
             ``"polygon"``: points inside ``polygon`` (shapely geometries, a GeoDataFrame or a
-            vector file path; holes excluded, boundary included), see ``enrich_from_polygon``.
+            vector file path; holes excluded, boundary excluded as in stmtools), see
+            ``enrich_from_polygon``.
         crs
             CRS of (``xlabel``, ``ylabel``) for reprojecting polygons; see
             ``enrich_from_polygon``.
+        include_boundary
+            ``method="polygon"``: count a point on a polygon's edge or vertex as inside
+            (default False, as stmtools); see ``enrich_from_polygon``.
 
         Returns
         -------
@@ -761,7 +775,8 @@ class SpaceTimeMatrix:
         elif method == "polygon":
             if polygon is None:
                 raise ValueError("subset(method='polygon'): expected polygon=..., found none")
-            inside = self._polygon_index(polygon, [], xlabel, ylabel, crs)[0]
+            inside = self._polygon_index(polygon, [], xlabel, ylabel, crs,
+                                         include_boundary)[0]
             keep = np.flatnonzero(np.asarray(inside) >= 0)
         else:
             raise UnknownMethodError(
@@ -814,7 +829,7 @@ class SpaceTimeMatrix:
 
     # ---- enrichment --------------------------------------------------------------------
 
-    def _polygon_index(self, polygons, fields, xlabel, ylabel, crs):
+    def _polygon_index(self, polygons, fields, xlabel, ylabel, crs, include_boundary):
         ds = self._obj
         _require_space_only(ds, xlabel, "coordinate")
         _require_space_only(ds, ylabel, "coordinate")
@@ -825,7 +840,8 @@ class SpaceTimeMatrix:
         loaded = _load_polygons(polygons, fields, _as_crs(crs))
         index = _per_point(
             ds, xlabel, ylabel, _polygon_index, np.int64,
-            name=f"polygon-index-{_token(ds, xlabel, ylabel, loaded.token)}", polygons=loaded,
+            name=f"polygon-index-{_token(ds, xlabel, ylabel, loaded.token)}-{include_boundary:d}",
+            polygons=loaded, include_boundary=include_boundary,
         )
         return index, loaded
 
@@ -837,6 +853,7 @@ class SpaceTimeMatrix:
         ylabel: str = "lat",
         *,
         crs: Any = None,
+        include_boundary: bool = False,
     ) -> xr.Dataset:
         """Add, for each point, ``fields`` of the polygon that contains it, as space variables.
 
@@ -855,6 +872,10 @@ class SpaceTimeMatrix:
         crs
             CRS of the points' coordinates. Default: ``attrs["crs"]`` if present, else
             EPSG:4326 for lon/lat. Polygons with a different CRS are reprojected to it.
+        include_boundary
+            False (default, as stmtools' ``contains``): a point on a polygon's edge or vertex
+            is outside it. True (``covers``): inside, so that a point on the shared edge of
+            two parcels that tile an area belongs to one of them (the first) instead of none.
 
         Returns
         -------
@@ -864,11 +885,12 @@ class SpaceTimeMatrix:
 
         Notes
         -----
-        A point on a polygon's edge is inside; a point in a hole is outside. A point inside
-        several polygons takes the fields of the first of them (lowest row). Points are tested
-        block by block: points are binned in a grid, each occupied cell is queried once in an
-        STRtree of the polygons and candidates are tested with prepared polygons
-        (``shapely.intersects_xy``); a block whose bounding box meets no polygon is skipped.
+        A point on a polygon's edge is outside unless ``include_boundary``; a point in a hole
+        is outside. A point inside several polygons takes the fields of the first of them
+        (lowest row). Points are tested block by block: points are binned in a grid, each
+        occupied cell is queried once in an STRtree of the polygons and candidates are tested
+        with prepared polygons (``shapely.contains_xy``, or ``intersects_xy`` with
+        ``include_boundary``); a block whose bounding box meets no polygon is skipped.
 
         Examples
         --------
@@ -881,7 +903,8 @@ class SpaceTimeMatrix:
         fields = _as_names(fields, "fields")
         ds = self._obj
         _check_new_names(ds, fields)
-        index, loaded = self._polygon_index(polygons, fields, xlabel, ylabel, crs)
+        index, loaded = self._polygon_index(polygons, fields, xlabel, ylabel, crs,
+                                            include_boundary)
         new = {}
         for field in fields:
             values = _field_values(loaded.table[field])

@@ -32,6 +32,7 @@ processed lazily with Dask. Commands:
   depsi demo                 simulate a small stack, run the PS chain, write results and plots
   depsi simulate OUT.zarr    write a simulated SLC stack (with its truth) to Zarr or raw binary
   depsi info PATH            dims, variables, chunking, attributes and size on disk of a store;
+                             of a workspace: each step's status, product, counts and the log;
                              --verify reads every chunk and checks it (none missing, checksums)
 """
 
@@ -74,7 +75,98 @@ def describe_store(path: Path) -> str:
                          f"({', '.join(var.dims)})  {chunk_text}")
     if ds.attrs:
         lines.append("attributes:")
-        lines.extend(f"  {k}: {v}" for k, v in ds.attrs.items())
+        lines.extend(_attribute_lines(ds.attrs))
+    return "\n".join(lines)
+
+
+def _attribute_lines(attrs: dict) -> list[str]:
+    """``key: value`` per attribute; a value of several lines (``history``) indented below it."""
+    lines = []
+    for key, value in attrs.items():
+        text = str(value).rstrip("\n")
+        if "\n" in text:
+            lines.append(f"  {key}:")
+            lines.extend(f"    {line}" for line in text.splitlines())
+        else:
+            lines.append(f"  {key}: {text}")
+    return lines
+
+
+def _finished_at(seconds: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def _step_lines(workspace: Path, step: str,
+                failure: dict | None) -> tuple[list[str], dict | None]:
+    """The lines of one step in :func:`describe_workspace`, and its manifest when finished."""
+    from depsi.pipeline.runner import PRODUCTS, load_manifest
+
+    pad = " " * 16
+    manifest, reason = load_manifest(workspace, step)
+    if manifest is None and failure is not None and failure.get("step") == step:
+        return [f"  {step:<13} {'failed':<16} {PRODUCTS[step]:<20} {'-':>10}  "
+                f"{str(failure.get('time', '')).replace('T', ' ')[:19]}",
+                f"{pad}{failure.get('exception', 'error')}: {failure.get('message', '')}",
+                f"{pad}run id {failure.get('run_id')}"], None
+    if manifest is None:
+        if reason.startswith("no manifest"):  # never run, or stopped before the end
+            return [f"  {step:<13} {'missing':<16} {PRODUCTS[step]}"], None
+        return [f"  {step:<13} {'damaged manifest':<16} {PRODUCTS[step]}", pad + reason], None
+    product = Path(manifest["product"])
+    inside = product.parent == workspace
+    if not product.exists():
+        status, size = "product missing", "-"
+    else:  # a real input read in place is no part of the workspace's size
+        status = "finished"
+        size = _human_bytes(_size_on_disk(product)) if inside else "in place"
+    name = product.name if inside else str(product)
+    lines = [f"  {step:<13} {status:<16} {name:<20} {size:>10}  "
+             f"{_finished_at(manifest['finished'])} ({manifest['seconds']:.1f} s)"]
+    counts = ", ".join(f"{k} {v}" for k, v in manifest["counts"].items())
+    if counts:
+        lines.append(pad + counts)
+    lines.append(f"{pad}run id {manifest['run_id']}, config hash {manifest['config_hash'][:16]}")
+    return lines, manifest if status == "finished" else None
+
+
+def describe_workspace(path: Path) -> str:
+    """A text summary of a run's workspace, read from its manifests (nothing is opened).
+
+    Per step: its status (``finished``; ``failed``: the step ``failed.json`` names; ``missing``:
+    never run, or stopped before it finished; ``product missing``; ``damaged manifest``), its
+    product and size, when it finished, the counts, run id and config hash it recorded. Then
+    where the result (``stm.zarr``), the exports and the log are. Lock and temporary files are
+    not listed.
+    """
+    from depsi.pipeline.runner import LOG_FILE, PRODUCTS, STEPS, read_failure
+
+    workspace = Path(path).absolute()
+    failure = read_failure(workspace)
+    body, finished = [], {}
+    for step in STEPS:
+        lines, manifest = _step_lines(workspace, step, failure)
+        body += lines
+        if manifest is not None:
+            finished[step] = manifest
+    size = sum(_size_on_disk(workspace / PRODUCTS[s]) for s in finished
+               if Path(finished[s]["product"]).parent == workspace)
+    last = max((m["finished"] for m in finished.values()), default=None)
+    lines = [f"workspace {workspace}",
+             f"{len(finished)} of {len(STEPS)} steps finished"
+             + (f", the last at {_finished_at(last)}" if last is not None else "")
+             + f"; {_human_bytes(size)} of products on disk",
+             f"  {'step':<13} {'status':<16} {'product':<20} {'size':>10}  finished", *body]
+    result = workspace / PRODUCTS["model"]
+    lines.append(f"result: {result} (depsi info {result}: its variables)" if "model" in finished
+                 else "result: none yet (step model has not finished)")
+    if "export" in finished:
+        exports = workspace / PRODUCTS["export"]
+        files = sorted(p.name for p in exports.iterdir() if not p.name.startswith("."))
+        lines.append(f"exports: {exports}: {', '.join(files) or 'no files'}")
+    log = workspace / LOG_FILE
+    lines.append(f"log: {log}" if log.is_file() else "log: none")
     return "\n".join(lines)
 
 
@@ -97,6 +189,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
         from depsi.io.store import verify_store
 
         counts = verify_store(path)  # raises on the first missing or damaged chunk
+    else:
+        from depsi.pipeline.runner import is_workspace
+
+        if is_workspace(path):
+            sys.stdout.write(describe_workspace(path) + "\n")
+            return 0
     sys.stdout.write(describe_store(path) + "\n")
     if args.verify:
         sys.stdout.write(f"verified: {sum(counts.values())} chunks of {len(counts)} arrays "
@@ -342,8 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     script.add_argument("--job-name", default="depsi", help="SLURM job name (default depsi)")
     script.set_defaults(func=_cmd_slurm_script)
 
-    info = sub.add_parser("info", help="describe a Zarr store (STM or SLC stack)")
-    info.add_argument("path", help="path of the Zarr store")
+    info = sub.add_parser("info", help="describe a Zarr store (STM or SLC stack), or a run's "
+                                       "workspace: each step's status, product and counts")
+    info.add_argument("path", help="path of the Zarr store or of the workspace")
     info.add_argument("--verify", action="store_true",
                       help="read every chunk and check it: none missing, every checksum right")
     info.set_defaults(func=_cmd_info)

@@ -19,8 +19,10 @@ True
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import logging
+import math
 import re
 import textwrap
 import types
@@ -66,11 +68,58 @@ _MAX_SHOWN = 200
 
 
 def _shown(value: Any) -> str:
-    """``repr(value)``, cut to :data:`_MAX_SHOWN` characters (never built whole when huge)."""
-    if isinstance(value, (dict, list, tuple, str)) and len(value) > _MAX_SHOWN:
-        return f"a {type(value).__name__} of {len(value)} items"
-    text = repr(value)
+    """``value`` as it reads in YAML (``true``, ``null``, ``.inf``, ``'text'``, ``[1, 2]``), cut
+    to :data:`_MAX_SHOWN` characters (never built whole when huge)."""
+    if isinstance(value, dict) and len(value) > _MAX_SHOWN:
+        return f"a mapping of {len(value)} keys"
+    if isinstance(value, (list, tuple)) and len(value) > _MAX_SHOWN:
+        return f"a list of {len(value)} items"
+    if isinstance(value, str) and len(value) > _MAX_SHOWN:
+        return f"a string of {len(value)} characters"
+    pieces: list[str] = []
+    _shown_pieces(value, pieces, _MAX_SHOWN + 1)
+    text = "".join(pieces)
     return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+
+
+def _shown_pieces(value: Any, pieces: list[str], room: int) -> int:
+    """Append the pieces of :func:`_shown` to ``pieces`` until ``room`` characters are used."""
+    if room <= 0:
+        return room
+    if isinstance(value, (dict, list, tuple)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        pieces.append("{" if isinstance(value, dict) else "[")
+        room -= 1
+        for index, (key, item) in enumerate(items):
+            if room <= 0:
+                break
+            if index:
+                pieces.append(", ")
+                room -= 2
+            if isinstance(value, dict):
+                room = _shown_pieces(key, pieces, room)
+                pieces.append(": ")
+                room -= 2
+            room = _shown_pieces(item, pieces, room)
+        pieces.append("}" if isinstance(value, dict) else "]")
+        return room - 1
+    text = _shown_scalar(value)[:room]
+    pieces.append(text)
+    return room - len(text)
+
+
+def _shown_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()  # YAML reads an unquoted 2020-01-01 as a date
+    if isinstance(value, (str, Path)):
+        return repr(str(value)[:_MAX_SHOWN + 1])
+    return repr(value)
 
 
 # --------------------------------------------------------------------------------------- input
@@ -220,24 +269,235 @@ class PipelineConfig(_Section):
 
 
 # ----------------------------------------------------------------------------- load and write
-def _describe_error(error: dict[str, Any], *, model: type[BaseModel]) -> str:
-    loc = [str(part) for part in error["loc"]]
-    key = ".".join(loc) or "(top level)"
-    if error["type"] == "extra_forbidden":
-        section = ".".join(loc[:-1])
-        allowed = _allowed_keys(model, loc[:-1])
-        close = difflib.get_close_matches(loc[-1], allowed, n=1)
+#: What a value of each plain type is called in a message: (one, many).
+_KIND_WORDS: dict[Any, tuple[str, str]] = {
+    bool: ("true or false", "true or false values"), int: ("a whole number", "whole numbers"),
+    float: ("a number", "numbers"), str: ("a string", "strings"), Path: ("a path", "paths")}
+_COUNT_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+#: Pydantic's bound errors: the context key of the bound and how a message says it.
+_BOUND_WORDS = {"greater_than": ("gt", "greater than"), "greater_than_equal": ("ge", "at least"),
+                "less_than": ("lt", "less than"), "less_than_equal": ("le", "at most"),
+                "multiple_of": ("multiple_of", "a multiple of")}
+
+
+def _problems(errors: list[dict[str, Any]], data: dict[str, Any],
+              model: type[BaseModel]) -> list[str]:
+    """One line per problem, sorted by key path; union members failing at one key are one line."""
+    lines: dict[str, tuple[Any, ...]] = {}
+    bools = list(_bools_for_numbers(data, model))
+    for error in errors:
+        if any(tuple(error["loc"][:len(loc)]) == loc for loc in bools):
+            continue  # a consequence of reading true as 1: the bool's own line says it
+        loc, line = _describe_error(error, data=data, model=model)
+        lines.setdefault(line, _sort_key(loc))
+    for loc in bools:
+        annotation, _ = _field_at(model, loc)[1:]
+        found = _shown(_value_at(data, loc))
+        line = f"{_key(loc)}: expected {_expected(annotation)}, found {found}"
+        lines.setdefault(line, _sort_key(loc))
+    return sorted(lines, key=lambda line: (lines[line], line))
+
+
+def _describe_error(error: dict[str, Any], *, data: Any,
+                    model: type[BaseModel]) -> tuple[tuple[Any, ...], str]:
+    """The key path of one pydantic error and its line in the user's terms."""
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        section = ".".join(str(part) for part in loc[:-1])
+        allowed = _allowed_keys(model, [str(part) for part in loc[:-1]])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         where = f"section {section!r}" if section else "the top level"
-        return (f"unknown key {loc[-1]!r} in {where} (allowed: {', '.join(allowed)}){hint}")
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "missing":
-        return f"{key}: required key is missing"
-    value = error.get("input")
-    if error["type"] == "value_error" or (isinstance(value, dict)
-                                          and error["type"] != "model_type"):
-        return f"{key}: {message}"
-    return f"{key}: {message} (got {_shown(value)})"
+        return loc, f"unknown key {loc[-1]!r} in {where} (allowed: {', '.join(allowed)}){hint}"
+    if kind == "missing":
+        return loc, f"{_key(loc)}: required key is missing"
+    if kind in ("value_error", "assertion_error"):
+        message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if loc:  # a validator that names its own key: the key once
+            message = message.removeprefix(f"{loc[-1]}: ")
+        return loc, f"{_key(loc)}: {message}"
+    clean, annotation, field = _field_at(model, loc)
+    value = _value_at(data, clean) if clean != loc else error.get("input")
+    pair = typing.get_origin(_plain(annotation)) is tuple
+    expected = None if pair and kind in ("too_short", "too_long") else \
+        _expected_bounded(kind, error.get("ctx") or {}, annotation, field)
+    if expected is None:
+        expected = _expected(annotation)
+    if expected is None:  # a type no annotation names: pydantic's words, its jargon cut
+        expected = re.sub(r"^Input should be |^Input is ", "", error["msg"])
+        expected = re.sub(r" for <class '[^']*'>|, unable to [^,]*", "", expected)
+    return clean, f"{_key(clean)}: expected {expected}, found {_shown(value)}"
+
+
+def _expected_bounded(kind: str, ctx: dict[str, Any], annotation: Any,
+                      field: Any) -> str | None:
+    """``a number greater than 0 and at most 1`` for a bound or length error, else None."""
+    base = _KIND_WORDS.get(_plain(annotation), ("a value", ""))[0]
+    if kind in _BOUND_WORDS:
+        bounds = [(name, getattr(rule, name)) for rule in getattr(field, "metadata", ())
+                  for name, _ in _BOUND_WORDS.values() if getattr(rule, name, None) is not None]
+        bounds = bounds or [(_BOUND_WORDS[kind][0], ctx.get(_BOUND_WORDS[kind][0]))]
+        words = {name: word for name, word in _BOUND_WORDS.values()}
+        return f"{base} " + " and ".join(f"{words[name]} {_shown(limit)}"
+                                         for name, limit in bounds)
+    if kind == "finite_number":
+        words = _expected(annotation) or "a number"
+        return re.sub(r"\b(whole )?number", r"finite \g<0>", words)
+    if kind in ("string_too_short", "too_short") and "min_length" in ctx:
+        unit = "characters" if kind.startswith("string") else "items"
+        return f"{base if kind.startswith('string') else 'a list'} of at least " \
+               f"{ctx['min_length']} {unit}"
+    if kind in ("string_too_long", "too_long") and "max_length" in ctx:
+        unit = "characters" if kind.startswith("string") else "items"
+        return f"{base if kind.startswith('string') else 'a list'} of at most " \
+               f"{ctx['max_length']} {unit}"
+    if kind == "string_pattern_mismatch":
+        return f"a string matching {ctx.get('pattern')!r}"
+    return None
+
+
+def _key(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def _sort_key(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((0, part, "") if isinstance(part, int) else (1, 0, str(part)) for part in loc)
+
+
+def _field_at(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, Any]:
+    """The keys of ``loc`` that the configuration has, the annotation there and its field.
+
+    A union member's tag ends the path (the union is described whole), and so does the item of
+    a fixed-size list such as ``height_range`` (the pair is described whole).
+    """
+    annotation: Any = model
+    field = None
+    for depth, part in enumerate(loc):
+        inner = _plain(annotation)
+        origin, args = typing.get_origin(inner), typing.get_args(inner)
+        if isinstance(inner, type) and issubclass(inner, BaseModel) and \
+                part in inner.model_fields:
+            field = inner.model_fields[part]
+            annotation = field.annotation
+        elif origin in (list, set, frozenset) and isinstance(part, int):
+            field, annotation = None, args[0] if args else Any
+        elif origin is dict and len(args) == 2 and not isinstance(part, int):
+            field, annotation = None, args[1]
+        else:
+            return loc[:depth], annotation, field
+    return loc, annotation, field
+
+
+def _value_at(data: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _plain(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated`` and without ``| None``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if _is_union(annotation):
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(args) == 1:
+            return _plain(args[0])
+    return annotation
+
+
+def _is_union(annotation: Any) -> bool:
+    return isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+
+
+def _expected(annotation: Any) -> str | None:
+    """What a value of ``annotation`` is in the user's terms: ``a list of two numbers``,
+    ``one of 'nad', 'nmad'``, ``a section of keys (method, threshold, engine)``; None when it
+    has no name."""
+    inner = _plain(annotation)
+    if inner is not annotation and _is_union(annotation) and \
+            type(None) in typing.get_args(annotation):
+        phrase = _expected(inner)
+        return f"{phrase} or null" if phrase else None
+    if _is_union(inner):
+        phrases = [_expected(arg) for arg in typing.get_args(inner)]
+        return None if None in phrases else " or ".join(phrases)
+    if typing.get_origin(inner) is Literal:
+        values = [_shown(value) for value in typing.get_args(inner)]
+        return values[0] if len(values) == 1 else "one of " + ", ".join(values)
+    if inner in _KIND_WORDS:
+        return _KIND_WORDS[inner][0]
+    if isinstance(inner, type) and issubclass(inner, BaseModel):
+        keys = list(inner.model_fields)
+        return f"a section of keys ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+    origin, args = typing.get_origin(inner), typing.get_args(inner)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis or origin in (list, set,
+                                                                              frozenset):
+        items = _plural(args[0]) if args else "items"
+        return f"a list of {items}" if items else None
+    if origin is tuple and args and all(arg == args[0] for arg in args):
+        items = _plural(args[0])
+        return f"a list of {_COUNT_WORDS.get(len(args), len(args))} {items}" if items else None
+    if origin is tuple and args:
+        parts = [_expected(arg) for arg in args]
+        return None if None in parts else f"a list of {len(args)} items: {', '.join(parts)}"
+    if origin is dict and len(args) == 2:
+        values = _plural(args[1])
+        return f"a mapping of keys to {values}" if values else None
+    return None
+
+
+def _plural(annotation: Any) -> str | None:
+    """Many values of ``annotation``: ``numbers``, ``'csv', 'gpkg' or 'plots'``."""
+    inner = _plain(annotation)
+    if typing.get_origin(inner) is Literal:
+        values = [_shown(value) for value in typing.get_args(inner)]
+        return " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 1 else values)
+    if _is_union(inner):
+        words = [_plural(arg) for arg in typing.get_args(inner) if arg is not type(None)]
+        return None if None in words else " or ".join(words)
+    if inner in _KIND_WORDS:
+        return _KIND_WORDS[inner][1]
+    if isinstance(inner, type) and issubclass(inner, BaseModel):
+        return "sections of keys"
+    if typing.get_origin(inner) in (list, tuple, set, frozenset):
+        return "lists"
+    return None
+
+
+def _takes_numbers(annotation: Any) -> bool:
+    inner = _plain(annotation)
+    members = typing.get_args(inner) if _is_union(inner) else (inner,)
+    return bool not in members and any(member in (int, float) for member in members)
+
+
+def _bools_for_numbers(value: Any, annotation: Any, loc: tuple[Any, ...] = ()):
+    """The key paths where ``true``/``false`` stands for a number (pydantic would read 1 or 0).
+
+    A pair such as ``height_range`` is named whole, as :func:`_field_at` names it.
+    """
+    inner = _plain(annotation)
+    origin, args = typing.get_origin(inner), typing.get_args(inner)
+    if isinstance(value, bool):
+        if _takes_numbers(inner):
+            yield loc
+    elif isinstance(value, dict) and isinstance(inner, type) and issubclass(inner, BaseModel):
+        for key, item in value.items():
+            field = inner.model_fields.get(key) if isinstance(key, str) else None
+            if field is not None:
+                yield from _bools_for_numbers(item, field.annotation, (*loc, key))
+    elif isinstance(value, list) and origin in (list, set, frozenset) and args:
+        for index, item in enumerate(value):
+            yield from _bools_for_numbers(item, args[0], (*loc, index))
+    elif isinstance(value, list) and origin is tuple and args:
+        fixed = not (len(args) == 2 and args[1] is Ellipsis)
+        if any(isinstance(item, bool) and _takes_numbers(
+                args[index] if fixed and index < len(args) else args[0])
+               for index, item in enumerate(value)):
+            yield loc
 
 
 def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
@@ -296,15 +556,95 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def parse_config(data: dict[str, Any] | None, *, source: str = "<config>") -> PipelineConfig:
-    """Validate a mapping (e.g. parsed YAML) into a :class:`PipelineConfig`.
+#: YAML's words in its messages, and the user's.
+_YAML_WORDS = (("'<stream end>'", "the end of the text"), ("end of stream", "end of the text"),
+               ("<block end>", "the end of the indented block"), ("'?'", "a key"),
+               ("'<block mapping start>'", "an indented mapping"),
+               ("'<block sequence start>'", "an indented list"), ("'<scalar>'", "a value"),
+               ("a flow sequence", "a [...] list"), ("a flow mapping", "a {...} mapping"),
+               ("a block collection", "an indented list or mapping"),
+               ("a block mapping", "an indented mapping"), ("a quoted scalar", "a quoted string"),
+               ("a plain scalar", "a value"), ("a block scalar", "a | or > text"))
+#: Characters of the offending line shown either side of the caret.
+_YAML_LINE_SHOWN = 60
+
+
+def _read_yaml(text: str, *, name: str) -> Any:
+    """``text`` parsed by :class:`_Loader`; a syntax error is a :class:`ConfigError` naming
+    ``name``, the line and column, with the offending line and a caret under the column."""
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as err:  # a control character, found before parsing starts
+        line, column = _line_and_column(text, err.position)
+        raise ConfigError(
+            f"{name}, line {line + 1}, column {column + 1}: not valid YAML: expected printable "
+            f"text, found the control character #x{err.character:04x}"
+            + _caret_under(text, line, column)) from None
+    loader.name = name  # the marks of every error carry it (not "<unicode string>")
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as err:
+        raise ConfigError(_yaml_syntax_message(err, text, name)) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{name}: not valid YAML: {err}") from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_syntax_message(err: yaml.MarkedYAMLError, text: str, name: str) -> str:
+    mark, context_mark = err.problem_mark, err.context_mark
+    if mark is None:
+        return f"{name}: not valid YAML: {_yaml_words(str(err))}"
+    message = (f"{name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML: "
+               f"{_yaml_words(err.problem or 'syntax error')}")
+    if err.context and context_mark is not None and \
+            (context_mark.line, context_mark.column) != (mark.line, mark.column):
+        message += (f" ({_yaml_words(err.context)} at line {context_mark.line + 1}, column "
+                    f"{context_mark.column + 1})")
+    shown = mark
+    lines = text.splitlines()
+    if context_mark is not None and (mark.line >= len(lines) or not lines[mark.line].strip()):
+        shown = context_mark  # at the end of the text: show where the unclosed thing opened
+    return message + _caret_under(text, shown.line, shown.column)
+
+
+def _yaml_words(text: str) -> str:
+    for theirs, ours in _YAML_WORDS:
+        text = text.replace(theirs, ours)
+    return text
+
+
+def _line_and_column(text: str, position: int) -> tuple[int, int]:
+    line = text.count("\n", 0, position)
+    return line, position - (text.rfind("\n", 0, position) + 1)
+
+
+def _caret_under(text: str, line: int, column: int) -> str:
+    """Two more lines: line ``line`` of ``text`` (cut around the column) and a caret under it."""
+    lines = text.splitlines()
+    if line >= len(lines) or not lines[line].strip():
+        return ""
+    start = max(0, column - _YAML_LINE_SHOWN)
+    shown = lines[line][start:column + _YAML_LINE_SHOWN]
+    before = "..." if start else ""
+    after = "..." if column + _YAML_LINE_SHOWN < len(lines[line]) else ""
+    shown = "".join(char if char.isprintable() or char == "\t" else "\ufffd" for char in shown)
+    pad = "".join("\t" if char == "\t" else " " for char in before + shown[:column - start])
+    return f"\n  {before}{shown}{after}\n  {pad}^"
+
+
+def parse_config(data: dict[str, Any] | str | None, *,
+                 source: str | None = None) -> PipelineConfig:
+    """Validate a mapping (e.g. parsed YAML), or YAML text, into a :class:`PipelineConfig`.
 
     Parameters
     ----------
     data
-        Nested mapping with the sections of :class:`PipelineConfig`; ``None`` gives the defaults.
+        Nested mapping with the sections of :class:`PipelineConfig`, or the YAML text of one;
+        ``None`` gives the defaults.
     source
-        Name of where the mapping came from, used in error messages.
+        Name of where the mapping came from, used in error messages; by default ``<config>``
+        (a mapping) or ``<config text>`` (YAML text).
 
     Returns
     -------
@@ -314,25 +654,41 @@ def parse_config(data: dict[str, Any] | None, *, source: str = "<config>") -> Pi
     Raises
     ------
     ConfigError
-        One line per problem, each naming the key (``compute.scheduler``), what was expected and
-        the value found.
+        One line per problem, sorted by key and counted on the first line when there are
+        several, each naming the key (``compute.scheduler``), what was expected and the value
+        found; for YAML text that does not parse, the line, column and a caret under it.
 
     Examples
     --------
     >>> parse_config({"selection": {"method": "nmad"}}).selection.method
     'nmad'
+    >>> try:
+    ...     parse_config({"arcs": {"height_range": 200}}, source="run.yaml")
+    ... except ConfigError as err:
+    ...     print(err)
+    run.yaml: arcs.height_range: expected a list of two numbers, found 200
     """
+    if isinstance(data, str):
+        source = source or "<config text>"
+        data = _read_yaml(data, name=source)
+    source = source or "<config>"
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (input, selection, ..., "
-                          f"compute), got {type(data).__name__}")
+                          f"compute), found {_shown(data)}")
     try:
-        return PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(data)
+        errors = []
     except ValidationError as err:
-        problems = [_describe_error(e, model=PipelineConfig) for e in err.errors()]
-        raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems)) \
-            from None
+        config, errors = None, err.errors()
+    problems = _problems(errors, data, PipelineConfig)
+    if len(problems) == 1:
+        raise ConfigError(f"{source}: {problems[0]}")
+    if problems:
+        raise ConfigError(f"{source}: {len(problems)} problems in the configuration:\n  "
+                          + "\n  ".join(problems))
+    return config
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -365,12 +721,10 @@ def load_config(path: str | Path) -> PipelineConfig:
                           f"bytes, found {size} bytes")
     try:
         text = path.read_bytes()[:MAX_CONFIG_BYTES + 1].decode("utf-8")
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: expected UTF-8 text, found {err.reason} at byte "
                           f"{err.start}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    data = _read_yaml(text, name=str(path))
     config = parse_config(data, source=str(path))
     logger.info("configuration read from %s", path)
     return config

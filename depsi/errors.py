@@ -381,8 +381,15 @@ def _internal(exc: BaseException, context: _Context) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or \
-        type(exc).__name__
+    """The message on one line: its lines joined by "; " (a heading ending in ":" by a space),
+    so that several problems stay apart."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0]
+    for previous, line in zip(lines, lines[1:]):
+        text += (" " if previous.endswith(":") else "; ") + line
+    return text
 
 
 def _class(module: str, name: str) -> type | None:

@@ -889,6 +889,47 @@ def correct_positions(result: xr.Dataset) -> xr.Dataset:
         lon_uncorrected=("space", np.asarray(lon.values), dict(lon.attrs)))
 
 
+def check_stack_for_writing(stack: xr.Dataset, geometry: StackGeometry, *, dates_in: str,
+                            raster: str) -> xr.Dataset:
+    """A raster stack and its geometry checked before a writer writes them (``dates_in``: what
+    holds each epoch's date in the format, ``raster``: the format's name); returned in
+    ``(azimuth, range, time)`` order."""
+    dims = ("azimuth", "range", "time")
+    if "complex" not in stack.data_vars:
+        raise ValueError(f"stack: expected a 'complex' variable, found {list(stack.data_vars)}")
+    if set(stack["complex"].dims) != set(dims):
+        raise ValueError(f"stack['complex']: expected dimensions {dims}, found "
+                         f"{stack['complex'].dims}")
+    n_time = stack.sizes["time"]
+    if len(geometry.orbits) != n_time:
+        raise GeometryError(f"geometry: expected one orbit per epoch ({n_time}), found "
+                            f"{len(geometry.orbits)}")
+    time = stack["time"].values
+    if not np.issubdtype(time.dtype, np.datetime64):
+        raise ValueError(f"stack['time']: expected dates (datetime64), found {time.dtype}")
+    days = time.astype("datetime64[D]")
+    if len(np.unique(days)) != n_time:
+        raise ValueError(f"stack['time']: expected one epoch per date ({dates_in} hold the "
+                         f"date), found {[str(d) for d in days]}")
+    for k, (day, orbit) in enumerate(zip(days, geometry.orbits)):
+        middle = orbit.reference + np.timedelta64(
+            int(round(0.5 * (orbit.time[0] + orbit.time[-1]) * 1e9)), "ns")
+        if abs((middle - day.astype("datetime64[ns]")) / np.timedelta64(1, "h")) > 48:
+            raise GeometryError(f"geometry.orbits[{k}]: expected state vectors around the "
+                                f"epoch's date {day}, found them around {middle}")
+    wavelength = stack.attrs.get("wavelength", geometry.wavelength)
+    if abs(float(wavelength) - geometry.wavelength) > 1e-5 * geometry.wavelength:
+        raise ValueError(f"stack.attrs['wavelength']: expected the geometry's "
+                         f"{geometry.wavelength!r} m, found {wavelength!r} m")
+    for dim in ("azimuth", "range"):
+        values = np.asarray(stack[dim].values)
+        if values.size > 1 and not (np.issubdtype(values.dtype, np.integer)
+                                    and (np.diff(values) == 1).all()):
+            raise ValueError(f"stack[{dim!r}]: expected consecutive pixel indices (a {raster} "
+                             f"raster has no gaps), found {values[:5].tolist()}...")
+    return stack.transpose(*dims, ...)
+
+
 __all__ = [
     "GEOMETRY_ATTR",
     "GeometryError",
@@ -897,6 +938,7 @@ __all__ = [
     "StackGeometry",
     "attach_geometry",
     "baselines",
+    "check_stack_for_writing",
     "correct_positions",
     "geocode_points",
     "geocode_with_dem",

@@ -46,9 +46,9 @@ import xarray as xr
 
 from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
 from depsi.io.geometry import (
-    GeometryError,
     Orbit,
     StackGeometry,
+    check_stack_for_writing,
     geodetic_to_ecef,
     radar_to_geo,
     zero_doppler_time,
@@ -209,39 +209,8 @@ def _timing(name: str, first_line: np.datetime64, near: float, geometry: StackGe
 # ----------------------------------------------------------------------------------------------
 
 def _check_writable(stack: xr.Dataset, geometry: StackGeometry) -> xr.Dataset:
-    if "complex" not in stack.data_vars:
-        raise ValueError(f"stack: expected a 'complex' variable, found {list(stack.data_vars)}")
-    if set(stack["complex"].dims) != set(RASTER_DIMS):
-        raise ValueError(f"stack['complex']: expected dimensions {RASTER_DIMS}, found "
-                         f"{stack['complex'].dims}")
-    n_time = stack.sizes["time"]
-    if len(geometry.orbits) != n_time:
-        raise GeometryError(f"geometry: expected one orbit per epoch ({n_time}), found "
-                            f"{len(geometry.orbits)}")
-    time = stack["time"].values
-    if not np.issubdtype(time.dtype, np.datetime64):
-        raise ValueError(f"stack['time']: expected dates (datetime64), found {time.dtype}")
-    days = time.astype("datetime64[D]")
-    if len(np.unique(days)) != n_time:
-        raise ValueError(f"stack['time']: expected one epoch per date (product and band names "
-                         f"hold the date), found {[str(d) for d in days]}")
-    for k, (day, orbit) in enumerate(zip(days, geometry.orbits)):
-        middle = orbit.reference + np.timedelta64(
-            int(round(0.5 * (orbit.time[0] + orbit.time[-1]) * 1e9)), "ns")
-        if abs((middle - day.astype("datetime64[ns]")) / np.timedelta64(1, "h")) > 48:
-            raise GeometryError(f"geometry.orbits[{k}]: expected state vectors around the "
-                                f"epoch's date {day}, found them around {middle}")
-    wavelength = stack.attrs.get("wavelength", geometry.wavelength)
-    if abs(float(wavelength) - geometry.wavelength) > 1e-5 * geometry.wavelength:
-        raise ValueError(f"stack.attrs['wavelength']: expected the geometry's "
-                         f"{geometry.wavelength!r} m, found {wavelength!r} m")
-    for dim in ("azimuth", "range"):
-        values = np.asarray(stack[dim].values)
-        if values.size > 1 and not (np.issubdtype(values.dtype, np.integer)
-                                    and (np.diff(values) == 1).all()):
-            raise ValueError(f"stack[{dim!r}]: expected consecutive pixel indices (a znap "
-                             f"raster has no gaps), found {values[:5].tolist()}...")
-    return stack.transpose(*RASTER_DIMS, ...)
+    return check_stack_for_writing(stack, geometry, dates_in="product and band names",
+                                   raster="znap")
 
 
 def _tie_points(size: int) -> tuple[np.ndarray, float, float]:

@@ -47,12 +47,12 @@ import zarr
 from tqdm.auto import tqdm
 
 from depsi.conventions import (
-    MONTH_ABBREVIATIONS,
     SPEED_OF_LIGHT,
     phase_per_metre,
     wrap_phase,
     years_since,
 )
+from depsi.io.doris import _doris_time, _fields, _process_control, _section
 from depsi.io.paths import TEMPORARY, temporary_sibling
 
 logger = logging.getLogger(__name__)
@@ -724,32 +724,7 @@ def write_stack_zarr(path: str | os.PathLike, *, overwrite: bool = False,
     return path
 
 
-# --- DORIS v5 like result files ---------------------------------------------------------------
-
-_SEPARATOR = "*" * 67 + " "
-
-
-def _doris_time(moment: np.datetime64) -> str:
-    """``2018-Mar-06 17:24:29.954980`` (month names without the locale)."""
-    text = np.datetime_as_string(moment.astype("datetime64[us]"), unit="us")
-    year, month, rest = text.split("-", 2)
-    day, clock = rest.split("T")
-    return f"{year}-{MONTH_ABBREVIATIONS[int(month) - 1]}-{day} {clock}"
-
-
-def _section(name: str, lines: list[str]) -> list[str]:
-    return [_SEPARATOR, f"*_Start_{name}:", _SEPARATOR, *lines, _SEPARATOR,
-            f"* End_{name}:_NORMAL", _SEPARATOR, "", "", ""]
-
-
-def _fields(pairs: list[tuple[str, Any]], width: int) -> list[str]:
-    return [f"{key + ':':<{width}}{value}" for key, value in pairs]
-
-
-def _process_control(steps: dict[str, int]) -> list[str]:
-    return ["Start_process_control", *(f"{k}:\t\t{v}" for k, v in steps.items()),
-            "End_process_control", "", "", ""]
-
+# --- DORIS v5 like result files (their layout helpers are depsi.io.doris's) ------------------
 
 def _ecef(lat_deg: float, lon_deg: float, height: float) -> np.ndarray:
     lat, lon = np.deg2rad(lat_deg), np.deg2rad(lon_deg)

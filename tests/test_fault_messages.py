@@ -259,7 +259,6 @@ def test_a_memory_refusal_exits_6_with_its_own_words(run, console, monkeypatch):
 
 
 def test_work_refused_before_it_starts_exits_6_naming_the_key(run, console):
-    pytest.importorskip("depsi.pipeline.preflight")
     before = finished_products(run.workspace)
     assert run("--threads", "100000") == ExitCode.RESOURCE_LIMIT
     the_error_line(console(), "refused before any work: compute.threads: expected at most",

@@ -14,6 +14,7 @@ import xarray as xr
 import depsi.stm  # noqa: F401  (registers .stm)
 from depsi.stm import STMValidationError, accessor, morton_order
 from depsi.stm.accessor import STMKeyError
+from depsi.stm.dask_tools import chunked_view, computed_in_place, culled
 
 gpd = pytest.importorskip("geopandas")
 
@@ -484,7 +485,7 @@ def test_release_memory_returns_the_heaps_free_pages():
     them back. Where the C library has no malloc_trim, it says so and does nothing."""
     import psutil
 
-    from depsi.stm.accessor import _malloc_trim, release_memory
+    from depsi.stm.dask_tools import _malloc_trim, release_memory
 
     if _malloc_trim() is None:
         assert release_memory() is False
@@ -523,10 +524,10 @@ def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster(comput
 
     values = np.arange(40.0).reshape(8, 5)
     lazy = xr.Dataset({"pid": (("space", "time"), da.map_blocks(
-        _pid_block, accessor.chunked_view(values, 2), dtype=np.int64))})
+        _pid_block, chunked_view(values, 2), dtype=np.int64))})
     with scheduler(compute):
-        here = accessor.computed_in_place(lazy, in_process=True)["pid"][1]
-        there = accessor.computed_in_place(lazy)["pid"][1]
+        here = computed_in_place(lazy, in_process=True)["pid"][1]
+        there = computed_in_place(lazy)["pid"][1]
     assert (here == os.getpid()).all()
     assert (there != os.getpid()).all()
 
@@ -548,7 +549,7 @@ def test_culled_keeps_only_the_tasks_a_slice_needs():
     ds = xr.Dataset({"v": ("space", da.concatenate(parts))})
     batch = ds.isel(space=slice(0, 20))
     whole = len(pickle.dumps(dict(batch["v"].data.__dask_graph__())))
-    cut = accessor.culled(batch)
+    cut = culled(batch)
     size = len(pickle.dumps(dict(cut["v"].data.__dask_graph__())))
     assert whole > 30e6 and size < 6e6
     np.testing.assert_array_equal(cut["v"].values, batch["v"].values)

@@ -28,7 +28,7 @@ from depsi.kernels.backend import (
 from depsi.kernels.periodogram import periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
-from depsi.stm.accessor import chunked_view
+from depsi.stm.dask_tools import chunked_view
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)

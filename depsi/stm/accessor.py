@@ -7,29 +7,30 @@ leaves the one it was called on untouched; lazy (Dask) data stays lazy, only ind
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
 import logging
-import os
 import re
-import sys
-import uuid
 from collections.abc import Hashable, Iterable, Mapping
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import dask
 import dask.array as da
 import numpy as np
-import pandas as pd
-import shapely
 import xarray as xr
 
+from depsi.stm.dask_tools import (  # noqa: F401  # moved: re-exported until the lead's files switch
+    chunked_view,
+    computed_in_place,
+    culled,
+    release_memory,
+)
 from depsi.stm.order import morton_key
-from depsi.stm.schema import STMValidationError
+from depsi.stm.polygons import (
+    UnsupportedPolygonsError,  # noqa: F401  (raised by the polygon methods; importable here)
+    _field_values,
+    _load_polygons,
+    _polygon_index,
+    _take_field,
+)
+from depsi.stm.schema import STMKeyError, STMValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -42,36 +43,15 @@ METADATA_VARIABLE_KEYS = ("obsDataKeys", "auxDataKeys", "pntAttribKeys", "epochA
 #: Points per block when in-memory coordinates are tested against polygons.
 BLOCK_POINTS = 2**18
 
-#: Average number of points per grid cell of the polygon candidate search.
-_POINTS_PER_CELL = 8
-#: Upper bound on the grid cells along one axis of the candidate search.
-_MAX_CELLS_PER_AXIS = 4096
-
 _THRESHOLD = re.compile(
     r"^\s*(?P<op><=|>=|<|>)\s*(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)\s*$"
 )
 _COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
-_POLYGON_TYPE_IDS = (3, 6)  # shapely type ids of Polygon and MultiPolygon
-
-
-class STMKeyError(STMValidationError, KeyError):
-    """A variable, coordinate, dimension or field named in a call is absent.
-
-    Catchable as ``KeyError`` (like xarray's missing-variable error) and as ``ValueError``.
-    """
-
-    def __str__(self) -> str:  # KeyError would quote the whole message
-        return str(self.args[0]) if self.args else ""
 
 
 class UnknownMethodError(ValueError, NotImplementedError):
     """A ``method=`` that is not offered; catchable as ``ValueError`` and, as in stmtools,
     as ``NotImplementedError``."""
-
-
-class UnsupportedPolygonsError(TypeError, NotImplementedError):
-    """Polygons of a type that is not accepted; catchable as ``TypeError`` and, as in
-    stmtools, as ``NotImplementedError``."""
 
 
 def _present(ds: xr.Dataset) -> str:
@@ -127,142 +107,6 @@ def _values(var: xr.DataArray) -> np.ndarray:
     return np.asarray(var.values)
 
 
-def _shares_memory_with_workers(arrays: list) -> bool:
-    """Whether the current Dask scheduler runs tasks in this process (threads, synchronous)."""
-    import dask.local
-    import dask.threaded
-    from dask.base import get_scheduler
-
-    if get_scheduler(collections=arrays) is dask.local.get_sync:
-        return True
-    # the threaded scheduler runs on the configured pool where one is set: threads only if
-    # it is not a pool of processes
-    return (get_scheduler(collections=arrays) is dask.threaded.get
-            and not isinstance(dask.config.get("pool", None), ProcessPoolExecutor))
-
-
-def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
-                      ) -> dict[Hashable, tuple[tuple[Hashable, ...], np.ndarray]]:
-    """Every data variable of ``ds`` computed straight into one NumPy array each.
-
-    ``ds.compute()`` holds every chunk's result and then concatenates them, twice the memory of
-    the result at the end; here each chunk is written into its place in a preallocated array as
-    it is done (``dask.array.store``), all variables in one pass over the graph. Returns
-    ``{name: (dims, values)}``, for ``Dataset.assign``.
-
-    ``in_process=True`` computes on this process's threads whatever the current scheduler: for
-    a graph whose inputs are this process's own arrays (views made by :func:`chunked_view`),
-    which a distributed scheduler would otherwise copy whole into the graph it ships (6.8 GB
-    for the chain's final fit at 10^7 points) for a few minutes of work.
-
-    Examples
-    --------
-    >>> ds = xr.Dataset({"a": ("x", da.arange(6, chunks=2))})
-    >>> computed_in_place(ds)["a"][1].tolist()
-    [0, 1, 2, 3, 4, 5]
-    """
-    lazy = [name for name, var in ds.data_vars.items() if var.chunks is not None]
-    if lazy and in_process:
-        # the threaded scheduler takes the configured pool when there is one: a process pool
-        # (depsi's "processes" scheduler sets one) would run the blocks elsewhere
-        with dask.config.set(scheduler="threads", pool=None):
-            return computed_in_place(ds)
-    if lazy and not _shares_memory_with_workers([ds[name].data for name in lazy]):
-        ds = ds.compute()  # workers in other processes (distributed, processes) cannot write here
-        lazy = []
-    out = {name: (var.dims, np.empty(var.shape, var.dtype) if name in lazy
-                  else np.asarray(var.values)) for name, var in ds.data_vars.items()}
-    if lazy:
-        da.store([ds[name].data for name in lazy], [out[name][1] for name in lazy], lock=False)
-    return out
-
-
-def culled(ds: xr.Dataset) -> xr.Dataset:
-    """``ds`` with each Dask variable's graph cut down to the tasks its own chunks need.
-
-    A slice of a lazy result (a batch of its chunks) keeps the whole graph it was cut from; a
-    distributed scheduler gets that whole graph pickled and sent before it culls it (dask
-    2026.8): densification's batches at 10^7 points sent 2.4 GB each, every chunk's neighbour
-    rows. Local schedulers cull without copying; the values are the same either way.
-    """
-    from dask.core import flatten
-    from dask.optimization import cull
-
-    out = ds.copy(deep=False)
-    for name, var in ds.variables.items():
-        data = var.data
-        if not isinstance(data, da.Array):
-            continue
-        # the task-level cull (HighLevelGraph.cull keeps every layer of a concatenation)
-        graph, _ = cull(dict(data.__dask_graph__()), list(flatten(data.__dask_keys__())))
-        out[name].data = da.Array(graph, data.name, data.chunks, meta=data._meta)
-    return out
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none (macOS, Windows, musl)."""
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def release_memory() -> bool:
-    """Hand the heap's free pages back to the operating system (glibc's ``malloc_trim(0)``);
-    False where the C library cannot (nothing is done there).
-
-    Once a large array (up to 32 MB) has been freed, glibc serves arrays below that size from
-    its heap, and a heap freed around live allocations stays with the process: a chain's
-    block-sized temporaries left gigabytes of resident memory between its steps at 10^7
-    points. The chain calls this between steps.
-
-    Examples
-    --------
-    >>> isinstance(release_memory(), bool)
-    True
-    """
-    trim = _malloc_trim()
-    if trim is None:
-        return False
-    trim(0)
-    return True
-
-
-def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:
-    """A Dask array of ``values`` chunked by ``chunks`` along ``axis`` whose blocks are *views*
-    of it: ``da.from_array`` (and so ``Dataset.chunk``) copies NumPy input whole first, twice
-    the memory of a large in-memory STM. ``values`` must not change while the graph lives.
-
-    Examples
-    --------
-    >>> x = np.arange(10.0)
-    >>> view = chunked_view(x, 4)
-    >>> view.chunks, float(view.sum().compute())
-    (((4, 4, 2),), 45.0)
-    >>> all(np.shares_memory(block, x) for block in dict(view.dask).values())
-    True
-    """
-    from dask.highlevelgraph import HighLevelGraph
-
-    values = np.asarray(values)
-    size = values.shape[axis]
-    bounds = list(range(0, size, max(int(chunks), 1))) + [size]
-    if size == 0:
-        bounds = [0, 0]
-    name = f"view-{uuid.uuid4().hex}"  # not a hash of the values: that reads them all
-    graph = {}
-    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
-        key = tuple(i if d == axis else 0 for d in range(values.ndim))
-        index = tuple(slice(start, stop) if d == axis else slice(None)
-                      for d in range(values.ndim))
-        graph[(name,) + key] = values[index]
-    block_chunks = tuple(tuple(np.diff(bounds).tolist()) if d == axis else (values.shape[d],)
-                         for d in range(values.ndim))
-    return da.Array(HighLevelGraph.from_collections(name, graph, dependencies=()), name,
-                    block_chunks, meta=values[tuple(slice(0, 0) for _ in values.shape)])
-
-
 def _check_new_names(ds: xr.Dataset, names: Iterable[str]) -> None:
     for name in names:
         if name in ds.variables:
@@ -270,192 +114,6 @@ def _check_new_names(ds: xr.Dataset, names: Iterable[str]) -> None:
                 f"variable {name!r}: expected a new name, found it already in the STM; "
                 "drop or rename it first"
             )
-
-
-# --------------------------------------------------------------------------------------------
-# Polygons: reading, and the vectorised point-in-polygon test shared by enrich and subset
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Polygons:
-    """Prepared polygons, their STRtree, and the attribute fields to copy (row i = polygon i)."""
-
-    geometries: np.ndarray
-    tree: shapely.STRtree
-    typical_size: float
-    table: pd.DataFrame
-    token: str
-
-
-def _import_geopandas():
-    try:
-        import geopandas
-    except ImportError as err:  # pragma: no cover - geopandas is in the "geo" extra
-        raise ImportError(
-            "reading polygons from a file or GeoDataFrame needs geopandas: "
-            "pip install 'depsi[geo]'"
-        ) from err
-    return geopandas
-
-
-def _geopandas_if_loaded():
-    """geopandas when already imported (a GeoDataFrame can exist only then), else None."""
-    return sys.modules.get("geopandas")
-
-
-def _read_vector_file(path: Path):
-    gpd = _import_geopandas()
-    if not path.exists():
-        raise FileNotFoundError(f"polygon file {str(path)!r} does not exist")
-    try:
-        return gpd.read_file(path)
-    except Exception as err:
-        raise ValueError(
-            f"polygon file {str(path)!r}: expected a vector file readable by GDAL/pyogrio "
-            f"(GeoPackage, Shapefile, GeoJSON, ...), found an error: {err}"
-        ) from err
-
-
-def _polygons_frame(polygons: Any, fields: list[str],
-                    points_crs: Any) -> tuple[np.ndarray, pd.DataFrame]:
-    """Geometries (object array) and a table of ``fields`` from any accepted polygon input."""
-    if isinstance(polygons, (str, os.PathLike)):
-        polygons = _read_vector_file(Path(polygons))
-    if isinstance(polygons, shapely.Geometry):
-        polygons = [polygons]
-    frame_type = type(polygons).__name__
-    gpd = _geopandas_if_loaded()
-    if gpd is not None and isinstance(polygons, (gpd.GeoDataFrame, gpd.GeoSeries)):
-        if points_crs is not None and polygons.crs is not None and polygons.crs != points_crs:
-            logger.info("reprojecting polygons from %s to %s", polygons.crs, points_crs)
-            polygons = polygons.to_crs(points_crs)
-        if isinstance(polygons, gpd.GeoSeries):
-            polygons = polygons.to_frame("geometry").set_geometry("geometry")
-        missing = [f for f in fields if f not in polygons.columns]
-        if missing:
-            available = [c for c in polygons.columns if c != polygons.geometry.name]
-            raise STMKeyError(
-                f"polygon field(s) {missing}: expected among the polygons' fields, "
-                f"found fields {available}"
-            )
-        geometries = np.asarray(polygons.geometry.values, dtype=object)
-        table = pd.DataFrame({f: polygons[f].to_numpy() for f in fields})
-        return geometries, table
-    try:
-        geometries = np.asarray(list(polygons), dtype=object)
-    except TypeError as err:
-        raise UnsupportedPolygonsError(
-            "polygons: expected shapely geometries, a GeoDataFrame or a vector file path, "
-            f"found {frame_type}"
-        ) from err
-    if fields:
-        raise ValueError(
-            f"polygon field(s) {fields}: shapely geometries carry no fields; "
-            "pass a GeoDataFrame or a vector file to enrich from"
-        )
-    return geometries, pd.DataFrame(index=pd.RangeIndex(geometries.size))
-
-
-def _load_polygons(polygons: Any, fields: list[str], points_crs: Any = None) -> _Polygons:
-    geometries, table = _polygons_frame(polygons, fields, points_crs)
-    if geometries.ndim != 1:
-        geometries = geometries.ravel()
-    missing = shapely.is_missing(geometries)
-    not_geometry = ~missing & ~shapely.is_geometry(geometries)
-    if not_geometry.any():
-        i = int(np.argmax(not_geometry))
-        raise TypeError(
-            f"polygons: expected shapely geometries, found {type(geometries[i]).__name__} "
-            f"at position {i}"
-        )
-    type_ids = shapely.get_type_id(geometries)
-    bad = ~missing & ~np.isin(type_ids, _POLYGON_TYPE_IDS) & ~shapely.is_empty(geometries)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(
-            f"polygons: expected Polygon or MultiPolygon geometries, found "
-            f"{geometries[i].geom_type} at position {i}"
-        )
-    shapely.prepare(geometries)  # a cache on the geometry objects; their shape is untouched
-    bounds = shapely.bounds(geometries)
-    sides = np.maximum(bounds[:, 2] - bounds[:, 0], bounds[:, 3] - bounds[:, 1])
-    sides = sides[np.isfinite(sides) & (sides > 0)]
-    typical = float(np.median(sides)) if sides.size else np.inf
-    token = hashlib.sha1(b"".join(
-        b"" if w is None else w for w in shapely.to_wkb(geometries))).hexdigest()
-    return _Polygons(geometries, shapely.STRtree(geometries), typical, table, token)
-
-
-def _cell_size(xs: np.ndarray, bbox: tuple[float, float, float, float], typical: float) -> float:
-    """Grid cell side: about ``_POINTS_PER_CELL`` points per cell, no larger than a polygon."""
-    width, height = bbox[2] - bbox[0], bbox[3] - bbox[1]
-    cells = max(xs.size / _POINTS_PER_CELL, 1.0)
-    side = np.sqrt(width * height / cells) if width * height > 0 else max(width, height) / cells
-    side = min(side, typical)
-    side = max(side, max(width, height) / _MAX_CELLS_PER_AXIS)
-    return float(side) if side > 0 else 1.0
-
-
-def _candidate_pairs(xs: np.ndarray, ys: np.ndarray, bbox, polygons: _Polygons):
-    """(point, polygon) pairs whose bounding boxes may overlap, via a grid of cells.
-
-    Points are binned into square cells; each occupied cell's box is queried in the STRtree
-    once, and its polygons are paired with every point of the cell. This avoids building one
-    shapely Point per point, which costs more than the whole test.
-    """
-    xmin, ymin, xmax, ymax = bbox
-    side = _cell_size(xs, bbox, polygons.typical_size)
-    nx = min(int((xmax - xmin) / side) + 1, _MAX_CELLS_PER_AXIS)
-    ny = min(int((ymax - ymin) / side) + 1, _MAX_CELLS_PER_AXIS)
-    dx = (xmax - xmin) / nx or 1.0
-    dy = (ymax - ymin) / ny or 1.0
-    ix = np.clip(((xs - xmin) / dx).astype(np.int64), 0, nx - 1)
-    iy = np.clip(((ys - ymin) / dy).astype(np.int64), 0, ny - 1)
-    cell = ix * ny + iy
-    by_cell = np.argsort(cell, kind="stable")
-    occupied, starts, counts = np.unique(cell[by_cell], return_index=True, return_counts=True)
-    ox, oy = np.divmod(occupied, ny)
-    pad = 1e-6 * max(dx, dy)  # so that rounding never puts a point outside its own cell box
-    boxes = shapely.box(xmin + ox * dx - pad, ymin + oy * dy - pad,
-                        xmin + (ox + 1) * dx + pad, ymin + (oy + 1) * dy + pad)
-    box_index, polygon = polygons.tree.query(boxes)
-    per_pair = counts[box_index]
-    total = int(per_pair.sum())
-    offset = np.repeat(starts[box_index] - (np.cumsum(per_pair) - per_pair), per_pair)
-    point = by_cell[offset + np.arange(total)]
-    return point, np.repeat(polygon, per_pair)
-
-
-def _polygon_index(x: np.ndarray, y: np.ndarray, polygons: _Polygons,
-                   include_boundary: bool = False) -> np.ndarray:
-    """For each point, the position of the first polygon that contains it; -1 for none.
-
-    A point in a polygon's interior is inside, a point in a hole outside; a point on the
-    boundary (an edge or a vertex, also a hole's) is outside, as stmtools' ``contains``
-    predicate has it, unless ``include_boundary``. Blocks whose bounding box overlaps no
-    polygon return at once.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    result = np.full(x.shape, -1, dtype=np.int64)
-    finite = np.isfinite(x) & np.isfinite(y)
-    if not finite.any() or len(polygons.tree) == 0:
-        return result
-    where = np.flatnonzero(finite)
-    xs, ys = x[where], y[where]
-    bbox = (xs.min(), ys.min(), xs.max(), ys.max())
-    if polygons.tree.query(shapely.box(*bbox)).size == 0:
-        return result
-    point, polygon = _candidate_pairs(xs, ys, bbox, polygons)
-    test = shapely.intersects_xy if include_boundary else shapely.contains_xy
-    inside = test(polygons.geometries[polygon], xs[point], ys[point])
-    point, polygon = point[inside], polygon[inside]
-    first = np.full(xs.shape, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, point, polygon)  # the first polygon wins where several overlap
-    hit = first != np.iinfo(np.int64).max
-    result[where[hit]] = first[hit]
-    return result
 
 
 def _per_point(ds: xr.Dataset, xlabel: str, ylabel: str, func, dtype, name: str, **kwargs):
@@ -473,25 +131,6 @@ def _per_point(ds: xr.Dataset, xlabel: str, ylabel: str, func, dtype, name: str,
     x = x.rechunk((chunks,)) if isinstance(x, da.Array) else da.from_array(x, chunks=(chunks,))
     y = y.rechunk((chunks,)) if isinstance(y, da.Array) else da.from_array(y, chunks=(chunks,))
     return da.map_blocks(func, x, y, dtype=dtype, name=name, **kwargs)
-
-
-def _field_values(column: pd.Series | np.ndarray) -> np.ndarray:
-    """A polygon field as a NumPy array with one extra slot at the end for "no polygon"."""
-    column = pd.Series(column)
-    if pd.api.types.is_bool_dtype(column) or pd.api.types.is_numeric_dtype(column):
-        values = column.to_numpy(dtype=np.float64, na_value=np.nan)
-        fill: Any = np.nan
-    elif pd.api.types.is_datetime64_any_dtype(column):
-        values = column.to_numpy(dtype="datetime64[ns]", na_value=np.datetime64("NaT"))
-        fill = np.datetime64("NaT", "ns")
-    else:
-        values = column.fillna("").astype(str).to_numpy(dtype=str)
-        fill = ""
-    return np.concatenate([values, np.array([fill], dtype=values.dtype)])
-
-
-def _take_field(index: np.ndarray, values: np.ndarray) -> np.ndarray:
-    return values[index]  # index -1 picks the trailing fill value
 
 
 # --------------------------------------------------------------------------------------------

@@ -45,6 +45,16 @@ class STMValidationError(ValueError):
     """An STM does not follow depsi's conventions; the message names variable, expected, found."""
 
 
+class STMKeyError(STMValidationError, KeyError):
+    """A variable, coordinate, dimension or field named in a call is absent.
+
+    Catchable as ``KeyError`` (like xarray's missing-variable error) and as ``ValueError``.
+    """
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
 def _fail(what: str, expected: str, found: str) -> None:
     raise STMValidationError(f"{what}: expected {expected}, found {found}")
 

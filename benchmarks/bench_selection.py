@@ -5,7 +5,7 @@ simulated once with ``depsi.simulate.write_stack_zarr`` into a cache folder (``-
 ``$TMPDIR/depsi-bench``) and reused. With ``--foreign`` the stack is instead written as another
 tool would write it: ``xarray.Dataset.to_zarr`` with Zarr's default codecs and no depsi helper
 (``complex`` and ``h2ph``, chunks ``--chunk`` x ``--chunk`` x ``--time-chunk``), and opened with
-``depsi.io.slc.open_slc_zarr``; the issue's case is ``--foreign --shape 1000 1000 --epochs 40
+``depsi.io.slc_zarr.open_slc_zarr``; the issue's case is ``--foreign --shape 1000 1000 --epochs 40
 --chunk 250`` (time whole) and the same with ``--time-chunk 10``. Every case runs in a fresh
 child process, which first does its work on one block (a selection on the first block, a read
 of the first chunk: imports, thread pools, zarr's event loop and the allocator's first blocks
@@ -115,7 +115,7 @@ def _open(path: str):
     import xarray as xr
 
     if Path(path).name.startswith("foreign_"):
-        from depsi.io.slc import open_slc_zarr
+        from depsi.io.slc_zarr import open_slc_zarr
 
         return open_slc_zarr(path, wavelength=WAVELENGTH)
     return xr.open_zarr(path, consolidated=True)

@@ -130,7 +130,7 @@ def test_geocoding_agrees_with_esa_geolocation_grid(realdata, snap_geometry):
 @pytest.mark.realdata
 def test_geocoding_against_snap_tie_points(snap_pair, snap_geometry):
     """SNAP's tie points (at the geolocation grid's height, about 0 m here), read with their
-    rows at the line indices (slc.SNAP_TIE_POINT_CENTRE), against the orbits' geocoding on the
+    rows at the line indices (snap.SNAP_TIE_POINT_CENTRE), against the orbits' geocoding on the
     grid timed from the product's burst (slc._snap_line_time)."""
     lat = snap_pair["lat_product"].values
     lon = snap_pair["lon_product"].values

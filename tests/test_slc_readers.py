@@ -14,17 +14,11 @@ import pytest
 import xarray as xr
 from scipy.ndimage import uniform_filter
 
+from depsi.io.binary import from_binary, open_binary_folder
+from depsi.io.geotiff import from_geotiff
 from depsi.io.metadata import SPEED_OF_LIGHT, MetadataError
-from depsi.io.slc import (
-    _interpolate_tie_points,
-    _open_znap,
-    _tie_point_geometry,
-    from_binary,
-    from_geotiff,
-    from_snap,
-    open_binary_folder,
-    open_slc_zarr,
-)
+from depsi.io.slc_zarr import open_slc_zarr
+from depsi.io.snap import _interpolate_tie_points, _open_znap, _tie_point_geometry, from_snap
 from depsi.stm.schema import STMValidationError
 
 SNAP_DATES = np.array(["2023-03-19", "2023-03-31"], dtype="datetime64[ns]")
@@ -235,7 +229,7 @@ def test_snap_corners_are_its_tie_points_read_at_pixel_centres_ours_at_line_indi
     """SNAP states its corner coordinates as its tie points read at pixel centres (+0.5 in
     both axes); the tie rows lie at the line indices themselves (measured from the orbits,
     tests/test_geometry.py), so from_snap reads them half a line earlier than SNAP does."""
-    from depsi.io.slc import SNAP_TIE_POINT_CENTRE, _interpolate_tie_points
+    from depsi.io.snap import SNAP_TIE_POINT_CENTRE, _interpolate_tie_points
 
     metadata = json.loads((snap_products[0] / "SNAP" / "product_metadata.json").read_text())
     stated = {a["name"]: a["data"]["elems"][0] for a in metadata[0]["attributes"]

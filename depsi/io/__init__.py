@@ -1,14 +1,17 @@
 """Reading and writing STMs and SLC stacks: Zarr stores, CSV, raw binary, DORIS-5, ISCE2, GAMMA,
 SNAP (znap and BEAM-DIMAP), GeoTIFF, metadata, and the geometry from their orbits."""
 
+from depsi.io.binary import from_binary, open_binary_folder
 from depsi.io.csv import from_csv
 from depsi.io.dimap import from_dimap
 from depsi.io.doris import from_doris_stack
 from depsi.io.gamma import from_gamma
+from depsi.io.geotiff import from_geotiff
 from depsi.io.isce2 import from_isce2
 from depsi.io.metadata import MetadataError, read_metadata, read_metadata_stack
 from depsi.io.prefetch import iter_blocks, iter_processed_blocks, prefetched
-from depsi.io.slc import from_binary, from_geotiff, from_snap, open_binary_folder, open_slc_zarr
+from depsi.io.slc_zarr import open_slc_zarr
+from depsi.io.snap import from_snap
 from depsi.io.stack import from_dataset, multi_look
 from depsi.io.store import DEFAULT_CHUNK_BYTES, append_epochs, open_stm, save_stm
 

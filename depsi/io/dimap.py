@@ -17,7 +17,7 @@ one band, band-sequential) and ``BAND.hdr`` (``samples``, ``lines``, ``bands``, 
 offset``, ``data type`` 1/2/3/4/5/12, ``byte order`` 1 = big-endian, as Java writes it). UTC
 values are ``ProductData.UTC`` text, ``19-MAR-2023 05:50:35.812250`` (English month, upper case,
 microseconds). Tie-point grids are read as the znap reader reads SNAP's: rows at the line
-indices, columns at pixel centres (:data:`depsi.io.slc.SNAP_TIE_POINT_CENTRE`, measured on the
+indices, columns at pixel centres (:data:`depsi.io.snap.SNAP_TIE_POINT_CENTRE`, measured on the
 real SNAP pair).
 
 Where the public sources are silent, the plain reading is taken:
@@ -74,18 +74,8 @@ from depsi.io.metadata import (
     parse_xml,
     read_bounded_text,
 )
-from depsi.io.slc import (
-    _SNAP_BAND,
-    RASTER_DIMS,
-    SNAP_TIE_POINT_CENTRE,
-    _chunks,
-    _finish,
-    _iq_to_complex64,
-    _path_list,
-    _raster,
-    _snap_date,
-    _tie_point_raster,
-)
+from depsi.io.raster import RASTER_DIMS, _chunks, _finish, _iq_to_complex64, _path_list, _raster
+from depsi.io.snap import _SNAP_BAND, SNAP_TIE_POINT_CENTRE, _snap_date, _tie_point_raster
 
 logger = logging.getLogger(__name__)
 
@@ -710,7 +700,7 @@ def from_dimap(
     one product per date are read together (the mother may repeat). ``h2ph_<pol>_...`` becomes
     ``h2ph`` (the mother gets zeros, a secondary without one NaN, with a warning); the
     ``latitude``/``longitude`` tie-point grids become ``lat``/``lon``, interpolated lazily as
-    :func:`depsi.io.slc.from_snap` does. The geometry is the mother's radar grid and orbit from
+    :func:`depsi.io.snap.from_snap` does. The geometry is the mother's radar grid and orbit from
     ``Abstracted_Metadata`` and each secondary's orbit from its ``Slave_Metadata`` element.
 
     Parameters
@@ -725,7 +715,7 @@ def from_dimap(
         ``h2ph_product``, ``lat_product``, ``lon_product``); see
         :func:`depsi.io.geometry.attach_geometry`. ``None``: the pixels alone, no geometry.
     chunks
-        Block shape as in :func:`depsi.io.slc.from_binary`.
+        Block shape as in :func:`depsi.io.binary.from_binary`.
 
     Returns
     -------
@@ -826,7 +816,7 @@ def from_dimap(
     else:
         logger.warning("DIMAP products %s have no latitude/longitude tie-point grids: no lat/lon",
                        [str(p.path) for p in products])
-    out = _finish(out, "from_dimap", lazy_coords=("lat", "lon"))
+    out = _finish(out, "depsi.io.dimap.from_dimap", lazy_coords=("lat", "lon"))
     if stack_geometry is None:
         return out
     return attach_geometry(out, stack_geometry, mode=geometry)
@@ -1064,7 +1054,7 @@ def _write_product(work: Path, stem: str, stack: xr.Dataset, geometry: StackGeom
         grid[:] = values
         grid.flush()
         del grid
-    # rows at the line indices, columns at pixel centres, as SNAP's (slc.SNAP_TIE_POINT_CENTRE)
+    # rows at the line indices, columns at pixel centres, as SNAP's (snap.SNAP_TIE_POINT_CENTRE)
     grid_info = {"offsets": (0.0, 0.5), "steps": (az_step, rg_step), "shape": lat.shape}
     root = _header(stem, stack, geometry, names, shape, polarisation, has_h2ph, grid_info,
                    (az0, rg0))

@@ -67,6 +67,7 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
+from depsi.io.binary import from_binary
 from depsi.io.geometry import (
     GeometryError,
     GeometryMode,
@@ -84,7 +85,7 @@ from depsi.io.metadata import (
     combine_metadata,
     read_metadata,
 )
-from depsi.io.slc import RASTER_DIMS, _chunks, _file_dtype, from_binary
+from depsi.io.raster import RASTER_DIMS, _chunks, _file_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ _ONE_SECOND_NS = 1_000_000_000
 class _RealStack:
     """Array-like ``(azimuth, range, n)`` over float32 files (None: zeros), memory-mapped per block.
 
-    As :class:`depsi.io.slc._BinaryStack`: the graph holds file names, never pixel data.
+    As :class:`depsi.io.raster._BinaryStack`: the graph holds file names, never pixel data.
     """
 
     def __init__(self, paths: Sequence[Path | None], shape: tuple[int, int]):
@@ -339,7 +340,7 @@ def from_doris_stack(folder: str | os.PathLike, *, geometry: GeometryMode = "pro
         ``"orbits"``: compute h2ph and lat/lon from the orbits as well (see
         :func:`~depsi.io.geometry.attach_geometry`).
     chunks
-        Block shape as in :func:`~depsi.io.slc.from_binary`.
+        Block shape as in :func:`~depsi.io.binary.from_binary`.
 
     Returns
     -------

@@ -46,7 +46,7 @@ from depsi.io.metadata import (
     _raise_problems,
     read_bounded_text,
 )
-from depsi.io.slc import (
+from depsi.io.raster import (
     RASTER_DIMS,
     _BinaryStack,
     _check_exist,
@@ -786,7 +786,7 @@ def from_gamma(
     mother
         The mother's date (``"20180307"``, ``"2018-03-07"``).
     chunks
-        Block shape as in :func:`depsi.io.slc.from_binary`.
+        Block shape as in :func:`depsi.io.binary.from_binary`.
 
     Returns
     -------

@@ -85,7 +85,7 @@ from depsi.io.geometry import (
     zero_doppler_time,
 )
 from depsi.io.metadata import MAX_XML_BYTES, parse_xml, read_bounded_text
-from depsi.io.slc import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
+from depsi.io.raster import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -643,7 +643,7 @@ def from_isce2(
         Heights (m above the ellipsoid) on ``(azimuth, range)`` or one number, instead of
         ``hgt.rdr[.full]``.
     chunks
-        Block shape as in :func:`depsi.io.slc.from_binary`.
+        Block shape as in :func:`depsi.io.binary.from_binary`.
 
     Returns
     -------

@@ -2,7 +2,7 @@
 
 The layout is the one of the real SNAP pair in ``tests/data/sarxarray_slc/zarrs``
 (``20230319-coreg.znap``, ``20230331-coreg.znap``), read back by
-:func:`depsi.io.slc.from_snap`:
+:func:`depsi.io.snap.from_snap`:
 
 - one product per epoch, ``YYYYMMDD-coreg.znap``, each a Zarr v2 group (``.zgroup``,
   ``.zattrs`` with ``znap_format``, ``product_name``, raster size, time coverage, the tie-point
@@ -362,7 +362,7 @@ def write_znap(
     metadata = json.dumps(_metadata(stack, geometry, names, shape, origin, polarisation,
                                     product), indent=1)
     az_nodes, _, az_step = _tie_points(shape[0])
-    az_offset = 0.0  # rows at the line index itself, as SNAP's (slc.SNAP_TIE_POINT_CENTRE)
+    az_offset = 0.0  # rows at the line index itself, as SNAP's (snap.SNAP_TIE_POINT_CENTRE)
     rg_nodes, rg_offset, rg_step = _tie_points(shape[1])
     lat, lon = radar_to_geo(geometry, origin[0] + az_nodes[:, None],
                             origin[1] + rg_nodes[None, :])

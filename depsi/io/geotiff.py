@@ -1,0 +1,161 @@
+"""Complex SLC rasters in any GDAL format (GeoTIFF, ENVI, ...) through rioxarray: the reader
+:func:`from_geotiff` (needs the optional ``geo`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from depsi.io.raster import (
+    _check_exist,
+    _chunks,
+    _epochs,
+    _finish,
+    _iq_to_complex64,
+    _path_list,
+    _raster,
+)
+
+BandLayout = Literal["complex", "iq"]
+
+
+def _require_rioxarray() -> Any:
+    try:
+        import rioxarray
+    except ImportError as err:
+        raise ImportError("from_geotiff needs rioxarray (and rasterio): install the 'geo' extra,"
+                          " pip install 'depsi[geo]'") from err
+    return rioxarray
+
+
+def from_geotiff(
+    files: str | os.PathLike | Iterable[str | os.PathLike],
+    *,
+    dates: Iterable[Any] | None = None,
+    band_layout: BandLayout = "complex",
+    metadata: Any = None,
+    wavelength: float | None = None,
+    chunks: Any = None,
+) -> xr.Dataset:
+    """Read complex SLC rasters in any GDAL format (GeoTIFF, ENVI, ...) into one SLC stack.
+
+    Needs the optional ``geo`` extra (``rioxarray``, ``rasterio``).
+
+    Parameters
+    ----------
+    files
+        One or more rasters of the same size; their bands, file after file, are the epochs.
+    dates
+        One date per epoch (see :func:`~depsi.io.binary.from_binary`); or give ``metadata``.
+    band_layout
+        ``"complex"``: each band is one complex epoch (GDAL ``CFloat32``/``CInt16``/...).
+        ``"iq"``: bands come in pairs, in-phase then quadrature, one pair per epoch.
+    metadata, wavelength
+        As in :func:`~depsi.io.binary.from_binary`.
+    chunks
+        Block shape as in :func:`~depsi.io.binary.from_binary`.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``complex`` (complex64) on ``(azimuth, range, time)``; attrs ``wavelength`` when known,
+        ``crs`` (WKT) and ``transform`` when the rasters are georeferenced.
+
+    Raises
+    ------
+    ImportError
+        Without rioxarray.
+    FileNotFoundError, ValueError
+        Missing files, rasters of different sizes, real bands with ``band_layout="complex"``,
+        an odd number of bands with ``"iq"``, a number of epochs different from the dates.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, numpy as np
+    >>> try:
+    ...     import rasterio
+    ... except ImportError:  # without the 'geo' extra
+    ...     rasterio = None
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "slc.tif"
+    >>> if rasterio is not None:
+    ...     with rasterio.open(path, "w", driver="GTiff", width=5, height=3, count=1,
+    ...                        dtype="complex64", transform=rasterio.Affine(1, 0, 0, 0, -1, 3)
+    ...                        ) as tif:
+    ...         tif.write(np.full((1, 3, 5), 1 + 2j, dtype="c8"))
+    ...     ds = from_geotiff([path], dates=["2023-03-19"], wavelength=0.0555)
+    ...     print(complex(ds.complex[0, 0, 0]))
+    ... else:
+    ...     print(1 + 2j)
+    (1+2j)
+    """
+    rioxarray = _require_rioxarray()
+    import rasterio
+
+    if band_layout not in ("complex", "iq"):
+        raise ValueError(f"band_layout: expected 'complex' or 'iq', found {band_layout!r}")
+    paths = _path_list(files, "files")
+    _check_exist(paths, "files")
+    info = {}
+    with warnings.catch_warnings():
+        # an SLC in radar geometry has no geotransform by nature
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        for path in paths:
+            with rasterio.open(path) as src:
+                info[path] = (src.height, src.width, src.count, src.dtypes, src.crs,
+                              src.transform)
+    shapes = {p: i[:2] for p, i in info.items()}
+    shape = shapes[paths[0]]
+    if any(s != shape for s in shapes.values()):
+        raise ValueError(f"files: expected one raster size for all files, found "
+                         f"{ {str(p): s for p, s in shapes.items()} }")
+    for path, (_, _, count, dtypes, _, _) in info.items():
+        is_complex = [t.startswith("complex") for t in dtypes]
+        if band_layout == "complex" and not all(is_complex):
+            raise ValueError(f"band_layout='complex': expected complex bands, found "
+                             f"{sorted(set(dtypes))} in '{path}' (for real I and Q bands use "
+                             "band_layout='iq')")
+        if band_layout == "iq" and (count % 2 or any(is_complex)):
+            raise ValueError(f"band_layout='iq': expected an even number of real bands (I, Q "
+                             f"per epoch), found {count} band(s) of {sorted(set(dtypes))} in "
+                             f"'{path}'")
+    per_file = [info[p][2] // (2 if band_layout == "iq" else 1) for p in paths]
+    n_epochs = sum(per_file)
+    names = [f"{p} epoch {k}" for p, n in zip(paths, per_file) for k in range(n)]
+    if dates is None and metadata is None:
+        raise ValueError("dates: expected one date per epoch (or metadata=), found neither")
+    epochs = _epochs(n_epochs, names, dates=dates, metadata=metadata, wavelength=wavelength)
+    block = _chunks(chunks, shape, n_epochs)
+
+    planes = []
+    for path in paths:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            bands = rioxarray.open_rasterio(path, chunks={"band": 1, "y": block[0],
+                                                          "x": block[1]},
+                                            lock=False, mask_and_scale=False).data
+        if band_layout == "complex":
+            planes += [bands[b].astype(np.complex64) for b in range(bands.shape[0])]
+        else:
+            planes += [da.map_blocks(_iq_to_complex64, bands[b], bands[b + 1],
+                                     dtype=np.complex64)
+                       for b in range(0, bands.shape[0], 2)]
+    cube = da.stack([planes[i] for i in epochs.order], axis=-1).rechunk(block)
+    _, _, _, _, crs, transform = info[paths[0]]
+    attrs: dict[str, Any] = {"wavelength": epochs.wavelength}
+    if crs is not None:
+        attrs["crs"] = crs.to_wkt()
+        attrs["transform"] = [float(v) for v in tuple(transform)[:6]]
+    return _finish(_raster(cube, epochs.time, attrs), "depsi.io.geotiff.from_geotiff")
+
+
+__all__ = [
+    "BandLayout",
+    "from_geotiff",
+]

@@ -1,0 +1,329 @@
+"""SLC stacks stored as Zarr (v2 or v3): :func:`open_slc_zarr` reads them lazily as depsi's
+raster conventions, refusing stores whose chunk files are missing (a missing chunk reads as
+zeros).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from depsi.io.raster import (
+    RASTER_DIMS,
+    _check_wavelength,
+    _chunks,
+    _finish,
+    _iq_to_complex64,
+    _parse_dates,
+)
+from depsi.io.validate import check_epoch_span
+from depsi.stm.schema import STMValidationError
+
+#: Variables of an SLC store whose chunks must all be on disk: a missing chunk reads as the fill
+#: value (zeros) without a message. Stores must be written with every chunk (depsi's writers
+#: do; zarr's ``write_empty_chunks=False`` leaves out all-fill chunks, which no SLC has).
+ZARR_CHECKED_VARIABLES = ("complex", "real", "imag", "h2ph", "lat", "lon")
+#: Missing chunk keys shown in a message (the count is always given).
+_SHOWN_KEYS = 5
+_ZARR_METADATA_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
+
+
+@dataclass(frozen=True)
+class _ZarrArray:
+    """What an array's metadata claims: its chunk grid and how its chunk files are named."""
+
+    name: str
+    dims: tuple[str, ...]
+    grid: tuple[int, ...]
+    prefix: str
+    separator: str
+    source: str
+
+
+def _read_json(file: Path, store: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise STMValidationError(f"SLC store '{store}': expected JSON metadata in '{file}', "
+                                 f"found unreadable content ({err})") from None
+    if not isinstance(document, dict):
+        raise STMValidationError(f"SLC store '{store}': expected a JSON object in '{file}', "
+                                 f"found {type(document).__name__}")
+    return document
+
+
+def _zarr_claim(name: str, meta: dict[str, Any], attrs: dict[str, Any], v3: bool,
+                source: str) -> _ZarrArray:
+    try:
+        shape = [int(n) for n in meta["shape"]]
+        if v3:
+            chunks = [int(n) for n in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+            encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+            default = encoding.get("name", "default") == "default"
+            separator = (encoding.get("configuration") or {}).get(
+                "separator", "/" if default else ".")
+            prefix = "c" if default else ""
+            dims = tuple(meta.get("dimension_names") or ())
+        else:
+            chunks = [int(n) for n in meta["chunks"]]
+            separator = meta.get("dimension_separator") or "."
+            prefix = ""
+            dims = tuple(attrs.get("_ARRAY_DIMENSIONS") or ())
+    except (KeyError, TypeError, ValueError) as err:
+        raise STMValidationError(f"{source}: expected 'shape' and a regular chunk grid, found "
+                                 f"no usable {err}") from None
+    if len(chunks) != len(shape) or any(c <= 0 for c in chunks) or any(n < 0 for n in shape):
+        raise STMValidationError(f"{source}: expected positive chunk sizes, one per dimension "
+                                 f"of shape {shape}, found chunks {chunks}")
+    grid = tuple(-(-n // c) for n, c in zip(shape, chunks))
+    return _ZarrArray(name, dims, grid, prefix, separator, source)
+
+
+def _zarr_claims(path: Path, v3: bool) -> list[_ZarrArray]:
+    """Every checked array's claim, from each metadata document xarray or zarr may read."""
+    claims = []
+    if not v3 and (path / ".zmetadata").is_file():
+        documents = _read_json(path / ".zmetadata", path).get("metadata") or {}
+        for name in ZARR_CHECKED_VARIABLES:
+            meta = documents.get(f"{name}/.zarray")
+            if isinstance(meta, dict):
+                claims.append(_zarr_claim(name, meta, documents.get(f"{name}/.zattrs") or {},
+                                          v3, f"SLC store '{path}' (.zmetadata): variable "
+                                              f"{name!r}"))
+    for name in ZARR_CHECKED_VARIABLES:
+        file = path / name / ("zarr.json" if v3 else ".zarray")
+        if not file.is_file():
+            continue
+        meta = _read_json(file, path)
+        if v3 and meta.get("node_type") != "array":
+            continue
+        attrs = {} if v3 or not (path / name / ".zattrs").is_file() else _read_json(
+            path / name / ".zattrs", path)
+        claims.append(_zarr_claim(name, meta, attrs, v3, f"SLC store '{path}': variable "
+                                                         f"{name!r}"))
+    return claims
+
+
+def _chunk_index(key: str, claim: _ZarrArray) -> tuple[int, ...] | None:
+    if claim.prefix:
+        if key == claim.prefix and not claim.grid:
+            return ()
+        if not key.startswith(claim.prefix + claim.separator):
+            return None
+        key = key[len(claim.prefix) + 1:]
+    try:
+        index = tuple(int(part) for part in key.split(claim.separator))
+    except ValueError:
+        return None
+    if not claim.grid:
+        return () if index == (0,) else None
+    if len(index) != len(claim.grid) or not all(0 <= i < n for i, n in zip(index, claim.grid)):
+        return None
+    return index
+
+
+def _present_chunks(folder: Path, claim: _ZarrArray) -> set[tuple[int, ...]]:
+    present = set()
+    for root, _, files in os.walk(folder):
+        relative = Path(root).relative_to(folder)
+        for file in files:
+            if file in _ZARR_METADATA_FILES:
+                continue
+            key = (relative / file).as_posix()
+            index = _chunk_index(key if claim.separator == "/" else file, claim)
+            if index is not None and (claim.separator == "/" or relative == Path(".")):
+                present.add(index)
+    return present
+
+
+def _missing_chunks(present: set[tuple[int, ...]], claim: _ZarrArray, limit: int
+                    ) -> tuple[int, list[tuple[int, ...]]]:
+    """(count of missing chunks, the first ``limit`` of them).
+
+    The grid is walked only until ``limit`` are found, so a grid that claims far more chunks
+    than the store has files costs no more than its files.
+    """
+    count = int(np.prod(claim.grid, dtype=object)) - len(present)
+    found = []
+    if count > 0:
+        for index in itertools.product(*(range(n) for n in claim.grid)):
+            if index not in present:
+                found.append(index)
+                if len(found) >= limit:
+                    break
+    return count, found
+
+
+def _key_text(index: tuple[int, ...], claim: _ZarrArray) -> str:
+    parts = [claim.prefix] if claim.prefix else []
+    return claim.separator.join(parts + [str(i) for i in index]) or "0"
+
+
+def _check_zarr_chunks(path: Path, v3: bool) -> list[tuple[_ZarrArray, int]]:
+    """Refuse an SLC store whose arrays lack chunk files their metadata claims.
+
+    Missing ``h2ph`` chunks all in one time chunk are returned instead (the claim and that
+    time chunk): they may be the mother's zeros, which zarr leaves out;
+    :func:`_check_h2ph_chunks` decides once the dates are known.
+    """
+    deferred = []
+    for claim in _zarr_claims(path, v3):
+        present = _present_chunks(path / claim.name, claim)
+        time_axis = claim.dims.index("time") if "time" in claim.dims else None
+        spatial = int(np.prod([n for i, n in enumerate(claim.grid) if i != time_axis]))
+        maybe_mother = claim.name == "h2ph" and time_axis is not None
+        count, shown = _missing_chunks(present, claim,
+                                       max(spatial, _SHOWN_KEYS) if maybe_mother else _SHOWN_KEYS)
+        if count <= 0:
+            continue
+        if maybe_mother and len(shown) == count and len({k[time_axis] for k in shown}) == 1:
+            deferred.append((claim, shown[0][time_axis]))
+            continue
+        raise STMValidationError(
+            f"{claim.source}: expected all {int(np.prod(claim.grid, dtype=object))} chunks "
+            f"of its chunk grid {claim.grid} on disk, found {count} missing (such as "
+            f"{[_key_text(k, claim) for k in shown[:_SHOWN_KEYS]]}): a missing chunk reads "
+            "as zeros")
+    return deferred
+
+
+def _check_h2ph_chunks(deferred: list[tuple[_ZarrArray, int]], ds: xr.Dataset,
+                       path: Path) -> None:
+    """Missing h2ph chunks are allowed only where they hold the mother epoch alone (zeros)."""
+    for claim, time_chunk in deferred:
+        size = ds["h2ph"].encoding.get("chunks") or ds["h2ph"].encoding.get("preferred_chunks")
+        axis = claim.dims.index("time")
+        step = size[axis] if isinstance(size, (tuple, list)) else None
+        epochs = (np.arange(ds.sizes["time"])[time_chunk * step:(time_chunk + 1) * step]
+                  if step else np.arange(0))
+        mother = ds.attrs.get("mother_time") or ds.attrs.get("coregistration_mother_time")
+        days = ds["time"].values[epochs].astype("datetime64[D]") if ds["time"].dtype.kind == \
+            "M" else np.array([])
+        if mother is None or days.size != 1 or str(days[0]) != str(mother)[:10]:
+            raise STMValidationError(
+                f"{claim.source}: expected all chunks of its chunk grid {claim.grid} on disk "
+                f"(only the mother epoch's may be left out as zeros), found missing chunks "
+                f"in time chunk {time_chunk} (epochs {[str(d) for d in days] or epochs.tolist()},"
+                f" mother {mother!r}): a missing chunk reads as zeros")
+
+
+def open_slc_zarr(
+    path: str | os.PathLike,
+    *,
+    dates: Iterable[Any] | None = None,
+    wavelength: float | None = None,
+    chunks: Any = None,
+) -> xr.Dataset:
+    """Open an SLC stack stored as Zarr (v2 or v3) lazily, as depsi's raster conventions.
+
+    Reads stores written by ``xr.Dataset.to_zarr`` with dims ``(azimuth, range, time)`` and
+    either ``complex`` or the ``real`` / ``imag`` pair of sarxarray, which becomes ``complex``
+    (complex64). ``lat``/``lon`` data variables on ``(azimuth, range)`` become coordinates.
+
+    Parameters
+    ----------
+    path
+        The store.
+    dates
+        Dates for a store whose ``time`` holds epoch indices (as sarxarray's do).
+    wavelength
+        Radar wavelength (m) when the store's attrs have none.
+    chunks
+        Block shape as in :func:`~depsi.io.binary.from_binary`; default: the store's chunks
+        with time whole.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such store.
+    STMValidationError
+        Dimensions other than ``(azimuth, range, time)``, or neither ``complex`` nor both
+        ``real`` and ``imag``; the message names what the store holds.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np, xarray as xr
+    >>> store = tempfile.mkdtemp() + "/slc.zarr"
+    >>> xr.Dataset({"real": (("azimuth", "range", "time"), np.ones((2, 3, 2), "f4")),
+    ...             "imag": (("azimuth", "range", "time"), np.zeros((2, 3, 2), "f4"))},
+    ...            coords={"time": np.array(["2023-03-19", "2023-03-31"], "datetime64[ns]")}
+    ...            ).to_zarr(store, zarr_format=2, consolidated=False)  # doctest: +ELLIPSIS
+    <...>
+    >>> ds = open_slc_zarr(store, wavelength=0.0555)
+    >>> ds.complex.dtype.name, list(ds.data_vars)
+    ('complex64', ['complex'])
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"SLC store '{path}' does not exist")
+    v3 = (path / "zarr.json").is_file()
+    if not v3 and not (path / ".zgroup").is_file():
+        raise STMValidationError(f"SLC store '{path}': expected a Zarr group (a .zgroup or "
+                                 "zarr.json file), found neither")
+    consolidated = (path / ".zmetadata").is_file() and not v3
+    deferred = _check_zarr_chunks(path, v3)
+    # By default each Dask chunk spans every stored time chunk of its (azimuth, range) block:
+    # zarr then decodes them straight into one array, where a rechunk after opening would
+    # copy every block once more to join its time chunks.
+    ds = xr.open_zarr(path, consolidated=consolidated, chunks={"time": -1} if chunks is None
+                      else {})
+    layout = "; ".join(f"{n} {tuple(v.dims)}" for n, v in ds.data_vars.items()) or "nothing"
+    if deferred and "h2ph" in ds.data_vars:
+        _check_h2ph_chunks(deferred, ds, path)
+
+    missing = [d for d in RASTER_DIMS if d not in ds.dims]
+    if missing:
+        raise STMValidationError(f"SLC store '{path}': expected dimensions {RASTER_DIMS}, "
+                                 f"found {tuple(ds.dims)} (no {missing}); variables: {layout}")
+    if "complex" not in ds.data_vars:
+        parts = [p for p in ("real", "imag") if p in ds.data_vars]
+        if len(parts) != 2:
+            found = (f"only {parts[0]!r}, not {({'real', 'imag'} - set(parts)).pop()!r}"
+                     if parts else "neither")
+            raise STMValidationError(f"SLC store '{path}': expected a 'complex' variable or "
+                                     f"both 'real' and 'imag', found {found}; variables: "
+                                     f"{layout}")
+        real, imag = (ds[p].transpose(*RASTER_DIMS, ...) for p in ("real", "imag"))
+        if real.dims != imag.dims or real.shape != imag.shape:
+            raise STMValidationError(f"SLC store '{path}': expected 'real' and 'imag' of one "
+                                     f"shape, found {real.sizes} and {imag.sizes}")
+        data = da.map_blocks(_iq_to_complex64, real.data, imag.data, dtype=np.complex64)
+        ds = ds.drop_vars(["real", "imag"]).assign(complex=(real.dims, data))
+    elif ds["complex"].dtype != np.complex64:
+        ds["complex"] = ds["complex"].astype(np.complex64)
+    for name in ("lat", "lon"):
+        if name in ds.data_vars and set(ds[name].dims) == {"azimuth", "range"}:
+            ds = ds.set_coords(name)
+    ds = ds.transpose(*RASTER_DIMS, ...)
+
+    if dates is not None:
+        ds = ds.assign_coords(time=_parse_dates(dates, ds.sizes["time"]))
+    check_epoch_span(ds["time"].values, f"SLC store '{path}': time")
+    if wavelength is not None:
+        wavelength = _check_wavelength(wavelength, "wavelength")
+        stored = ds.attrs.get("wavelength")
+        if stored is not None and abs(float(stored) - wavelength) > 1e-5 * wavelength:
+            raise ValueError(f"wavelength: expected {wavelength!r} m as given, found "
+                             f"{stored!r} m in the attrs of '{path}'")
+        ds.attrs["wavelength"] = wavelength
+    block = _chunks(chunks, (ds.sizes["azimuth"], ds.sizes["range"]), ds.sizes["time"])
+    if chunks is None:
+        ds = ds.chunk({"time": -1})
+    else:
+        ds = ds.chunk(dict(zip(RASTER_DIMS, block)))
+    return _finish(ds, "depsi.io.slc_zarr.open_slc_zarr")
+
+
+__all__ = [
+    "ZARR_CHECKED_VARIABLES",
+    "open_slc_zarr",
+]

@@ -66,7 +66,7 @@ def test_bad_k_raises():
 def test_densified_points_follow_the_reference_area_datum():
     """Re-referencing the first-order points to a reference area moves every densified point
     by the same constants: densification is consistent with the datum."""
-    from depsi.processing.integration import apply_reference_area
+    from depsi.processing.datum import apply_reference_area
 
     points, _, result, first, others = _split()
     area = apply_reference_area(result, 300.0)

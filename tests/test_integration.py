@@ -10,8 +10,9 @@ import pytest
 import xarray as xr
 
 from depsi.processing.arcs import estimate_arcs
-from depsi.processing.integration import incidence_matrix, integrate_network
+from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network
+from depsi.processing.network_solver import incidence_matrix
 from test_arcs import predicted_arc_std
 from test_network import simulated_points
 
@@ -130,7 +131,7 @@ def test_off_network_points_have_zero_ambiguity_not_cast_nan():
 
 
 def test_reference_noise_removal_keeps_values_finite_and_rejects_bad_reference():
-    from depsi.processing.integration import remove_reference_noise
+    from depsi.processing.datum import remove_reference_noise
 
     points, true, arcs = _estimated()
     result = remove_reference_noise(integrate_network(points, arcs))
@@ -144,7 +145,7 @@ def test_reference_noise_removal_keeps_values_finite_and_rejects_bad_reference()
 
 
 def test_reference_area_is_the_datum_of_every_result():
-    from depsi.processing.integration import apply_reference_area
+    from depsi.processing.datum import apply_reference_area
 
     points, true, arcs = _estimated()
     single = integrate_network(points, arcs, reference=5)
@@ -185,7 +186,7 @@ def _random_network(n=300, m=3000, seed=1):
 
 
 def test_redundancy_numbers_equal_the_dense_hat_matrix():
-    from depsi.processing.integration import _solve
+    from depsi.processing.network_solver import _solve
 
     source, target, weights = _random_network()
     n = 300
@@ -199,15 +200,15 @@ def test_redundancy_numbers_equal_the_dense_hat_matrix():
 
 
 def test_probed_redundancy_numbers_are_close_for_large_networks(monkeypatch):
-    from depsi.processing import integration
+    from depsi.processing import network_solver
 
     source, target, weights = _random_network()
     n = 300
     args = (source, target, weights, np.zeros((len(source), 1)), np.arange(len(source)), n,
             np.ones(n, bool), 0)
-    _, exact = integration._solve(*args, leverage=True)
-    monkeypatch.setattr(integration, "EXACT_REDUNDANCY_POINTS", 10)
-    _, probed = integration._solve(*args, leverage=True)
+    _, exact = network_solver._solve(*args, leverage=True)
+    monkeypatch.setattr(network_solver, "EXACT_REDUNDANCY_POINTS", 10)
+    _, probed = network_solver._solve(*args, leverage=True)
     # 64 sign probes: the redundancy number (about 0.9) within a few per cent per arc
     assert np.sqrt(np.mean((probed - exact) ** 2)) < 0.05
     assert abs(probed.mean() - exact.mean()) < 0.01
@@ -218,42 +219,42 @@ def test_arcs_removed_by_an_update_equal_a_new_factorisation(monkeypatch, exact_
     """The w-test's late iterations remove a few arcs each: the solution without them, by the
     Woodbury update of the last factorisation, and the redundancy numbers through it (exact,
     and from the same random probes) are those of a network factorised afresh."""
-    from depsi.processing import integration
+    from depsi.processing import network_solver
 
-    monkeypatch.setattr(integration, "EXACT_REDUNDANCY_POINTS", exact_up_to)
+    monkeypatch.setattr(network_solver, "EXACT_REDUNDANCY_POINTS", exact_up_to)
     source, target, weights = _random_network()
     n = 300
     rhs = np.random.default_rng(2).normal(size=(len(source), 5)).astype(np.float32)
     args = (source, target, weights, rhs)
-    solved = integration._NetworkSolve(*args, np.arange(len(source)), n, np.ones(n, bool), 0)
+    solved = network_solver._NetworkSolve(*args, np.arange(len(source)), n, np.ones(n, bool), 0)
     removed = np.array([3, 40, 41, 700, 2999])
     assert solved.without(removed[:2]) and solved.without(removed[2:])  # in two iterations
     kept = np.setdiff1d(np.arange(len(source)), removed)
     np.testing.assert_array_equal(solved.arcs(), kept)
-    fresh = integration._NetworkSolve(*args, kept, n, np.ones(n, bool), 0)
+    fresh = network_solver._NetworkSolve(*args, kept, n, np.ones(n, bool), 0)
     np.testing.assert_allclose(solved.values(), fresh.values(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(solved.leverage(), fresh.leverage(), rtol=0, atol=1e-10)
-    assert not solved.without(np.arange(100, 100 + integration.WOODBURY_MAX_NEW + 1))
+    assert not solved.without(np.arange(100, 100 + network_solver.WOODBURY_MAX_NEW + 1))
 
 
 def test_the_w_test_decides_the_same_with_or_without_updates(monkeypatch):
     """Planted cycle slips: the w-test with Woodbury updates rejects the same arcs as with a
     factorisation every iteration, with the same values, in fewer factorisations."""
-    from depsi.processing import integration
+    from depsi.processing import network_solver
 
     points, true, arcs = _estimated()
     arcs, bad = _with_cycle_slips(arcs, 30, seed=3)
     counted = []
-    real = integration._factorise
+    real = network_solver._factorise
 
     def counting(normal):
         counted.append(normal.shape[0])
         return real(normal)
 
-    monkeypatch.setattr(integration, "_factorise", counting)
+    monkeypatch.setattr(network_solver, "_factorise", counting)
     updated, updated_arcs = integrate_network(points, arcs, return_arcs=True)
     n_updated = len(counted)
-    monkeypatch.setattr(integration, "WOODBURY_MAX_NEW", 0)  # every iteration factorises
+    monkeypatch.setattr(network_solver, "WOODBURY_MAX_NEW", 0)  # every iteration factorises
     counted.clear()
     plain, plain_arcs = integrate_network(points, arcs, return_arcs=True)
     assert updated.attrs["n_test_iterations"] >= 2
@@ -293,12 +294,12 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     the number of points), then solved once as a whole: the decisions are those of the
     whole-network test, and on the whole network next to no kept arc exceeds the critical
     value."""
-    from depsi.processing import integration
+    from depsi.processing import arc_testing
 
     points, true, arcs = _estimated()
     arcs, bad = _with_cycle_slips(arcs, 12, seed=5)
     whole, whole_arcs = integrate_network(points, arcs, return_arcs=True)
-    monkeypatch.setattr(integration, "TILE_POINTS", points.sizes["space"] // 4)
+    monkeypatch.setattr(arc_testing, "TILE_POINTS", points.sizes["space"] // 4)
     tiled, tiled_arcs = integrate_network(points, arcs, return_arcs=True)
     removed = tiled_arcs.arc_removal_reason.values == 2
     assert removed[bad].all()
@@ -367,7 +368,7 @@ def test_arc_observations_read_a_stored_arc_stm_a_few_chunks_at_a_time(tmp_path,
 def test_tiles_of_one_wave_share_no_arc():
     """The claim the threads rest on: two tiles of one wave never test a common arc, on a
     random network whose margins reach just under half a tile."""
-    from depsi.processing.integration import _tile_waves
+    from depsi.processing.arc_testing import _tile_waves
 
     rng = np.random.default_rng(11)
     positions = rng.uniform(0, 1000, (3000, 2))
@@ -391,18 +392,18 @@ def test_tiles_of_one_wave_share_no_arc():
 def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatch, caplog):
     import logging
 
-    from depsi.processing import integration
+    from depsi.processing import arc_testing
 
     points, _, arcs = _estimated(shape=(400, 400))
     bad = np.random.default_rng(5).choice(arcs.sizes["arc"], 40, replace=False)
     amb = arcs["ambiguity"].values.copy()
     amb[bad, -8:] += 1
     arcs = arcs.assign(ambiguity=(arcs["ambiguity"].dims, amb))
-    monkeypatch.setattr(integration, "TILE_POINTS", points.sizes["space"] // 9)
+    monkeypatch.setattr(arc_testing, "TILE_POINTS", points.sizes["space"] // 9)
     runs = []
     for workers in (1, 2, 3):
-        monkeypatch.setattr(integration, "worker_threads", lambda workers=workers: workers)
-        with caplog.at_level(logging.INFO, logger="depsi.processing.integration"):
+        monkeypatch.setattr(arc_testing, "worker_threads", lambda workers=workers: workers)
+        with caplog.at_level(logging.INFO, logger="depsi.processing.arc_testing"):
             runs.append(integrate_network(points, arcs, return_arcs=True))
         assert "(4 waves," in caplog.text  # tiles did run side by side
     for result, result_arcs in runs[1:]:
@@ -419,7 +420,7 @@ def test_factorisations_with_many_right_hand_sides_do_not_leak():
     pytest.importorskip("cholespy")
     import scipy.sparse as sp
 
-    from depsi.processing.integration import _Cholesky
+    from depsi.processing.network_solver import _Cholesky
 
     def rss_mb():
         with open("/proc/self/statm") as f:
@@ -448,8 +449,8 @@ def test_tile_and_network_factorisations_agree():
     import scipy.sparse as sp
     from scipy.sparse.linalg import splu
 
-    from depsi.processing import integration
-    from depsi.processing.integration import _LDL, _Cholesky, _factorise
+    from depsi.processing import network_solver
+    from depsi.processing.network_solver import _LDL, _Cholesky, _factorise
 
     rng = np.random.default_rng(7)
     side = 40  # a 40 x 40 grid network with diagonals and random weights: 1,599 unknowns
@@ -469,10 +470,10 @@ def test_tile_and_network_factorisations_agree():
         np.testing.assert_allclose(solver.solve(rhs[:, 0]), reference[:, 0], rtol=0,
                                    atol=1e-10 * scale)
     assert isinstance(_factorise(normal), _LDL)
-    assert integration.LDL_MAX_UNKNOWNS < 148_000  # a 10^6 scene's whole network: CHOLMOD
-    small = integration.LDL_MAX_UNKNOWNS
+    assert network_solver.LDL_MAX_UNKNOWNS < 148_000  # a 10^6 scene's whole network: CHOLMOD
+    small = network_solver.LDL_MAX_UNKNOWNS
     try:
-        integration.LDL_MAX_UNKNOWNS = normal.shape[0] - 1
+        network_solver.LDL_MAX_UNKNOWNS = normal.shape[0] - 1
         assert isinstance(_factorise(normal), _Cholesky)
     finally:
-        integration.LDL_MAX_UNKNOWNS = small
+        network_solver.LDL_MAX_UNKNOWNS = small

@@ -1,0 +1,310 @@
+"""Arc testing of the point network: the w-test iterations (solve, test every arc on its
+misclosures and its own redundancy number, remove the worst failing arcs), the pruning of weakly
+connected points and small components, and the test of a large network tile by tile.
+
+The solutions come from :mod:`depsi.processing.network_solver`; the reference point each
+iteration is chosen by :mod:`depsi.processing.datum`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
+
+from depsi.processing.datum import _choose_reference, _point_quality
+from depsi.processing.network import cell_keys, worker_threads
+from depsi.processing.network_solver import ARC_BLOCK, _NetworkSolve
+
+logger = logging.getLogger(__name__)
+
+#: Networks of more points are tested tile by tile (tiles of about this many points), then
+#: solved once as a whole: the factorisations stay small and the cost grows linearly. The
+#: whole network's w-statistics, with the tiles' redundancy numbers, are then reported, not
+#: iterated on: more whole-network iterations remove fewer arcs than alpha's false alarms
+#: (docs/benchmarks.md, "Integration, 123.5 s to 53.1 s at 10^6").
+TILE_POINTS = 8000
+#: Margin of each tile's sub-network, in median arc lengths: arcs near a tile's edge are
+#: tested with loops on both sides.
+TILE_MARGIN = 3.0
+#: Redundancy numbers are recomputed once this fraction of the arcs was removed since.
+REDUNDANCY_REFRESH = 0.02
+#: Arcs with a redundancy number below this cannot be tested (a bridge: no loop checks them).
+MIN_REDUNDANCY = 0.02
+
+#: Why a point left the network (variable ``removal_reason``; legend also in attrs).
+POINT_REASONS = {0: "kept", 1: "fewer than 2 usable arcs", 2: "outside largest component"}
+#: Why an arc left the network (variable ``arc_removal_reason`` of the returned arcs).
+ARC_REASONS = {0: "kept", 1: "coherence below min_coherence", 2: "rejected by w-test",
+               3: "touches a removed point"}
+
+
+def _prune(source, target, arc_ok, n, reference):
+    """Drop points with < 2 usable arcs (repeatedly), then all but the largest component.
+
+    Returns updated ``arc_ok`` and per-point / per-arc reason codes (0 where still kept).
+    """
+    point_reason = np.zeros(n, dtype=np.int8)
+    arc_ok = arc_ok.copy()
+    while True:
+        degree = (np.bincount(source[arc_ok], minlength=n)
+                  + np.bincount(target[arc_ok], minlength=n))
+        weak = (degree < 2) & (point_reason == 0)
+        if not weak.any():
+            break
+        point_reason[weak] = 1
+        arc_ok &= (point_reason[source] == 0) & (point_reason[target] == 0)
+    alive = point_reason == 0
+    if alive.any():
+        graph = sp.coo_matrix((np.ones(arc_ok.sum()), (source[arc_ok], target[arc_ok])),
+                              shape=(n, n))
+        _, labels = connected_components(graph, directed=False)
+        if reference is not None and alive[reference]:
+            main = labels[reference]
+        else:
+            main = np.bincount(labels[alive]).argmax()
+        outside = alive & (labels != main)
+        point_reason[outside] = 2
+        arc_ok &= (point_reason[source] == 0) & (point_reason[target] == 0)
+    return arc_ok, point_reason
+
+
+def _independent_worst(candidates, w_stat, source, target, n):
+    """Arcs to remove in one iteration: the worst failing arc, and every other failing arc,
+    worst first, that shares no point with an arc already chosen.
+
+    An arc's error enters the misclosures of the arcs at its two points; those arcs wait for
+    the next iteration. Blocking one ring more (every arc of the points' neighbours) removed
+    the same arcs in three times as many iterations (docs/benchmarks.md, "Integration, 123.5 s
+    to 53.1 s at 10^6"): the failing arcs of a real network are mostly wrong themselves, not
+    the neighbours of a wrong one."""
+    order = candidates[np.argsort(-w_stat[candidates], kind="stable")]
+    blocked = np.zeros(n, dtype=bool)
+    chosen = []
+    for arc in order:  # failing arcs only: few, not a loop over the network
+        s, t = source[arc], target[arc]
+        if blocked[s] or blocked[t]:
+            continue
+        chosen.append(arc)
+        blocked[s] = blocked[t] = True
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
+    """Per arc, the largest of its misclosures (velocity, height, each epoch's phase) divided
+    by their standard deviations; computed over blocks of
+    :data:`~depsi.processing.network_solver.ARC_BLOCK` arcs, so no ``(arcs, epochs)``
+    temporary is made. In float32, the precision of the right-hand sides
+    (an unwrapped phase of 1,000 rad to 6e-5 rad, where no arc's standard deviation is below
+    0.1 rad); the per-arc divisions are float64."""
+    sd_velocity, sd_height, sd_phase = (np.broadcast_to(v, source.shape) for v in sd)
+    values = values.astype(np.float32)
+    out = np.empty(len(source))
+    for start in range(0, len(source), ARC_BLOCK):
+        rows = slice(start, start + ARC_BLOCK)
+        misclosure = values[target[rows]]
+        misclosure -= values[source[rows]]
+        np.subtract(rhs[rows], misclosure, out=misclosure)
+        np.abs(misclosure, out=misclosure)
+        out[rows] = np.maximum(np.maximum(misclosure[:, 0] / sd_velocity[rows],
+                                          misclosure[:, 1] / sd_height[rows]),
+                               misclosure[:, 2:].max(axis=1) / sd_phase[rows])
+    return out
+
+
+def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
+               coherence, sd, critical, max_iterations, *, redundancy=None):
+    """The w-test iterations on one network: solve, test every arc, remove the failing arcs
+    :func:`_independent_worst` chooses, until none fails (or ``max_iterations``).
+    ``arc_reason`` is updated in place (2: rejected). ``redundancy``: the arcs' redundancy
+    numbers, given (e.g. by the tiles) instead of estimated. Returns ``(arc_ok, point_reason,
+    values, ref, w_stat, redundancy, iterations, n_removed)``."""
+    w_stat = np.zeros(len(source))
+    n_tested_out = 0
+    iterations = 0
+    estimate = redundancy is None
+    cached = None if estimate else (redundancy, int(arc_ok.sum()))
+    solved = None  # the last factorised solution (possibly updated since)
+    removed = np.zeros(0, dtype=np.int64)  # by the last iteration
+    while True:
+        arc_ok, point_reason = _prune(source, target, arc_ok, n, reference)
+        point_ok = point_reason == 0
+        if reference is not None and not point_ok[reference]:
+            raise ValueError(f"reference: point {reference} was removed from the network "
+                             f"({POINT_REASONS[int(point_reason[reference])]})")
+        if point_ok.sum() < 2:
+            raise ValueError("network: fewer than 2 points remain after removing weak arcs")
+        quality = _point_quality(source, target, arc_ok, coherence, n)
+        ref = (int(reference) if reference is not None
+               else _choose_reference(positions, point_ok, quality))
+        # redundancy numbers change little when a few arcs go: they are recomputed when more
+        # than REDUNDANCY_REFRESH of the arcs went since, and always before testing stops
+        fresh = estimate and (cached is None
+                              or arc_ok.sum() < (1.0 - REDUNDANCY_REFRESH) * cached[1])
+        # the arcs are those of the last solution less the ones just removed (no point or arc
+        # pruned), or the same (a refresh of the redundancy numbers): no new factorisation
+        same = (solved is not None and solved.reference == ref
+                and np.array_equal(point_ok, solved.point_ok)
+                and int(arc_ok.sum()) == solved.n_arcs - removed.size)
+        if not (same and (not removed.size or (not fresh and solved.without(removed)))):
+            solved = _NetworkSolve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
+                                   point_ok, ref)
+        values = solved.values()
+        if fresh:
+            cached = (np.zeros(len(source)), int(arc_ok.sum()))
+            cached[0][arc_ok] = 1.0 - solved.leverage()
+        redundancy = np.where(arc_ok, cached[0], 0.0)
+        testable = arc_ok & (redundancy >= MIN_REDUNDANCY)
+        if not testable.any():
+            logger.warning("network has no redundancy (a tree): arcs cannot be tested")
+            break
+        normalised = _largest_misclosure(rhs, values, source, target, sd) / np.sqrt(
+            np.where(testable, redundancy, 1.0))
+        w_stat = np.where(testable, normalised, 0.0)
+        failing = np.flatnonzero(w_stat > critical)
+        removed = np.zeros(0, dtype=np.int64)
+        if not failing.size:
+            if fresh or not estimate:
+                break
+            cached = None
+            continue
+        if iterations >= max_iterations:
+            if estimate:
+                logger.warning("arc testing stopped after max_iterations=%d iterations (%d "
+                               "arcs removed); %d arcs that still fail the w-test are kept",
+                               max_iterations, n_tested_out, failing.size)
+            break
+        removed = _independent_worst(failing, w_stat, source, target, n)
+        arc_ok[removed] = False
+        arc_reason[removed] = 2
+        n_tested_out += removed.size
+        iterations += 1
+    return arc_ok, point_reason, values, ref, w_stat, redundancy, iterations, n_tested_out
+
+
+def _tile_waves(tiles: np.ndarray, cell: float, margin: float) -> list[np.ndarray]:
+    """The tiles in waves whose members share no arc: the four parity classes of the tile
+    indices when a tile's margin is less than half a tile (two tiles of one class are a whole
+    tile apart, so their sub-networks with margins are disjoint), else one tile a wave.
+
+    Examples
+    --------
+    >>> tiles = np.array([[0, 0], [0, 1], [1, 0], [1, 1], [2, 0]])
+    >>> [w.tolist() for w in _tile_waves(tiles, cell=100.0, margin=10.0)]
+    [[[0, 0], [2, 0]], [[0, 1]], [[1, 0]], [[1, 1]]]
+    >>> len(_tile_waves(tiles, cell=100.0, margin=60.0))
+    5
+    """
+    if not 2 * margin < cell:
+        return [tiles[i:i + 1] for i in range(len(tiles))]
+    parity = tiles % 2
+    waves = [tiles[(parity == p).all(axis=1)] for p in ((0, 0), (0, 1), (1, 0), (1, 1))]
+    return [wave for wave in waves if len(wave)]
+
+
+def _test_tile(tile, *, low, cell, margin, positions, source, target, arc_ok, weights, rhs,
+               coherence, sd, critical, max_iterations, tile_of_arc):
+    """One tile's w-test on its sub-network (its points and the margin around it). Returns
+    ``(own arcs, their redundancy numbers, own arcs rejected)`` or None when the tile is too
+    weak to test on its own; reads ``arc_ok`` and writes nothing shared."""
+    n = len(positions)
+    lo, hi = low + tile * cell - margin, low + (tile + 1) * cell + margin
+    inside = np.all((positions >= lo) & (positions < hi), axis=1)
+    members = np.flatnonzero(arc_ok & inside[source] & inside[target])
+    if members.size < 3:
+        return None
+    points = np.unique(np.concatenate([source[members], target[members]]))
+    local = np.full(n, -1, dtype=np.int64)
+    local[points] = np.arange(points.size)
+    reason = np.zeros(members.size, dtype=np.int8)
+    try:
+        *_, tile_redundancy, _, _ = _test_arcs(
+            local[source[members]], local[target[members]],
+            np.ones(members.size, dtype=bool), reason, weights[members], rhs[members],
+            points.size, None, positions[points], coherence[members],
+            tuple(np.broadcast_to(v, source.shape)[members] for v in sd), critical,
+            max_iterations)
+    except ValueError as err:  # a tile too weak to test on its own
+        logger.debug("tile %s not tested: %s", tile.tolist(), err)
+        return None
+    own = np.all(tile_of_arc[members] == tile, axis=1)
+    return members[own], tile_redundancy[own], members[(reason == 2) & own]
+
+
+def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence,
+                   sd, critical, max_iterations):
+    """The w-test of a large network, tile by tile: each tile of about :data:`TILE_POINTS`
+    points is tested on the sub-network of its points and a margin of
+    :data:`TILE_MARGIN` median arc lengths around it, and decides on the arcs whose midpoint
+    lies in it. Every factorisation is a tile's, so the cost grows linearly with the number of
+    points. The tiles run in the waves of :func:`_tile_waves`, a wave's tiles on
+    :func:`~depsi.processing.network.worker_threads` threads at once, each wave seeing the
+    arcs the waves before it rejected; the result does not depend on the number of threads.
+    (A tile's factorisation and solves are QDLDL's,
+    :class:`~depsi.processing.network_solver._LDL`, which releases the GIL: they run on every
+    core.)
+    Returns the updated ``arc_ok``, the number of arcs the tiles rejected, and each arc's
+    redundancy number in its own tile (0 where its tile could not be tested)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
+
+    cell = float(np.sqrt(np.prod(np.ptp(positions, axis=0) + 1.0) * TILE_POINTS / n))
+    low = positions.min(axis=0)
+    midpoint = 0.5 * (positions[source] + positions[target])
+    tile_of_arc = np.floor((midpoint - low) / cell).astype(np.int64)
+    length = np.hypot(*(positions[target] - positions[source]).T)
+    margin = TILE_MARGIN * float(np.median(length[arc_ok])) if arc_ok.any() else 0.0
+    # the tiles holding arcs, in row order (by their keys: np.unique over rows is slow at
+    # millions of arcs, docs/benchmarks.md "The w-test updates its factorisation")
+    used = tile_of_arc[arc_ok]
+    tiles = used[np.unique(cell_keys(used), return_index=True)[1]]
+    waves = _tile_waves(tiles, cell, margin)
+    workers = worker_threads()
+    rejected = 0
+    redundancy = np.zeros(len(source))
+    test = partial(_test_tile, low=low, cell=cell, margin=margin, positions=positions,
+                   source=source, target=target, arc_ok=arc_ok, weights=weights, rhs=rhs,
+                   coherence=coherence, sd=sd, critical=critical,
+                   max_iterations=max_iterations, tile_of_arc=tile_of_arc)
+    with ThreadPoolExecutor(max(1, min(workers, max(map(len, waves), default=1)))) as pool:
+        for wave in waves:  # a few dozen tiles, each a network of about TILE_POINTS points
+            # the wave's tiles share no arc: they read arc_ok while the others run, and their
+            # decisions are applied when the whole wave is done
+            for outcome in list(pool.map(test, wave)):
+                if outcome is None:
+                    continue
+                own, own_redundancy, removed = outcome
+                redundancy[own] = own_redundancy
+                arc_ok[removed] = False
+                arc_reason[removed] = 2
+                rejected += removed.size
+    logger.info("integration: %d arcs rejected by the w-test in %d tiles of %.0f m (%d waves, "
+                "%d threads)", rejected, len(tiles), cell, len(waves), workers)
+    return arc_ok, rejected, redundancy
+
+
+def _test_network(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
+                  coherence, sd, critical, max_iterations):
+    """The w-test of the whole network: :func:`_test_arcs` on it, or above :data:`TILE_POINTS`
+    points the tiles' test (:func:`_test_by_tiles`) and then one solution of the whole network.
+    ``arc_reason`` is updated in place. Returns ``(arc_ok, point_reason, values, ref, w_stat,
+    iterations, n_removed)``."""
+    if n > TILE_POINTS:
+        # the tiles decide on every arc; the whole network is solved once, and its
+        # w-statistics (with the tiles' redundancy numbers) reported
+        arc_ok, n_tested_out, redundancy = _test_by_tiles(
+            source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence, sd,
+            critical, max_iterations)
+        arc_ok, point_reason, values, ref, w_stat, _, iterations, _ = _test_arcs(
+            source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
+            coherence, sd, critical, 0, redundancy=redundancy)
+        logger.info("integration: the whole network solved once after the tiles; %d of its "
+                    "%d arcs exceed the critical value there (%.2f) and are kept",
+                    int((w_stat > critical).sum()), int(arc_ok.sum()), critical)
+    else:
+        arc_ok, point_reason, values, ref, w_stat, _, iterations, n_tested_out = _test_arcs(
+            source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
+            coherence, sd, critical, max_iterations)
+    return arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out

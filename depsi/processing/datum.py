@@ -1,0 +1,271 @@
+"""The datum of the network's results: the reference point chosen, the point results relative
+to it, and the datum moved to the mean over a reference area or freed of the reference point's
+own noise.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xarray as xr
+
+from depsi.conventions import phase_per_metre, wrap_phase
+from depsi.kernels.periodogram import result_coherence
+from depsi.processing.network import point_positions
+from depsi.stm.schema import h2ph_rows, years_since_mother
+
+logger = logging.getLogger(__name__)
+
+#: Radius (m) of the reference area: results are relative to the mean over the first-order
+#: network points within it (about 250 points at 2000 first-order points per 100 km^2). The
+#: datum error is spatially correlated over about a kilometre (atmosphere finer than the
+#: screen estimate, projected on the baselines), so smaller areas average little of it out.
+DEFAULT_REFERENCE_RADIUS = 2000.0
+#: Neighbours of the reference point whose residuals estimate its own noise.
+REFERENCE_NEIGHBOURS = 30
+#: Points per block of the point results (float64 temporaries of about 10 x 8 bytes per point
+#: and epoch: 80 MB a block at 60 epochs)
+POINT_BLOCK = 16384
+
+_TWO_PI = 2.0 * np.pi
+
+
+def _choose_reference(positions, point_ok, point_quality, fraction=0.05, minimum=10):
+    """Best-quality point among those nearest the centre of the network."""
+    idx = np.flatnonzero(point_ok)
+    centre = 0.5 * (positions[idx].min(axis=0) + positions[idx].max(axis=0))
+    dist = np.hypot(*(positions[idx] - centre).T)
+    n_near = min(len(idx), max(minimum, int(fraction * len(idx))))
+    near = idx[np.argsort(dist, kind="stable")[:n_near]]
+    return int(near[np.argmax(point_quality[near])])
+
+
+def _point_quality(source, target, arc_ok, coherence, n):
+    """Each point's mean coherence over its usable arcs (0 where it has none)."""
+    weight = np.where(arc_ok, coherence, 0.0)
+    count = np.bincount(source, arc_ok, n) + np.bincount(target, arc_ok, n)
+    total = np.bincount(source, weight, n) + np.bincount(target, weight, n)
+    return np.divide(total, count, out=np.zeros(n), where=count > 0)
+
+
+def _point_results(points, values, point_ok, point_reason, ref, years,
+                   reference_phase=None) -> xr.Dataset:
+    """Point Dataset of the integrated values, with ambiguities, displacement, coherence.
+
+    ``reference_phase`` (time,) is the datum the wrapped phases are taken relative to; by
+    default the reference point's own phase. Computed over blocks of :data:`POINT_BLOCK`
+    points into the result's float32/int32 arrays: the float64 temporaries (ten of the size of
+    the series) follow the block, not the points (docs/benchmarks.md, "The point results in
+    blocks")."""
+    wavelength = float(points.attrs["wavelength"])
+    m2ph = phase_per_metre(wavelength)
+    n, n_epochs = points.sizes["space"], points.sizes["time"]
+    velocity = values[:, 0]
+    height = values[:, 1]
+    phase_all = points["phase"].transpose("space", "time").values
+    h2ph_all = points["h2ph"].transpose("space", ...)
+    if reference_phase is None:
+        reference_phase = np.asarray(phase_all[ref], dtype=np.float64)
+    unwrapped_out = np.empty((n, n_epochs), np.float32)
+    displacement_out = np.empty((n, n_epochs), np.float32)
+    ambiguity_out = np.empty((n, n_epochs), np.int32)
+    coherence_out = np.empty(n, np.float32)
+    for start in range(0, n, POINT_BLOCK):
+        rows = slice(start, min(start + POINT_BLOCK, n))
+        unwrapped = values[rows, 2:]
+        phase = np.asarray(phase_all[rows], dtype=np.float64)
+        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
+        relative = wrap_phase(phase - reference_phase)
+        # off the network: ambiguity 0, masked by in_network (depsi.conventions.MISSING_AMBIGUITY
+        # marks a missing epoch of an arc; a network point has a phase at every epoch)
+        ambiguity_out[rows] = np.where(point_ok[rows, None],
+                                       np.rint((np.nan_to_num(unwrapped) - relative) / _TWO_PI),
+                                       0)
+        # H_rel = H - H_ref; the unknown (h2ph - h2ph_ref) * H_ref term is second order
+        model = m2ph * (velocity[rows, None] * years[None, :] + h2ph * height[rows, None])
+        residual = unwrapped - model
+        coherence_out[rows] = result_coherence(residual)
+        displacement = unwrapped / m2ph - h2ph * height[rows, None]
+        displacement_out[rows] = displacement - displacement[:, :1]
+        unwrapped_out[rows] = unwrapped
+    out = points.copy()
+    out = out.assign(
+        velocity=("space", velocity.astype(np.float32)),
+        height_error=("space", height.astype(np.float32)),
+        unwrapped_phase=(("space", "time"), unwrapped_out),
+        displacement=(("space", "time"), displacement_out),
+        ambiguity=(("space", "time"), ambiguity_out),
+        temporal_coherence=("space", coherence_out),
+        in_network=("space", point_ok),
+        removal_reason=("space", point_reason),
+        reference_phase=("time", np.asarray(reference_phase).astype(np.float32)),
+    )
+    return out
+
+
+def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS) -> xr.Dataset:
+    """Take the results relative to the reference point's signal rather than its noisy phase.
+
+    Every integrated value is relative to the reference point, so the reference's own phase
+    noise (and its small-scale atmosphere) is a per-epoch term common to all points: it leaks
+    into every velocity and height error as one offset (about 1.2 m of height and 0.4 mm/yr for
+    0.4 rad of noise and 60 epochs). The reference's ``k`` nearest network neighbours see that
+    term, with opposite sign, in their residual phases; their circular mean per epoch estimates
+    it, and it is removed from every point: ``unwrapped_phase`` and ``reference_phase`` shift by
+    it, velocity and height error by its least-squares velocity and height, and ambiguities,
+    displacement and temporal coherence are recomputed.
+
+    Parameters
+    ----------
+    result
+        Output of :func:`~depsi.processing.integration.integrate_network` (its
+        ``attrs['reference']`` must index ``space``).
+    k
+        Neighbours averaged (default :data:`REFERENCE_NEIGHBOURS`); fewer when the network is
+        smaller.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``result`` with the updated values and ``reference_noise`` (rad, per epoch, the term
+        removed); ``attrs['reference_noise_neighbours']`` says how many points estimated it.
+
+    Examples
+    --------
+    >>> from depsi.processing import (estimate_arcs, form_network, integrate_network,
+    ...                               ps_selection, single_mother_interferograms)
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> arcs = estimate_arcs(form_network(points))
+    >>> result = remove_reference_noise(integrate_network(points, arcs))
+    >>> result.reference_noise.dims, result.attrs["reference_noise_neighbours"] > 0
+    (('time',), True)
+    """
+    ref = int(result.attrs["reference"])
+    keep = np.asarray(result["in_network"].values, dtype=bool)
+    n = result.sizes["space"]
+    if not 0 <= ref < n or not keep[ref]:
+        raise ValueError(f"result: attrs['reference']={ref} is not a network point of the "
+                         f"{n} points")
+    positions = point_positions(result)
+    candidates = np.flatnonzero(keep & (np.arange(n) != ref))
+    k = min(int(k), candidates.size)
+    if k < 3:
+        logger.warning("reference noise: only %d network neighbours, left in place", k)
+        return result
+    years = years_since_mother(result)
+    wavelength = float(result.attrs["wavelength"])
+    m2ph = phase_per_metre(wavelength)
+    dist = np.hypot(*(positions[candidates] - positions[ref]).T)
+    nbrs = candidates[np.argsort(dist, kind="stable")[:k]]
+    unwrapped = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    h2ph = np.broadcast_to(result["h2ph"].transpose("space", ...).values.astype(np.float64)
+                           .reshape(n, -1), unwrapped.shape)
+    velocity = result["velocity"].values.astype(np.float64)
+    height = result["height_error"].values.astype(np.float64)
+    residual = unwrapped[nbrs] - m2ph * (velocity[nbrs, None] * years
+                                         + h2ph[nbrs] * height[nbrs, None])
+    phasor = np.exp(1j * residual)
+    phasor *= np.exp(-1j * np.angle(phasor.mean(axis=1, keepdims=True)))  # own constant out
+    noise = -np.angle(phasor.mean(axis=0))  # the reference's term, sign of its own noise
+    mother = int(np.argmin(np.abs(years)))
+    noise -= noise[mother]
+    design = np.column_stack([m2ph * years, m2ph * h2ph[ref], np.ones_like(years)])
+    d_velocity, d_height, _ = np.linalg.lstsq(design, noise, rcond=None)[0]
+    values = np.column_stack([velocity + d_velocity, height + d_height, unwrapped + noise])
+    values[~keep] = np.nan
+    phase = result["phase"].transpose("space", "time").values.astype(np.float64)
+    reference_phase = phase[ref] - noise
+    updated = _point_results(result, values, keep, result["removal_reason"].values, ref, years,
+                             reference_phase=reference_phase)
+    updated = updated.assign(reference_noise=("time", noise.astype(np.float32)))
+    updated.attrs.update(result.attrs)
+    updated.attrs["reference_noise_neighbours"] = int(k)
+    logger.info("reference noise from %d neighbours: %.3f rad RMS, velocity %+.2e m/yr, height "
+                "%+.2f m", k, np.sqrt(np.mean(noise**2)), d_velocity, d_height)
+    return updated
+
+
+def apply_reference_area(result: xr.Dataset, radius: float | None = DEFAULT_REFERENCE_RADIUS
+                         ) -> xr.Dataset:
+    """Re-reference every result to the mean over the network points near the reference.
+
+    Relative to one point, that point's own noise (phase noise and atmosphere finer than the
+    estimated screen) is an offset common to every point: about 2 m of height error on a
+    scene of 0.4 rad noise and 120 epochs. Taking the datum as the plain mean over the
+    *reference area*, the network points within ``radius`` of the reference point (StaMPS'
+    ``ref_radius``), shrinks that offset by about the square root of their number. The mean
+    velocity, height error and unwrapped phase (per epoch) of the area are subtracted from
+    every network point; ``reference_phase`` moves by the same phase, so wrapped phases,
+    ambiguities and densification against these points stay consistent; displacement and
+    temporal coherence are recomputed.
+
+    Parameters
+    ----------
+    result
+        Output of :func:`~depsi.processing.integration.integrate_network` (its
+        ``attrs['reference']`` must index ``space``).
+    radius
+        Radius in metres (positions as :func:`~depsi.processing.network.point_positions`;
+        default :data:`DEFAULT_REFERENCE_RADIUS`, the ``integration.reference_radius`` of the
+        configuration). ``None`` or 0: the area is the reference point alone (values
+        unchanged).
+
+    Returns
+    -------
+    xarray.Dataset
+        ``result`` re-referenced, with ``in_reference_area`` (bool per point) and attrs
+        ``reference_radius`` (m; 0.0 for the point alone) and ``n_reference_area``.
+        ``attrs['reference']`` stays the central point.
+
+    Examples
+    --------
+    >>> from depsi.processing import (estimate_arcs, form_network, integrate_network,
+    ...                               ps_selection, single_mother_interferograms)
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
+    >>> points = single_mother_interferograms(ps_selection(stack)).compute()
+    >>> arcs = estimate_arcs(form_network(points))
+    >>> result = apply_reference_area(integrate_network(points, arcs), 100.0)
+    >>> int(result.in_reference_area.sum()) == result.attrs["n_reference_area"] > 1
+    True
+    >>> area = result.velocity.where(result.in_reference_area)
+    >>> abs(float(area.mean())) < 1e-6  # the mean over the area is the datum
+    True
+    """
+    ref = int(result.attrs["reference"])
+    keep = np.asarray(result["in_network"].values, dtype=bool)
+    n = result.sizes["space"]
+    if not 0 <= ref < n or not keep[ref]:
+        raise ValueError(f"result: attrs['reference']={ref} is not a network point of the "
+                         f"{n} points")
+    if radius is not None and not (np.isfinite(radius) and radius >= 0):
+        raise ValueError(f"reference_radius: expected None or a distance >= 0 in metres, "
+                         f"found {radius}")
+    radius = 0.0 if radius is None else float(radius)
+    positions = point_positions(result)
+    dist = np.hypot(*(positions - positions[ref]).T)
+    area = keep & (dist <= radius)
+    area[ref] = True
+    unwrapped = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
+    velocity = result["velocity"].values.astype(np.float64)
+    height = result["height_error"].values.astype(np.float64)
+    d_velocity = velocity[area].mean()
+    d_height = height[area].mean()
+    d_phase = unwrapped[area].mean(axis=0)
+    out = result
+    if area.sum() > 1:
+        values = np.column_stack([velocity - d_velocity, height - d_height,
+                                  unwrapped - d_phase[None, :]])
+        values[~keep] = np.nan
+        reference_phase = result["reference_phase"].values.astype(np.float64) + d_phase
+        out = _point_results(result, values, keep, result["removal_reason"].values, ref,
+                             years_since_mother(result), reference_phase=reference_phase)
+        out.attrs.update(result.attrs)
+    out = out.assign(in_reference_area=("space", area))
+    out.attrs.update({"reference_radius": radius, "n_reference_area": int(area.sum())})
+    logger.info("reference area: %d network points within %.0f m of point %d; datum moved by "
+                "%+.2e m/yr, %+.2f m", area.sum(), radius, ref, d_velocity, d_height)
+    return out

@@ -1,0 +1,307 @@
+"""The sparse weighted least-squares solver of the point network: the arcs' incidence matrix,
+one factorisation of the normal matrix ``A^T W A`` for every right-hand side (QDLDL, CHOLMOD or
+SuperLU), that solution with arcs removed by Woodbury updates, and the arcs' leverage (one
+minus their redundancy numbers).
+
+NumPy and SciPy on host arrays only; :mod:`depsi.processing.arc_testing` tests the arcs with it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.linalg import cho_factor, cho_solve, lapack
+from scipy.sparse.linalg import splu
+
+#: Arcs per block of the redundancy probes, the misclosure statistics and the observations:
+#: bounds the temporaries of a network of millions of arcs.
+ARC_BLOCK = 65536
+#: Probes per block of the redundancy estimate (temporaries of ``(ARC_BLOCK, PROBE_BLOCK)``).
+PROBE_BLOCK = 16
+#: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
+#: normal matrix (``n^2`` floats); above, from random probes.
+EXACT_REDUNDANCY_POINTS = 1000
+#: Random sign probes of the redundancy estimate for larger networks (relative error about
+#: ``1 / sqrt(probes)`` of the leverage).
+REDUNDANCY_PROBES = 64
+
+#: Right-hand-side columns cast to float64 together in :func:`_solve` (bounds that copy to
+#: 64 bytes an arc).
+RHS_COLUMNS = 8
+
+#: Normal matrices up to this many unknowns go to QDLDL (:class:`_LDL`), larger ones to CHOLMOD
+#: (:class:`_Cholesky`): at a w-test tile's size QDLDL factorises faster and releases the GIL,
+#: so the tiles factorise on every core; CHOLMOD (simplicial, as cholespy sets it, NESDIS
+#: ordering) is the faster for the whole network (docs/benchmarks.md, "The w-test's tiles
+#: factorise on both cores").
+LDL_MAX_UNKNOWNS = 50_000
+
+
+def incidence_matrix(source: np.ndarray, target: np.ndarray, n_points: int) -> sp.csr_matrix:
+    """Sparse ``(arc, point)`` matrix with -1 at the source and +1 at the target of each arc.
+
+    Examples
+    --------
+    >>> incidence_matrix(np.array([0, 1]), np.array([1, 2]), 3).toarray().tolist()
+    [[-1.0, 1.0, 0.0], [0.0, -1.0, 1.0]]
+    """
+    m = len(source)
+    rows = np.repeat(np.arange(m), 2)
+    cols = np.column_stack([source, target]).ravel()
+    vals = np.tile(np.array([-1.0, 1.0]), m)
+    return sp.csr_matrix((vals, (rows, cols)), shape=(m, n_points))
+
+def _solve(source, target, weights, rhs, kept, n, point_ok, reference, *, leverage=False):
+    """Weighted LSQ over the arcs ``kept`` (indices into the arrays); returns ``(n, nrhs)``
+    values (NaN off-network) and, with ``leverage``, each kept arc's ``w_a a^T N^-1 a`` (one
+    minus its redundancy number). See :class:`_NetworkSolve`."""
+    solved = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, reference)
+    return solved.values(), (solved.leverage() if leverage else None)
+
+
+#: A w-test iteration that removed at most this many arcs, with at most
+#: :data:`WOODBURY_MAX_TOTAL` removed since the last factorisation and no point lost, updates
+#: that solution (:meth:`_NetworkSolve.without`) instead of factorising again: a tile's
+#: iterations after the first few remove a handful of arcs each.
+WOODBURY_MAX_NEW = 48
+#: See :data:`WOODBURY_MAX_NEW`: the update's dense ``(k, k)`` system and ``(unknowns, k)``
+#: columns stay small.
+WOODBURY_MAX_TOTAL = 256
+
+
+class _NetworkSolve:
+    """The weighted least-squares solution of the network over the arcs ``kept`` (indices into
+    the arrays), factorised once, and that solution with some of those arcs removed.
+
+    The reference column is removed (its value is fixed to 0); ``N = A^T W A`` is factorised
+    once and all right-hand sides are solved together. ``A^T W`` takes the kept rows of
+    ``rhs`` where they lie (no copy of the ``(arcs, nrhs)`` right-hand sides).
+
+    :meth:`without` removes arcs by the Sherman-Morrison-Woodbury identity: with
+    ``G = N^-1 A_R^T`` and ``S = W_R^-1 - A_R G``, the solution without the arcs ``R`` is
+    ``u + G S^-1 A_R u``, ``u = x - G W_R y_R`` (one solve per removed arc through the same
+    factorisation, a ``(k, k)`` Cholesky); it agrees with a new factorisation to about 1e-13.
+    """
+
+    def __init__(self, source, target, weights, rhs, kept, n, point_ok, reference):
+        unknown = point_ok.copy()
+        unknown[reference] = False
+        n_unknown = int(unknown.sum())
+        # the reference maps to an extra last column, dropped below
+        col = np.full(n, n_unknown, dtype=np.int64)
+        col[unknown] = np.arange(n_unknown)
+        A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
+        A = A[:, :-1].tocsc()
+        w = weights[kept]
+        AtW = A.T.multiply(w[None, :]).tocsr()
+        normal = (AtW @ A).tocsc()
+        self.lu = _factorise(normal)
+        # A^T W over every arc, zero columns for the others: the product reads only kept rows
+        AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
+                                shape=(n_unknown, len(source)))
+        # A^T W y a few columns at a time: the sparse product would otherwise first copy the
+        # whole float32 (arcs, nrhs) right-hand sides to float64
+        normal_rhs = np.empty((n_unknown, rhs.shape[1]))
+        for first in range(0, rhs.shape[1], RHS_COLUMNS):
+            columns = slice(first, first + RHS_COLUMNS)
+            normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
+        self._x0 = self.x = self.lu.solve(normal_rhs)
+        self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
+        self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
+        self.unknown, self.col, self.A, self.w, self.normal = unknown, col, A, w, normal
+        self.removed = np.zeros(0, dtype=np.int64)  # arcs of kept removed by without()
+        self._G = np.zeros((n_unknown, 0))
+        self._S = None  # the Cholesky factor of S, once arcs are removed
+
+    def values(self) -> np.ndarray:
+        """``(n, nrhs)``: NaN off the network, 0 at the reference."""
+        values = np.full((len(self.point_ok), self.x.shape[1]), np.nan)
+        values[self.unknown] = self.x
+        values[self.reference] = 0.0
+        return values
+
+    def arcs(self) -> np.ndarray:
+        """The arcs of the current solution (``kept`` less those removed), in order."""
+        return self.kept[self._rows()]
+
+    def _rows(self) -> np.ndarray:
+        """Which of ``kept`` are current."""
+        return ~np.isin(self.kept, self.removed)
+
+    @property
+    def n_arcs(self) -> int:
+        """How many arcs the current solution has (``removed`` are distinct arcs of kept)."""
+        return self.kept.size - self.removed.size
+
+    def _ends(self, arcs):
+        return self.col[self.source[arcs]], self.col[self.target[arcs]]
+
+    def without(self, new: np.ndarray) -> bool:
+        """Remove the arcs ``new`` (of the current ones) from the solution without a new
+        factorisation; False (and nothing changed) where the update is too large or its
+        ``S`` is not safely positive definite (the caller factorises afresh)."""
+        if not 0 < new.size <= WOODBURY_MAX_NEW or (
+                self.removed.size + new.size > WOODBURY_MAX_TOTAL):
+            return False
+        n_unknown = self.x.shape[0]
+        source, target = self._ends(new)
+        columns = np.zeros((n_unknown + 1, new.size))  # a_r^T, the reference row dropped
+        j = np.arange(new.size)
+        np.add.at(columns, (target, j), 1.0)
+        np.add.at(columns, (source, j), -1.0)
+        solved = np.asarray(self.lu.solve(columns[:n_unknown])).reshape(n_unknown, new.size)
+        G = np.hstack([self._G, solved])
+        removed = np.concatenate([self.removed, new])
+        w_r = self.weights[removed]
+        s_r, t_r = self._ends(removed)
+        G_ext = np.vstack([G, np.zeros((1, G.shape[1]))])
+        S = np.diag(1.0 / w_r) - (G_ext[t_r] - G_ext[s_r])
+        S = 0.5 * (S + S.T)
+        try:
+            factor = cho_factor(S, lower=True, check_finite=False)
+        except np.linalg.LinAlgError:
+            return False
+        if np.min(np.diag(factor[0])) ** 2 < 1e-10 * np.max(np.diag(S)):
+            return False  # removing these arcs nearly disconnects the network
+        u = self._x0 - G @ (w_r[:, None] * np.asarray(self.rhs[removed], dtype=np.float64))
+        u_ext = np.vstack([u, np.zeros((1, u.shape[1]))])
+        self.x = u + G @ cho_solve(factor, u_ext[t_r] - u_ext[s_r], check_finite=False)
+        self.removed, self._G, self._S = removed, G, factor
+        return True
+
+    def leverage(self) -> np.ndarray:
+        """``w_a a^T N^-1 a`` of each current arc (:meth:`arcs`), through this factorisation
+        (and the update, where arcs were removed)."""
+        n_unknown = self.x.shape[0]
+        if not self.removed.size:
+            return _leverage(self.A, self.w, self.lu, self.normal, n_unknown)
+        rows = self._rows()
+        A = self.A.tocsr()[rows].tocsc()
+        w = self.w[rows]
+        if n_unknown <= EXACT_REDUNDANCY_POINTS:
+            return _leverage(A, w, None, (A.T.multiply(w[None, :]) @ A).tocsc(), n_unknown)
+        return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
+
+
+class _Updated:
+    """``N^-1`` after a Woodbury update: ``N0^-1 b + G S^-1 G^T b``."""
+
+    def __init__(self, lu, G, factor):
+        self.lu, self.G, self.factor = lu, G, factor
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        return self.lu.solve(b) + self.G @ cho_solve(self.factor, self.G.T @ b,
+                                                      check_finite=False)
+
+
+class _Cholesky:
+    """A sparse symmetric positive definite matrix factorised once (CHOLMOD's Cholesky
+    through cholespy, which asks for the simplicial one: its multi-right-hand-side solves are
+    much faster than SuperLU's on the whole network, docs/benchmarks.md); ``solve(b)`` for
+    ``b`` of shape ``(n,)`` or ``(n, k)``."""
+
+    def __init__(self, matrix: sp.spmatrix):
+        import cholespy
+
+        csr = sp.csr_matrix(matrix)
+        csr.sort_indices()
+        self.n = csr.shape[0]
+        self._solver = cholespy.CholeskySolverD(
+            self.n, csr.indptr.astype(np.int32), csr.indices.astype(np.int32),
+            csr.data.astype(np.float64), cholespy.MatrixType.CSR)
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        b = np.ascontiguousarray(b, dtype=np.float64)
+        x = np.zeros_like(b)
+        self._solver.solve(b, x)
+        if b.ndim == 2 and b.shape[1] > 1:
+            # cholespy 2.2 never frees the last solve's (n, k) workspace (docs/benchmarks.md,
+            # "Peak RSS, 7.15 GB to 3.61 GB"): a one-column solve shrinks it to (n, 1)
+            self._solver.solve(np.zeros(self.n), np.zeros(self.n))
+        return x
+
+
+class _LDL:
+    """A sparse symmetric positive definite matrix factorised by QDLDL (OSQP's LDL^T, its own
+    AMD ordering). It releases the GIL while it factorises and solves, so the w-test's tiles
+    factorise on every core at once; ``solve(b)`` for ``b`` of shape ``(n,)`` or ``(n, k)``,
+    one right-hand side at a time."""
+
+    def __init__(self, matrix: sp.spmatrix):
+        import qdldl
+
+        self.n = matrix.shape[0]
+        self._solver = qdldl.Solver(sp.triu(matrix, format="csc"))
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        if b.ndim == 1:
+            return self._solver.solve(np.ascontiguousarray(b, dtype=np.float64))
+        columns = np.asfortranarray(b, dtype=np.float64)
+        x = np.empty(b.shape, order="F")
+        for j in range(b.shape[1]):  # the right-hand sides (epochs, probes): a few dozen
+            x[:, j] = self._solver.solve(columns[:, j])
+        return x
+
+
+def _factorise(normal: sp.spmatrix):
+    """The factorisation of the normal matrix: :class:`_LDL` up to
+    :data:`LDL_MAX_UNKNOWNS` unknowns (a tile's), :class:`_Cholesky` above (the whole
+    network), SuperLU (symmetric mode, MMD ordering) where neither package can be imported."""
+    solvers = (_LDL, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS else (_Cholesky,)
+    for solver in solvers:
+        try:
+            return solver(normal)
+        except ImportError:
+            continue
+    return splu(normal, permc_spec="MMD_AT_PLUS_A",
+                options={"SymmetricMode": True, "DiagPivotThresh": 0.0})
+
+
+def _leverage(A, weights, lu, normal, n_unknown):
+    """``w_a a^T N^-1 a`` per arc (the diagonal of the hat matrix)."""
+    if n_unknown <= EXACT_REDUNDANCY_POINTS:
+        factor, info = lapack.dpotrf(normal.toarray(), lower=1)
+        inverse, info2 = lapack.dpotri(factor, lower=1)
+        if info or info2:
+            raise np.linalg.LinAlgError(f"normal matrix not positive definite (LAPACK {info}, "
+                                        f"{info2})")
+        inverse = np.tril(inverse) + np.tril(inverse, -1).T
+        rows = A.tocsr()
+        coo = rows.tocoo()
+        # a^T Q a for rows with entries (c_i, v_i): sum_ij v_i v_j Q[c_i, c_j]
+        order = np.argsort(coo.row, kind="stable")
+        r, c, v = coo.row[order], coo.col[order], coo.data[order]
+        starts = np.searchsorted(r, np.arange(A.shape[0]))
+        counts = np.diff(np.append(starts, len(r)))
+        quad = np.zeros(A.shape[0])
+        one = counts >= 1
+        quad[one] = v[starts[one]] ** 2 * inverse[c[starts[one]], c[starts[one]]]
+        two = counts == 2
+        s0, s1 = starts[two], starts[two] + 1
+        quad[two] += (v[s1] ** 2 * inverse[c[s1], c[s1]]
+                      + 2 * v[s0] * v[s1] * inverse[c[s0], c[s1]])
+        return weights * quad
+    root = np.sqrt(weights)
+    rows = A.tocsr()
+    total = np.zeros(A.shape[0])
+
+    def probes(first, count, block):  # the same signs each time they are asked for
+        rng = np.random.default_rng((first, block.start))
+        rows = block.stop - block.start  # one random bit a sign: 5x faster than rng.choice
+        bits = np.unpackbits(np.frombuffer(rng.bytes(-(-rows * count // 8)), np.uint8))
+        return bits[:rows * count].reshape(rows, count) * 2.0 - 1.0
+
+    # the probes in blocks of columns, and each over blocks of ARC_BLOCK arcs: the temporaries
+    # are (ARC_BLOCK, PROBE_BLOCK) whatever the network's size
+    blocks = [slice(start, min(start + ARC_BLOCK, A.shape[0]))
+              for start in range(0, A.shape[0], ARC_BLOCK)]
+    for first in range(0, REDUNDANCY_PROBES, PROBE_BLOCK):
+        count = min(PROBE_BLOCK, REDUNDANCY_PROBES - first)
+        projected = np.zeros((A.shape[1], count))
+        for block in blocks:
+            projected += rows[block].T @ (root[block, None] * probes(first, count, block))
+        solved = lu.solve(np.ascontiguousarray(projected))
+        for block in blocks:
+            hat = root[block, None] * (rows[block] @ solved)
+            total[block] += np.sum(hat * probes(first, count, block), axis=1)
+    return np.clip(total / REDUNDANCY_PROBES, 0.0, 1.0)

@@ -197,8 +197,8 @@ class _Updated:
 class _Cholesky:
     """A sparse symmetric positive definite matrix factorised once (CHOLMOD's Cholesky
     through cholespy, which asks for the simplicial one: its multi-right-hand-side solves are
-    much faster than SuperLU's on the whole network, docs/benchmarks.md); ``solve(b)`` for
-    ``b`` of shape ``(n,)`` or ``(n, k)``."""
+    much faster than SuperLU's on the whole network: docs/benchmarks.md, "Why the whole
+    network goes to CHOLMOD"); ``solve(b)`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
 
     def __init__(self, matrix: sp.spmatrix):
         import cholespy

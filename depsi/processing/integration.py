@@ -89,6 +89,7 @@ class IntegrationConfig(Section):
             if not (-180 <= lon <= 360 and -90 <= lat <= 90):
                 raise ValueError(f"reference_lonlat: expected [lon, lat] in degrees, found "
                                  f"{list(self.reference_lonlat)}")
+        return self
 
 
 def phase_variance_from_coherence(coherence: np.ndarray) -> np.ndarray:

@@ -267,9 +267,10 @@ def integrate_network(
         Radius (m) of the reference area: after the network solution (which fixes the single
         reference point), every result is re-referenced to the mean over the network points
         within this distance of the reference point (:func:`apply_reference_area`). ``None``
-        (default): results stay relative to the reference point alone (the chain applies
-        ``integration.reference_radius``, default
-        :data:`~depsi.processing.datum.DEFAULT_REFERENCE_RADIUS`, after the reference noise).
+        (default): results stay relative to the reference point alone. ``reference_radius``
+        defaults to None on purpose, not to the section's
+        :data:`~depsi.processing.datum.DEFAULT_REFERENCE_RADIUS`: the chain moves the datum
+        itself, after the reference noise.
     return_arcs
         Also return the arcs with ``arc_kept``, ``arc_removal_reason`` and ``w_statistic``.
 

@@ -4,20 +4,24 @@ stack folder of ``slc_YYYYMMDD.raw`` files with ``.res`` metadata (:func:`open_b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
+from tqdm.auto import tqdm
 
 from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, attach_geometry
 from depsi.io.metadata import read_metadata_stack
 from depsi.io.raster import (
+    _azimuth_blocks,
     _BinaryStack,
     _check_exist,
     _chunks,
@@ -238,8 +242,117 @@ def _with_res_geometry(stack: xr.Dataset, metadata: dict[str, Any],
     return attach_geometry(stack, geometry)
 
 
+# ----------------------------------------------------------------------------------------------
+# Writing a DORIS stack folder
+# ----------------------------------------------------------------------------------------------
+
+def binary_folder_files(folder: str | os.PathLike, time: np.ndarray, mother: int
+                        ) -> dict[str, list]:
+    """The files of a DORIS stack folder, one per epoch (``YYYYMMDD`` its date).
+
+    ``slc_files`` (``slc_YYYYMMDD.raw``), ``h2ph_files`` (``h2ph_YYYYMMDD.raw``),
+    ``res_files`` (``master.res`` at the mother, ``slave_YYYYMMDD.res`` elsewhere) and
+    ``ifgs_res_files`` (``ifgs_YYYYMMDD.res``, None at the mother), as
+    :func:`open_binary_folder` finds them.
+
+    Examples
+    --------
+    >>> files = binary_folder_files("stack", np.array(["2023-03-19", "2023-03-31"], "M8[ns]"), 0)
+    >>> [p.name for p in files["res_files"]], files["ifgs_res_files"][0]
+    (['master.res', 'slave_20230331.res'], None)
+    """
+    folder = Path(folder)
+    dates = [np.datetime_as_string(t, unit="D").replace("-", "") for t in time]
+    slc_files = [folder / f"slc_{d}.raw" for d in dates]
+    h2ph_files = [folder / f"h2ph_{d}.raw" for d in dates]
+    res_files = [folder / ("master.res" if t == mother else f"slave_{d}.res")
+                 for t, d in enumerate(dates)]
+    ifgs_files = [None if t == mother else folder / f"ifgs_{d}.res" for t, d in enumerate(dates)]
+    return {"slc_files": slc_files, "h2ph_files": h2ph_files, "res_files": res_files,
+            "ifgs_res_files": ifgs_files}
+
+
+def write_binary_folder(folder: str | os.PathLike, stack: xr.Dataset,
+                        texts: Mapping[Path, str], *, overwrite: bool = False,
+                        progress: bool = True) -> dict[str, Any]:
+    """Write a stack's ``complex`` and ``h2ph`` as a DORIS stack folder, with its metadata texts.
+
+    Rasters (:func:`binary_folder_files`: little-endian complex64 and float32, azimuth-major
+    ``(n_azimuth, n_range)``) are written one row of blocks at a time (memory: one row of
+    blocks of ``complex`` and ``h2ph``) to ``*.part`` files renamed when complete; then each
+    of ``texts`` (the ``.res`` files, by path) is written.
+
+    Parameters
+    ----------
+    folder
+        Created if absent.
+    stack
+        ``complex`` and ``h2ph`` on ``(azimuth, range, time)``, ``mother_time`` in its attrs.
+    texts
+        The metadata files' contents by path (``res_files`` and ``ifgs_res_files`` of
+        :func:`binary_folder_files`).
+    overwrite
+        Replace files of the same names; otherwise they raise.
+    progress
+        Show a tqdm progress bar over the rows of blocks.
+
+    Returns
+    -------
+    dict
+        The files of :func:`binary_folder_files`, ``folder``, ``shape``, ``dates``
+        (datetime64[ns]), ``mother_index``, ``dtype`` (``"<c8"``), ``h2ph_dtype``
+        (``"<f4"``).
+
+    Raises
+    ------
+    FileExistsError
+        When a file to write exists and ``overwrite`` is False.
+    """
+    folder = Path(folder)
+    time = stack["time"].values
+    mother = int(np.flatnonzero(time == np.datetime64(stack.attrs["mother_time"]))[0])
+    dates = [np.datetime_as_string(t, unit="D").replace("-", "") for t in time]
+    layout = binary_folder_files(folder, time, mother)
+    slc_files, h2ph_files = layout["slc_files"], layout["h2ph_files"]
+    targets = [*slc_files, *h2ph_files, *texts]
+    existing = [str(p) for p in targets if p.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"files already exist in '{folder}': {existing[:3]}"
+                              f"{' ...' if len(existing) > 3 else ''}; pass overwrite=True")
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = (stack.sizes["azimuth"], stack.sizes["range"])
+    logger.info("writing %d epochs of %d x %d raw SLC and h2ph files to %s",
+                len(dates), *shape, folder)
+
+    parts = [p.with_name(p.name + ".part") for p in (*slc_files, *h2ph_files)]
+    try:
+        with contextlib.ExitStack() as files:
+            handles = [files.enter_context(open(p, "wb")) for p in parts]
+            for rows in tqdm(_azimuth_blocks(stack), desc=f"writing {folder.name}",
+                             unit="block row", disable=not progress):
+                block = stack.isel(azimuth=rows)
+                slc, h2ph = dask.compute(block["complex"].data, block["h2ph"].data)
+                for t in range(len(dates)):
+                    handles[t].write(np.ascontiguousarray(slc[:, :, t], dtype="<c8").tobytes())
+                    handles[len(dates) + t].write(
+                        np.ascontiguousarray(h2ph[:, :, t], dtype="<f4").tobytes())
+        for part, final in zip(parts, (*slc_files, *h2ph_files)):
+            os.replace(part, final)
+    except BaseException:
+        for part in parts:
+            part.unlink(missing_ok=True)
+        raise
+
+    for path, text in texts.items():
+        path.write_text(text)
+    return {"folder": folder, **layout, "shape": shape, "dates": time, "mother_index": mother,
+            "dtype": "<c8", "h2ph_dtype": "<f4"}
+
+
 __all__ = [
     "H2PH_ITEMSIZE",
+    "binary_folder_files",
     "from_binary",
     "open_binary_folder",
+    "write_binary_folder",
 ]

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
@@ -155,7 +157,48 @@ def from_geotiff(
     return _finish(_raster(cube, epochs.time, attrs), "depsi.io.geotiff.from_geotiff")
 
 
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+
+def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, Any]:
+    """One complex64 GeoTIFF per epoch (``slc_YYYYMMDD.tif``), one float32 h2ph GeoTIFF per
+    epoch (``h2ph_YYYYMMDD.tif``) and float64 ``lat.tif``/``lon.tif`` (geocoded from the
+    geometry), as an SLC stack exported by GDAL-based tools."""
+    import rasterio
+
+    from depsi.io.geometry import radar_to_geo
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dates = [np.datetime_as_string(t, unit="D") for t in stack["time"].values]
+    n_az, n_rg = stack.sizes["azimuth"], stack.sizes["range"]
+    values = dask.compute(stack["complex"].data, stack["h2ph"].data)
+    files: dict[str, list[Path]] = {"slc_files": [], "h2ph_files": []}
+    for t, day in enumerate(dates):
+        for kind, data, dtype in (("slc", values[0], "complex64"), ("h2ph", values[1], "float32")):
+            path = folder / f"{kind}_{day.replace('-', '')}.tif"
+            part = path.with_name(path.name + ".part")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+                with rasterio.open(part, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
+                                   dtype=dtype) as tif:
+                    tif.write(np.ascontiguousarray(data[:, :, t], dtype=dtype)[None])
+            os.replace(part, path)
+            files[f"{kind}_files"].append(path)
+    azimuth, range_ = np.meshgrid(np.arange(n_az), np.arange(n_rg), indexing="ij")
+    for name, values in zip(("lat", "lon"), radar_to_geo(geometry, azimuth, range_)):
+        path = folder / f"{name}.tif"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+            with rasterio.open(path, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
+                               dtype="float64") as tif:
+                tif.write(values[None])
+        files[f"{name}_file"] = path
+    return files | {"dates": dates}
+
+
 __all__ = [
     "BandLayout",
     "from_geotiff",
+    "write_geotiff_stack",
 ]

@@ -303,6 +303,15 @@ class _BinaryStack:
         return out
 
 
+# ----------------------------------------------------------------------------------------------
+# Writing: one row of blocks at a time
+# ----------------------------------------------------------------------------------------------
+
+def _azimuth_blocks(ds: xr.Dataset) -> list[slice]:
+    bounds = np.cumsum((0, *ds.chunks["azimuth"]))
+    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 __all__ = [
     "COMPLEX64_NAMES",
     "COMPLEX_INT16_NAMES",

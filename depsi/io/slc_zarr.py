@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
-from collections.abc import Iterable
+import shutil
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +19,13 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import xarray as xr
+import zarr
+from tqdm.auto import tqdm
 
+from depsi.io.paths import TEMPORARY, temporary_sibling
 from depsi.io.raster import (
     RASTER_DIMS,
+    _azimuth_blocks,
     _check_wavelength,
     _chunks,
     _finish,
@@ -27,6 +34,8 @@ from depsi.io.raster import (
 )
 from depsi.io.validate import check_epoch_span
 from depsi.stm.schema import STMValidationError
+
+logger = logging.getLogger(__name__)
 
 #: Variables of an SLC store whose chunks must all be on disk: a missing chunk reads as the fill
 #: value (zeros) without a message. Stores must be written with every chunk (depsi's writers
@@ -323,7 +332,105 @@ def open_slc_zarr(
     return _finish(ds, "depsi.io.slc_zarr.open_slc_zarr")
 
 
+# ----------------------------------------------------------------------------------------------
+# Writing an SLC stack to Zarr
+# ----------------------------------------------------------------------------------------------
+
+def _refuse_existing(path: Path, overwrite: bool) -> None:
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"path '{path}' already exists; pass overwrite=True to replace it")
+
+
+def _move_into_place(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Rename the finished ``tmp`` to ``path``; an old ``path`` goes only once ``tmp`` is done."""
+    from depsi.io.store import move_into_place
+
+    _refuse_existing(path, overwrite)
+    move_into_place(tmp, path)
+
+
+def _spatial_part(ds: xr.Dataset, rows: slice) -> xr.Dataset:
+    part = ds.isel(azimuth=rows)
+    return part.drop_vars([n for n in part.variables if "azimuth" not in part[n].dims])
+
+
+def write_slc_zarr(path: str | os.PathLike, stack: xr.Dataset, *,
+                   groups: Mapping[str, xr.Dataset] | None = None, overwrite: bool = False,
+                   progress: bool = True) -> Path:
+    """Write an SLC stack to a Zarr v3 store, block by block, in bounded memory.
+
+    The stack goes to the root group of ``path`` and each of ``groups`` to its group
+    (``xr.open_zarr(path, group=name)``), chunked like the Dask arrays. The store is written to
+    a hidden sibling ``.<name>.tmp-<id>`` and renamed into place when complete, so ``path``
+    never holds a half-written store. Metadata are consolidated; :func:`open_slc_zarr` reads
+    it back.
+
+    Parameters
+    ----------
+    path
+        The store to create.
+    stack
+        The raster stack ``(azimuth, range, time)``, Dask-backed (one row of blocks is computed
+        at a time: memory about two chunks per thread).
+    groups
+        Further datasets on the same azimuth blocks, by group name (the simulator's truth).
+    overwrite
+        Replace an existing ``path`` (only after the new store is complete).
+    progress
+        Show a tqdm progress bar over the rows of blocks.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    FileExistsError
+        When ``path`` exists and ``overwrite`` is False.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, numpy as np, xarray as xr
+    >>> store = pathlib.Path(tempfile.mkdtemp()) / "stack.zarr"
+    >>> stack = xr.Dataset({"complex": (("azimuth", "range", "time"), np.ones((4, 3, 2), "c8"))},
+    ...                    coords={"time": np.array(["2023-03-19", "2023-03-31"], "M8[ns]")}
+    ...                    ).chunk({"azimuth": 2})
+    >>> _ = write_slc_zarr(store, stack, progress=False)
+    >>> open_slc_zarr(store, wavelength=0.0555)["complex"].shape
+    (4, 3, 2)
+    """
+    path = Path(path)
+    _refuse_existing(path, overwrite)
+    tmp = temporary_sibling(path, TEMPORARY)
+    logger.info("writing SLC stack %s (%.3g GB complex) via %s", path,
+                stack["complex"].nbytes / 1e9, tmp)
+    try:
+        groups = ((stack, None), *((ds, name) for name, ds in (groups or {}).items()))
+        for ds, group in groups:
+            ds.to_zarr(tmp, group=group, mode="w", compute=False, zarr_format=3,
+                       consolidated=False)
+        rows = _azimuth_blocks(stack)
+        for block in tqdm(rows, desc=f"writing {path.name}", unit="block row",
+                          disable=not progress):
+            for ds, group in groups:
+                _spatial_part(ds, block).to_zarr(tmp, group=group, region={"azimuth": block},
+                                                 zarr_format=3, consolidated=False)
+        with warnings.catch_warnings():
+            # zarr 3 warns that consolidated metadata is not yet part of the v3 spec
+            warnings.filterwarnings("ignore", message="Consolidated metadata",
+                                    category=UserWarning)
+            zarr.consolidate_metadata(str(tmp))
+        _move_into_place(tmp, path, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("wrote %s", path)
+    return path
+
+
 __all__ = [
     "ZARR_CHECKED_VARIABLES",
     "open_slc_zarr",
+    "write_slc_zarr",
 ]

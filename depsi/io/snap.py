@@ -45,9 +45,8 @@ _SNAP_BAND = re.compile(r"^(?P<kind>i|q|h2ph)_(?:(?P<swath>[A-Z]{2}\d)_)?(?P<pol
                         r"(?:_(?P<role>mst|slv\d*))?_(?P<date>\d{2}[A-Za-z]{3}\d{4})$")
 _SNAP_DATE = re.compile(r"(\d{2})([A-Za-z]{3})(\d{4})")
 #: Where pixel (azimuth, range) lies in the coordinates of a znap product's tie-point grids:
-#: rows at the line index itself, columns at the pixel's centre. Measured on the real pair
-#: (tests/test_geometry.py): seen from the orbits, its tie rows fall on lines 0.000, 303.978 and
-#: 608.001, its columns on pixel + 0.42.
+#: rows at the line index itself, columns at the pixel's centre (as measured on the real pair:
+#: docs/benchmarks.md).
 SNAP_TIE_POINT_CENTRE = (0.0, 0.5)
 #: SNAP writes UTC times as [days, seconds, microseconds] since 2000-01-01.
 _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
@@ -174,10 +173,8 @@ def _snap_line_time(abstracted: dict, fields: dict[str, Any], what: str) -> np.d
 
     From the burst whose lines hold the subset's first line (``BurstBoundary``:
     ``FirstLineTime`` + (``subset_offset_y`` - ``FirstLineDeburst``) x ``line_time_interval``)
-    where the product records its bursts, else ``first_line_time``. On the real pair SNAP's
-    ``first_line_time`` of the subset lies 1.2 lines (2.5 ms) after its burst's timing; with
-    the burst's, the orbits' geocoding agrees with SNAP's own per-pixel latitude/longitude to
-    0.12 m, with ``first_line_time`` to 16.6 m (tests/test_geometry.py).
+    where the product records its bursts, else ``first_line_time``, which can lie a line or so
+    later (figures of the real pair: docs/benchmarks.md).
     """
     stated = _snap_time(fields.get("first_line_time"), f"{what}/first_line_time")
     children = {e.get("name"): e for e in abstracted.get("elements", [])}

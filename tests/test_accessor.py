@@ -14,7 +14,6 @@ import xarray as xr
 import depsi.stm  # noqa: F401  (registers .stm)
 from depsi.stm import STMValidationError, accessor, morton_order
 from depsi.stm.accessor import STMKeyError
-from depsi.stm.dask_tools import chunked_view, computed_in_place, culled
 
 gpd = pytest.importorskip("geopandas")
 
@@ -477,80 +476,3 @@ def test_method_leaves_input_unchanged(name, chunks):
     out = CALLS[name](ds)
     xr.testing.assert_identical(ds, before)
     assert out is not ds
-
-
-def test_release_memory_returns_the_heaps_free_pages():
-    """After a freed 16 MB array, glibc serves 1 MB arrays from its heap and keeps them
-    resident when freed around live ones (the chain's block temporaries); release_memory hands
-    them back. Where the C library has no malloc_trim, it says so and does nothing."""
-    import psutil
-
-    from depsi.stm.dask_tools import _malloc_trim, release_memory
-
-    if _malloc_trim() is None:
-        assert release_memory() is False
-        return
-    process, mb = psutil.Process(), 2**20
-    big = np.ones(16 * mb // 8)
-    del big  # raises glibc's threshold for serving arrays from the heap
-    held, freed = [], []
-    for _ in range(300):
-        freed.append(np.ones(mb // 8))
-        held.append(np.ones(1024))
-    freed.clear()
-    before = process.memory_info().rss
-    assert release_memory() is True
-    assert before - process.memory_info().rss > 200 * mb
-
-
-def _pid_block(block: np.ndarray) -> np.ndarray:
-    import os
-
-    return np.full(block.shape, os.getpid(), dtype=np.int64)
-
-
-@pytest.mark.parametrize("compute", [
-    {"scheduler": "local", "workers": 1, "threads": 1, "memory_limit": None},
-    {"scheduler": "processes", "workers": 1}], ids=lambda c: c["scheduler"])
-def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster(compute):
-    """Under a LocalCluster or a process pool, ``in_process=True`` runs the blocks on this
-    process's threads (the chain's final fit: its inputs are views of this process's arrays,
-    which the cluster would get copied into its graph); without it, the workers run them. (The
-    threaded scheduler would take a configured process pool as its own: the blocks were then
-    written in other processes, and the chain's heights under `processes` were all zero.)"""
-    import os
-
-    from depsi.cluster import scheduler
-
-    values = np.arange(40.0).reshape(8, 5)
-    lazy = xr.Dataset({"pid": (("space", "time"), da.map_blocks(
-        _pid_block, chunked_view(values, 2), dtype=np.int64))})
-    with scheduler(compute):
-        here = computed_in_place(lazy, in_process=True)["pid"][1]
-        there = computed_in_place(lazy)["pid"][1]
-    assert (here == os.getpid()).all()
-    assert (there != os.getpid()).all()
-
-
-def _head(payload: np.ndarray) -> dict:
-    return {"a": payload[:10]}
-
-
-def test_culled_keeps_only_the_tasks_a_slice_needs():
-    """A slice of a lazy result keeps the whole graph; culled() keeps what its chunks need, so a
-    distributed scheduler is not sent every chunk's inputs (densification's batches at 10^7:
-    2.4 GB each). The values are the same."""
-    import pickle
-
-    parts = []
-    for i in range(20):
-        piece = dask.delayed(_head, pure=True)(np.full(250_000, float(i)))  # 2 MB each
-        parts.append(da.from_delayed(piece["a"], (10,), dtype=float))
-    ds = xr.Dataset({"v": ("space", da.concatenate(parts))})
-    batch = ds.isel(space=slice(0, 20))
-    whole = len(pickle.dumps(dict(batch["v"].data.__dask_graph__())))
-    cut = culled(batch)
-    size = len(pickle.dumps(dict(cut["v"].data.__dask_graph__())))
-    assert whole > 30e6 and size < 6e6
-    np.testing.assert_array_equal(cut["v"].values, batch["v"].values)
-    np.testing.assert_array_equal(cut["v"].values, np.repeat([0.0, 1.0], 10))

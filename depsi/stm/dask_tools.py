@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import uuid
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 
 import dask
@@ -70,22 +70,89 @@ def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
 def culled(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` with each Dask variable's graph cut down to the tasks its own chunks need.
 
-    A slice of a lazy result (a batch of its chunks) keeps the whole graph it was cut from; a
-    distributed scheduler gets that whole graph pickled and sent before it culls it (dask
-    2026.8): densification's batches at 10^7 points sent 2.4 GB each, every chunk's neighbour
-    rows. Local schedulers cull without copying; the values are the same either way.
+    A slice of a lazy result (a batch of its chunks) keeps the whole graph it was cut from, and
+    a distributed scheduler gets that whole graph pickled and sent before it culls it; here
+    each variable keeps the tasks found by a walk from its own keys (:func:`needed_tasks`), so
+    the cost follows the batch, not the graph it was cut from. The values are the same.
+
+    Examples
+    --------
+    >>> whole = xr.Dataset({"a": ("x", da.arange(6, chunks=2) + 1)})
+    >>> batch = culled(whole.isel(x=slice(0, 2)))
+    >>> len(batch["a"].data.__dask_graph__()), batch["a"].values.tolist()
+    (3, [1, 2])
     """
     from dask.core import flatten
-    from dask.optimization import cull
 
     out = ds.copy(deep=False)
     for name, var in ds.variables.items():
         data = var.data
         if not isinstance(data, da.Array):
             continue
-        # the task-level cull (HighLevelGraph.cull keeps every layer of a concatenation)
-        graph, _ = cull(dict(data.__dask_graph__()), list(flatten(data.__dask_keys__())))
+        graph = needed_tasks(data.__dask_graph__(), flatten(data.__dask_keys__()))
         out[name].data = da.Array(graph, data.name, data.chunks, meta=data._meta)
+    return out
+
+
+def needed_tasks(graph: Mapping, keys: Iterable[Hashable]) -> dict:
+    """The tasks of ``graph`` that computing ``keys`` needs: ``keys``' own and, recursively,
+    those they depend on; nothing else of the graph is looked at.
+
+    ``dask.optimization.cull`` takes a dict, and ``dict(HighLevelGraph)`` materialises every
+    layer (looking up a key whose layer is not named by it scans all layers): a batch of a
+    graph of many layers cost the whole graph. In a ``HighLevelGraph`` a task's dependencies
+    are looked up in the layer their name says, else in the task's own layer and the layers
+    it depends on (the graph's declared dependencies), as dask builds them.
+
+    Examples
+    --------
+    >>> x = da.arange(8, chunks=2) * 2
+    >>> sorted(needed_tasks(x.__dask_graph__(), [(x.name, 1)]), key=str)  # doctest: +ELLIPSIS
+    [('arange-...', 1), ('mul-...', 1)]
+    """
+    from dask.core import keys_in_tasks
+    from dask.highlevelgraph import HighLevelGraph
+
+    if not isinstance(graph, HighLevelGraph):
+        from dask.optimization import cull
+
+        return cull(graph, list(keys))[0]
+    layers, depends = graph.layers, graph.dependencies
+    found: dict = {}  # key -> (its layer's name, its task)
+
+    def locate(key, near: str | None) -> bool:
+        if key in found:
+            return True
+        name = key if isinstance(key, str) else key[0] if type(key) is tuple and key else None
+        candidates = [name] if isinstance(name, str) and name in layers else []
+        if near is not None:
+            candidates += [near, *depends.get(near, ())]
+        for layer_name in candidates:
+            layer = layers[layer_name]
+            try:
+                found[key] = (layer_name, layer[key])
+            except (KeyError, TypeError):  # not in this layer; TypeError: not hashable
+                continue
+            return True
+        return False
+
+    class _Near:  # membership in the layers a task of layer ``near`` can depend on
+        def __init__(self, near):
+            self.near = near
+
+        def __contains__(self, key):
+            return locate(key, self.near)
+
+    out: dict = {}
+    work = [key for key in keys if locate(key, None)]
+    while work:
+        key = work.pop()
+        if key in out:
+            continue
+        layer_name, task = found[key]
+        out[key] = task
+        work.extend(dep for dep in keys_in_tasks(_Near(layer_name), [task], as_list=True)
+                    if dep not in out)
     return out
 
 

@@ -1,0 +1,170 @@
+"""Growth of the chain's steps with the number of points, on any layout (issue 34, item 1).
+
+A user measured densification quadratic in the number of chunks on points stored in raster order
+(10^5 -> 10^6 PS: 2.2 s -> 256 s): every batch of chunks materialised the whole graph. This
+times the chain's steps at two sizes for three layouts of the same scene and prints, per layout
+and step, the growth exponent ``log(t2/t1) / log(n2/n1)`` (1 = linear):
+
+- ``morton``: the store as ``_scale_scene.py`` writes it (Morton order, 32 MB space chunks);
+- ``raster``: the same points in raster order (azimuth, then range), same chunks;
+- ``chunks1e4``: Morton order in space chunks of 10^4 points (many chunks).
+
+Each layout is written to its own Zarr store (cached with the scene in ``--cache``, default
+``$TMPDIR/depsi-bench-growth``) and opened lazily, so a step reads it as it would read a user's
+store. The steps are those of ``run_ps_chain`` (see ``bench_scale.py``), timed one by one in
+this process; ``culled s`` is the time densification spent in ``culled`` (the chain's
+batches). The baseline is the same step at the smaller size in the same run.
+
+Checks (asserts, here, not in the test suite): the exponent of each step named in ``--check``
+(default densification) is at most ``--max-exponent`` (default 1.1) on every layout.
+
+Run: ``python benchmarks/bench_growth.py [--sizes 5e4 2e5] [--layouts morton raster chunks1e4]
+[--check densification] [--steps densification]``. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import _scale_scene as scene_module
+import numpy as np
+import xarray as xr
+
+#: The layouts timed, by name: (order of the points, points per space chunk or None: the store's).
+LAYOUTS = {"morton": ("morton", None), "raster": ("raster", None),
+           "chunks1e4": ("morton", 10_000)}
+#: The steps of ``run_ps_chain``, as ``bench_scale.py`` names them.
+STEPS = ("prepare", "network", "arcs", "integration", "atmosphere", "densification", "model")
+
+
+def scene_store(n_points: int, cache: Path) -> Path:
+    """The Morton-ordered point store of an ``n_points`` scene (written once, then reused)."""
+    folder = cache / f"n{n_points}-v{scene_module.GENERATOR_VERSION}"
+    if not folder.exists():
+        scene_module.write_scene(n_points, folder)
+    return folder / scene_module.PS_STORE
+
+
+def layout_store(n_points: int, layout: str, cache: Path) -> Path:
+    """The scene's points in ``layout``, as a Zarr store of their own (written once)."""
+    source = scene_store(n_points, cache)
+    order, chunk = LAYOUTS[layout]
+    if order == "morton" and chunk is None:
+        return source
+    path = cache / f"n{n_points}-v{scene_module.GENERATOR_VERSION}" / f"{layout}.zarr"
+    if path.exists():
+        return path
+    ds = xr.open_zarr(source, consolidated=False).compute()
+    if order == "raster":
+        ds = ds.isel(space=np.lexsort((ds["range"].values, ds["azimuth"].values)))
+    size = chunk or xr.open_zarr(source, consolidated=False).chunks["space"][0]
+    ds = ds.chunk({"space": size, "time": -1})
+    for var in ds.variables.values():
+        var.encoding = {}
+    tmp = path.with_name(f".{path.name}.writing")
+    ds.to_zarr(tmp, mode="w", consolidated=False)
+    os.replace(tmp, path)
+    return path
+
+
+class _CulledTimer:
+    """Wraps the chain's ``culled`` to add up the seconds spent in it."""
+
+    def __init__(self, chain):
+        self.chain, self.original, self.seconds = chain, chain.culled, 0.0
+
+    def __enter__(self):
+        def timed(ds):
+            start = time.perf_counter()
+            try:
+                return self.original(ds)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        self.chain.culled = timed
+        return self
+
+    def __exit__(self, *exc):
+        self.chain.culled = self.original
+
+
+def run_steps(path: Path, steps: tuple[str, ...]) -> dict[str, float]:
+    """Wall seconds of each chain step on the store at ``path`` (all run; ``steps`` kept)."""
+    from depsi.processing import chain
+
+    ps_stm = xr.open_zarr(path, consolidated=False).chunk({"time": -1})
+    config = chain.chain_config(None)
+    times = {}
+
+    def timed(name, func):
+        start = time.perf_counter()
+        out = func()
+        times[name] = time.perf_counter() - start
+        return out
+
+    points = timed("prepare", lambda: chain.prepare_points(ps_stm))
+    network = timed("network", lambda: chain.network_step(points, config))
+    arcs = [timed("arcs", lambda: chain.observations_step(network, config))]
+    first = [timed("integration", lambda: chain.integration_step(network, arcs.pop(), config))]
+    first = [timed("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))]
+    with _CulledTimer(chain) as culled:
+        dense = [timed("densification",
+                       lambda: chain.densification_step(points, first[0], config))]
+    times["culled"] = culled.seconds
+    if "model" in steps:
+        timed("model", lambda: chain.model_step(points, first.pop(), dense.pop(), config))
+    return {name: t for name, t in times.items() if name in steps or name == "culled"}
+
+
+def exponent(t1: float, t2: float, n1: int, n2: int) -> float:
+    return math.log(max(t2, 1e-9) / max(t1, 1e-9)) / math.log(n2 / n1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs=2, type=float, default=[5e4, 2e5])
+    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
+    parser.add_argument("--check", nargs="*", choices=STEPS, default=["densification"])
+    parser.add_argument("--max-exponent", type=float, default=1.1)
+    parser.add_argument("--cache", type=Path,
+                        default=Path(tempfile.gettempdir()) / "depsi-bench-growth")
+    args = parser.parse_args(argv)
+    n1, n2 = (int(n) for n in args.sizes)
+    steps = tuple(args.steps)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for layout in args.layouts:
+        for n in (n1, n2):
+            path = layout_store(n, layout, args.cache)
+            chunks = len(xr.open_zarr(path, consolidated=False).chunks["space"])
+            results[layout, n] = run_steps(path, steps)
+            gc.collect()
+            print(f"{layout:10s} n={n:>9,d} chunks={chunks:>4d} "
+                  + " ".join(f"{k}={v:.2f}s" for k, v in results[layout, n].items()),
+                  flush=True)
+    print(f"\n| layout | step | {n1:,} s | {n2:,} s | exponent |\n|---|---|---|---|---|")
+    failed = []
+    for layout in args.layouts:
+        for step in (*steps, "culled"):
+            if step not in results[layout, n1]:
+                continue
+            t1, t2 = results[layout, n1][step], results[layout, n2][step]
+            e = exponent(t1, t2, n1, n2)
+            print(f"| {layout} | {step} | {t1:.2f} | {t2:.2f} | {e:.2f} |")
+            if step in args.check and e > args.max_exponent:
+                failed.append(f"{layout} {step}: exponent {e:.2f} > {args.max_exponent}")
+    for line in failed:
+        print("FAILED:", line)
+    assert not failed, "; ".join(failed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

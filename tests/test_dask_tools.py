@@ -1,0 +1,139 @@
+"""The Dask and memory helpers of the steps (``depsi.stm.dask_tools``): computing in place, culled
+batches, views as chunks, heap pages handed back."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+from depsi.stm.dask_tools import chunked_view, computed_in_place, culled
+
+
+def test_release_memory_returns_the_heaps_free_pages():
+    """After a freed 16 MB array, glibc serves 1 MB arrays from its heap and keeps them
+    resident when freed around live ones (the chain's block temporaries); release_memory hands
+    them back. Where the C library has no malloc_trim, it says so and does nothing."""
+    import psutil
+
+    from depsi.stm.dask_tools import _malloc_trim, release_memory
+
+    if _malloc_trim() is None:
+        assert release_memory() is False
+        return
+    process, mb = psutil.Process(), 2**20
+    big = np.ones(16 * mb // 8)
+    del big  # raises glibc's threshold for serving arrays from the heap
+    held, freed = [], []
+    for _ in range(300):
+        freed.append(np.ones(mb // 8))
+        held.append(np.ones(1024))
+    freed.clear()
+    before = process.memory_info().rss
+    assert release_memory() is True
+    assert before - process.memory_info().rss > 200 * mb
+
+
+def _pid_block(block: np.ndarray) -> np.ndarray:
+    import os
+
+    return np.full(block.shape, os.getpid(), dtype=np.int64)
+
+
+@pytest.mark.parametrize("compute", [
+    {"scheduler": "local", "workers": 1, "threads": 1, "memory_limit": None},
+    {"scheduler": "processes", "workers": 1}], ids=lambda c: c["scheduler"])
+def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster(compute):
+    """Under a LocalCluster or a process pool, ``in_process=True`` runs the blocks on this
+    process's threads (the chain's final fit: its inputs are views of this process's arrays,
+    which the cluster would get copied into its graph); without it, the workers run them. (The
+    threaded scheduler would take a configured process pool as its own: the blocks were then
+    written in other processes, and the chain's heights under `processes` were all zero.)"""
+    import os
+
+    from depsi.cluster import scheduler
+
+    values = np.arange(40.0).reshape(8, 5)
+    lazy = xr.Dataset({"pid": (("space", "time"), da.map_blocks(
+        _pid_block, chunked_view(values, 2), dtype=np.int64))})
+    with scheduler(compute):
+        here = computed_in_place(lazy, in_process=True)["pid"][1]
+        there = computed_in_place(lazy)["pid"][1]
+    assert (here == os.getpid()).all()
+    assert (there != os.getpid()).all()
+
+
+def _head(payload: np.ndarray) -> dict:
+    return {"a": payload[:10]}
+
+
+def test_culled_keeps_only_the_tasks_a_slice_needs():
+    """A slice of a lazy result keeps the whole graph; culled() keeps what its chunks need, so a
+    distributed scheduler is not sent every chunk's inputs (densification's batches at 10^7:
+    2.4 GB each). The values are the same."""
+    import pickle
+
+    parts = []
+    for i in range(20):
+        piece = dask.delayed(_head, pure=True)(np.full(250_000, float(i)))  # 2 MB each
+        parts.append(da.from_delayed(piece["a"], (10,), dtype=float))
+    ds = xr.Dataset({"v": ("space", da.concatenate(parts))})
+    batch = ds.isel(space=slice(0, 20))
+    whole = len(pickle.dumps(dict(batch["v"].data.__dask_graph__())))
+    cut = culled(batch)
+    size = len(pickle.dumps(dict(cut["v"].data.__dask_graph__())))
+    assert whole > 30e6 and size < 6e6
+    np.testing.assert_array_equal(cut["v"].values, batch["v"].values)
+    np.testing.assert_array_equal(cut["v"].values, np.repeat([0.0, 1.0], 10))
+
+
+def _chunk_result(block: np.ndarray, shared: np.ndarray) -> dict:
+    return {"sum": block.sum(axis=1) + shared[0], "block": block}
+
+
+def _densify_like(n_chunks: int) -> xr.Dataset:
+    """A graph shaped like densification's: a fancy-indexed input, one delayed task a chunk on
+    its block and a shared value, each output concatenated from one piece a chunk."""
+    values = da.random.random((n_chunks * 20, 3), chunks=(20, 3))
+    values = values[np.arange(0, n_chunks * 20, 2)]  # a gather: one layer for every chunk
+    shared = dask.delayed(np.ones(2), pure=True)
+    pieces = {"sum": [], "block": []}
+    for i, size in enumerate(values.chunks[0]):
+        part = dask.delayed(_chunk_result, pure=True, nout=None)(values.blocks[i], shared)
+        pieces["sum"].append(da.from_delayed(part["sum"], (size,), dtype=float))
+        pieces["block"].append(da.from_delayed(part["block"], (size, 3), dtype=float))
+    return xr.Dataset({"sum": ("space", da.concatenate(pieces["sum"])),
+                       "block": (("space", "t"), da.concatenate(pieces["block"]))})
+
+
+def test_culled_keeps_exactly_the_batchs_tasks_without_reading_the_whole_graph(monkeypatch):
+    """A batch of b chunks of a densification-shaped graph keeps the tasks dask's own cull of
+    the materialised graph keeps, a fixed number a chunk; and culled never iterates over the
+    whole graph (each batch did: batches x graph size, quadratic in the chunks)."""
+    from dask.core import flatten
+    from dask.highlevelgraph import HighLevelGraph
+    from dask.optimization import cull
+
+    ds = _densify_like(40)
+    bounds = np.cumsum((0,) + ds.chunks["space"])
+    batches = {b: ds.isel(space=slice(0, int(bounds[b]))) for b in (1, 2, 4)}
+    oracle = {b: cull(dict(batch["sum"].data.__dask_graph__()),
+                      list(flatten(batch["sum"].data.__dask_keys__())))[0]
+              for b, batch in batches.items()}
+
+    def whole_graph_read(self):
+        raise AssertionError("culled iterated over the whole graph")
+
+    monkeypatch.setattr(HighLevelGraph, "__iter__", whole_graph_read)
+    cut = {b: culled(batch) for b, batch in batches.items()}
+    monkeypatch.undo()
+    counts = {b: len(c["sum"].data.__dask_graph__()) for b, c in cut.items()}
+    for b in batches:
+        assert set(cut[b]["sum"].data.__dask_graph__()) == set(oracle[b])
+    per_chunk = counts[2] - counts[1]
+    assert counts[4] - counts[2] == 2 * per_chunk  # tasks proportional to the batch
+    assert counts[4] < len(dict(ds["sum"].data.__dask_graph__())) / 5
+    for b, batch in batches.items():
+        np.testing.assert_array_equal(cut[b]["block"].values, batch["block"].values)

@@ -26,7 +26,7 @@ import xarray as xr
 
 from depsi.conventions import wrap_phase
 from depsi.processing.arcs import estimate_arcs
-from depsi.processing.chain import run_ps_chain
+from depsi import run_ps_chain
 from depsi.processing.densification import densify
 from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from depsi.processing.chain import run_ps_chain
+from depsi import run_ps_chain
 from depsi.processing.selection import ps_selection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -1,8 +1,9 @@
 """depsi: Persistent Scatterer InSAR time-series analysis on space-time matrices.
 
 ``import depsi`` registers the ``.stm`` accessor on xarray Datasets and exposes the store
-functions; the processing steps live in :mod:`depsi.processing`, the simulator in
-:mod:`depsi.simulate`, the batched kernels in :mod:`depsi.kernels`.
+functions and :func:`run_ps_chain`; the science lives in :mod:`depsi.processing`, the steps
+and their executors in :mod:`depsi.pipeline`, the simulator in :mod:`depsi.simulate`, the
+batched kernels in :mod:`depsi.kernels`.
 """
 
 import logging
@@ -15,6 +16,15 @@ __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
+
+def __getattr__(name: str):
+    if name == "run_ps_chain":  # imported when first used: the pipeline layer is heavier
+        from depsi.pipeline.chain import run_ps_chain
+
+        return run_ps_chain
+    raise AttributeError(f"module 'depsi' has no attribute {name!r}")
+
+
 __all__ = [
     "STMValidationError",
     "__version__",
@@ -22,6 +32,7 @@ __all__ = [
     "configure_devices",
     "from_csv",
     "open_stm",
+    "run_ps_chain",
     "save_stm",
     "validate",
 ]

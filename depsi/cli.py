@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-logger = logging.getLogger("depsi.cli")
+from depsi.pipeline.steps import STEP_NAMES
 
-#: Steps of ``depsi run --from/--to`` (the pipeline runner's ``STEPS``).
-STEP_NAMES = ("stack", "selection", "network", "arcs", "integration", "atmosphere",
-              "densification", "model", "export")
+logger = logging.getLogger("depsi.cli")
 
 DESCRIPTION = """\
 depsi: Persistent Scatterer InSAR time series on space-time matrices (STM).
@@ -140,12 +138,12 @@ def describe_workspace(path: Path) -> str:
     where the result (``stm.zarr``), the exports and the log are. Lock and temporary files are
     not listed.
     """
-    from depsi.pipeline.runner import LOG_FILE, PRODUCTS, STEPS, read_failure
+    from depsi.pipeline.runner import LOG_FILE, PRODUCTS, read_failure
 
     workspace = Path(path).absolute()
     failure = read_failure(workspace)
     body, finished = [], {}
-    for step in STEPS:
+    for step in STEP_NAMES:
         lines, manifest = _step_lines(workspace, step, failure)
         body += lines
         if manifest is not None:
@@ -154,7 +152,7 @@ def describe_workspace(path: Path) -> str:
                if Path(finished[s]["product"]).parent == workspace)
     last = max((m["finished"] for m in finished.values()), default=None)
     lines = [f"workspace {workspace}",
-             f"{len(finished)} of {len(STEPS)} steps finished"
+             f"{len(finished)} of {len(STEP_NAMES)} steps finished"
              + (f", the last at {_finished_at(last)}" if last is not None else "")
              + f"; {_human_bytes(size)} of products on disk",
              f"  {'step':<13} {'status':<16} {'product':<20} {'size':>10}  finished", *body]

@@ -190,7 +190,7 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     from depsi.io.doris import from_doris_stack
     from depsi.io.export import to_csv
     from depsi.pipeline.runner import heartbeat
-    from depsi.processing.chain import run_ps_chain
+    from depsi import run_ps_chain
     from depsi.processing.selection import ps_selection
     from depsi.simulate import accuracy, write_stack
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 import depsi.io.store as store
-import depsi.processing.chain as chain
+import depsi.pipeline.chain_steps as chain
 from depsi.cli import LOG_FORMAT, main
 from depsi.errors import EXIT_CODE_MEANINGS, ExitCode, classify
 from depsi.pipeline.runner import manifest_path
@@ -221,7 +221,7 @@ def test_ctrl_c_inside_a_step_exits_5_and_the_rest_resumes(run, console, monkeyp
 #: ``depsi run`` that stalls inside the network step, touching a flag file first.
 _STALLING_RUN = """
 import pathlib, sys, time
-import depsi.processing.chain as chain
+import depsi.pipeline.chain_steps as chain
 def stall(*args, **kwargs):
     pathlib.Path(sys.argv[2]).touch()
     time.sleep(600)

@@ -23,11 +23,6 @@ from depsi.pipeline import parse_config, run_pipeline
 from depsi.pipeline.runner import manifest_path
 from depsi.simulate import simulate_stack
 
-try:
-    from test_slurm import slurm_env  # noqa: F401  (the session fixture starting SLURM)
-except ImportError:  # pragma: no cover - run from another folder
-    from tests.test_slurm import slurm_env  # noqa: F401
-
 SIMULATE = {"shape": [120, 120], "n_epochs": 20, "seed": 7, "ps_fraction": 0.03}
 
 
@@ -99,7 +94,7 @@ def _run_and_kill_when(config_path: Path, ready, timeout: float = 120.0,
 #: manifest are written), touching a flag file: the kill lands in that step every time.
 _STALLING_DENSIFICATION = """
 import pathlib, sys, time
-import depsi.processing.chain as chain
+import depsi.pipeline.chain_steps as chain
 def stall(*args, **kwargs):
     pathlib.Path(sys.argv[2]).touch()
     time.sleep(600)

@@ -170,7 +170,7 @@ def test_simulated_geometry_h2ph_matches_the_simulated_h2ph():
 
 @pytest.mark.slow
 def test_reference_by_lon_lat_picks_the_nearest_first_order_point():
-    from depsi.processing.chain import ChainConfig, run_ps_chain
+    from depsi.pipeline import ChainConfig, run_ps_chain
     from depsi.processing.selection import ps_selection
     from depsi.simulate import simulate_stack
 

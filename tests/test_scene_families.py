@@ -30,7 +30,7 @@ import logging
 import numpy as np
 import pytest
 
-from depsi.processing.chain import run_ps_chain
+from depsi import run_ps_chain
 from depsi.processing.selection import ps_selection
 from scenes import (
     FAST_FAMILIES,

@@ -13,21 +13,20 @@ import xarray as xr
 
 from depsi.io import open_stm
 from depsi.kernels.backend import single_threaded_blas
+from depsi.pipeline import chain_steps as chain_module
 from depsi.pipeline import parse_config, run_pipeline
-from depsi.pipeline.config import PipelineConfig, example_config_yaml
-from depsi.processing import chain as chain_module
-from depsi.processing.chain import (
-    ChainConfig,
+from depsi.pipeline.chain import run_ps_chain
+from depsi.pipeline.chain_config import ChainConfig, chain_config
+from depsi.pipeline.chain_steps import (
     arcs_step,
     atmosphere_step,
-    chain_config,
     densification_step,
     integration_step,
     model_step,
     network_step,
     prepare_points,
-    run_ps_chain,
 )
+from depsi.pipeline.config import PipelineConfig, example_config_yaml
 from depsi.processing.selection import SelectionConfig, ps_selection
 from depsi.simulate import simulate_stack
 
@@ -64,6 +63,10 @@ ALTERNATES = {
 }
 
 
+#: The chain's settings of these tests' products (the first-order count of a small scene).
+BASE = {"network": {"first_order": 150}}
+
+
 def _fields(model: type) -> list[str]:
     return [f"{section}.{name}" for section, info in model.model_fields.items()
             for name in info.annotation.model_fields]
@@ -88,7 +91,7 @@ def _products(points: xr.Dataset, config: ChainConfig) -> dict[str, xr.Dataset]:
 
 @pytest.fixture(scope="module")
 def base(points):
-    return _products(points, chain_config(first_order=150))
+    return _products(points, chain_config(BASE))
 
 
 def test_every_chain_field_has_a_test():
@@ -96,7 +99,7 @@ def test_every_chain_field_has_a_test():
 
 
 def test_run_ps_chain_is_the_composition_of_the_steps(points, base):
-    result = run_ps_chain(points, first_order=150)
+    result = run_ps_chain(points, BASE)
     assert result.identical(base["model"])
 
 
@@ -111,7 +114,7 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
     from depsi.processing import integration
 
     network = base["network"]
-    config = chain_config(first_order=150)
+    config = chain_config(BASE)
     if flat_h2ph:
         network = network.assign(h2ph=network["h2ph"].isel(time=0))
     n_arcs = network.sizes[chain_module.EDGE]
@@ -140,7 +143,7 @@ def test_every_chain_field_changes_the_products(points, base, field):
         network = base["network"]
         value = (float(network["lon"].values[7]), float(network["lat"].values[7]))
     assert value != getattr(getattr(ChainConfig(), section), name)
-    config = chain_config(first_order=150, **{section: {name: value}})
+    config = chain_config(BASE, **{section: {name: value}})
     products = _products(points, config)
     changed = [step for step, ds in products.items() if not ds.identical(base[step])]
     assert changed, f"{field}={value!r} changed no product"
@@ -180,7 +183,7 @@ def test_a_count_is_never_read_as_a_threshold():
     with pytest.raises(ValueError, match="first_order"):
         parse_config({"network": {"first_order": 0.25}})
     with pytest.raises(ValueError, match="first_order"):
-        run_ps_chain(xr.Dataset(), first_order=0.25)
+        run_ps_chain(xr.Dataset(), network={"first_order": 0.25})
 
 
 def test_unknown_chain_option_is_refused_naming_it():
@@ -214,14 +217,61 @@ def test_depsi_run_equals_run_ps_chain(tmp_path):
         assert got.attrs[key] == expected.attrs[key], key
 
 
-def test_steps_read_only_their_sections():
-    """The pipeline hashes each step's sections to decide what to redo: a section a step reads
-    must be among them (checked by reading the step functions' source)."""
-    for step, sections in chain_module.STEP_SECTIONS.items():
-        source = inspect.getsource(getattr(chain_module, f"{step}_step"))
-        read = {s for s in ChainConfig.model_fields if f"config.{s}" in source}
-        declared = {s.split(".")[0] for s in sections}
-        assert read <= declared, (step, read - declared)
+def test_a_step_sees_only_its_declared_sections():
+    """The executors give each step a view of the config with only its Step's sections: a
+    read of any other section fails naming the step, so no step depends on a section whose
+    change would not redo it (the pipeline hashes exactly those)."""
+    from depsi.pipeline.steps import BY_NAME, STEPS, config_for
+
+    config = PipelineConfig()
+    view = config_for("network", config)
+    assert view.network == config.network
+    assert view.integration.reference == config.integration.reference
+    with pytest.raises(AttributeError, match="step 'network' reads config section 'atmosphere'"):
+        _ = view.atmosphere
+    with pytest.raises(AttributeError, match="integration.min_coherence"):
+        _ = view.integration.min_coherence
+    for step in STEPS:  # every declared section exists in the config
+        for dotted in step.sections + step.checks:
+            value = config
+            for part in dotted.split("."):
+                value = getattr(value, part)
+    assert BY_NAME["model"].sections == ("atmosphere",)
+
+
+def test_run_ps_chain_lets_each_product_go_after_its_last_reader(points, monkeypatch):
+    """The in-memory executor drops each product after the last step that reads it (known
+    from the table's inputs): when the model step runs, the network, arcs and integration
+    products are gone, and the model step holds the only references to what it reads."""
+    import gc
+    import weakref
+
+    from depsi.pipeline import steps as steps_module
+
+    refs = {}
+    seen = {}
+
+    def recording(function, step):
+        def run(*args, **kwargs):
+            out = function(*args, **kwargs)
+            refs[step] = weakref.ref(out)
+            return out
+        return run
+
+    for step in ("network", "integration", "atmosphere"):
+        monkeypatch.setattr(chain_module, f"{step}_step",
+                            recording(getattr(chain_module, f"{step}_step"), step))
+
+    def model_then_check(points, first, dense, config, *, devices=None):
+        del first, dense  # as the model step lets them go once merged
+        gc.collect()
+        seen.update({step: ref() is not None for step, ref in refs.items()})
+        return xr.Dataset()
+
+    monkeypatch.setattr(chain_module, "model_step", model_then_check)
+    assert steps_module.last_consumers(steps_module.CHAIN_STEPS)["integration"] == "atmosphere"
+    run_ps_chain(points, BASE)
+    assert seen == {"network": False, "integration": False, "atmosphere": False}
 
 
 def _scatter(n: int, side: int, seed: int = 0) -> xr.Dataset:
@@ -233,7 +283,7 @@ def _scatter(n: int, side: int, seed: int = 0) -> xr.Dataset:
 
 
 def test_first_order_density_follows_the_area_not_a_count():
-    from depsi.processing.chain import first_order_indices
+    from depsi.pipeline.chain_steps import first_order_indices
     from depsi.processing.network import NetworkConfig
 
     config = NetworkConfig(first_order=100, cell_size=150.0)
@@ -271,8 +321,7 @@ def test_every_other_config_field_is_read_by_the_code_that_runs_it():
     from depsi.pipeline.config import InputConfig, OutputConfig, SimulateConfig
 
     root = Path(depsi.__file__).parent
-    readers = [root / "pipeline" / "runner.py", root / "cluster.py", root / "cli.py",
-               root / "pipeline" / "config.py"]
+    readers = [*sorted((root / "pipeline").glob("*.py")), root / "cluster.py", root / "cli.py"]
     read = {node.attr for path in readers for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Attribute)}
     sections = (InputConfig, SimulateConfig, SelectionConfig, OutputConfig, ComputeConfig,
@@ -286,7 +335,7 @@ def test_arcs_step_uncomputed_is_lazy_and_the_computed_arc_stm(base):
     """`depsi run` writes the arcs step's product chunk by chunk from compute=False: every
     (arcs x epochs) variable lazy (from a lazily read network), the values those of the
     computed step."""
-    config = chain_config(first_order=150)
+    config = chain_config(BASE)
     lazy = arcs_step(base["network"].chunk({"space": 50}), config, compute=False)
     series = [name for name, var in lazy.data_vars.items() if var.dims == ("arc", "time")]
     assert {"phase", "h2ph", "ambiguity"} <= set(series)
@@ -315,7 +364,7 @@ def test_steps_run_blas_on_one_thread(base, monkeypatch):
 
     monkeypatch.setattr(chain_module, "integrate_network", recording)
     with threadpool_limits(limits=3, user_api="blas"):
-        integration_step(base["network"], base["arcs"], chain_config(first_order=150))
+        integration_step(base["network"], base["arcs"], chain_config(BASE))
         assert blas_threads() == {3}
     assert seen == [{1}]
 
@@ -328,7 +377,7 @@ def test_atmosphere_and_model_steps_let_go_of_what_they_are_given(points, base, 
     import gc
     import weakref
 
-    config = chain_config(first_order=150)
+    config = chain_config(BASE)
     seen = {}
 
     def watched(ds):  # a fresh copy, and a weak reference to one of its arrays
@@ -353,13 +402,13 @@ def test_atmosphere_and_model_steps_let_go_of_what_they_are_given(points, base, 
 
     monkeypatch.setattr(chain_module, "observations_step", real_observations)
     seen.clear()
-    real_fit = chain_module._fit_with_atmosphere
+    real_fit = chain_module.fit_with_atmosphere
 
     def fit_then_check(*args, **kwargs):  # after the merge
         seen["model"] = alive()
         return real_fit(*args, **kwargs)
 
-    monkeypatch.setattr(chain_module, "_fit_with_atmosphere", fit_then_check)
+    monkeypatch.setattr(chain_module, "fit_with_atmosphere", fit_then_check)
     given = [watched(base["atmosphere"]), watched(base["densification"])]
     chain_module.model_step(points, given.pop(0), given.pop(), config)
     assert seen["model"] == [False, False]
@@ -375,7 +424,7 @@ def test_refit_second_pass_keeps_the_first_pass_cycles_and_its_accuracy():
     points = prepare_points(ps_selection(stack).compute())
     errors = {}
     for mode in ("network", "refit"):
-        config = chain_config(first_order=150, atmosphere={"second_pass": mode},
+        config = chain_config(BASE, atmosphere={"second_pass": mode},
                               reference_noise=False, reference_radius=0.0)
         network = network_step(points, config)
         first = integration_step(network, arcs_step(network, config), config)

@@ -13,7 +13,8 @@ import xarray as xr
 
 from depsi.io import from_binary, open_slc_zarr, save_stm
 from depsi.io.cf import CF, with_cf_attributes
-from depsi.processing import chain
+from depsi.pipeline import chain_steps as chain
+from depsi.pipeline.chain_config import chain_config
 from depsi.processing.model import estimate_model
 from depsi.processing.selection import ps_selection
 from depsi.simulate import simulate_stack, write_stack_zarr
@@ -57,7 +58,7 @@ def result(chain_run):
 @pytest.fixture(scope="module")
 def steps(candidates):
     """Each step's product, the steps run one by one with the default configuration."""
-    config = chain.chain_config()
+    config = chain_config()
     points = chain.prepare_points(candidates)
     out = {"network": chain.network_step(points, config)}
     out["arcs"] = chain.arcs_step(out["network"], config)

@@ -1,7 +1,7 @@
 """Exports of a result STM: a DePSI-like CSV table, GeoPackage points, GeoTIFF grids, plots.
 
 Every writer takes a point STM ``(space, time)`` with the result variables of
-:func:`depsi.processing.chain.run_ps_chain` (``velocity``, ``height_error``,
+:func:`depsi.pipeline.chain.run_ps_chain` (``velocity``, ``height_error``,
 ``temporal_coherence``, ``displacement``) and writes its file atomically: to a hidden temporary
 sibling first, moved into place when complete, so an interrupted export never leaves a
 half-written file under the final name. Values stay in SI units (m, m/yr).

@@ -36,9 +36,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 # the compute sections live with the schedulers, the base of every section below both;
 # imported here so that depsi.pipeline.config.ComputeConfig etc. keep working
 from depsi.cluster import SCHEDULERS, AdaptiveConfig, ComputeConfig, SlurmConfig  # noqa: F401
+from depsi.pipeline.chain_config import ChainConfig
 from depsi.processing.arcs import ArcsConfig
 from depsi.processing.atmosphere import AtmosphereConfig
-from depsi.processing.chain import ChainConfig
 from depsi.processing.densification import DensificationConfig
 from depsi.processing.integration import IntegrationConfig
 from depsi.processing.network import NetworkConfig
@@ -262,7 +262,7 @@ class PipelineConfig(_Section):
         default_factory=ComputeConfig, description="Scheduler, workers and devices.")
 
     def chain(self) -> ChainConfig:
-        """The sections of the PS chain, as :func:`~depsi.processing.chain.run_ps_chain` takes
+        """The sections of the PS chain, as :func:`~depsi.pipeline.chain.run_ps_chain` takes
         them (the same objects, not copies)."""
         return ChainConfig.model_construct(**{name: getattr(self, name)
                                               for name in ChainConfig.model_fields})

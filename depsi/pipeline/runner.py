@@ -1,34 +1,18 @@
 """The pipeline runner: the steps of ``depsi run`` with checkpoints, resume and a run summary.
 
-Steps, in order (:data:`STEPS`), each with one product in the workspace folder
-(``config.output.workspace``):
-
-============= ============================================ =================================
-step          does                                         product
-============= ============================================ =================================
-stack         opens the input stack, or simulates one      ``stack.zarr`` (simulated) or the
-                                                           input
-selection     PS candidates by amplitude dispersion        ``ps.zarr``
-network       first-order points and their arcs            ``network.zarr``
-arcs          periodogram of every arc                     ``arcs.zarr``
-integration   network solution with arc testing            ``integration.zarr``
-atmosphere    screen, second network pass, reference      ``atmosphere.zarr``
-densification every other point against the network        ``densification.zarr``
-model         velocity and height with the atmosphere      ``stm.zarr``
-export        CSV, GeoPackage, GeoTIFF, plots              ``exports/``
-============= ============================================ =================================
-
-The chain's steps are the functions of :mod:`depsi.processing.chain`, called with the same
-:class:`~depsi.processing.chain.ChainConfig` that :func:`~depsi.processing.chain.run_ps_chain`
-takes (``config.chain()``), so ``depsi run`` and ``run_ps_chain`` compute the same result.
+The steps, their inputs, config sections and products are those of the one table
+:data:`depsi.pipeline.steps.STEPS` (``depsi steps`` prints it); the chain's steps are the ones
+:func:`~depsi.pipeline.chain.run_ps_chain` runs in memory, called here with the same config
+sections, so ``depsi run`` and ``run_ps_chain`` compute the same result.
 
 Every product is written atomically (a temporary sibling moved into place when complete), and
-only then is a small manifest ``<step>.done.json`` written beside it: the hash of the config
-sections the step depends on, the run ids of the products it read, a fingerprint of the product
-on disk, timings and counts. ``resume=True`` skips a step only when its manifest exists, the
-config hash and the inputs still match, and the product on disk still has the manifest's
-fingerprint and opens; anything else (an interrupted step, a stale temporary sibling, a changed
-config) is redone, never trusted.
+only then is a small manifest ``<step>.done.json`` written beside it
+(:mod:`depsi.pipeline.manifest`): the hash of the config sections the step depends on, the run
+ids of the products it read, a fingerprint of the product on disk, timings and counts.
+``resume=True`` skips a step only when its manifest exists, the config hash and the inputs
+still match, and the product on disk still has the manifest's fingerprint and opens; anything
+else (an interrupted step, a stale temporary sibling, a changed config) is redone, never
+trusted.
 
 Examples
 --------
@@ -47,13 +31,8 @@ True
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import json
 import logging
 import os
-import shutil
-import socket
 import sys
 import time
 import uuid
@@ -63,65 +42,45 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dask
-import dask.array as da
-import numpy as np
-import xarray as xr
 from tqdm.auto import tqdm
 
-from depsi.io.lock import write_lock
-from depsi.io.paths import temporary_sibling
 from depsi.io.prefetch import bars_wanted
-from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.config import PipelineConfig
-from depsi.pipeline.preflight import check_feasible, check_stack_support, point_chunk_bytes
-from depsi.processing.chain import STEP_SECTIONS as CHAIN_SECTIONS
+from depsi.pipeline.manifest import (
+    FAILED_FILE,
+    MANIFEST_VERSION,
+    failed_path,
+    load_manifest,
+    manifest_path,
+    product_fingerprint,
+    read_failure,
+    section_hash,
+    write_json_atomic,
+)
+from depsi.pipeline.preflight import check_feasible, point_chunk_bytes
+from depsi.pipeline.stack import open_stack
+from depsi.pipeline.steps import BY_NAME, STEP_NAMES, call_step, config_for, counts
+from depsi.pipeline.workspace import (
+    LOG_FILE,
+    SUMMARY_LOGGER,
+    PipelineError,
+    heartbeat,
+    log_to_file,
+    remove_stale_temporaries,
+    workspace_lock,
+)
 
 logger = logging.getLogger(__name__)
-#: The run summary goes to the workspace log file only (not to the console's handlers).
-SUMMARY_LOGGER = logging.getLogger("depsi.run_summary")
-SUMMARY_LOGGER.propagate = False
-
-#: The steps of the pipeline, in order.
-STEPS = ("stack", "selection", "network", "arcs", "integration", "atmosphere", "densification",
-         "model", "export")
-
-#: The chain's steps (functions of :mod:`depsi.processing.chain`).
-CHAIN_STEPS = STEPS[2:-1]
 
 #: Product of each step, relative to the workspace (the stack step of a real input reads the
 #: input in place and writes no product).
-PRODUCTS = {"stack": "stack.zarr", "selection": "ps.zarr", "network": "network.zarr",
-            "arcs": "arcs.zarr", "integration": "integration.zarr",
-            "atmosphere": "atmosphere.zarr", "densification": "densification.zarr",
-            "model": "stm.zarr", "export": "exports"}
+PRODUCTS = {name: BY_NAME[name].product for name in STEP_NAMES}
 
 #: Config sections (dotted) each step depends on; a change in one of them redoes the step.
-STEP_SECTIONS = {
-    "stack": ("input",),
-    "selection": ("selection",),
-    **CHAIN_SECTIONS,
-    "export": ("output.exports",),
-}
+STEP_SECTIONS = {name: BY_NAME[name].sections for name in STEP_NAMES}
 
 #: The steps whose products each step reads.
-UPSTREAM = {"stack": (), "selection": ("stack",), "network": ("selection",),
-            "arcs": ("network",), "integration": ("network", "arcs"),
-            "atmosphere": ("network", "integration"),
-            "densification": ("selection", "atmosphere"),
-            "model": ("selection", "atmosphere", "densification"), "export": ("model",)}
-
-#: Name of the log file written in the workspace.
-LOG_FILE = "depsi.log"
-#: Name of the lock file that keeps two runs out of one workspace.
-LOCK_FILE = "depsi.lock"
-
-#: Version of the manifest layout; a manifest of another version is not trusted.
-MANIFEST_VERSION = 1
-
-
-class PipelineError(RuntimeError):
-    """The pipeline cannot run as asked (missing earlier product, busy workspace, bad range)."""
+UPSTREAM = {name: BY_NAME[name].inputs for name in STEP_NAMES}
 
 
 @dataclass
@@ -204,128 +163,6 @@ class RunSummary:
                 "steps": {name: asdict(record) for name, record in self.steps.items()}}
 
 
-# --------------------------------------------------------------------------- hashes, manifests
-def section_hash(config: PipelineConfig, step: str) -> str:
-    """SHA-256 of the config sections ``step`` depends on (:data:`STEP_SECTIONS`)."""
-    data = config.model_dump(mode="json")
-    picked = {}
-    for dotted in STEP_SECTIONS[step]:
-        value: Any = data
-        for part in dotted.split("."):
-            value = value[part]
-        picked[dotted] = value
-    text = json.dumps(picked, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def product_fingerprint(path: str | os.PathLike) -> str:
-    """SHA-256 of a product's file listing (relative names and sizes) and its metadata files.
-
-    Cheap even for large Zarr stores (no chunk is read); changes when any file is added,
-    removed, resized, or when any JSON metadata changes.
-    """
-    path = Path(path)
-    digest = hashlib.sha256()
-    if path.is_file():
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}".encode())
-        return digest.hexdigest()
-    if not path.is_dir():
-        raise FileNotFoundError(f"product {str(path)!r} does not exist")
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = Path(root, name)
-            relative = full.relative_to(path).as_posix()
-            digest.update(f"{relative}:{full.stat().st_size}\n".encode())
-            if name.endswith((".json", ".zattrs", ".zarray", ".zgroup", ".zmetadata")):
-                digest.update(full.read_bytes())
-    return digest.hexdigest()
-
-
-def manifest_path(workspace: str | os.PathLike, step: str) -> Path:
-    """Where the manifest of ``step`` lives: ``<workspace>/<step>.done.json``."""
-    return Path(workspace) / f"{step}.done.json"
-
-
-#: Name of the record of the step that failed last, beside the manifests; removed when a later
-#: run completes that step.
-FAILED_FILE = "failed.json"
-
-
-def failed_path(workspace: str | os.PathLike) -> Path:
-    """Where the record of the last failed step lives: ``<workspace>/failed.json``."""
-    return Path(workspace) / FAILED_FILE
-
-
-def read_failure(workspace: str | os.PathLike) -> dict[str, Any] | None:
-    """The record of the step that failed last (:func:`failed_path`), or None (none, or
-    unreadable: it only explains, it decides nothing)."""
-    try:
-        record = json.loads(failed_path(workspace).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and "step" in record else None
-
-
-#: Keys every manifest has, with their types; the stack step's also has ``input_fingerprint``
-#: (:func:`~depsi.pipeline.fingerprint.input_fingerprint`). One without them is damaged.
-MANIFEST_KEYS = {"version": int, "step": str, "run_id": str, "config_hash": str,
-                 "inputs": dict, "product": str, "fingerprint": str, "counts": dict,
-                 "seconds": (int, float), "finished": (int, float)}
-
-
-def load_manifest(workspace: str | os.PathLike,
-                  step: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The manifest of ``step`` and ``None``, or ``None`` and why it cannot be used.
-
-    The reason starts with ``no manifest`` when there is none, ``manifest NAME is damaged``
-    when it is unreadable, not a JSON object, of another version or missing an expected key
-    (:data:`MANIFEST_KEYS`): its step is then redone, never trusted.
-    """
-    path = manifest_path(workspace, step)
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None, f"no manifest {path.name}"
-    except (OSError, ValueError) as err:
-        return None, f"manifest {path.name} is damaged (unreadable: {err})"
-    if not isinstance(manifest, dict):
-        return None, (f"manifest {path.name} is damaged (expected a JSON object, found a "
-                      f"{type(manifest).__name__})")
-    if manifest.get("version") != MANIFEST_VERSION:
-        return None, (f"manifest {path.name} is damaged (expected version {MANIFEST_VERSION}, "
-                      f"found {manifest.get('version')!r})")
-    expected = dict(MANIFEST_KEYS) | ({"input_fingerprint": dict} if step == "stack" else {})
-    missing = [key for key in expected if key not in manifest]
-    wrong = [key for key, kind in expected.items()
-             if key in manifest and not isinstance(manifest[key], kind)]
-    if missing or wrong:
-        found = [f"missing {', '.join(missing)}"] if missing else []
-        found += [f"wrong type of {', '.join(wrong)}"] if wrong else []
-        return None, f"manifest {path.name} is damaged ({'; '.join(found)})"
-    return manifest, None
-
-
-def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | None:
-    """The manifest of ``step``, or ``None`` when absent or damaged (never trusted then;
-    :func:`load_manifest` says why)."""
-    manifest, reason = load_manifest(workspace, step)
-    if manifest is None and not reason.startswith("no manifest"):
-        logger.warning("%s: step %s will be redone", reason, step)
-    return manifest
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = temporary_sibling(path)
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------------------- the steps
 @dataclass
 class _Context:
     config: PipelineConfig
@@ -346,333 +183,49 @@ def _input_product(config: PipelineConfig, workspace: Path) -> Path:
     return Path(config.input.path)
 
 
-def open_stack(config: PipelineConfig, *, path: str | os.PathLike | None = None) -> xr.Dataset:
-    """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store),
-    its values checked on sampled blocks (:func:`depsi.io.validate.validate_stack`: finite,
-    amplitude neither zero nor constant in an epoch, h2ph physical; ``input.on_bad_epoch``).
-
-    Every step that reads the stack opens it here, so epochs dropped by ``on_bad_epoch: drop``
-    stay dropped in every step.
-    """
-    from depsi.io.validate import validate_stack
-
-    stack = _open_stack_unchecked(config, path=path)
-    source = str(path if config.input.format == "simulated" else config.input.path)
-    return validate_stack(stack, on_bad_epoch=config.input.on_bad_epoch, source=source)
-
-
-def _open_stack_unchecked(config: PipelineConfig, *,
-                          path: str | os.PathLike | None = None) -> xr.Dataset:
-    """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store).
-
-    Parameters
-    ----------
-    config
-        The pipeline configuration.
-    path
-        The store of a simulated stack (ignored for real input).
-
-    Returns
-    -------
-    xarray.Dataset
-        Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
-    """
-    from depsi.io import from_snap, open_binary_folder, open_slc_zarr
-
-    section = config.input
-    fmt = section.format
-    if fmt == "simulated":
-        return open_slc_zarr(path)
-    source = Path(section.path)
-    if not source.exists():
-        raise FileNotFoundError(f"input.path: stack {str(source)!r} does not exist")
-    mode = section.geometry
-    if fmt == "zarr":
-        return open_slc_zarr(source)
-    if fmt == "snap":
-        return from_snap(sorted(source.glob("*.znap")) or source, geometry=mode)
-    if fmt == "dimap":
-        from depsi.io.dimap import from_dimap
-
-        return from_dimap(sorted(source.glob("*.dim")) if source.is_dir() else source,
-                          geometry=mode)
-    if fmt == "doris":
-        from depsi.io.doris import from_doris_stack
-
-        return from_doris_stack(source, geometry=mode)
-    if fmt == "gamma":
-        from depsi.io.gamma import from_gamma
-
-        return from_gamma(source, geometry=mode)
-    if fmt == "isce2":
-        from depsi.io.isce2 import from_isce2
-
-        return from_isce2(source, geometry=mode)
-    if fmt == "geotiff":
-        return _open_geotiff(section, source)
-    return open_binary_folder(source)
-
-
-def _open_raster(rioxarray: Any, path: Path) -> xr.DataArray:
-    import warnings
-
-    from rasterio.errors import NotGeoreferencedWarning
-
-    with warnings.catch_warnings():
-        # rasters in radar geometry have no geotransform by nature
-        warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        return rioxarray.open_rasterio(path, chunks={}, mask_and_scale=False)
-
-
-def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
-    """A GeoTIFF stack: SLC rasters with dates and wavelength from the configuration, h2ph
-    from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
-    ``lat.tif``/``lon.tif`` beside the SLCs (WGS84 degrees per radar pixel, as ISCE2's or
-    SNAP's geometry exports)."""
-    import rioxarray
-
-    from depsi.io import from_geotiff
-
-    tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
-    h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
-    h2ph_files = sorted(p for p in h2ph_folder.iterdir() if p.name.lower().startswith("h2ph")
-                        and p.suffix.lower() in (".tif", ".tiff"))
-    position_files = {name: source / f"{name}.tif" for name in ("lat", "lon")}
-    slc_files = [p for p in tifs if p not in h2ph_files
-                 and p not in position_files.values()]
-    if not slc_files:
-        raise FileNotFoundError(f"input.path: expected SLC GeoTIFFs (*.tif) in "
-                                f"{str(source)!r}, found none")
-    if len(h2ph_files) != len(section.dates):
-        raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(section.dates)} "
-                         f"dates) in {str(h2ph_folder)!r}, found {len(h2ph_files)}: the chain "
-                         "needs h2ph and GeoTIFF SLCs carry no orbits")
-    stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
-    layers = []
-    for path in h2ph_files:
-        band = _open_raster(rioxarray, path)
-        if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
-            raise ValueError(f"input.h2ph: '{path}': expected {stack.sizes['azimuth']} x "
-                             f"{stack.sizes['range']} pixels like the SLCs, found "
-                             f"{band.shape[1]} x {band.shape[2]}")
-        layers.append(band.data[0].astype(np.float32))
-    order = np.argsort(np.array(section.dates, dtype="datetime64[D]"), kind="stable")
-    h2ph = da.stack([layers[i] for i in order], axis=-1).rechunk(stack["complex"].chunks)
-    stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
-    if all(p.is_file() for p in position_files.values()):
-        for name, path in position_files.items():
-            band = _open_raster(rioxarray, path)
-            if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
-                raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
-                                 f"{stack.sizes['range']} pixels like the SLCs, found "
-                                 f"{band.shape[1]} x {band.shape[2]}")
-            stack = stack.assign_coords({name: (("azimuth", "range"),
-                                                band.data[0].astype(np.float64))})
-    return stack
-
-
-def _step_stack(ctx: _Context) -> dict[str, Any]:
-    config = ctx.config
-    path = _input_product(config, ctx.workspace)
-    if config.input.format == "simulated":
-        from depsi.simulate import write_stack_zarr
-
-        sim = config.input.simulate
-        kwargs = dict(shape=tuple(sim.shape), n_epochs=sim.n_epochs, seed=sim.seed,
-                      ps_fraction=sim.ps_fraction)
-        if sim.chunks is not None:
-            kwargs["chunks"] = tuple(sim.chunks)
-        write_stack_zarr(path, overwrite=True, progress=ctx.progress, **kwargs)
-    stack = open_stack(config, path=path)
-    _check_stack_geometry(stack, config)
-    support = check_stack_support(stack, config)  # before selection: refuse too few epochs
-    ctx.products["stack"] = path
-    return {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
-            "epochs": int(stack.sizes["time"]), **_support_counts(support)}
-
-
-def _support_counts(support: dict[str, Any]) -> dict[str, Any]:
-    """The predicted precisions of :func:`check_stack_support` as the stack step's counts."""
-    velocity, height = support["velocity_std"], support["height_std"]
-    return {"span_days": support["span_days"],
-            "velocity_std_mm_yr": None if velocity is None else round(velocity * 1000, 2),
-            "height_std_m": None if height is None else round(height, 1),
-            "drop_height": support["drop_height"], "support_warnings": len(support["warnings"])}
-
-
-#: Exports that place points on a map and so need their positions.
-EXPORTS_WITH_POSITIONS = ("gpkg", "geotiff")
-
-
-def _check_stack_geometry(stack: xr.Dataset, config: PipelineConfig) -> None:
-    """Before any pixel is read: the chain needs h2ph, and the exports need positions (the
-    product's lat/lon, or orbits to geocode the points from)."""
-    where = f"input.path {str(config.input.path)!r} (format {config.input.format!r})"
-    if "h2ph" not in stack.data_vars:
-        raise ValueError(f"{where}: expected h2ph (from the product or computed from its "
-                         "orbits), found neither: the arcs and the model need it")
-    dem = config.input.dem
-    if dem is not None and not Path(dem).is_file():
-        raise FileNotFoundError(f"input.dem: DEM {str(dem)!r} does not exist")
-    if dem is not None and "sar_geometry" not in stack.attrs:
-        raise ValueError(f"{where}: input.dem needs the stack's orbits to geocode on it, found "
-                         "no orbits in this stack")
-    geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
-    placed = sorted(set(config.output.exports) & set(EXPORTS_WITH_POSITIONS))
-    if placed and not geocodable:
-        raise ValueError(f"{where}: expected lat/lon rasters or orbit state vectors to "
-                         f"geocode the points, found neither: the exports {placed} need "
-                         "positions")
-
-
-def _step_selection(ctx: _Context) -> dict[str, Any]:
-    from depsi.io import open_stm, save_stm
-    from depsi.processing.selection import ps_selection
-
-    section = ctx.config.selection
-    stack = open_stack(ctx.config, path=ctx.products["stack"])
-    ps = ps_selection(stack, method=section.method, threshold=section.threshold,
-                      engine=section.engine, progress=ctx.progress)
-    if ctx.config.input.dem is not None:
-        from depsi.io.geometry import geocode_with_dem, open_dem
-
-        ps = geocode_with_dem(ps, open_dem(ctx.config.input.dem))
-    path = save_stm(ps, ctx.workspace / PRODUCTS["selection"], overwrite=True,
-                    chunk_bytes=point_chunk_bytes(ctx.config))
-    ctx.products["selection"] = path
-    points = open_stm(path)
-    return {"candidates": int(points.attrs.get("n_candidates", 0)),
-            "selected": int(points.sizes["space"]), "epochs": int(points.sizes["time"])}
-
-
-def _points(ctx: _Context) -> xr.Dataset:
-    """The chain's input points from ``ps.zarr`` (interferograms formed lazily)."""
+# ---------------------------------------------------------------------------------- the steps
+def _opened(ctx: _Context, name: str, *, computed: bool = False) -> Any:
+    """The product of step ``name`` as its readers take it: the stack opened and checked, the
+    selection as the chain's points, others lazily from their stores (``computed``: whole)."""
     from depsi.io import open_stm
-    from depsi.processing.chain import prepare_points
+    from depsi.pipeline.chain_steps import prepare_points
 
-    return prepare_points(open_stm(ctx.products["selection"]))
+    path = ctx.products[name]
+    if name == "stack":
+        return open_stack(ctx.config, path=path)
+    if name == "selection":
+        return prepare_points(open_stm(path))
+    product = open_stm(path)
+    return product.compute() if computed else product
 
 
-def _product(ctx: _Context, step: str) -> xr.Dataset:
-    from depsi.io import open_stm
-
-    return open_stm(ctx.products[step])
-
-
-def _save(ctx: _Context, step: str, ds: xr.Dataset) -> xr.Dataset:
-    """Write a chain step's product (space in the order the next steps index it)."""
+def _execute(ctx: _Context, step: str) -> dict[str, Any]:
+    """Run ``step`` on the products of its inputs; its product written to the workspace."""
     from depsi.io import open_stm, save_stm
 
-    path = save_stm(ds, ctx.workspace / PRODUCTS[step], overwrite=True, reorder=False,
+    spec = BY_NAME[step]
+    target = ctx.workspace / spec.product
+    view = config_for(step, ctx.config)
+    if step == "stack":
+        ctx.products[step], counted = spec.run(view, product=target, progress=ctx.progress)
+        return counted
+    if step == "export":
+        ctx.products[step], counted = spec.run(_opened(ctx, "model"), view, product=target)
+        return counted
+    if step == "selection":
+        product = spec.run(_opened(ctx, "stack"), view, progress=ctx.progress)
+    else:
+        def take(name: str) -> Any:
+            return _opened(ctx, name, computed=name in spec.computed)
+
+        product = call_step(spec.run, step, take, ctx.config, ctx.devices)
+    # the points of the selection and the result in Morton order like every point STM; the
+    # chain's products in the order the next steps index them
+    path = save_stm(product, target, overwrite=True, reorder=step in ("selection", "model"),
                     chunk_bytes=point_chunk_bytes(ctx.config))
+    del product
     ctx.products[step] = path
-    return open_stm(path)
-
-
-def _step_network(ctx: _Context) -> dict[str, Any]:
-    from depsi.processing.chain import network_step
-
-    network = _save(ctx, "network", network_step(_points(ctx), ctx.config.chain()))
-    return {"first_order": int(network.sizes["space"]), "arcs": int(network.sizes["edge"])}
-
-
-def _step_arcs(ctx: _Context) -> dict[str, Any]:
-    from depsi.processing.chain import arcs_step
-
-    # lazy from the stored network: estimated and written chunk by chunk (10 GB at 10^7)
-    arcs = arcs_step(_product(ctx, "network"), ctx.config.chain(), devices=ctx.devices,
-                     compute=False)
-    arcs = _save(ctx, "arcs", arcs)
-    return {"arcs": int(arcs.sizes["arc"])}
-
-
-def _step_integration(ctx: _Context) -> dict[str, Any]:
-    from depsi.processing.chain import integration_step
-
-    # the stored arcs, read a few chunks at a time into integration's observations
-    first = integration_step(_product(ctx, "network"), _product(ctx, "arcs"),
-                             ctx.config.chain())
-    first = _save(ctx, "integration", first)
-    return {"first_order": int(first.sizes["space"]),
-            "kept": int(first["in_network"].values.sum())}
-
-
-def _step_atmosphere(ctx: _Context) -> dict[str, Any]:
-    from depsi.processing.chain import atmosphere_step
-
-    first = atmosphere_step(_product(ctx, "network").compute(),
-                            _product(ctx, "integration").compute(), ctx.config.chain(),
-                            devices=ctx.devices)
-    first = _save(ctx, "atmosphere", first)
-    return {"kept": int(first["in_network"].values.sum())}
-
-
-def _step_densification(ctx: _Context) -> dict[str, Any]:
-    from depsi.processing.chain import densification_step
-
-    # Fancy indexing of multi-chunk points would otherwise split chunks differently per
-    # variable (by itemsize), leaving the chain's map_blocks inputs with unequal chunks.
-    with dask.config.set({"array.slicing.split_large_chunks": False}):
-        dense = densification_step(_points(ctx), _product(ctx, "atmosphere").compute(),
-                                   ctx.config.chain(), devices=ctx.devices)
-    dense = _save(ctx, "densification", dense)
-    return {"accepted": int(dense.sizes["space"])}
-
-
-def _step_model(ctx: _Context) -> dict[str, Any]:
-    from depsi.io import open_stm, save_stm
-    from depsi.processing.chain import model_step
-
-    with dask.config.set({"array.slicing.split_large_chunks": False}):
-        result = model_step(_points(ctx), _product(ctx, "atmosphere").compute(),
-                            _product(ctx, "densification").compute(), ctx.config.chain(),
-                            devices=ctx.devices)
-    path = save_stm(result, ctx.workspace / PRODUCTS["model"], overwrite=True,
-                    chunk_bytes=point_chunk_bytes(ctx.config))
-    ctx.products["model"] = path
-    result = open_stm(path)
-    order = result["order"].values if "order" in result else None
-    counts = {"points": int(result.sizes["space"])}
-    if order is not None:
-        counts |= {"first_order": int((order == 1).sum()), "densified": int((order == 2).sum())}
-    if "reference" in result.attrs and "point_index" in result.variables:
-        where = np.flatnonzero(result["point_index"].values == int(result.attrs["reference"]))
-        if where.size:
-            logger.info("chain: reference point is point_index %d (azimuth %d, range %d), as "
-                        "attrs['reference'] of %s", int(result.attrs["reference"]),
-                        int(result["azimuth"].values[where[0]]),
-                        int(result["range"].values[where[0]]), path.name)
-    return counts
-
-
-def _step_export(ctx: _Context) -> dict[str, Any]:
-    from depsi.io import open_stm
-    from depsi.io.export import EXPORTERS
-
-    result = open_stm(ctx.products["model"]).compute()
-    folder = ctx.workspace / PRODUCTS["export"]
-    files = []
-    with write_lock(folder):
-        recover_interrupted(folder)
-        tmp = temporary_sibling(folder)
-        tmp.mkdir(parents=True)
-        try:
-            for name in ctx.config.output.exports:
-                for file_name, writer in EXPORTERS[name]:
-                    writer(result, tmp / file_name)
-                    files.append(file_name)
-            move_into_place(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    ctx.products["export"] = folder
-    return {"files": len(files)}
-
-
-_STEP_FUNCTIONS = {"stack": _step_stack, "selection": _step_selection,
-                   "network": _step_network, "arcs": _step_arcs,
-                   "integration": _step_integration, "atmosphere": _step_atmosphere,
-                   "densification": _step_densification, "model": _step_model,
-                   "export": _step_export}
+    return counts(step, open_stm(path))
 
 
 # ------------------------------------------------------------------------ validity and resume
@@ -728,7 +281,7 @@ def valid_manifest(ctx: _Context, step: str, *,
         if not reason.startswith("no manifest"):
             logger.warning("%s: step %s will be redone", reason, step)
         return None, reason
-    if check_config and manifest["config_hash"] != section_hash(ctx.config, step):
+    if check_config and manifest["config_hash"] != section_hash(ctx.config, STEP_SECTIONS[step]):
         return None, f"config sections {', '.join(STEP_SECTIONS[step])} changed"
     for upstream in UPSTREAM[step]:
         if upstream not in ctx.run_ids:
@@ -799,7 +352,7 @@ def is_workspace(path: str | os.PathLike) -> bool:
     if not path.is_dir() or any((path / name).exists() for name in
                                 (".zgroup", ".zarray", ".zmetadata", "zarr.json")):
         return False
-    return (path / LOG_FILE).is_file() or any(manifest_path(path, s).exists() for s in STEPS)
+    return (path / LOG_FILE).is_file() or any(manifest_path(path, s).exists() for s in STEP_NAMES)
 
 
 def verify_workspace(workspace: str | os.PathLike) -> list[StepCheck]:
@@ -824,7 +377,7 @@ def verify_workspace(workspace: str | os.PathLike) -> list[StepCheck]:
     config = _recorded_config(workspace)
     ctx = _Context(config=config or PipelineConfig(), workspace=workspace, progress=False)
     checks = []
-    for step in STEPS:
+    for step in STEP_NAMES:
         manifest, reason = load_manifest(workspace, step)
         if manifest is None:
             damaged = not reason.startswith("no manifest")
@@ -845,123 +398,16 @@ def verify_workspace(workspace: str | os.PathLike) -> list[StepCheck]:
     return checks
 
 
-def _remove_stale_temporaries(workspace: Path) -> None:
-    """Temporary siblings (``.<product>.writing-*``, ...) left by an interrupted run.
-
-    Products are recovered under their writer's lock (a product set aside by a killed replace
-    comes back, a killed append is finished or rolled back); other leftovers are removed.
-    """
-    for product in PRODUCTS.values():
-        with write_lock(workspace / product):
-            recover_interrupted(workspace / product)
-    names = [f"{step}.done.json" for step in STEPS] + [FAILED_FILE]
-    for name in names:
-        for stale in glob.glob(str(workspace / f".{glob.escape(name)}.*")):
-            logger.warning("removing %s, left by an interrupted run (never used as a product)",
-                           stale)
-            stale_path = Path(stale)
-            if stale_path.is_dir():
-                shutil.rmtree(stale_path, ignore_errors=True)
-            else:
-                stale_path.unlink(missing_ok=True)
-    for stale in workspace.glob(".*.tmp-*"):  # write_stack_zarr's temporary stores
-        logger.warning("removing %s, left by an interrupted run", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-@contextmanager
-def _workspace_lock(workspace: Path) -> Iterator[None]:
-    """Keep a second run out of a workspace while one runs (stale locks of dead runs go)."""
-    lock = workspace / LOCK_FILE
-    host = socket.gethostname()
-    with write_lock(lock, timeout=30):  # two runs starting at once: one reads, then writes
-        try:
-            holder = json.loads(lock.read_text())
-        except (OSError, ValueError):
-            holder = None
-        if holder and holder.get("host") == host and _pid_alive(int(holder.get("pid", -1))):
-            raise PipelineError(
-                f"workspace {str(workspace)!r} is in use by run pid {holder['pid']} (lock "
-                f"{lock}); wait for it, or remove the lock if it is gone")
-        if holder and holder.get("host") != host:
-            logger.warning("workspace lock %s was left by a run on host %s; taking it over",
-                           lock, holder.get("host"))
-        _write_json_atomic(lock, {"pid": os.getpid(), "host": host, "started": time.time()})
-    try:
-        yield
-    finally:
-        lock.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0 or pid == os.getpid():
-        return pid == os.getpid()
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextmanager
-def _log_to_file(path: Path) -> Iterator[None]:
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.setLevel(logging.INFO)
-    package = logging.getLogger("depsi")
-    old_level = package.level
-    if package.getEffectiveLevel() > logging.INFO:
-        package.setLevel(logging.INFO)
-    package.addHandler(handler)
-    SUMMARY_LOGGER.addHandler(handler)
-    SUMMARY_LOGGER.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        SUMMARY_LOGGER.removeHandler(handler)
-        package.removeHandler(handler)
-        package.setLevel(old_level)
-        handler.close()
-
-
 def _step_range(start: str | None, stop: str | None) -> list[str]:
     for name, value in (("start", start), ("stop", stop)):
-        if value is not None and value not in STEPS:
-            raise ValueError(f"{name}: expected one of {', '.join(STEPS)}, got {value!r}")
-    first = STEPS.index(start) if start else 0
-    last = STEPS.index(stop) if stop else len(STEPS) - 1
+        if value is not None and value not in STEP_NAMES:
+            raise ValueError(f"{name}: expected one of {', '.join(STEP_NAMES)}, got {value!r}")
+    first = STEP_NAMES.index(start) if start else 0
+    last = STEP_NAMES.index(stop) if stop else len(STEP_NAMES) - 1
     if first > last:
         raise ValueError(f"start {start!r} comes after stop {stop!r}; steps run in the order "
-                         f"{', '.join(STEPS)}")
-    return list(STEPS[first:last + 1])
-
-
-#: Seconds between the "still running" lines of a long step.
-HEARTBEAT_SECONDS = 30.0
-
-
-@contextmanager
-def heartbeat(what: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
-    """Log ``<what>: still running (N s)`` every ``every`` seconds until the block ends, so a
-    redirected log (no progress bars) shows that a long step is alive."""
-    import threading
-
-    done = threading.Event()
-    began = time.perf_counter()
-
-    def beat() -> None:
-        while not done.wait(every):
-            logger.info("%s: still running (%.0f s)", what, time.perf_counter() - began)
-
-    thread = threading.Thread(target=beat, name="depsi-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+                         f"{', '.join(STEP_NAMES)}")
+    return list(STEP_NAMES[first:last + 1])
 
 
 def _dask_progress(stack: ExitStack, running: Any, progress: bool) -> None:
@@ -1007,7 +453,7 @@ def _record_failure(ctx: _Context, step: str, err: BaseException) -> None:
               "exit_code": None if code is None else int(code), "run_id": ctx.run_id,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "timestamp": time.time()}
     try:
-        _write_json_atomic(failed_path(ctx.workspace), record)
+        write_json_atomic(failed_path(ctx.workspace), record)
     except OSError as inner:  # a full or read-only workspace: the error itself still goes up
         logger.warning("could not write %s: %s", failed_path(ctx.workspace), inner)
 
@@ -1081,26 +527,26 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool,
         logger.info("step %s: running", step)
         began = time.perf_counter()
         with heartbeat(f"step {step}"):
-            counts = _STEP_FUNCTIONS[step](ctx)
+            counted = _execute(ctx, step)
         seconds = time.perf_counter() - began
         target = _fingerprint_target(step, ctx)
         run_id = uuid.uuid4().hex
-        _write_json_atomic(manifest_path(ctx.workspace, step), {
+        write_json_atomic(manifest_path(ctx.workspace, step), {
             "version": MANIFEST_VERSION, "step": step, "run_id": run_id,
-            "config_hash": section_hash(ctx.config, step),
+            "config_hash": section_hash(ctx.config, STEP_SECTIONS[step]),
             "inputs": {upstream: ctx.run_ids[upstream] for upstream in UPSTREAM[step]},
             "product": str(target), "fingerprint": product_fingerprint(target),
-            "counts": counts, "seconds": round(seconds, 3), "finished": time.time(), **inputs,
+            "counts": counted, "seconds": round(seconds, 3), "finished": time.time(), **inputs,
         })
     _clear_failure(ctx, step)
     ctx.run_ids[step] = run_id
-    record.status, record.seconds, record.counts = "ran", seconds, counts
+    record.status, record.seconds, record.counts = "ran", seconds, counted
     record.outputs = [str(target)]
     if step == "export":
         record.outputs = [str(p) for p in sorted(target.iterdir())
                           if not p.name.startswith(".")]  # not the writers' lock files
     logger.info("step %s: done in %.1f s (%s)", step, seconds,
-                ", ".join(f"{k} {v}" for k, v in counts.items()))
+                ", ".join(f"{k} {v}" for k, v in counted.items()))
 
 
 def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | None = None,
@@ -1154,15 +600,17 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     workspace = Path(config.output.workspace).absolute()
     workspace.mkdir(parents=True, exist_ok=True)
     summary = RunSummary(workspace=workspace, log_file=workspace / LOG_FILE,
-                         steps={name: StepRecord(name) for name in STEPS})
+                         steps={name: StepRecord(name) for name in STEP_NAMES})
     progress = bars_wanted(progress)
     ctx = _Context(config=config, workspace=workspace, progress=progress,
                    devices=config.compute.devices)
-    with _log_to_file(workspace / LOG_FILE), _workspace_lock(workspace):
+    with log_to_file(workspace / LOG_FILE), workspace_lock(workspace):
         logger.info("depsi run: steps %s in %s (resume=%s, run %s)", ", ".join(steps),
                     workspace, resume, ctx.run_id)
-        _remove_stale_temporaries(workspace)
-        for step in STEPS[:STEPS.index(steps[0])]:
+        remove_stale_temporaries(workspace, list(PRODUCTS.values()),
+                                 [manifest_path(workspace, s).name for s in STEP_NAMES]
+                                 + [FAILED_FILE])
+        for step in STEP_NAMES[:STEP_NAMES.index(steps[0])]:
             _reuse_earlier(ctx, step, summary.steps[step])
         with scheduler(config.compute) as running, ExitStack() as bars:
             summary.scheduler = running.description

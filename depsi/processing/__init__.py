@@ -3,7 +3,6 @@ block."""
 
 from depsi.processing.arcs import estimate_arcs
 from depsi.processing.atmosphere import estimate_atmosphere, interpolate_aps
-from depsi.processing.chain import run_ps_chain
 from depsi.processing.densification import densify
 from depsi.processing.integration import integrate_network
 from depsi.processing.interferogram import ifg_to_slc, single_mother_interferograms
@@ -27,7 +26,6 @@ __all__ = [
     "integrate_network",
     "interpolate_aps",
     "ps_selection",
-    "run_ps_chain",
     "select_network_points",
     "single_mother_interferograms",
     "update_selection",

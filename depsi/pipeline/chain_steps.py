@@ -1,56 +1,32 @@
-"""The PS chain as steps: from a point STM to velocities, heights and time series.
+"""The PS chain's steps: each a function of its input products and the config sections it
+declares in :data:`depsi.pipeline.steps.STEPS`, calling the science of :mod:`depsi.processing`.
 
-Each step is a function of its inputs and one :class:`ChainConfig`, whose sections (defined
-beside each step's code) hold every parameter and its default once:
-
-================ ===================================== ======================= ================
-step             does                                  reads                   product
-================ ===================================== ======================= ================
-network          first-order points and their arcs     ``network``             first-order STM
-arcs             periodogram of every arc              ``network``, ``arcs``   arc STM, or
-                                                                               integration's
-                                                                               observations
-integration      network solution, arc testing         ``integration``         first-order
-                                                                               result
-atmosphere       screen, second network pass,          ``atmosphere``,         first-order
-                 reference noise and area              ``network``, ``arcs``,  result with
-                                                       ``integration``         ``aps``
-densification    every other point tied to the         ``densification``,      accepted points
-                 first-order points                    ``arcs``
-model            velocity and height with the          ``atmosphere``          result STM
-                 atmosphere, correlated heights
-================ ===================================== ======================= ================
-
-:func:`run_ps_chain` composes the steps in memory (the arcs as :func:`observations_step`
-makes them, batch by batch, never the whole arc STM); ``depsi run`` (:mod:`depsi.pipeline`) runs
-the same functions with the same config and checkpoints each product, so a run killed in
-densification resumes there.
+:func:`~depsi.pipeline.chain.run_ps_chain` runs them in memory and ``depsi run``
+(:func:`~depsi.pipeline.runner.run_pipeline`) with a checkpoint after each; both go through
+the same table, so they compute the same result.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-import dask.array as da
+import dask
 import numpy as np
 import xarray as xr
-from pydantic import Field, ValidationError
 
-from depsi.conventions import phase_per_metre, wrap_phase
+from depsi.conventions import wrap_phase
 from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import POINT_GEOMETRY, correct_positions
 from depsi.kernels.backend import Device, single_threaded_blas
-from depsi.kernels.periodogram import result_coherence
-from depsi.processing.arcs import ArcsConfig, estimate_arcs, heights_resolvable
-from depsi.processing.atmosphere import AtmosphereConfig, estimate_atmosphere
+from depsi.pipeline.steps import EDGE
+from depsi.processing.arcs import estimate_arcs, heights_resolvable
+from depsi.processing.atmosphere import estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
-from depsi.processing.densification import DensificationConfig, densify
+from depsi.processing.densification import densify
 from depsi.processing.integration import (
     ArcObservations,
-    IntegrationConfig,
     apply_reference_area,
     arc_observations,
     empty_observations,
@@ -59,7 +35,7 @@ from depsi.processing.integration import (
     refit_points,
     remove_reference_noise,
 )
-from depsi.processing.model import estimate_model
+from depsi.processing.model import fit_with_atmosphere
 from depsi.processing.network import (
     ARC_CHUNK,
     NetworkConfig,
@@ -67,128 +43,30 @@ from depsi.processing.network import (
     cell_keys,
     network_edges,
     point_positions,
+    worker_threads,
 )
-from depsi.sections import Section, describe_errors
-from depsi.stm.accessor import chunked_view, computed_in_place, culled, release_memory
-from depsi.stm.schema import h2ph_rows, validate, years_since_mother
+from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
+from depsi.stm.accessor import computed_in_place, culled, release_memory
+from depsi.stm.schema import validate
+
+if TYPE_CHECKING:
+    from depsi.pipeline.chain_config import ChainConfig
 
 logger = logging.getLogger(__name__)
 
-#: Variables of the result STM.
-RESULT_VARIABLES = ("velocity", "height_error", "displacement", "temporal_coherence",
-                    "ambiguity", "aps", "unwrapped_phase")
-
-#: Points per block of the final fit: bounds its float64 temporaries (measured: about 90 bytes
-#: per point and epoch, 90 MB a block at 60 epochs) whatever the number of points.
-FIT_BLOCK = 16384
-
 #: Arcs estimated at a time by :func:`observations_step`: the arc STM of one batch (about 750
-#: bytes per arc at 60 epochs, 200 MB) in several chunks, so every thread has work. A multiple
-#: of ``ARC_CHUNK``: the periodogram sees the chunks of the whole arc STM, so the values are
-#: those of :func:`arcs_step` bit for bit (a GEMM's rounding depends on its block's shape)
+#: bytes per arc at 60 epochs) in several chunks, so every thread has work. A multiple of
+#: ``ARC_CHUNK``, so the periodogram sees the chunks of the whole arc STM and the values are
+#: those of :func:`arcs_step` bit for bit (a GEMM's rounding depends on its block's shape).
 ARC_BATCH = 4 * ARC_CHUNK
 
-#: Dimension of the network product's arcs (``edge_source``, ``edge_target`` into its space).
-EDGE = "edge"
 
 Devices = Sequence[Device | str | int] | None
 
+#: Fancy indexing of points read from a store keeps each variable's chunks (split by itemsize,
+#: the variables of one block would disagree, and the steps' map_blocks need them equal).
+UNSPLIT_CHUNKS = {"array.slicing.split_large_chunks": False}
 
-class ChainConfig(Section):
-    """Every parameter of the PS chain, one section per step (the YAML file's sections)."""
-
-    network: NetworkConfig = Field(
-        default_factory=NetworkConfig, description="First-order network of arcs.")
-    arcs: ArcsConfig = Field(default_factory=ArcsConfig, description="Per-arc estimation.")
-    integration: IntegrationConfig = Field(
-        default_factory=IntegrationConfig, description="Spatial integration over the network.")
-    atmosphere: AtmosphereConfig = Field(
-        default_factory=AtmosphereConfig, description="Atmospheric phase screen.")
-    densification: DensificationConfig = Field(
-        default_factory=DensificationConfig, description="Densification of the PS set.")
-
-
-#: Sections of :class:`ChainConfig` each step reads: a change in one redoes the step.
-STEP_SECTIONS = {
-    "network": ("network", "integration.reference"),
-    "arcs": ("arcs",),
-    "integration": ("integration",),
-    "atmosphere": ("network", "arcs", "integration", "atmosphere"),
-    "densification": ("arcs", "densification"),
-    "model": ("atmosphere",),
-}
-
-#: Flat keywords of :func:`run_ps_chain` and the (section, field) each sets.
-KEYWORDS = {
-    "first_order": ("network", "first_order"),
-    "max_dispersion": ("network", "max_dispersion"),
-    "network_method": ("network", "method"),
-    "max_arc_length": ("network", "max_length"),
-    "height_range": ("arcs", "height_range"),
-    "velocity_range": ("arcs", "velocity_range"),
-    "min_arc_coherence": ("integration", "min_coherence"),
-    "alpha": ("integration", "alpha"),
-    "max_iterations": ("integration", "max_iterations"),
-    "reference": ("integration", "reference"),
-    "reference_radius": ("integration", "reference_radius"),
-    "reference_noise": ("integration", "reference_noise"),
-    "atmosphere": ("atmosphere", "method"),
-    "temporal_window": ("atmosphere", "temporal_window"),
-    "correlated_height": ("atmosphere", "correlated_height"),
-    "k": ("densification", "k"),
-    "max_distance": ("densification", "max_distance"),
-    "min_coherence": ("densification", "min_coherence"),
-}
-
-
-def chain_config(config: ChainConfig | dict | None = None, **overrides: Any) -> ChainConfig:
-    """A validated :class:`ChainConfig`: ``config`` (default: every default) with overrides.
-
-    Overrides are a section name with a mapping (``network={"k": 3}``) or one of the flat
-    keywords of :data:`KEYWORDS` (``first_order=500``, ``atmosphere=None`` for ``"none"``).
-
-    Examples
-    --------
-    >>> chain_config(first_order=500, network={"k": 3}).network.model_dump(
-    ...     include={"first_order", "k"})
-    {'first_order': 500, 'k': 3}
-    >>> chain_config(atmosphere=None).atmosphere.method
-    'none'
-    """
-    if config is None:
-        data: dict[str, Any] = {}
-    elif isinstance(config, ChainConfig):
-        data = config.model_dump()
-    elif isinstance(config, dict):
-        data = {name: dict(value) for name, value in config.items()}
-    else:
-        raise TypeError(f"config: expected a ChainConfig or a mapping, found "
-                        f"{type(config).__name__}")
-    for name, value in overrides.items():
-        if name in ChainConfig.model_fields and (name not in KEYWORDS
-                                                 or isinstance(value, (dict, Section))):
-            if isinstance(value, Section):
-                value = value.model_dump()
-            if not isinstance(value, dict):
-                raise TypeError(f"{name}: expected a mapping of that section's fields, found "
-                                f"{type(value).__name__}")
-            data.setdefault(name, {}).update(value)
-        elif name in KEYWORDS:
-            section, field = KEYWORDS[name]
-            if name == "atmosphere" and value is None:
-                value = "none"
-            data.setdefault(section, {})[field] = value
-        else:
-            known = sorted(set(KEYWORDS) | set(ChainConfig.model_fields))
-            raise TypeError(f"run_ps_chain: unknown option {name!r}; expected one of "
-                            f"{', '.join(known)}")
-    try:
-        return ChainConfig.model_validate(data)
-    except ValidationError as err:
-        raise ValueError("chain configuration: " + "; ".join(describe_errors(err))) from None
-
-
-# ----------------------------------------------------------------------------------- the steps
 def prepare_points(ps_stm: xr.Dataset) -> xr.Dataset:
     """The chain's input points: single-mother interferograms (formed from ``complex`` when
     the STM holds SLC values) with ``point_index`` (position along the input's space)."""
@@ -261,8 +139,6 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     reference = config.integration.reference
     if reference is not None and not np.isin(int(reference), chosen):
         raise _not_first_order(reference)
-    if config.atmosphere.correlated_height and config.atmosphere.method == "none":
-        logger.info("atmosphere.correlated_height needs an atmosphere method: not applied")
     return chosen
 
 
@@ -314,6 +190,12 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
             arcs.assign(estimated[new].data_vars).assign_attrs(estimated.attrs))
     return with_cf_attributes(
         arcs.assign(computed_in_place(estimated[new])).assign_attrs(estimated.attrs))
+
+
+def lazy_arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None
+                   ) -> xr.Dataset:
+    """:func:`arcs_step` uncomputed, as ``depsi run`` writes it to its store chunk by chunk."""
+    return arcs_step(network, config, devices=devices, compute=False)
 
 
 @single_threaded_blas()
@@ -421,6 +303,8 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     with single_threaded_blas():
         section = config.atmosphere
         points = _network_points(network)
+        if section.correlated_height and section.method == "none":
+            logger.info("atmosphere.correlated_height needs an atmosphere method: not applied")
         if section.method == "none":
             aps = xr.zeros_like(first["unwrapped_phase"])
             aps.attrs = {}  # a screen, not unwrapped_phase: the table's attributes for aps
@@ -494,11 +378,17 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
                        devices: Devices = None) -> xr.Dataset:
     """Every point not kept in the network, estimated against the local reference of its
     nearest first-order points; the accepted ones, as result variables with ``order`` 2."""
+    with dask.config.set(UNSPLIT_CHUNKS):
+        return _densified(points, first, config, devices)
+
+
+def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
+               devices: Devices) -> xr.Dataset:
     release_memory()
     others = np.setdiff1d(np.arange(points.sizes["space"]),
                           first["point_index"].values[first["in_network"].values])
     if not others.size:
-        return with_cf_attributes(_result_view(first.isel(space=slice(0, 0)), order=2))
+        return with_cf_attributes(result_view(first.isel(space=slice(0, 0)), order=2))
     first_kept = _kept(first, DENSIFY_READS)
     section, arcs = config.densification, config.arcs
     dense = densify(points.isel(space=others), first_kept, k=section.k,
@@ -510,17 +400,17 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
     # a few chunks at a time, each chunk's accepted points written into arrays sized for every
     # candidate (pages the rejected ones would take are never touched): memory follows the
     # chunk size and the result, with no list of parts concatenated at the end
-    template = _result_view(dense.isel(space=slice(0, 0)), order=2)
+    template = result_view(dense.isel(space=slice(0, 0)), order=2)
     out = {name: (var.dims, np.empty((others.size,) + var.shape[1:], var.dtype))
            for name, var in template.variables.items() if "space" in var.dims}
     bounds = np.cumsum((0,) + dense.chunks["space"])
-    batch = max(2, os.cpu_count() or 1)
+    batch = max(2, worker_threads())
     count = 0
     for first_chunk in range(0, len(bounds) - 1, batch):
         rows = slice(int(bounds[first_chunk]), int(bounds[min(first_chunk + batch,
                                                                 len(bounds) - 1)]))
         # the batch's own tasks only: a cluster would get every chunk's (2.4 GB at 10^7)
-        part = _result_view(culled(dense.isel(space=rows)).compute(), order=2,
+        part = result_view(culled(dense.isel(space=rows)).compute(), order=2,
                             keep=("accepted",))
         keep = np.flatnonzero(part["accepted"].values)
         for name, (dims, values) in out.items():
@@ -540,7 +430,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
     # BLAS at one thread: a block, not the decorator, whose wrapper would hold the
     # arguments this step lets go
-    with single_threaded_blas():
+    with single_threaded_blas(), dask.config.set(UNSPLIT_CHUNKS):
         first_kept = _kept(first, RESULT_VARIABLES + ("in_reference_area",))
         reference_global = int(first["point_index"].values[first.attrs["reference"]])
         first_attrs = {name: first.attrs[name] for name in
@@ -551,10 +441,10 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         del first
         n_kept = first_kept.sizes["space"]
         area_global = first_kept["point_index"].values[first_kept["in_reference_area"].values]
-        parts = [_result_view(first_kept, order=1), dense]
+        parts = [result_view(first_kept, order=1), dense]
         del dense, first_kept
         release_memory()
-        out = _merged_in_input_order(parts.pop(0), parts.pop())
+        out = merged_in_input_order(parts.pop(0), parts.pop())
         release_memory()
         out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
         h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
@@ -567,7 +457,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                      "mother_time": str(points.attrs.get("mother_time", ""))}
         section = config.atmosphere
         if section.method != "none":
-            out = _fit_with_atmosphere(out, devices=devices)
+            out = fit_with_atmosphere(out, devices=devices)
             if section.correlated_height:
                 # out is this step's own: its series are updated in place (no second copy)
                 out = estimate_correlated_height(out, overwrite=True)
@@ -596,170 +486,3 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         return with_cf_attributes(validate(out, "points"))
 
 
-@single_threaded_blas()
-def run_ps_chain(
-    ps_stm: xr.Dataset,
-    config: ChainConfig | dict | None = None,
-    *,
-    devices: Devices = None,
-    **overrides: Any,
-) -> xr.Dataset:
-    """Run the PS chain from a point STM to the result STM: the steps of this module in turn.
-
-    Parameters
-    ----------
-    ps_stm
-        Point STM with wrapped single-mother ``phase`` (or ``complex`` SLC values, from which
-        interferograms are formed), ``h2ph``, ``azimuth``/``range`` (or ``x``/``y``), ``time``
-        and ``wavelength``; ``amplitude_dispersion`` chooses the first-order points.
-    config
-        A :class:`ChainConfig` (or a mapping of its sections); default: every default. The
-        same object ``depsi run`` reads from the YAML file's sections.
-    devices
-        Devices the chunks of every step are spread over, round-robin (e.g.
-        ``["cuda:0", "cuda:1"]``); default: those of
-        :func:`depsi.kernels.backend.configure_devices`.
-    **overrides
-        A section by name with a mapping of its fields (``network={"k": 3}``), or a flat
-        keyword of :data:`KEYWORDS`: ``first_order`` (count of first-order points),
-        ``max_dispersion``, ``network_method``, ``max_arc_length``, ``height_range``,
-        ``velocity_range``, ``min_arc_coherence``, ``alpha``, ``max_iterations``,
-        ``reference`` (index into ``ps_stm.space``), ``reference_radius``,
-        ``reference_noise``, ``atmosphere`` (``None`` for ``"none"``), ``temporal_window``,
-        ``correlated_height``, ``k``, ``max_distance``, ``min_coherence`` (densification).
-        See the sections' field descriptions (``depsi config --example``).
-
-    Returns
-    -------
-    xarray.Dataset
-        Result STM ``(space, time)`` of the first-order points kept by the network and the
-        accepted densified points, in the input's order: ``velocity`` (m/yr), ``height_error``
-        (m), ``displacement`` (m, zero at the first epoch, atmosphere removed),
-        ``temporal_coherence``, ``ambiguity``, ``aps`` (rad), ``unwrapped_phase``, ``order``
-        (1 first-order, 2 densified), ``point_index`` (index into ``ps_stm.space``) and
-        ``in_reference_area``; all relative to the mean over the reference area (the
-        first-order points within ``attrs['reference_radius']`` m of the reference point
-        ``attrs['reference']``, an index into the input; ``attrs['n_reference_area']`` points).
-
-    Examples
-    --------
-    >>> from depsi.processing import ps_selection
-    >>> from depsi.simulate import simulate_stack
-    >>> stack, truth = simulate_stack(shape=(60, 60), n_epochs=20, seed=0)
-    >>> result = run_ps_chain(ps_selection(stack), first_order=40)
-    >>> result.attrs["n_first_order"], result.attrs["n_densified"] > 0
-    (40, True)
-    >>> sorted(result.order.to_series().unique().tolist())
-    [1, 2]
-    """
-    config = chain_config(config, **overrides)
-    points = prepare_points(ps_stm)
-    network = network_step(points, config)
-    # the arcs as integration's observations, made batch by batch: the arc STM (the largest
-    # product, arcs x epochs) is never whole in memory
-    first = [integration_step(network, observations_step(network, config, devices=devices),
-                              config)]
-    # atmosphere_step gets the only reference to the first pass, which it lets go once the
-    # screen is estimated
-    first = [atmosphere_step(network, first.pop(), config, devices=devices)]
-    dense = [densification_step(points, first[0], config, devices=devices)]
-    # model_step holds the only references to both, and lets them go as it merges them
-    return model_step(points, first.pop(), dense.pop(), config, devices=devices)
-
-
-def _fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
-    """Velocity and height error fitted to each point's unwrapped phase *with* its atmosphere;
-    ``out`` (the merged result, which :func:`model_step` owns) is updated in place, block by
-    block, so no second copy of its series is made.
-
-    The estimated screen serves unwrapping and the displacement series, but its own error
-    (the kriging error at each point, white in time) projects onto the time and perpendicular
-    baselines: subtracting it before the fit adds about 0.9 m of height noise on a 1 rad,
-    400 m screen. The phase with its atmosphere leaks only the true screen's projection, whose
-    spatially correlated part :func:`estimate_correlated_height` then takes out. Offset,
-    velocity and height error by batched least squares on the same ambiguities; displacement
-    and temporal coherence follow from the new values.
-    """
-    m2ph = phase_per_metre(float(out.attrs["wavelength"]))
-    years = years_since_mother(out)
-    n = out.sizes["space"]
-    velocity = np.empty(n, np.float32)
-    height = np.empty(n, np.float32)
-    coherence = np.empty(n, np.float32)
-    out["displacement"] = out["displacement"].transpose("space", "time").astype(np.float32,
-                                                                                copy=False)
-    displacement = out["displacement"].values  # written block by block, below
-    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").values
-    aps_all = out["aps"].transpose("space", "time").values
-    h2ph_all = out["h2ph"].transpose("space", ...)
-    # one lazy fit over blocks of points (views of the result, the float64 observations formed
-    # per block): memory follows FIT_BLOCK, and the blocks run on every thread
-    observed = da.map_blocks(_metres_with_atmosphere, chunked_view(unwrapped_all, FIT_BLOCK),
-                             chunked_view(aps_all, FIT_BLOCK), m2ph=m2ph, dtype=np.float64)
-    stm = xr.Dataset({"observed": (("space", "time"), observed),
-                      "h2ph": (h2ph_all.dims, chunked_view(h2ph_all.values, FIT_BLOCK))},
-                     coords=out.coords, attrs=out.attrs)
-    fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
-                         variable="observed", devices=devices)
-    # on this process's threads under any scheduler: the blocks are views of the result held
-    # here, which a cluster would get as a copy of the whole result inside the graph
-    fitted = computed_in_place(fit[["velocity", "height_error"]], in_process=True)
-    for start in range(0, n, FIT_BLOCK):
-        rows = slice(start, min(start + FIT_BLOCK, n))
-        v, h = fitted["velocity"][1][rows], fitted["height_error"][1][rows]
-        ok = np.isfinite(v) & np.isfinite(h)
-        v = np.where(ok, v, out["velocity"].values[rows])
-        h = np.where(ok, h, out["height_error"].values[rows])
-        unwrapped = unwrapped_all[rows].astype(np.float64)
-        h2ph = h2ph_rows(h2ph_all, rows, unwrapped.shape[1])
-        residual = unwrapped - m2ph * (v[:, None] * years + h2ph * h[:, None])
-        shifted = unwrapped / m2ph - h2ph * h[:, None]
-        displacement[rows] = shifted - shifted[:, :1]
-        velocity[rows], height[rows] = v, h
-        coherence[rows] = result_coherence(residual)
-    return out.assign(velocity=("space", velocity), height_error=("space", height),
-                      temporal_coherence=("space", coherence))
-
-
-def _metres_with_atmosphere(unwrapped: np.ndarray, aps: np.ndarray, *, m2ph: float
-                            ) -> np.ndarray:
-    """The unwrapped phase with its atmosphere, in metres (float64), of one block."""
-    return (unwrapped.astype(np.float64) + aps) / m2ph
-
-
-def _merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
-    """The points of ``a`` and ``b`` (their common variables) in the order of ``point_index``,
-    each variable written once into its place (no concatenated copy sorted again).
-
-    ``b``'s variables are dropped from this frame's ``b`` as they are copied: given the only
-    reference to ``b``, memory holds its rest and the merged variables so far, not both whole
-    (at 10^7 points and 60 epochs, 8 GB of densified series beside 10 GB merged)."""
-    index = np.concatenate([a["point_index"].values, b["point_index"].values])
-    place = np.empty(index.size, np.int64)
-    place[np.argsort(index, kind="stable")] = np.arange(index.size)
-    n_a = a.sizes["space"]
-    merged = {}
-    for name, var in a.variables.items():
-        if "space" not in var.dims or name not in b.variables:
-            continue
-        var = var.transpose("space", ...)
-        other = b[name].transpose(*var.dims)
-        values = np.empty((index.size,) + var.shape[1:],
-                          np.result_type(var.dtype, other.dtype))
-        values[place[:n_a]] = var.values
-        values[place[n_a:]] = other.values
-        merged[name] = (var.dims, values)
-        del other
-        b = b.drop_vars(name)
-    return xr.Dataset({name: merged[name] for name in a.data_vars if name in merged},
-                      coords={name: merged.get(name, a[name].variable) for name in a.coords
-                              if name in merged or "space" not in a[name].dims})
-
-
-def _result_view(ds: xr.Dataset, *, order: int, keep: tuple[str, ...] = ()) -> xr.Dataset:
-    """The result variables of one set of points (and ``keep``), with their ``order``."""
-    out = ds[list(RESULT_VARIABLES) + list(keep)]
-    out = out.assign(order=("space", np.full(ds.sizes["space"], order, dtype=np.int8)))
-    drop = [c for c in out.coords if c not in ("time", "azimuth", "range", "lat", "lon", "x", "y",
-                                                 "point_index") and "space" in out[c].dims]
-    return out.drop_vars(drop)

@@ -1,0 +1,235 @@
+"""The pipeline's own steps around the chain: the input stack (opened, checked, or simulated),
+the PS selection and the exports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from depsi.io.lock import write_lock
+from depsi.io.paths import temporary_sibling
+from depsi.io.store import move_into_place, recover_interrupted
+from depsi.pipeline.preflight import check_stack_support
+
+
+def open_stack(config: Any, *, path: str | os.PathLike | None = None) -> xr.Dataset:
+    """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store),
+    its values checked on sampled blocks (:func:`depsi.io.validate.validate_stack`: finite,
+    amplitude neither zero nor constant in an epoch, h2ph physical; ``input.on_bad_epoch``).
+
+    Every step that reads the stack opens it here, so epochs dropped by ``on_bad_epoch: drop``
+    stay dropped in every step.
+    """
+    from depsi.io.validate import validate_stack
+
+    stack = _open_stack_unchecked(config, path=path)
+    source = str(path if config.input.format == "simulated" else config.input.path)
+    return validate_stack(stack, on_bad_epoch=config.input.on_bad_epoch, source=source)
+
+
+def _open_stack_unchecked(config: Any, *,
+                          path: str | os.PathLike | None = None) -> xr.Dataset:
+    """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store).
+
+    Parameters
+    ----------
+    config
+        The pipeline configuration.
+    path
+        The store of a simulated stack (ignored for real input).
+
+    Returns
+    -------
+    xarray.Dataset
+        Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
+    """
+    from depsi.io import from_snap, open_binary_folder, open_slc_zarr
+
+    section = config.input
+    fmt = section.format
+    if fmt == "simulated":
+        return open_slc_zarr(path)
+    source = Path(section.path)
+    if not source.exists():
+        raise FileNotFoundError(f"input.path: stack {str(source)!r} does not exist")
+    mode = section.geometry
+    if fmt == "zarr":
+        return open_slc_zarr(source)
+    if fmt == "snap":
+        return from_snap(sorted(source.glob("*.znap")) or source, geometry=mode)
+    if fmt == "dimap":
+        from depsi.io.dimap import from_dimap
+
+        return from_dimap(sorted(source.glob("*.dim")) if source.is_dir() else source,
+                          geometry=mode)
+    if fmt == "doris":
+        from depsi.io.doris import from_doris_stack
+
+        return from_doris_stack(source, geometry=mode)
+    if fmt == "gamma":
+        from depsi.io.gamma import from_gamma
+
+        return from_gamma(source, geometry=mode)
+    if fmt == "isce2":
+        from depsi.io.isce2 import from_isce2
+
+        return from_isce2(source, geometry=mode)
+    if fmt == "geotiff":
+        return _open_geotiff(section, source)
+    return open_binary_folder(source)
+
+
+def _open_raster(rioxarray: Any, path: Path) -> xr.DataArray:
+    from rasterio.errors import NotGeoreferencedWarning
+
+    with warnings.catch_warnings():
+        # rasters in radar geometry have no geotransform by nature
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        return rioxarray.open_rasterio(path, chunks={}, mask_and_scale=False)
+
+
+def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
+    """A GeoTIFF stack: SLC rasters with dates and wavelength from the configuration, h2ph
+    from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
+    ``lat.tif``/``lon.tif`` beside the SLCs (WGS84 degrees per radar pixel, as ISCE2's or
+    SNAP's geometry exports)."""
+    import rioxarray
+
+    from depsi.io import from_geotiff
+
+    tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
+    h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
+    h2ph_files = sorted(p for p in h2ph_folder.iterdir() if p.name.lower().startswith("h2ph")
+                        and p.suffix.lower() in (".tif", ".tiff"))
+    position_files = {name: source / f"{name}.tif" for name in ("lat", "lon")}
+    slc_files = [p for p in tifs if p not in h2ph_files
+                 and p not in position_files.values()]
+    if not slc_files:
+        raise FileNotFoundError(f"input.path: expected SLC GeoTIFFs (*.tif) in "
+                                f"{str(source)!r}, found none")
+    if len(h2ph_files) != len(section.dates):
+        raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(section.dates)} "
+                         f"dates) in {str(h2ph_folder)!r}, found {len(h2ph_files)}: the chain "
+                         "needs h2ph and GeoTIFF SLCs carry no orbits")
+    stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
+    layers = []
+    for path in h2ph_files:
+        band = _open_raster(rioxarray, path)
+        if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
+            raise ValueError(f"input.h2ph: '{path}': expected {stack.sizes['azimuth']} x "
+                             f"{stack.sizes['range']} pixels like the SLCs, found "
+                             f"{band.shape[1]} x {band.shape[2]}")
+        layers.append(band.data[0].astype(np.float32))
+    order = np.argsort(np.array(section.dates, dtype="datetime64[D]"), kind="stable")
+    h2ph = da.stack([layers[i] for i in order], axis=-1).rechunk(stack["complex"].chunks)
+    stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
+    if all(p.is_file() for p in position_files.values()):
+        for name, path in position_files.items():
+            band = _open_raster(rioxarray, path)
+            if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
+                raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
+                                 f"{stack.sizes['range']} pixels like the SLCs, found "
+                                 f"{band.shape[1]} x {band.shape[2]}")
+            stack = stack.assign_coords({name: (("azimuth", "range"),
+                                                band.data[0].astype(np.float64))})
+    return stack
+
+
+def _support_counts(support: dict[str, Any]) -> dict[str, Any]:
+    """The predicted precisions of :func:`check_stack_support` as the stack step's counts."""
+    velocity, height = support["velocity_std"], support["height_std"]
+    return {"span_days": support["span_days"],
+            "velocity_std_mm_yr": None if velocity is None else round(velocity * 1000, 2),
+            "height_std_m": None if height is None else round(height, 1),
+            "drop_height": support["drop_height"], "support_warnings": len(support["warnings"])}
+
+
+#: Exports that place points on a map and so need their positions.
+EXPORTS_WITH_POSITIONS = ("gpkg", "geotiff")
+
+
+def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
+    """Before any pixel is read: the chain needs h2ph, and the exports need positions (the
+    product's lat/lon, or orbits to geocode the points from)."""
+    where = f"input.path {str(config.input.path)!r} (format {config.input.format!r})"
+    if "h2ph" not in stack.data_vars:
+        raise ValueError(f"{where}: expected h2ph (from the product or computed from its "
+                         "orbits), found neither: the arcs and the model need it")
+    dem = config.input.dem
+    if dem is not None and not Path(dem).is_file():
+        raise FileNotFoundError(f"input.dem: DEM {str(dem)!r} does not exist")
+    if dem is not None and "sar_geometry" not in stack.attrs:
+        raise ValueError(f"{where}: input.dem needs the stack's orbits to geocode on it, found "
+                         "no orbits in this stack")
+    geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
+    placed = sorted(set(config.output.exports) & set(EXPORTS_WITH_POSITIONS))
+    if placed and not geocodable:
+        raise ValueError(f"{where}: expected lat/lon rasters or orbit state vectors to "
+                         f"geocode the points, found neither: the exports {placed} need "
+                         "positions")
+
+
+
+
+def stack_step(config: Any, *, product: Path, progress: bool = False
+               ) -> tuple[Path, dict[str, Any]]:
+    """The input stack: simulated into ``product`` (``input.format: simulated``) or the input
+    read in place; opened and checked (geometry, epochs) before any pixel is read."""
+    path = product if config.input.format == "simulated" else Path(config.input.path)
+    if config.input.format == "simulated":
+        from depsi.simulate import write_stack_zarr
+
+        sim = config.input.simulate
+        kwargs = dict(shape=tuple(sim.shape), n_epochs=sim.n_epochs, seed=sim.seed,
+                      ps_fraction=sim.ps_fraction)
+        if sim.chunks is not None:
+            kwargs["chunks"] = tuple(sim.chunks)
+        write_stack_zarr(path, overwrite=True, progress=progress, **kwargs)
+    stack = open_stack(config, path=path)
+    _check_stack_geometry(stack, config)
+    support = check_stack_support(stack, config)  # before selection: refuse too few epochs
+    return path, {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
+                  "epochs": int(stack.sizes["time"]), **_support_counts(support)}
+
+
+def selection_step(stack: xr.Dataset, config: Any, *, progress: bool = False) -> xr.Dataset:
+    """The PS candidates of the stack (``selection``), geocoded on ``input.dem`` if given."""
+    from depsi.processing.selection import ps_selection
+
+    section = config.selection
+    ps = ps_selection(stack, method=section.method, threshold=section.threshold,
+                      engine=section.engine, progress=progress)
+    if config.input.dem is not None:
+        from depsi.io.geometry import geocode_with_dem, open_dem
+
+        ps = geocode_with_dem(ps, open_dem(config.input.dem))
+    return ps
+
+
+def export_step(result: xr.Dataset, config: Any, *, product: Path) -> tuple[Path, dict]:
+    """The files of ``output.exports`` from the result STM, into the folder ``product``
+    (written beside it and moved into place whole)."""
+    from depsi.io.export import EXPORTERS
+
+    result = result.compute()
+    files = []
+    with write_lock(product):
+        recover_interrupted(product)
+        tmp = temporary_sibling(product)
+        tmp.mkdir(parents=True)
+        try:
+            for name in config.output.exports:
+                for file_name, writer in EXPORTERS[name]:
+                    writer(result, tmp / file_name)
+                    files.append(file_name)
+            move_into_place(tmp, product)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return product, {"files": len(files)}

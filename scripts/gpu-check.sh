@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# The GPU check (issue 34): the CuPy tests, NumPy against CuPy for every kernel, and the PS chain
+# on the CPU and on the GPU for one scene, inside 8 minutes on one GPU; figures into OUTDIR.
+#
+#   bash scripts/gpu-check.sh OUTDIR
+#
+# Where CuPy or a GPU does not work it is a dry run: the CuPy parts are skipped (and say why),
+# the rest runs at a small size, and it exits 0 when everything that ran passed. Files written
+# to OUTDIR (six, so that a device run's $OUT brings them all back): summary.md, summary.json,
+# kernels.json, chain.json, tests.log, gpu-check.log. Exit status: 0 all parts that ran passed,
+# 1 a part failed or ran out of time, 2 depsi or its dependencies cannot be imported.
+#
+# Environment (all optional):
+#   DEPSI_GPU_CHECK_POINTS  PS in the chain's scene: default 1e6 with a GPU, 3000 without
+#   DEPSI_GPU_CHECK_SCALE   kernel benchmark sizes x this: default 1 with a GPU, 0.02 without
+#   DEPSI_GPU_CHECK_BUDGET  seconds for the whole check (default 480); each part gets at most its
+#                           own share below and never more than what is left
+#   DEPSI_GPU_CHECK_WORK    scratch folder (scene, chain results); default $TMPDIR/depsi-gpu-check
+#   DEPSI_GPU_CHECK_COMMIT  the commit to record where the tree has no .git (a device copy)
+#   DEPSI_WHEELHOUSE        wheels of missing dependencies (default .whl in the repository)
+#   PYTHON                  the interpreter (default python3)
+#
+# Dependencies: this script never reaches the network. On a machine that lacks some of depsi's
+# dependencies (the lent GPU machine has NumPy, SciPy, xarray, pandas, CuPy and pytest but not
+# Dask, Zarr, shapely, pydantic, cholespy or qdldl), make a wheelhouse here first with
+# `bash scripts/gpu-wheelhouse.sh` (it writes .whl/, ignored by git) and carry it: the
+# script installs those wheels with `pip install --no-index --no-deps --target` into a scratch
+# folder and puts it on PYTHONPATH. depsi itself is used from the working tree (PYTHONPATH).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+if [[ $# -ne 1 ]]; then
+    echo "usage: bash scripts/gpu-check.sh OUTDIR" >&2
+    exit 64
+fi
+OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu-check: cannot create $1" >&2; exit 64; }
+WORK=${DEPSI_GPU_CHECK_WORK:-${TMPDIR:-/tmp}/depsi-gpu-check}
+mkdir -p "$WORK"
+rm -f "$WORK/parts.tsv" "$WORK"/chain-*.json "$WORK"/chain-*.npz "$OUTDIR"/*.json \
+    "$OUTDIR"/*.md "$OUTDIR"/*.log
+PYTHON=${PYTHON:-python3}
+BUDGET=${DEPSI_GPU_CHECK_BUDGET:-480}
+START=$SECONDS
+RESERVE=20  # seconds kept for the comparison and the report
+export PYTHONUNBUFFERED=1
+exec > >(tee -a "$OUTDIR/gpu-check.log") 2>&1
+
+log() { echo "gpu-check [$((SECONDS - START))s]: $*"; }
+# part NAME STATUS SECONDS NOTE: one line of the summary's table
+part() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4//$'\t'/ }" >>"$WORK/parts.tsv"; }
+left() { echo $((BUDGET - RESERVE - (SECONDS - START))); }
+# limit SHARE: seconds a part may take, its share or what is left, whichever is less
+limit() { local rest; rest=$(left); echo $(( $1 < rest ? $1 : rest )); }
+
+# run_part NAME SHARE MIN_SECONDS LOGFILE CMD...: run CMD under a time limit, record the outcome
+run_part() {
+    local name=$1 share=$2 min=$3 logfile=$4 seconds status rc t0
+    shift 4
+    seconds=$(limit "$share")
+    if (( seconds < min )); then
+        log "$name SKIPPED: ${seconds}s left of the budget, it needs at least ${min}s"
+        part "$name" skipped 0 "no time left (${seconds}s of the ${BUDGET}s budget)"
+        return 3
+    fi
+    log "$name: starting (limit ${seconds}s): $*"
+    t0=$SECONDS
+    timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee -a "$logfile"
+    rc=${PIPESTATUS[0]}
+    if (( rc == 0 )); then
+        status=ok
+    elif (( rc == 124 || rc == 137 )); then
+        status=timeout
+    else
+        status=failed
+    fi
+    log "$name: $status (exit $rc) in $((SECONDS - t0))s"
+    part "$name" "$status" $((SECONDS - t0)) "exit $rc"
+    [[ $status == ok ]]
+}
+
+# ---- dependencies -------------------------------------------------------------------------
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+IMPORTS="import depsi, dask, distributed, zarr, xarray, shapely, pydantic, cholespy, qdldl"
+if ! "$PYTHON" -c "$IMPORTS" 2>/dev/null; then
+    WHEELS=${DEPSI_WHEELHOUSE:-$REPO/.whl}
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        SITE="$WORK/site"
+        log "dependencies missing; installing the wheels of $WHEELS into $SITE (no network)"
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target "$SITE" "$WHEELS"/*.whl
+        export PYTHONPATH="$REPO:$SITE${PYTHONPATH#"$REPO"}"
+    else
+        log "dependencies missing and no wheelhouse at $WHEELS (bash scripts/gpu-wheelhouse.sh)"
+    fi
+fi
+if ! "$PYTHON" -c "$IMPORTS"; then
+    log "FAILED: depsi or its dependencies cannot be imported with $PYTHON"
+    part dependencies failed 0 "cannot import: $IMPORTS"
+    "$PYTHON" "$REPO/benchmarks/_gpu_check_report.py" "$WORK" "$OUTDIR" 2>/dev/null || true
+    exit 2
+fi
+
+# ---- environment ----------------------------------------------------------------------------
+GPU_REASON=$("$PYTHON" - <<'EOF'
+from depsi.kernels.backend import get_namespace
+try:
+    cupy = get_namespace("cupy")
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"ok: CuPy {cupy.__version__} on {name}")
+except RuntimeError as err:
+    print(err)
+EOF
+)
+[[ $GPU_REASON == ok:* ]] && GPU=1 || GPU=0
+COMMIT=${DEPSI_GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+POINTS=${DEPSI_GPU_CHECK_POINTS:-$( ((GPU)) && echo 1000000 || echo 3000)}
+SCALE=${DEPSI_GPU_CHECK_SCALE:-$( ((GPU)) && echo 1 || echo 0.02)}
+SMI=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
+      || echo "no nvidia-smi")
+"$PYTHON" - "$WORK/env.json" "$COMMIT" "$GPU_REASON" "$SMI" "$POINTS" "$SCALE" "$BUDGET" <<'EOF'
+import json, os, platform, sys
+import numpy
+path, commit, gpu, smi, points, scale, budget = sys.argv[1:]
+json.dump({"commit": commit, "gpu": gpu, "nvidia_smi": smi, "python": platform.python_version(),
+           "numpy": numpy.__version__, "cpus": os.cpu_count(), "host": platform.node(),
+           "points": int(float(points)), "kernel_scale": float(scale), "budget_s": int(budget)},
+          open(path, "w"), indent=1)
+EOF
+log "commit $COMMIT; $(${PYTHON} -V 2>&1); GPU: $GPU_REASON; nvidia-smi: $SMI"
+if ((GPU)); then
+    log "GPU run: chain at $POINTS points, kernels at scale $SCALE, budget ${BUDGET}s"
+else
+    log "DRY RUN (no usable GPU): CuPy parts are skipped; chain at $POINTS points, kernels at" \
+        "scale $SCALE"
+fi
+FAILED=0
+
+# ---- 1. the CuPy tests ----------------------------------------------------------------------
+# every test module that touches CuPy or a CUDA device, but not this script's own test
+mapfile -t TESTS < <(grep -l -E "cupy|cuda" tests/test_*.py | grep -v test_gpu_check.py)
+PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" -ra --strict-markers)
+if ((GPU)); then
+    run_part "CuPy tests" 90 20 "$OUTDIR/tests.log" \
+        "${PYTEST[@]}" --timeout=80 "${TESTS[@]}" || FAILED=1
+else
+    log "CuPy tests SKIPPED: $GPU_REASON; collecting them only: ${TESTS[*]}"
+    run_part "CuPy tests (collected only)" 30 5 "$OUTDIR/tests.log" \
+        "${PYTEST[@]}" --collect-only "${TESTS[@]}" || FAILED=1
+    part "CuPy tests" skipped 0 "$GPU_REASON"
+fi
+
+# ---- 2. every kernel, NumPy against CuPy ----------------------------------------------------
+((GPU)) || log "kernels: CuPy columns SKIPPED ($GPU_REASON); NumPy timed at scale $SCALE"
+run_part "kernels" 120 10 "$WORK/kernels.log" "$PYTHON" benchmarks/bench_gpu_kernels.py \
+    --scale "$SCALE" --json "$OUTDIR/kernels.json" || FAILED=1
+
+# ---- 3. the chain on the CPU and on the GPU -------------------------------------------------
+CHAIN=("$PYTHON" benchmarks/bench_gpu_chain.py)
+SCENE="$WORK/scene-$POINTS"
+if run_part "chain: scene" 90 5 "$WORK/chain.log" \
+        "${CHAIN[@]}" scene "$POINTS" "$SCENE" --json "$WORK/chain-scene.json"; then
+    if ((GPU)); then
+        SECOND=cuda:0
+    else
+        # no GPU: a second CPU device stands in, so that the comparison itself runs
+        SECOND=cpu:1
+        log "chain on cuda:0 SKIPPED: $GPU_REASON; comparing against cpu:1 instead (a stand-in)"
+        part "chain: cuda:0" skipped 0 "$GPU_REASON"
+    fi
+    run_part "chain: $SECOND" 200 10 "$WORK/chain.log" \
+        "${CHAIN[@]}" run "$SCENE" "$SECOND" "$WORK/chain-second.npz" || FAILED=1
+    run_part "chain: cpu" 400 10 "$WORK/chain.log" \
+        "${CHAIN[@]}" run "$SCENE" cpu "$WORK/chain-cpu.npz" || FAILED=1
+    if [[ -s $WORK/chain-cpu.npz && -s $WORK/chain-second.npz ]]; then
+        RESERVE=0 run_part "chain: compare" 30 1 "$WORK/chain.log" "${CHAIN[@]}" compare \
+            "$WORK/chain-cpu.npz" "$WORK/chain-second.npz" --json "$WORK/chain-compare.json" \
+            || FAILED=1
+    else
+        log "chain comparison SKIPPED: a run has no result"
+        part "chain: compare" skipped 0 "a run has no result"
+    fi
+else
+    FAILED=1
+fi
+
+# ---- report ---------------------------------------------------------------------------------
+"$PYTHON" benchmarks/_gpu_check_report.py "$WORK" "$OUTDIR" || FAILED=1
+log "done in $((SECONDS - START))s; files in $OUTDIR: $(cd "$OUTDIR" && echo *)"
+exit "$FAILED"

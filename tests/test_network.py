@@ -13,7 +13,13 @@ import pytest
 import xarray as xr
 
 from depsi.conventions import wrap_phase
-from depsi.processing.network import form_network, point_positions, redundant_edges
+from depsi.processing.network import (
+    NetworkConfig,
+    first_order_indices,
+    form_network,
+    point_positions,
+    redundant_edges,
+)
 from depsi.stm.schema import STMValidationError, validate, years_since_mother
 
 
@@ -74,7 +80,7 @@ def _random_points(n=60, n_epochs=5, seed=0):
 
 def test_delaunay_network_has_unique_arcs_and_valid_stm():
     points = _random_points()
-    arcs = form_network(points)
+    arcs = form_network(points, method="delaunay")
     validate(arcs, "arcs")
     pairs = np.column_stack([arcs.source.values, arcs.target.values])
     assert (pairs[:, 0] < pairs[:, 1]).all()
@@ -113,7 +119,7 @@ def test_redundant_network_respects_max_length_and_k_per_sector():
 
 def test_redundant_network_is_more_redundant_than_delaunay():
     points = _random_points(n=200)
-    delaunay = form_network(points)
+    delaunay = form_network(points, method="delaunay")
     redundant = form_network(points, method="redundant", k=2, n_sectors=8)
     assert redundant.sizes["arc"] > 1.5 * delaunay.sizes["arc"]
     validate(redundant, "arcs")
@@ -130,7 +136,7 @@ def test_lazy_points_give_lazy_arcs_with_same_values():
 def test_too_few_points_and_bad_method_raise_clear_errors():
     points = _random_points(n=2)
     with pytest.raises(ValueError, match="at least 3 points"):
-        form_network(points)
+        form_network(points, method="delaunay")
     with pytest.raises(ValueError, match="method"):
         form_network(_random_points(), method="mst")
     with pytest.raises(STMValidationError, match="phase"):
@@ -154,3 +160,45 @@ def test_simulated_points_are_consistent_with_the_phase_model():
     model = m2ph * (years_disp + points.h2ph * true.height_error) + true.aps
     residual = np.angle(np.exp(1j * (points.phase - model)))
     assert float(np.sqrt((residual ** 2).mean())) < 3 * np.sqrt(2) * 0.3
+
+
+def _scatter(n: int, side: int, seed: int = 0) -> xr.Dataset:
+    """``n`` points on a ``side`` x ``side`` pixel grid of 10 m pixels, random dispersions."""
+    rng = np.random.default_rng(seed)
+    return xr.Dataset({"amplitude_dispersion": ("space", rng.uniform(0.05, 0.3, n))},
+                      coords={"azimuth": ("space", rng.integers(0, side, n)),
+                              "range": ("space", rng.integers(0, side, n))},
+                      attrs={"azimuth_spacing": 10.0, "range_spacing": 10.0})
+
+
+def test_first_order_points_are_the_best_of_each_cell_on_a_large_scene():
+    config = NetworkConfig(first_order=100, cell_size=150.0)
+    points = _scatter(20_000, 300)  # 3 km x 3 km: 400 cells of 150 m, more than 100
+    chosen = first_order_indices(points, config)
+    cell = (point_positions(points) // 150.0).astype(int)
+    key = cell[:, 0] * 1000 + cell[:, 1]
+    assert len(chosen) == len(np.unique(key)) == 400
+    nad = points.amplitude_dispersion.values
+    best = {k: nad[key == k].min() for k in np.unique(key)}
+    assert all(nad[i] == best[key[i]] for i in chosen)
+    assert (np.diff(chosen) > 0).all()  # in the order of space
+
+
+def test_first_order_points_are_the_best_count_on_a_small_scene_ties_in_space_order():
+    small = _scatter(2_000, 60)  # 600 m x 600 m: 16 cells, fewer than first_order
+    chosen = first_order_indices(small, NetworkConfig(first_order=100))
+    nad = small.amplitude_dispersion.values
+    assert len(chosen) == 100 and nad[chosen].max() <= np.sort(nad)[99]
+    flat = small.drop_vars("amplitude_dispersion")  # all equal: the first in space order
+    config = NetworkConfig(first_order=5, cell_size=None)
+    assert first_order_indices(flat, config).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_first_order_points_respect_max_dispersion_and_refuse_fewer_than_three():
+    points = _scatter(500, 60)
+    chosen = first_order_indices(points, NetworkConfig(max_dispersion=0.1))
+    nad = points.amplitude_dispersion.values
+    assert len(chosen) == (nad <= 0.1).sum() and (nad[chosen] <= 0.1).all()
+    with pytest.raises(ValueError, match="at least 3 first-order points, found 0"):
+        first_order_indices(points, NetworkConfig(max_dispersion=0.01))
+    assert np.array_equal(first_order_indices(points), first_order_indices(points, NetworkConfig()))

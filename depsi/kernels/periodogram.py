@@ -54,6 +54,11 @@ logger = logging.getLogger(__name__)
 #: then within pi/4 of the peak's phase pattern, losing < 3 % of the coherence.
 GRID_PHASE_STEP = np.pi / 2
 
+#: Default search range of the height error (m), and of the velocity (m/yr): of an arc's
+#: differences by default (depsi.processing.arcs.ArcsConfig reads the same constants).
+DEFAULT_HEIGHT_RANGE = (-50.0, 50.0)
+DEFAULT_VELOCITY_RANGE = (-0.05, 0.05)
+
 #: Most Newton iterations of the refinement; each costs a few passes over the phase. From the
 #: parabolic vertex they converge quadratically, typically in 2 to 4.
 REFINE_ITERATIONS = 8
@@ -631,9 +636,9 @@ def periodogram(
     time_years: Any,
     *,
     wavelength: float,
-    height_range: tuple[float, float] = (-50.0, 50.0),
+    height_range: tuple[float, float] = DEFAULT_HEIGHT_RANGE,
     height_step: float | None = None,
-    velocity_range: tuple[float, float] = (-0.05, 0.05),
+    velocity_range: tuple[float, float] = DEFAULT_VELOCITY_RANGE,
     velocity_step: float | None = None,
     extra_regressors: Mapping[str, tuple] | None = None,
     refine: bool = True,
@@ -654,7 +659,8 @@ def periodogram(
     wavelength
         Radar wavelength (m); ``m2ph = -4 pi / wavelength``.
     height_range, velocity_range
-        Search ranges (m, m/yr), inclusive.
+        Search ranges (m, m/yr), inclusive; defaults :data:`DEFAULT_HEIGHT_RANGE`,
+        :data:`DEFAULT_VELOCITY_RANGE`.
     height_step, velocity_step
         Grid steps; default from :func:`default_step` (the modelled phase changes by at most
         :data:`GRID_PHASE_STEP` across the epochs between adjacent nodes). The grid is

@@ -25,18 +25,13 @@ from depsi.kernels.backend import (
     to_host,
     use_device,
 )
-from depsi.kernels.periodogram import periodogram
+from depsi.kernels.periodogram import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
 from depsi.stm.dask_tools import chunked_view
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
-
-#: Default search range of the height-error difference of an arc (m).
-DEFAULT_HEIGHT_RANGE = (-50.0, 50.0)
-#: Default search range of the velocity difference of an arc (m/yr).
-DEFAULT_VELOCITY_RANGE = (-0.05, 0.05)
 
 
 class ArcsConfig(Section):

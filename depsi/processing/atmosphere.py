@@ -30,15 +30,17 @@ logger = logging.getLogger(__name__)
 #: Default width (years, Gaussian sigma) of the temporal low-pass that keeps unmodelled
 #: deformation out of the screen.
 DEFAULT_TEMPORAL_WINDOW = 0.25
+#: Default spatial interpolation of the screen: kriging on small networks, Gaussian above.
+DEFAULT_METHOD = "auto"
 
 
 class AtmosphereConfig(Section):
     """The atmospheric phase screen and its leak into the height errors."""
 
     method: Literal["auto", "kriging", "gaussian", "none"] = Field(
-        "auto", description="Spatial interpolation of the screen per epoch: kriging, gaussian, "
-                            "auto (kriging up to a few thousand points, else gaussian) or "
-                            "none (no atmospheric correction).")
+        DEFAULT_METHOD, description="Spatial interpolation of the screen per epoch: kriging, "
+                                    "gaussian, auto (kriging up to a few thousand points, else "
+                                    "gaussian) or none (no atmospheric correction).")
     temporal_window: float = Field(
         DEFAULT_TEMPORAL_WINDOW, gt=0, description="Low-pass width (years) separating "
                                                    "unmodelled deformation from atmosphere.")
@@ -226,7 +228,7 @@ def lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarra
 def estimate_atmosphere(
     points_result: xr.Dataset,
     *,
-    method: Literal["auto", "kriging", "gaussian"] = "auto",
+    method: Literal["auto", "kriging", "gaussian"] = DEFAULT_METHOD,
     temporal_window: float = DEFAULT_TEMPORAL_WINDOW,
 ) -> xr.Dataset:
     """Estimate the atmospheric phase screen at the points of an integrated network.
@@ -240,7 +242,8 @@ def estimate_atmosphere(
     method
         ``"kriging"`` (fitted exponential variogram, one factorisation for all epochs),
         ``"gaussian"`` (Gaussian-weighted :data:`GAUSSIAN_NEIGHBOURS` nearest points, sigma half
-        the variogram range) or ``"auto"`` (kriging up to :data:`KRIGING_MAX_POINTS` points).
+        the variogram range) or ``"auto"`` (default, :data:`DEFAULT_METHOD`: kriging up to
+        :data:`KRIGING_MAX_POINTS` points).
     temporal_window
         Sigma (years) of the temporal Gaussian low-pass of the residual phase; what it passes
         is treated as unmodelled deformation, the rest as atmosphere plus noise.

@@ -49,8 +49,9 @@ from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
-#: Candidates with a combined temporal coherence below this are rejected by default.
-DEFAULT_MIN_COHERENCE = 0.7
+#: Candidates with a combined temporal coherence below this are rejected by default (a point's
+#: threshold; integration's arcs have their own, DEFAULT_MIN_ARC_COHERENCE).
+DEFAULT_MIN_POINT_COHERENCE = 0.7
 #: First-order points tied to each candidate by default.
 DEFAULT_K = 3
 
@@ -63,7 +64,7 @@ class DensificationConfig(Section):
         None, gt=0, description="Longest arc from a candidate to a first-order point, m; "
                                 "null: no limit.")
     min_coherence: float = Field(
-        DEFAULT_MIN_COHERENCE, ge=0, le=1,
+        DEFAULT_MIN_POINT_COHERENCE, ge=0, le=1,
         description="Candidates with a lower temporal coherence are not kept.")
 
 _TWO_PI = 2.0 * np.pi
@@ -284,7 +285,7 @@ def densify(
     *,
     k: int = DEFAULT_K,
     max_distance: float | None = None,
-    min_coherence: float = DEFAULT_MIN_COHERENCE,
+    min_coherence: float = DEFAULT_MIN_POINT_COHERENCE,
     height_range: tuple[float, float] = DEFAULT_HEIGHT_RANGE,
     velocity_range: tuple[float, float] = DEFAULT_VELOCITY_RANGE,
     height_step: float | None = None,

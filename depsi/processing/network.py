@@ -36,6 +36,12 @@ EDGE_QUERY_BLOCK = 16384
 #: Arcs per chunk of an arc STM.
 ARC_CHUNK = 65536
 
+#: Default network: the redundant scheme, whose many closed loops let integration test arcs.
+DEFAULT_METHOD = "redundant"
+#: Default neighbours per direction sector, and sectors, of the redundant scheme.
+DEFAULT_K = 2
+DEFAULT_N_SECTORS = 8
+
 _TWO_PI = 2.0 * np.pi
 
 
@@ -56,15 +62,15 @@ class NetworkConfig(Section):
                                  "against the atmosphere's correlation length whatever the "
                                  "scene's size; null: always first_order points.")
     method: Literal["redundant", "delaunay"] = Field(
-        "redundant", description="redundant: each point tied to its k nearest neighbours in "
+        DEFAULT_METHOD, description="redundant: each point tied to its k nearest neighbours in "
                                  "each of n_sectors directions (many loops for arc testing); "
                                  "delaunay: the triangulation.")
-    k: int = Field(2, ge=1, description="Neighbours per direction sector (redundant).")
+    k: int = Field(DEFAULT_K, ge=1, description="Neighbours per direction sector (redundant).")
     second_pass_k: int | None = Field(
         1, ge=1, description="Neighbours per direction sector (redundant) of the second pass, "
                              "on phases corrected for the atmosphere: its arcs are reliable "
                              "enough to be tested with fewer loops; null: k.")
-    n_sectors: int = Field(8, ge=1, description="Direction sectors (redundant).")
+    n_sectors: int = Field(DEFAULT_N_SECTORS, ge=1, description="Direction sectors (redundant).")
     max_length: float | None = Field(
         None, gt=0, description="Longest arc kept, metres; null keeps every arc.")
 
@@ -120,6 +126,52 @@ def cell_keys(cells: np.ndarray) -> np.ndarray:
     return cells[:, 0] * (int(cells[:, 1].max()) + 1) + cells[:, 1]
 
 
+def first_order_indices(points: xr.Dataset, config: NetworkConfig | None = None) -> np.ndarray:
+    """Indices of the first-order points, by amplitude dispersion (lowest first).
+
+    Among the points at or below ``max_dispersion``: the best ``first_order`` points; or, when
+    more than ``first_order`` cells of ``cell_size`` m hold such points (a scene larger than
+    ``first_order x cell_size^2``), the best point of every cell, so that the density of the
+    network, and the length of its arcs, do not depend on the scene's size. ``config``: the
+    network section (default :class:`NetworkConfig`'s defaults); its other fields are not read.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset({"amplitude_dispersion": ("space", [0.3, 0.1, 0.2, 0.4])},
+    ...                 coords={"azimuth": ("space", [0, 1, 2, 3]), "range": ("space", [0] * 4)})
+    >>> first_order_indices(ds, NetworkConfig(first_order=3)).tolist()
+    [0, 1, 2]
+    """
+    config = NetworkConfig() if config is None else config
+    n = points.sizes["space"]
+    if "amplitude_dispersion" in points:
+        nad = np.asarray(points["amplitude_dispersion"].values, dtype=np.float64)
+    else:
+        logger.info("no amplitude_dispersion: first-order points are taken in space order")
+        nad = np.zeros(n)
+    eligible = np.isfinite(nad)
+    if config.max_dispersion is not None:
+        eligible &= nad <= config.max_dispersion
+    candidates = np.flatnonzero(eligible)
+    # stable sort: equal dispersions (or none given) keep the order of space
+    ranked = candidates[np.argsort(nad[candidates], kind="stable")]
+    chosen = np.sort(ranked[:config.first_order])
+    if config.cell_size is not None and len(ranked) > config.first_order:
+        cells = np.floor(point_positions(points)[ranked] / config.cell_size).astype(np.int64)
+        # the first of each cell in ranked order, the best
+        _, first_in_cell = np.unique(cell_keys(cells), return_index=True)
+        if len(first_in_cell) > config.first_order:
+            chosen = np.sort(ranked[first_in_cell])
+            logger.info("first order: the best point of each of %d cells of %.0f m "
+                        "(more than first_order=%d)", len(chosen), config.cell_size,
+                        config.first_order)
+    if len(chosen) < 3:
+        raise ValueError(f"network: expected at least 3 first-order points, found "
+                         f"{len(chosen)} (first_order={config.first_order}, "
+                         f"max_dispersion={config.max_dispersion})")
+    return chosen
+
+
 def _unique_edges(source: np.ndarray, target: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Undirected, deduplicated edges with ``source < target`` and no self-loops."""
     lo = np.minimum(source, target).astype(np.int64)
@@ -153,7 +205,11 @@ def delaunay_edges(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def redundant_edges(
-    positions: np.ndarray, *, k: int = 2, n_sectors: int = 8, max_length: float | None = None
+    positions: np.ndarray,
+    *,
+    k: int = DEFAULT_K,
+    n_sectors: int = DEFAULT_N_SECTORS,
+    max_length: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Edges to the ``k`` nearest neighbours in each of ``n_sectors`` angular sectors.
 
@@ -268,9 +324,9 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
 def network_edges(
     positions: np.ndarray,
     *,
-    method: Literal["delaunay", "redundant"] = "delaunay",
-    k: int = 2,
-    n_sectors: int = 8,
+    method: Literal["delaunay", "redundant"] = DEFAULT_METHOD,
+    k: int = DEFAULT_K,
+    n_sectors: int = DEFAULT_N_SECTORS,
     max_length: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Arcs (``source < target`` index pairs) among points at ``positions`` (m, ``(n, 2)``).
@@ -279,9 +335,11 @@ def network_edges(
 
     Examples
     --------
-    >>> source, target = network_edges(np.array([[0.0, 0], [10, 0], [0, 10], [10, 10]]))
-    >>> len(source)
+    >>> corners = np.array([[0.0, 0], [10, 0], [0, 10], [10, 10]])
+    >>> len(network_edges(corners, method="delaunay")[0])
     5
+    >>> len(network_edges(corners)[0])  # redundant: every pair of the four
+    6
     """
     n = len(positions)
     if method == "delaunay":
@@ -309,9 +367,9 @@ def network_edges(
 def form_network(
     points: xr.Dataset,
     *,
-    method: Literal["delaunay", "redundant"] = "delaunay",
-    k: int = 2,
-    n_sectors: int = 8,
+    method: Literal["delaunay", "redundant"] = DEFAULT_METHOD,
+    k: int = DEFAULT_K,
+    n_sectors: int = DEFAULT_N_SECTORS,
     max_length: float | None = None,
     azimuth_spacing: float | None = None,
     range_spacing: float | None = None,
@@ -325,11 +383,12 @@ def form_network(
         ``h2ph``, and ``azimuth``/``range`` (or projected ``x``/``y``) coordinates.
     method
         ``"delaunay"``: the Delaunay triangulation (about 3 arcs per point).
-        ``"redundant"``: each point tied to its ``k`` nearest neighbours in each of
-        ``n_sectors`` angular sectors (up to ``k * n_sectors`` arcs per point, fewer after
-        removing duplicates), which gives many closed loops for arc testing.
+        ``"redundant"`` (default, :data:`DEFAULT_METHOD`): each point tied to its ``k``
+        nearest neighbours in each of ``n_sectors`` angular sectors (up to ``k * n_sectors``
+        arcs per point, fewer after removing duplicates), which gives many closed loops for
+        arc testing.
     k, n_sectors
-        See ``method="redundant"``.
+        See ``method="redundant"``; defaults :data:`DEFAULT_K`, :data:`DEFAULT_N_SECTORS`.
     max_length
         Longest arc kept, metres (``None``: no limit). Long arcs carry more atmosphere.
     azimuth_spacing, range_spacing

@@ -59,21 +59,30 @@ ENGINES = ("auto", "dask", "stream")
 #: builds the lazy Dask graph.
 AUTO_STREAM_MEMORY_FRACTION = 0.5
 
+#: Default dispersion measure, and threshold below which a pixel is a candidate: the usual NAD
+#: choice of PS-InSAR (DePSI's ``ps_selection`` takes the same method by default).
+DEFAULT_METHOD = "nad"
+DEFAULT_THRESHOLD = 0.25
+#: Default engine of ``ps_selection``: chosen per stack by :func:`resolve_engine`.
+DEFAULT_ENGINE = "auto"
+
 
 class SelectionConfig(Section):
     """Persistent scatterer candidate selection from amplitude statistics."""
 
     method: Literal["nad", "nmad"] = Field(
-        "nad", description="Amplitude statistic: nad (std/mean) or nmad (MAD/median).")
+        DEFAULT_METHOD, description="Amplitude statistic: nad (std/mean) or nmad (MAD/median).")
     threshold: float = Field(
-        0.25, gt=0, description="Pixels whose statistic is below this value become candidates.")
+        DEFAULT_THRESHOLD, gt=0,
+        description="Pixels whose statistic is below this value become candidates.")
     engine: Literal["auto", "dask", "stream"] = Field(
-        "auto", description="auto: stream when every pixel's series would fit in half the "
-                            "available memory and no distributed client is active, else dask; "
-                            "dask: one lazy graph over the stack, the points' time series read "
-                            "again while saved (memory bounded whatever the number of points); "
-                            "stream: one pass on all cores, blocks read and reduced by worker "
-                            "threads, the points computed in memory (fastest when they fit).")
+        DEFAULT_ENGINE,
+        description="auto: stream when every pixel's series would fit in half the available memory "
+                    "and no distributed client is active, else dask; dask: one lazy graph over the "
+                    "stack, the points' time series read again while saved (memory bounded "
+                    "whatever the number of points); stream: one pass on all cores, blocks read "
+                    "and reduced by worker threads, the points computed in memory (fastest when "
+                    "they fit).")
 
 
 #: Running sums kept per point so that the NAD can be updated with new epochs.
@@ -146,7 +155,7 @@ def _distributed_client() -> bool:
     return True
 
 
-def resolve_engine(stack: xr.Dataset, engine: str = "auto") -> tuple[str, str]:
+def resolve_engine(stack: xr.Dataset, engine: str = DEFAULT_ENGINE) -> tuple[str, str]:
     """The engine ``ps_selection`` runs for ``engine`` on ``stack``, and why.
 
     ``"auto"`` picks ``"stream"`` (one pass, the points computed in memory; the fastest) unless
@@ -542,10 +551,10 @@ def _finish_points(points: xr.Dataset, *, method: str, threshold: float, window_
 def ps_selection(
     stack: xr.Dataset,
     *,
-    method: str = "nad",
-    threshold: float = 0.25,
+    method: str = DEFAULT_METHOD,
+    threshold: float = DEFAULT_THRESHOLD,
     time_window: Any = None,
-    engine: str = "auto",
+    engine: str = DEFAULT_ENGINE,
     block_shape: tuple[int, int] | None = None,
     prefetch: int = 2,
     workers: int | None = None,
@@ -565,7 +574,8 @@ def ps_selection(
     method
         ``"nad"`` (std/mean) or ``"nmad"`` (MAD/median, no 1.4826 factor).
     threshold
-        Positive dispersion threshold (0.25 is the usual NAD choice).
+        Positive dispersion threshold; default :data:`DEFAULT_THRESHOLD` (0.25, the usual NAD
+        choice).
     time_window
         ``(start, end)`` of the epochs the dispersion is computed over (ends included); the
         output keeps every epoch.
@@ -701,7 +711,7 @@ def update_selection(
     new_epochs: xr.Dataset,
     *,
     threshold: float | None = None,
-    method: str = "nad",
+    method: str = DEFAULT_METHOD,
 ) -> xr.Dataset:
     """Add new epochs to a stored PS product and update its NAD without rereading old epochs.
 
@@ -722,7 +732,8 @@ def update_selection(
         store's order; with ``complex`` (and ``h2ph`` when the store has it), epochs after the
         last stored one.
     threshold
-        New NAD threshold; default the stored ``selection_threshold``.
+        New NAD threshold; default the stored ``selection_threshold``: ``threshold`` defaults
+        to ``None``, not :data:`DEFAULT_THRESHOLD`, on purpose (a store keeps its own).
     method
         Only ``"nad"``; ``"nmad"`` raises ``ValueError`` (NMAD needs the full history).
 

@@ -25,7 +25,7 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
     Parameters
     ----------
     result
-        Output of :func:`depsi.processing.chain.run_ps_chain` (``point_index`` into ``points``).
+        Output of :func:`depsi.pipeline.chain.run_ps_chain` (``point_index`` into ``points``).
     points
         The point STM given to the chain (``complex`` or single-mother ``phase``, ``h2ph``).
     truth
@@ -40,7 +40,7 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
 
     Examples
     --------
-    >>> from depsi.processing.chain import run_ps_chain
+    >>> from depsi.pipeline.chain import run_ps_chain
     >>> from depsi.simulate import simulate_stack
     >>> from depsi.processing.selection import ps_selection
     >>> stack, truth = simulate_stack(shape=(100, 100), n_epochs=20, seed=1, ps_fraction=0.03)

@@ -26,6 +26,9 @@
 # `bash scripts/gpu-wheelhouse.sh` (it writes .whl/, ignored by git) and carry it: the
 # script installs those wheels with `pip install --no-index --no-deps --target` into a scratch
 # folder and puts it on PYTHONPATH. depsi itself is used from the working tree (PYTHONPATH).
+# Through the device tool's `run` (the tree travels without .git, so name the commit):
+#   command: DEPSI_GPU_CHECK_COMMIT=<sha> bash scripts/gpu-check.sh $OUT
+#   carry: [".whl"], timeout_s: 560 (8 minutes of check and a margin)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -45,6 +48,9 @@ START=$SECONDS
 RESERVE=20  # seconds kept for the comparison and the report
 export PYTHONUNBUFFERED=1
 exec > >(tee -a "$OUTDIR/gpu-check.log") 2>&1
+TEE_PID=$!
+# finish STATUS: let tee write the log's last lines before the caller collects OUTDIR
+finish() { exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null; exit "$1"; }
 
 log() { echo "gpu-check [$((SECONDS - START))s]: $*"; }
 # part NAME STATUS SECONDS NOTE: one line of the summary's table
@@ -82,6 +88,7 @@ run_part() {
 # ---- dependencies -------------------------------------------------------------------------
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 IMPORTS="import depsi, dask, distributed, zarr, xarray, shapely, pydantic, cholespy, qdldl"
+DEPS_NOTE="all importable"
 if ! "$PYTHON" -c "$IMPORTS" 2>/dev/null; then
     WHEELS=${DEPSI_WHEELHOUSE:-$REPO/.whl}
     if compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -90,6 +97,7 @@ if ! "$PYTHON" -c "$IMPORTS" 2>/dev/null; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
             --upgrade --target "$SITE" "$WHEELS"/*.whl
         export PYTHONPATH="$REPO:$SITE${PYTHONPATH#"$REPO"}"
+        DEPS_NOTE="installed $(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS"
     else
         log "dependencies missing and no wheelhouse at $WHEELS (bash scripts/gpu-wheelhouse.sh)"
     fi
@@ -98,8 +106,9 @@ if ! "$PYTHON" -c "$IMPORTS"; then
     log "FAILED: depsi or its dependencies cannot be imported with $PYTHON"
     part dependencies failed 0 "cannot import: $IMPORTS"
     "$PYTHON" "$REPO/benchmarks/_gpu_check_report.py" "$WORK" "$OUTDIR" 2>/dev/null || true
-    exit 2
+    finish 2
 fi
+part dependencies ok $((SECONDS - START)) "$DEPS_NOTE"
 
 # ---- environment ----------------------------------------------------------------------------
 GPU_REASON=$("$PYTHON" - <<'EOF'
@@ -146,7 +155,7 @@ if ((GPU)); then
 else
     log "CuPy tests SKIPPED: $GPU_REASON; collecting them only: ${TESTS[*]}"
     run_part "CuPy tests (collected only)" 30 5 "$OUTDIR/tests.log" \
-        "${PYTEST[@]}" --collect-only "${TESTS[@]}" || FAILED=1
+        "${PYTEST[@]}" --timeout=80 --collect-only "${TESTS[@]}" || FAILED=1
     part "CuPy tests" skipped 0 "$GPU_REASON"
 fi
 
@@ -187,4 +196,4 @@ fi
 # ---- report ---------------------------------------------------------------------------------
 "$PYTHON" benchmarks/_gpu_check_report.py "$WORK" "$OUTDIR" || FAILED=1
 log "done in $((SECONDS - START))s; files in $OUTDIR: $(cd "$OUTDIR" && echo *)"
-exit "$FAILED"
+finish "$FAILED"

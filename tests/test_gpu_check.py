@@ -95,3 +95,17 @@ def test_differences_count_nan_mismatches_and_differing_integers(bench_gpu_kerne
     diff = bench_gpu_kernels.differences(gpu, cpu)
     assert diff["x"] == {"max_abs_diff": 0.5, "max_rel_diff": 0.25, "finite_mismatch": 1}
     assert diff["flag"]["fraction_differing"] == pytest.approx(1 / 3)
+
+
+def test_gpu_check_without_its_dependencies_exits_2_and_says_why(tmp_path):
+    python = tmp_path / "python-without-site"  # no site-packages: NumPy and Dask are missing
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    env = os.environ | {"PYTHON": str(python), "DEPSI_WHEELHOUSE": str(tmp_path / "none"),
+                        "DEPSI_GPU_CHECK_WORK": str(tmp_path / "work")}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert "no wheelhouse" in done.stdout and "cannot be imported" in done.stdout
+    assert "| dependencies | failed |" in (out / "summary.md").read_text()

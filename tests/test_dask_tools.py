@@ -137,3 +137,33 @@ def test_culled_keeps_exactly_the_batchs_tasks_without_reading_the_whole_graph(m
     assert counts[4] < len(dict(ds["sum"].data.__dask_graph__())) / 5
     for b, batch in batches.items():
         np.testing.assert_array_equal(cut[b]["block"].values, batch["block"].values)
+
+
+def test_culled_rows_is_culled_isel_without_copying_the_graphs_layers(monkeypatch):
+    """culled_rows(ds, rows) keeps the tasks and values of culled(ds.isel(space=rows)); and
+    no graph it builds holds ds's table of layers (isel copies it: one layer a chunk, so a
+    loop over batches grew with batches x chunks)."""
+    from dask.highlevelgraph import HighLevelGraph
+
+    from depsi.stm.dask_tools import culled_rows
+
+    ds = _densify_like(40)
+    bounds = np.cumsum((0,) + ds.chunks["space"])
+    sizes = []
+    original = HighLevelGraph.__init__
+
+    def counted(self, layers, *args, **kwargs):
+        sizes.append(len(layers))
+        original(self, layers, *args, **kwargs)
+
+    for rows in (slice(int(bounds[2]), int(bounds[4])), slice(5, 47), slice(0, 0)):
+        expected = culled(ds.isel(space=rows))
+        monkeypatch.setattr(HighLevelGraph, "__init__", counted)
+        cut = culled_rows(ds, rows)
+        monkeypatch.undo()
+        for name in ("sum", "block"):
+            assert cut[name].data.name == expected[name].data.name
+            assert set(cut[name].data.__dask_graph__()) == set(
+                expected[name].data.__dask_graph__())
+            np.testing.assert_array_equal(cut[name].values, expected[name].values)
+    assert len(ds["sum"].data.__dask_graph__().layers) > 40 and max(sizes) <= 2

@@ -94,6 +94,44 @@ def culled(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
+def culled_rows(ds: xr.Dataset, rows: slice, dim: str = "space") -> xr.Dataset:
+    """``culled(ds.isel({dim: rows}))`` at a cost that follows the rows, not ``ds``'s graph.
+
+    Slicing a Dask array copies its graph's table of layers (``HighLevelGraph`` checks every
+    layer), so a loop over batches of a graph of one layer a chunk (densification's) grows
+    with batches x chunks. Here each variable along ``dim`` is first cut to the tasks of the
+    chunks that ``rows`` meets, then sliced; the tasks and values are those of
+    ``culled(ds.isel({dim: rows}))``.
+
+    Examples
+    --------
+    >>> whole = xr.Dataset({"a": ("space", da.arange(6, chunks=2) + 1)})
+    >>> batch = culled_rows(whole, slice(2, 4))
+    >>> len(batch["a"].data.__dask_graph__()), batch["a"].values.tolist()
+    (3, [3, 4])
+    """
+    import itertools
+
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+        raise ValueError(f"rows: expected a slice of step 1, found {rows!r}")
+    out = ds.copy(deep=False)
+    for name, var in ds.variables.items():
+        data = var.data
+        if not isinstance(data, da.Array) or dim not in var.dims:
+            continue
+        axis = var.dims.index(dim)
+        start, stop, _ = rows.indices(data.shape[axis])
+        bounds = np.cumsum((0,) + data.chunks[axis])
+        first = int(np.searchsorted(bounds, start, side="right")) - 1
+        last = max(int(np.searchsorted(bounds, stop, side="left")), first + 1)
+        blocks = [range(first, min(last, n)) if d == axis else range(n)
+                  for d, n in enumerate(data.numblocks)]
+        keys = [(data.name, *index) for index in itertools.product(*blocks)]
+        graph = needed_tasks(data.__dask_graph__(), keys)
+        out[name].data = da.Array(graph, data.name, data.chunks, meta=data._meta)
+    return culled(out.isel({dim: rows}))
+
+
 def needed_tasks(graph: Mapping, keys: Iterable[Hashable]) -> dict:
     """The tasks of ``graph`` that computing ``keys`` needs: ``keys``' own and, recursively,
     those they depend on; nothing else of the graph is looked at.
@@ -136,13 +174,6 @@ def needed_tasks(graph: Mapping, keys: Iterable[Hashable]) -> dict:
             return True
         return False
 
-    class _Near:  # membership in the layers a task of layer ``near`` can depend on
-        def __init__(self, near):
-            self.near = near
-
-        def __contains__(self, key):
-            return locate(key, self.near)
-
     out: dict = {}
     work = [key for key in keys if locate(key, None)]
     while work:
@@ -151,9 +182,21 @@ def needed_tasks(graph: Mapping, keys: Iterable[Hashable]) -> dict:
             continue
         layer_name, task = found[key]
         out[key] = task
-        work.extend(dep for dep in keys_in_tasks(_Near(layer_name), [task], as_list=True)
-                    if dep not in out)
+        near = _Membership(functools.partial(locate, near=layer_name))
+        work.extend(dep for dep in keys_in_tasks(near, [task], as_list=True) if dep not in out)
     return out
+
+
+class _Membership:
+    """``key in self``: ``contains(key)``, for :func:`dask.core.keys_in_tasks`."""
+
+    __slots__ = ("contains",)
+
+    def __init__(self, contains):
+        self.contains = contains
+
+    def __contains__(self, key) -> bool:
+        return self.contains(key)
 
 
 @functools.cache

@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import pytest
 import xarray as xr
+from scipy.spatial import cKDTree
 
 from depsi.conventions import wrap_phase
 from depsi.processing.network import (
@@ -172,9 +173,8 @@ def _scatter(n: int, side: int, seed: int = 0) -> xr.Dataset:
 
 
 def test_first_order_points_are_the_best_of_each_cell_on_a_large_scene():
-    config = NetworkConfig(first_order=100, cell_size=150.0)
     points = _scatter(20_000, 300)  # 3 km x 3 km: 400 cells of 150 m, more than 100
-    chosen = first_order_indices(points, config)
+    chosen = first_order_indices(points, first_order=100, cell_size=150.0)
     cell = (point_positions(points) // 150.0).astype(int)
     key = cell[:, 0] * 1000 + cell[:, 1]
     assert len(chosen) == len(np.unique(key)) == 400
@@ -186,19 +186,61 @@ def test_first_order_points_are_the_best_of_each_cell_on_a_large_scene():
 
 def test_first_order_points_are_the_best_count_on_a_small_scene_ties_in_space_order():
     small = _scatter(2_000, 60)  # 600 m x 600 m: 16 cells, fewer than first_order
-    chosen = first_order_indices(small, NetworkConfig(first_order=100))
+    chosen = first_order_indices(small, first_order=100)
     nad = small.amplitude_dispersion.values
     assert len(chosen) == 100 and nad[chosen].max() <= np.sort(nad)[99]
     flat = small.drop_vars("amplitude_dispersion")  # all equal: the first in space order
-    config = NetworkConfig(first_order=5, cell_size=None)
-    assert first_order_indices(flat, config).tolist() == [0, 1, 2, 3, 4]
+    assert first_order_indices(flat, first_order=5, cell_size=None).tolist() == [0, 1, 2, 3, 4]
 
 
 def test_first_order_points_respect_max_dispersion_and_refuse_fewer_than_three():
     points = _scatter(500, 60)
-    chosen = first_order_indices(points, NetworkConfig(max_dispersion=0.1))
+    chosen = first_order_indices(points, max_dispersion=0.1)
     nad = points.amplitude_dispersion.values
     assert len(chosen) == (nad <= 0.1).sum() and (nad[chosen] <= 0.1).all()
     with pytest.raises(ValueError, match="at least 3 first-order points, found 0"):
-        first_order_indices(points, NetworkConfig(max_dispersion=0.01))
-    assert np.array_equal(first_order_indices(points), first_order_indices(points, NetworkConfig()))
+        first_order_indices(points, max_dispersion=0.01)
+
+
+def test_first_order_defaults_are_the_network_sections():
+    points = _scatter(20_000, 300)
+    config = NetworkConfig()
+    np.testing.assert_array_equal(
+        first_order_indices(points),
+        first_order_indices(points, first_order=config.first_order,
+                            max_dispersion=config.max_dispersion, cell_size=config.cell_size))
+
+
+def _sequential_greedy(xy: np.ndarray, quality: np.ndarray, min_distance: float) -> np.ndarray:
+    """Reference: best first, keep a point when no kept point is closer than min_distance."""
+    tree = cKDTree(xy)
+    kept = np.zeros(len(xy), bool)
+    for index in np.argsort(quality, kind="stable"):
+        near = tree.query_ball_point(xy[index], min_distance - 1e-9)
+        if not kept[near].any():
+            kept[index] = True
+    return np.flatnonzero(kept)
+
+
+def test_first_order_points_at_a_min_distance_are_the_sequential_greedy_best_first():
+    points = _scatter(4000, 300, seed=3)
+    points.amplitude_dispersion[::97] = np.nan  # never chosen
+    chosen = first_order_indices(points, min_distance=90.0, first_order=10**6, cell_size=None)
+    xy = point_positions(points)
+    assert not cKDTree(xy[chosen]).query_pairs(90.0 - 1e-9), "two chosen closer than 90 m"
+    finite = np.flatnonzero(np.isfinite(points.amplitude_dispersion.values))
+    expected = finite[_sequential_greedy(xy[finite], points.amplitude_dispersion.values[finite],
+                                         90.0)]
+    np.testing.assert_array_equal(chosen, expected)
+    assert np.nanargmin(points.amplitude_dispersion.values) in chosen
+
+
+def test_first_order_min_distance_thins_before_the_count_and_refuses_a_non_positive_one():
+    points = _scatter(4000, 300, seed=3)
+    thinned = first_order_indices(points, min_distance=90.0, first_order=10**6, cell_size=None)
+    best = first_order_indices(points, min_distance=90.0, first_order=50, cell_size=None)
+    nad = points.amplitude_dispersion.values
+    np.testing.assert_array_equal(best, np.sort(thinned[np.argsort(nad[thinned])[:50]]))
+    for bad in (0.0, -1.0, np.inf):
+        with pytest.raises(ValueError, match="min_distance"):
+            first_order_indices(points, min_distance=bad)

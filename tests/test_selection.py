@@ -1,4 +1,4 @@
-"""Amplitude statistics, PS selection (both engines), incremental epochs and network points."""
+"""Amplitude statistics, PS selection (both engines) and incremental epochs."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import dask.array as da
 import numpy as np
 import pytest
 import xarray as xr
-from scipy.spatial import cKDTree
 
 from depsi.io.store import open_stm, save_stm
 from depsi.kernels.statistics import amplitude_sums, moments_from_sums, nad_screen
+from depsi.processing.network import worker_threads
 from depsi.processing.selection import (
     amplitude_statistics,
-    default_workers,
     ps_selection,
     resolve_engine,
-    select_network_points,
     update_selection,
 )
 from depsi.simulate import simulate_stack
@@ -241,8 +239,8 @@ def test_stream_engine_on_any_number_of_workers_equals_the_dask_engine(small_sta
 
 def test_stream_engine_threads_follow_the_dask_configuration():
     with dask.config.set(num_workers=3):
-        assert default_workers() == 3
-    assert default_workers() >= 1
+        assert worker_threads() == 3
+    assert worker_threads() >= 1
 
 
 @pytest.mark.parametrize("method", ["nad", "nmad"])
@@ -468,66 +466,6 @@ def test_update_selection_refuses_a_gap_after_the_time_window(small_stack, tmp_p
     with pytest.raises(ValueError, match="running sums end at"):
         update_selection(path, small_stack.isel(time=[20]))
     assert open_stm(path).sizes["time"] == 20
-
-
-# --------------------------------------------------------------------------------------------
-# select_network_points
-
-
-def _sequential_greedy(xy: np.ndarray, quality: np.ndarray, min_distance: float) -> np.ndarray:
-    """Reference: best first, keep a point when no kept point is closer than min_distance."""
-    tree = cKDTree(xy)
-    kept = np.zeros(len(xy), bool)
-    for index in np.argsort(quality, kind="stable"):
-        near = tree.query_ball_point(xy[index], min_distance - 1e-9)
-        if not kept[near].any():
-            kept[index] = True
-    return np.flatnonzero(kept)
-
-
-def _point_stm(n: int, seed: int = 0) -> xr.Dataset:
-    rng = np.random.default_rng(seed)
-    az, rg = rng.integers(0, 300, n), rng.integers(0, 300, n)
-    order = morton_order(az, rg)
-    return xr.Dataset({"amplitude_dispersion": ("space", rng.uniform(0.05, 0.25, n)[order])},
-                      coords={"azimuth": ("space", az[order]), "range": ("space", rg[order])})
-
-
-def test_network_points_respect_min_distance_and_are_best_first():
-    stm = _point_stm(4000)
-    kept = select_network_points(stm, min_distance=9.0)
-    xy = np.column_stack([kept.azimuth.values, kept.range.values]).astype(float)
-    assert not cKDTree(xy).query_pairs(9.0 - 1e-9), "two kept points closer than min_distance"
-    all_xy = np.column_stack([stm.azimuth.values, stm.range.values]).astype(float)
-    expected = _sequential_greedy(all_xy, stm.amplitude_dispersion.values, 9.0)
-    np.testing.assert_array_equal(np.flatnonzero(np.isin(np.arange(stm.sizes["space"]),
-                                                         expected)),
-                                  expected)
-    got = np.flatnonzero(np.isin(stm.amplitude_dispersion.values,
-                                 kept.amplitude_dispersion.values))
-    np.testing.assert_array_equal(got, expected)
-    assert stm.amplitude_dispersion.values.min() in kept.amplitude_dispersion.values
-    assert order_is_morton(kept)
-
-
-def test_network_points_scale_and_descending_quality():
-    stm = _point_stm(1500, seed=1).rename(amplitude_dispersion="temporal_coherence")
-    kept = select_network_points(stm, min_distance=50.0, by="temporal_coherence",
-                                 ascending=False, scale=(5.0, 10.0))
-    xy = np.column_stack([kept.azimuth.values * 5.0, kept.range.values * 10.0])
-    assert not cKDTree(xy).query_pairs(50.0 - 1e-9)
-    all_xy = np.column_stack([stm.azimuth.values * 5.0, stm.range.values * 10.0])
-    expected = _sequential_greedy(all_xy, -stm.temporal_coherence.values, 50.0)
-    assert kept.sizes["space"] == expected.size
-    assert stm.temporal_coherence.values.max() in kept.temporal_coherence.values
-
-
-def test_network_points_bad_input():
-    stm = _point_stm(10)
-    with pytest.raises(ValueError, match="min_distance"):
-        select_network_points(stm, min_distance=0)
-    with pytest.raises(STMValidationError, match="'quality'"):
-        select_network_points(stm, min_distance=3, by="quality")
 
 
 def test_empty_selection_is_a_valid_empty_stm(small_stack, tmp_path):

@@ -8,9 +8,11 @@ k-nearest-neighbour scheme spread over angular sectors, and returns an arc STM `
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
@@ -36,6 +38,11 @@ EDGE_QUERY_BLOCK = 16384
 #: Arcs per chunk of an arc STM.
 ARC_CHUNK = 65536
 
+#: Default first-order points on a scene with few cells, and the cell size (m) whose best
+#: points are the first-order points on a larger one.
+DEFAULT_FIRST_ORDER = 2000
+DEFAULT_CELL_SIZE = 150.0
+
 #: Default network: the redundant scheme, whose many closed loops let integration test arcs.
 DEFAULT_METHOD = "redundant"
 #: Default neighbours per direction sector, and sectors, of the redundant scheme.
@@ -49,18 +56,18 @@ class NetworkConfig(Section):
     """The first-order network: which points carry it, and the arcs between them."""
 
     first_order: int = Field(
-        2000, ge=3, description="First-order points: this many of lowest amplitude "
+        DEFAULT_FIRST_ORDER, ge=3, description="First-order points: this many of lowest amplitude "
                                 "dispersion (all points when the STM has no "
                                 "amplitude_dispersion).")
     max_dispersion: float | None = Field(
         None, gt=0, description="Only points with amplitude dispersion at or below this can "
                                 "be first order; null: no limit.")
     cell_size: float | None = Field(
-        150.0, gt=0, description="On a scene with more cells of cell_size x cell_size m "
-                                 "holding points than first_order, the first-order points are "
-                                 "the best point of each such cell instead, so arcs stay short "
-                                 "against the atmosphere's correlation length whatever the "
-                                 "scene's size; null: always first_order points.")
+        DEFAULT_CELL_SIZE, gt=0,
+        description="On a scene with more cells of cell_size x cell_size m holding points than "
+                    "first_order, the first-order points are the best point of each such cell "
+                    "instead, so arcs stay short against the atmosphere's correlation length "
+                    "whatever the scene's size; null: always first_order points.")
     method: Literal["redundant", "delaunay"] = Field(
         DEFAULT_METHOD, description="redundant: each point tied to its k nearest neighbours in "
                                  "each of n_sectors directions (many loops for arc testing); "
@@ -126,23 +133,86 @@ def cell_keys(cells: np.ndarray) -> np.ndarray:
     return cells[:, 0] * (int(cells[:, 1].max()) + 1) + cells[:, 1]
 
 
-def first_order_indices(points: xr.Dataset, config: NetworkConfig | None = None) -> np.ndarray:
-    """Indices of the first-order points, by amplitude dispersion (lowest first).
+def _greedy_by_rank(rank: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """Greedy maximal independent set by rank, in rounds of vectorised local-minimum picks.
+
+    Every round selects each undecided point ranked better than all its undecided neighbours
+    and suppresses their neighbours. This selects exactly the points the sequential greedy
+    (best first, drop neighbours) would, with rounds only as many as the longest chain of
+    decreasing rank between neighbours (few for real scenes).
+    """
+    state = np.zeros(rank.size, np.int8)  # 0 undecided, 1 selected, -1 suppressed
+    i, j = pairs[:, 0], pairs[:, 1]
+    while True:
+        undecided = state == 0
+        if not undecided.any():
+            return state == 1
+        live = undecided[i] & undecided[j]
+        i, j = i[live], j[live]
+        best_neighbour = np.full(rank.size, np.iinfo(np.int64).max)
+        np.minimum.at(best_neighbour, i, rank[j])
+        np.minimum.at(best_neighbour, j, rank[i])
+        winners = undecided & (rank < best_neighbour)
+        state[winners] = 1
+        state[i[winners[j]]] = -1
+        state[j[winners[i]]] = -1
+
+
+def _thinned(positions: np.ndarray, ranked: np.ndarray, min_distance: float) -> np.ndarray:
+    """``ranked`` (indices, best first) less each point closer than ``min_distance`` to a better
+    one kept: the sequential greedy, from a KD-tree neighbour list (N log N, no distance
+    matrix) in vectorised rounds."""
+    xy = positions[ranked]
+    pairs = cKDTree(xy).query_pairs(r=min_distance, output_type="ndarray")
+    if pairs.size:
+        distance = np.hypot(*(xy[pairs[:, 0]] - xy[pairs[:, 1]]).T)
+        pairs = pairs[distance < min_distance]
+    return ranked[_greedy_by_rank(np.arange(ranked.size), pairs.reshape(-1, 2))]
+
+
+def first_order_indices(
+    points: xr.Dataset,
+    *,
+    first_order: int = DEFAULT_FIRST_ORDER,
+    max_dispersion: float | None = None,
+    cell_size: float | None = DEFAULT_CELL_SIZE,
+    min_distance: float | None = None,
+) -> np.ndarray:
+    """Indices (into ``points.space``, ascending) of the first-order points, by amplitude
+    dispersion (lowest first).
 
     Among the points at or below ``max_dispersion``: the best ``first_order`` points; or, when
     more than ``first_order`` cells of ``cell_size`` m hold such points (a scene larger than
     ``first_order x cell_size^2``), the best point of every cell, so that the density of the
-    network, and the length of its arcs, do not depend on the scene's size. ``config``: the
-    network section (default :class:`NetworkConfig`'s defaults); its other fields are not read.
+    network, and the length of its arcs, do not depend on the scene's size. Points with a NaN
+    dispersion are never chosen; without ``amplitude_dispersion`` the points rank in space
+    order. :class:`NetworkConfig` holds the chain's values of these parameters.
+
+    Parameters
+    ----------
+    points
+        Point STM with ``amplitude_dispersion`` over ``space`` and positions
+        (:func:`point_positions`).
+    first_order
+        Points chosen on a scene with at most this many cells (see ``cell_size``).
+    max_dispersion
+        Only points at or below this dispersion are candidates; ``None``: no limit.
+    cell_size
+        Cell size, m; ``None``: always the best ``first_order`` points.
+    min_distance
+        Candidates closer than this (m) to a better candidate are dropped first, best first
+        (the greedy "take the best, drop its neighbours"); ``None``: no minimum. With
+        ``cell_size=None`` and a large ``first_order``: every point at least this far apart.
 
     Examples
     --------
-    >>> ds = xr.Dataset({"amplitude_dispersion": ("space", [0.3, 0.1, 0.2, 0.4])},
-    ...                 coords={"azimuth": ("space", [0, 1, 2, 3]), "range": ("space", [0] * 4)})
-    >>> first_order_indices(ds, NetworkConfig(first_order=3)).tolist()
+    >>> ds = xr.Dataset({"amplitude_dispersion": ("space", [0.3, 0.1, 0.2, 0.4, 0.5])},
+    ...                 coords={"azimuth": ("space", [0, 1, 2, 3, 5]), "range": ("space", [0] * 5)})
+    >>> first_order_indices(ds, first_order=3).tolist()
     [0, 1, 2]
+    >>> first_order_indices(ds, min_distance=20.0).tolist()  # 14 m apart in azimuth
+    [1, 3, 4]
     """
-    config = NetworkConfig() if config is None else config
     n = points.sizes["space"]
     if "amplitude_dispersion" in points:
         nad = np.asarray(points["amplitude_dispersion"].values, dtype=np.float64)
@@ -150,25 +220,29 @@ def first_order_indices(points: xr.Dataset, config: NetworkConfig | None = None)
         logger.info("no amplitude_dispersion: first-order points are taken in space order")
         nad = np.zeros(n)
     eligible = np.isfinite(nad)
-    if config.max_dispersion is not None:
-        eligible &= nad <= config.max_dispersion
+    if max_dispersion is not None:
+        eligible &= nad <= max_dispersion
     candidates = np.flatnonzero(eligible)
     # stable sort: equal dispersions (or none given) keep the order of space
     ranked = candidates[np.argsort(nad[candidates], kind="stable")]
-    chosen = np.sort(ranked[:config.first_order])
-    if config.cell_size is not None and len(ranked) > config.first_order:
-        cells = np.floor(point_positions(points)[ranked] / config.cell_size).astype(np.int64)
+    if min_distance is not None:
+        if not np.isfinite(min_distance) or min_distance <= 0:
+            raise ValueError(f"min_distance: expected a positive distance in metres, found "
+                             f"{min_distance!r}")
+        ranked = _thinned(point_positions(points), ranked, min_distance)
+    chosen = np.sort(ranked[:first_order])
+    if cell_size is not None and len(ranked) > first_order:
+        cells = np.floor(point_positions(points)[ranked] / cell_size).astype(np.int64)
         # the first of each cell in ranked order, the best
         _, first_in_cell = np.unique(cell_keys(cells), return_index=True)
-        if len(first_in_cell) > config.first_order:
+        if len(first_in_cell) > first_order:
             chosen = np.sort(ranked[first_in_cell])
             logger.info("first order: the best point of each of %d cells of %.0f m "
-                        "(more than first_order=%d)", len(chosen), config.cell_size,
-                        config.first_order)
+                        "(more than first_order=%d)", len(chosen), cell_size, first_order)
     if len(chosen) < 3:
         raise ValueError(f"network: expected at least 3 first-order points, found "
-                         f"{len(chosen)} (first_order={config.first_order}, "
-                         f"max_dispersion={config.max_dispersion})")
+                         f"{len(chosen)} (first_order={first_order}, "
+                         f"max_dispersion={max_dispersion})")
     return chosen
 
 
@@ -258,13 +332,16 @@ def redundant_edges(
 
 
 def worker_threads() -> int:
-    """Threads for the processing steps' own thread pools (forming arcs, integration's tiles):
-    :func:`depsi.processing.selection.default_workers` (Dask's ``num_workers`` when configured,
-    else the cores this process may run on). Imported when called: selection imports the I/O
-    layers, which this module does not need."""
-    from depsi.processing.selection import default_workers
-
-    return default_workers()
+    """Threads for the processing steps' own thread pools (selection's stream engine, forming
+    arcs, integration's tiles): Dask's ``num_workers`` when configured (as
+    :func:`depsi.cluster.scheduler` does), else the cores this process may run on."""
+    configured = dask.config.get("num_workers", None)
+    if configured:
+        return int(configured)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _arc_values(values, source, target, name):

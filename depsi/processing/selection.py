@@ -5,8 +5,9 @@ raster stack ``(azimuth, range, time)``; :func:`ps_selection` turns the pixels w
 amplitude dispersion (NAD or NMAD) into a point STM ``(space, time)`` in Morton order, with a lazy
 Dask engine or a streaming engine that reads and reduces each block once on worker threads,
 the point values computed in the same pass;
-:func:`update_selection` adds new epochs to a stored PS product from its running sums;
-:func:`select_network_points` thins points to a minimum distance, best first.
+:func:`update_selection` adds new epochs to a stored PS product from its running sums. The
+first-order points of the network are chosen by
+:func:`depsi.processing.network.first_order_indices`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 from pydantic import Field
-from scipy.spatial import cKDTree
 
 from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import POSITIONS_ATTR, geocode_points
@@ -40,6 +40,10 @@ from depsi.kernels.statistics import (
     statistics_block,
 )
 from depsi.processing.interferogram import with_amplitude_and_phase
+
+# moved: re-exported until the lead's files switch (processing/__init__ imports it from here)
+from depsi.processing.network import first_order_indices as select_network_points  # noqa: F401
+from depsi.processing.network import worker_threads
 from depsi.sections import Section
 from depsi.stm.order import morton_order
 from depsi.stm.schema import STMValidationError, validate
@@ -496,18 +500,6 @@ def _select_stream(stack, *, method, threshold, window, block_shape, prefetch, w
     return points, counts
 
 
-def default_workers() -> int:
-    """Threads for the stream engine: Dask's ``num_workers`` when configured (as
-    :func:`depsi.cluster.scheduler` does), else the cores this process may run on."""
-    configured = dask.config.get("num_workers", None)
-    if configured:
-        return int(configured)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def _gather_in_order(pieces: dict[str, list], stack: xr.Dataset) -> dict[str, np.ndarray]:
     """Join the per-block pieces straight into Morton order: one scatter, no concatenation."""
     azimuth_pos, range_pos = np.concatenate(pieces["azimuth"]), np.concatenate(pieces["range"])
@@ -596,7 +588,8 @@ def ps_selection(
         Finished blocks' points waiting for the stream engine's caller.
     workers
         Threads of the stream engine, each reading and processing one block at a time;
-        default :func:`default_workers` (Dask's ``num_workers``, else the available cores).
+        default :func:`~depsi.processing.network.worker_threads` (Dask's ``num_workers``,
+        else the available cores).
     progress
         tqdm progress bar over the blocks (stream engine).
 
@@ -628,7 +621,7 @@ def ps_selection(
     threshold = _check_threshold(threshold)
     if int(prefetch) < 1:
         raise ValueError(f"prefetch: expected a queue size >= 1, found {prefetch!r}")
-    workers = default_workers() if workers is None else workers
+    workers = worker_threads() if workers is None else workers
     if int(workers) < 1:
         raise ValueError(f"workers: expected a number of threads >= 1, found {workers!r}")
     _check_stack(stack)
@@ -821,102 +814,3 @@ def _write_point_state(path: Path, old: xr.Dataset, new: xr.Dataset, threshold: 
 
     consolidate_metadata(path)  # a flag array may be new: keep plain xr.open_zarr in step
 
-
-# --------------------------------------------------------------------------------------------
-# network points
-
-
-def _greedy_by_rank(rank: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """Greedy maximal independent set by rank, in rounds of vectorised local-minimum picks.
-
-    Every round selects each undecided point ranked better than all its undecided neighbours
-    and suppresses their neighbours. This selects exactly the points the sequential greedy
-    (best first, drop neighbours) would, with rounds only as many as the longest chain of
-    decreasing rank between neighbours (few for real scenes).
-    """
-    state = np.zeros(rank.size, np.int8)  # 0 undecided, 1 selected, -1 suppressed
-    i, j = pairs[:, 0], pairs[:, 1]
-    while True:
-        undecided = state == 0
-        if not undecided.any():
-            return state == 1
-        live = undecided[i] & undecided[j]
-        i, j = i[live], j[live]
-        best_neighbour = np.full(rank.size, np.iinfo(np.int64).max)
-        np.minimum.at(best_neighbour, i, rank[j])
-        np.minimum.at(best_neighbour, j, rank[i])
-        winners = undecided & (rank < best_neighbour)
-        state[winners] = 1
-        state[i[winners[j]]] = -1
-        state[j[winners[i]]] = -1
-
-
-def select_network_points(
-    stm: xr.Dataset,
-    *,
-    min_distance: float,
-    by: str = "amplitude_dispersion",
-    ascending: bool = True,
-    xlabel: str = "azimuth",
-    ylabel: str = "range",
-    scale: tuple[float, float] = (1.0, 1.0),
-) -> xr.Dataset:
-    """Keep the best points such that no two are closer than ``min_distance``.
-
-    Best first: the result is what picking the best remaining point and dropping its neighbours
-    within ``min_distance`` would give, computed with a KD-tree neighbour list (N log N, no
-    distance matrix) and vectorised rounds. Points whose ``by`` is NaN are never kept.
-
-    Parameters
-    ----------
-    stm
-        Point STM with ``by`` over ``space`` and coordinates ``xlabel``, ``ylabel``.
-    min_distance
-        Minimum distance between kept points, in the units of the scaled coordinates.
-    by
-        Quality per point; ``ascending=True`` means lower is better (a dispersion).
-    ascending
-        Sort order of ``by``: True keeps low values first.
-    xlabel, ylabel
-        The coordinates distances are measured on (default pixel indices).
-    scale
-        Factors applied to ``xlabel`` and ``ylabel`` (e.g. pixel spacings in metres).
-
-    Returns
-    -------
-    xarray.Dataset
-        The kept points, in their original (Morton) order.
-
-    Examples
-    --------
-    >>> import numpy as np, xarray as xr
-    >>> stm = xr.Dataset({"amplitude_dispersion": ("space", [0.2, 0.1, 0.3])},
-    ...                  coords={"azimuth": ("space", [0, 0, 10]), "range": ("space", [0, 1, 0])})
-    >>> select_network_points(stm, min_distance=5).azimuth.values.tolist()
-    [0, 10]
-    """
-    if not np.isfinite(min_distance) or min_distance <= 0:
-        raise ValueError(f"min_distance: expected a positive distance, found {min_distance!r}")
-    for name in (by, xlabel, ylabel):
-        if name not in stm.variables:
-            raise STMValidationError(f"variable {name!r}: expected in the STM, found "
-                                     f"{sorted(map(str, stm.variables))}")
-        if stm[name].dims != ("space",):
-            raise STMValidationError(f"variable {name!r}: expected dims ('space',), "
-                                     f"found {stm[name].dims}")
-    quality = np.asarray(stm[by].values, dtype=np.float64)
-    keep = np.flatnonzero(np.isfinite(quality))
-    points = np.column_stack([np.asarray(stm[xlabel].values, np.float64)[keep] * scale[0],
-                              np.asarray(stm[ylabel].values, np.float64)[keep] * scale[1]])
-    order = np.argsort(quality[keep] if ascending else -quality[keep], kind="stable")
-    rank = np.empty(keep.size, np.int64)
-    rank[order] = np.arange(keep.size)
-
-    pairs = cKDTree(points).query_pairs(r=min_distance, output_type="ndarray")
-    if pairs.size:
-        distance = np.hypot(*(points[pairs[:, 0]] - points[pairs[:, 1]]).T)
-        pairs = pairs[distance < min_distance]
-    chosen = keep[_greedy_by_rank(rank, pairs.reshape(-1, 2))]
-    logger.info("select_network_points: kept %d of %d points at least %g apart",
-                chosen.size, stm.sizes["space"], min_distance)
-    return stm.isel(space=np.sort(chosen))

@@ -8,13 +8,10 @@ For each size:
    ``$TMPDIR/depsi-bench-scale``), in a child process whose time and peak memory are reported;
    a cached scene of the same generator version is reused.
 2. Chain: a fresh child process opens the store with :func:`depsi.io.open_stm` and runs the
-   steps of :mod:`depsi.processing.chain` (``prepare_points``, ``network_step``,
-   ``observations_step``, ``integration_step``, ``atmosphere_step``, ``densification_step``,
-   ``model_step``) composed
-   exactly as :func:`~depsi.processing.chain.run_ps_chain` composes them, timing each; when
-   ``run_ps_chain`` no longer reads as that composition (the chain changed), it runs
-   ``run_ps_chain`` itself as one step. Options: ``--chain-option key=value`` (the keywords of
-   ``run_ps_chain``, values as JSON, e.g. ``first_order=20000``, ``atmosphere=null``).
+   chain's steps of :data:`depsi.pipeline.steps.STEPS` as
+   :func:`~depsi.pipeline.chain.run_ps_chain` runs them, timing each. Options:
+   ``--chain-option section.key=value`` (a field of a chain section, the value as JSON, e.g.
+   ``network.first_order=20000``, ``atmosphere.method=none``).
    ``--local-cluster``: the same inside a ``distributed.LocalCluster`` of 2 workers of 1 thread
    and ``memory_limit="2GB"`` (``depsi.cluster.scheduler``), reporting the workers' peak memory.
 3. Figures: wall and CPU time of the chain (process time, all threads of the child; in
@@ -36,13 +33,12 @@ to stdout as markdown and to ``CACHE/results-<time>.json``; each child's log to
 ``CACHE/n<N>-seed<S>.<chain|local>.log``.
 
 Run: ``python benchmarks/bench_scale.py [--sizes 1e5 1e6 1e7] [--timeout 1200]
-[--chain-option first_order=20000] [--local-cluster]``. Not part of the test suite.
+[--chain-option network.first_order=20000] [--local-cluster]``. Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -59,9 +55,6 @@ from pathlib import Path
 import _scale_scene as scene_module
 import numpy as np
 
-#: The steps of ``run_ps_chain``, in the order its body calls them.
-CHAIN_STEPS = ("prepare_points", "network_step", "observations_step", "integration_step",
-               "atmosphere_step", "densification_step", "model_step")
 #: Temporal coherence from which a result point counts as coherent.
 MIN_COHERENCE = 0.8
 #: The LocalCluster of ``--local-cluster``.
@@ -111,41 +104,26 @@ def _lazy_variables(out) -> list[str]:
     return sorted(str(name) for name, var in variables.items() if var.chunks is not None)
 
 
-def _composes_steps(chain) -> bool:
-    """Whether ``run_ps_chain``'s body still calls every one of :data:`CHAIN_STEPS` (the
-    composition itself is tested by ``tests/test_steps.py``)."""
-    try:
-        source = inspect.getsource(chain.run_ps_chain)
-    except (OSError, TypeError):
-        return False
-    body = source[source.find('"""', source.find('"""') + 3):]
-    positions = [body.find(f"{name}(") for name in CHAIN_STEPS]
-    return all(p >= 0 for p in positions) and all(
-        hasattr(chain, name) for name in (*CHAIN_STEPS, "chain_config"))
-
-
 def run_chain(ps_stm, options: dict, record: _Recorder):
-    """The chain on ``ps_stm``: the steps of ``run_ps_chain`` one by one (timed), or
-    ``run_ps_chain`` whole when it no longer composes them as :data:`CHAIN_STEPS`."""
-    from depsi.processing import chain
+    """The chain on ``ps_stm``: the chain's steps of the table, each timed, executed exactly
+    as :func:`~depsi.pipeline.chain.run_ps_chain` executes them (each product handed to its
+    last reader as the only reference)."""
+    from depsi.pipeline.chain_config import chain_config
+    from depsi.pipeline.chain_steps import prepare_points
+    from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
 
-    if not _composes_steps(chain):
-        print("bench_scale: run_ps_chain no longer composes", ", ".join(CHAIN_STEPS),
-              "in that order: timing it whole", file=sys.stderr)
-        return record("run_ps_chain", lambda: chain.run_ps_chain(ps_stm, **options))
-    config = chain.chain_config(None, **options)
-    points = record("prepare", lambda: chain.prepare_points(ps_stm))
-    network = record("network", lambda: chain.network_step(points, config))
-    arcs = [record("arcs", lambda: chain.observations_step(network, config))]
-    # as run_ps_chain does: integration_step gets the only reference to the arcs
-    first = [record("integration",
-                    lambda: chain.integration_step(network, arcs.pop(), config))]
-    # as run_ps_chain does: atmosphere_step gets the only reference to the first pass
-    first = [record("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))]
-    dense = [record("densification",
-                    lambda: chain.densification_step(points, first[0], config))]
-    # as run_ps_chain does: model_step gets the only references to both
-    return record("model", lambda: chain.model_step(points, first.pop(), dense.pop(), config))
+    config = chain_config(None, **options)
+    products = {"selection": record("prepare", lambda: prepare_points(ps_stm))}
+    last = last_consumers(CHAIN_STEPS)
+    for step in CHAIN_STEPS:
+        spec = BY_NAME[step]
+
+        def take(name: str, step: str = step):
+            return products.pop(name) if last[name] == step else products[name]
+
+        products[step] = record(step, lambda spec=spec, step=step, take=take: call_step(
+            spec.run_in_memory, step, take, config))
+    return products.pop(CHAIN_STEPS[-1])
 
 
 def read_baseline(path: Path) -> float:
@@ -655,7 +633,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = [row for path in args.report for row in json.loads(path.read_text())]
         print_report(rows, "from " + ", ".join(p.name for p in args.report))
         return
-    args.options = dict(args.chain_option)
+    args.options = {}
+    for key, value in args.chain_option:  # section.field=value -> {section: {field: value}}
+        section, _, name = key.partition(".")
+        args.options.setdefault(section, {})[name] = value
     args.max_rss = args.max_rss_gb * GB if args.max_rss_gb else None
     args.cache.mkdir(parents=True, exist_ok=True)
     rows = []

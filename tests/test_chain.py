@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from depsi.processing.chain import run_ps_chain
-from test_arcs import predicted_arc_std
-from test_network import simulated_points
+from depsi import run_ps_chain
+from scenes import predicted_arc_std, simulated_points
 
 
 def _errors(result, true):
@@ -28,7 +27,7 @@ def _errors(result, true):
 
 def test_chain_without_atmosphere_matches_truth_within_noise():
     points, true = simulated_points(aps_std=0.0)
-    result = run_ps_chain(points, first_order=150)
+    result = run_ps_chain(points, network={"first_order": 150})
     v, h, d = _errors(result, true)
     sd_v, sd_h = predicted_arc_std(points)
     # measured (seed 1, reference area = all 150 first-order points): 0.80 mm/yr, 1.5 m,
@@ -44,7 +43,7 @@ def test_chain_without_atmosphere_matches_truth_within_noise():
 
 def test_chain_with_atmosphere_keeps_points_and_stays_close():
     points, true = simulated_points(aps_std=0.3)
-    result = run_ps_chain(points, first_order=150)
+    result = run_ps_chain(points, network={"first_order": 150})
     v, h, _ = _errors(result, true)
     # measured (seed 1): v 1.2 mm/yr, H 1.9 m on the reference-area datum (2.9 m relative to
     # the reference point alone, whose own atmosphere offset every point); the screen is rough
@@ -57,7 +56,8 @@ def test_chain_with_atmosphere_keeps_points_and_stays_close():
 
 def test_chain_forms_interferograms_from_complex():
     points, true = simulated_points(aps_std=0.0)
-    result = run_ps_chain(points.drop_vars("phase"), first_order=150, atmosphere=None)
+    result = run_ps_chain(points.drop_vars("phase"), network={"first_order": 150},
+                           atmosphere={"method": "none"})
     v, _, _ = _errors(result, true)
     assert np.sqrt(np.mean(v**2)) <= 1.2 * predicted_arc_std(points)[0]
 
@@ -66,13 +66,13 @@ def test_reference_outside_first_order_is_rejected():
     points, _ = simulated_points(aps_std=0.0)
     worst = int(np.argmax(points.amplitude_dispersion.values))
     with pytest.raises(ValueError, match="reference"):
-        run_ps_chain(points, first_order=10, reference=worst)
+        run_ps_chain(points, network={"first_order": 10}, integration={"reference": worst})
 
 
 def test_too_few_first_order_points_is_a_clear_error():
     points, _ = simulated_points(aps_std=0.0)
     with pytest.raises(ValueError, match="first_order"):
-        run_ps_chain(points, first_order=2)
+        run_ps_chain(points, network={"first_order": 2})
 
 
 def test_chain_forms_interferograms_from_selection_output():
@@ -81,7 +81,8 @@ def test_chain_forms_interferograms_from_selection_output():
     points, true = simulated_points(aps_std=0.0)
     slc = points.assign(phase=(points.phase.dims, np.angle(points.complex.values)
                                .astype(np.float32)))
-    result = run_ps_chain(slc, first_order=150, atmosphere=None)
+    result = run_ps_chain(slc, network={"first_order": 150},
+                           atmosphere={"method": "none"})
     v, _, _ = _errors(result, true)
     assert np.sqrt(np.mean(v**2)) <= 1.2 * predicted_arc_std(points)[0]
 
@@ -92,7 +93,7 @@ def test_chain_leaves_its_input_and_its_attrs_untouched():
     points, _ = simulated_points(aps_std=0.5)
     before = points.copy(deep=True)
     attrs = dict(points.attrs)
-    result = run_ps_chain(points, first_order=150)
+    result = run_ps_chain(points, network={"first_order": 150})
     xr.testing.assert_identical(points, before)
     assert points.attrs == attrs
     # the reference is an index into the input, among the kept points

@@ -21,6 +21,7 @@ import yaml
 from depsi.io import open_stm
 from depsi.pipeline import parse_config, run_pipeline
 from depsi.pipeline.runner import manifest_path
+from depsi.pipeline.steps import STEP_NAMES
 from depsi.simulate import simulate_stack
 
 SIMULATE = {"shape": [120, 120], "n_epochs": 20, "seed": 7, "ps_fraction": 0.03}
@@ -103,7 +104,7 @@ from depsi.cli import main
 sys.exit(main(["run", sys.argv[1], "--no-progress"]))
 """
 
-EARLIER = ("stack", "selection", "network", "arcs", "integration", "atmosphere")
+EARLIER = STEP_NAMES[:STEP_NAMES.index("densification")]
 
 
 def test_sigkill_inside_densification_resumes_without_redoing_earlier_steps(reference,

@@ -14,7 +14,8 @@ import yaml
 from depsi.cli import main
 from depsi.io import open_stm
 from depsi.pipeline import PipelineError, RunSummary, load_config, parse_config, run_pipeline
-from depsi.pipeline.runner import PRODUCTS, STEPS, manifest_path, product_fingerprint
+from depsi.pipeline.runner import PRODUCTS, manifest_path, product_fingerprint
+from depsi.pipeline.steps import STEP_NAMES as STEPS
 
 SMALL = {"input": {"simulate": {"shape": [96, 96], "n_epochs": 16, "seed": 4,
                                 "ps_fraction": 0.04}},
@@ -256,9 +257,9 @@ def test_heartbeat_logs_while_a_long_step_runs(caplog):
     import logging
     import time as clock
 
-    from depsi.pipeline.runner import heartbeat
+    from depsi.pipeline.workspace import heartbeat
 
-    with caplog.at_level(logging.INFO, logger="depsi.pipeline.runner"):
+    with caplog.at_level(logging.INFO, logger="depsi.pipeline.workspace"):
         with heartbeat("step chain", every=0.05):
             clock.sleep(0.18)
     beats = [r for r in caplog.records if "step chain: still running" in r.getMessage()]

@@ -28,6 +28,7 @@ from depsi.pipeline.preflight import (
     predicted_precision,
 )
 from depsi.pipeline.runner import FAILED_FILE, manifest_path
+from depsi.pipeline.steps import STEP_NAMES
 
 SNAP_PAIR = Path(__file__).parent / "data" / "sarxarray_slc" / "zarrs"
 
@@ -127,15 +128,14 @@ def test_an_h2ph_that_does_not_vary_asks_to_drop_the_height(caplog):
 # ----------------------------------------------------------------- failed.json and resume
 def test_a_failing_step_leaves_failed_json_until_resume_completes_it(tmp_path, monkeypatch,
                                                                       caplog):
-    from depsi.pipeline import runner
+    from depsi.pipeline import chain_steps
 
     config = parse_config(_simulated(tmp_path / "ws", 20, shape=(40, 40)))
-    original = runner._STEP_FUNCTIONS["network"]
 
-    def broken(ctx):
+    def broken(points, config):
         raise ValueError("network: expected a broken step, found one")
 
-    monkeypatch.setitem(runner._STEP_FUNCTIONS, "network", broken)
+    monkeypatch.setattr(chain_steps, "network_step", broken)
     with pytest.raises(ValueError, match="broken step"):
         run_pipeline(config, stop="arcs", progress=False)
     failed = tmp_path / "ws" / FAILED_FILE
@@ -146,12 +146,12 @@ def test_a_failing_step_leaves_failed_json_until_resume_completes_it(tmp_path, m
     assert "broken step" in record["hint"] and record["exit_code"] == 2
     assert {"time", "run_id"} <= set(record)
 
-    monkeypatch.setitem(runner._STEP_FUNCTIONS, "network", original)
+    monkeypatch.undo()
     with caplog.at_level(logging.INFO, logger="depsi.pipeline.runner"):
         summary = run_pipeline(config, stop="arcs", resume=True, progress=False)
     plan = ("resume: will redo network (failed last time: ValueError: network: expected a "
             "broken step, found one), arcs; skips stack, selection (finished and valid)")
     assert plan in caplog.text and plan in summary.format()
-    assert [summary.steps[s].status for s in ("stack", "selection", "network", "arcs")] == \
+    assert [summary.steps[s].status for s in STEP_NAMES[:4]] == \
         ["skipped", "skipped", "ran", "ran"]
     assert not failed.exists()

@@ -425,7 +425,7 @@ def test_refit_second_pass_keeps_the_first_pass_cycles_and_its_accuracy():
     errors = {}
     for mode in ("network", "refit"):
         config = chain_config(BASE, atmosphere={"second_pass": mode},
-                              reference_noise=False, reference_radius=0.0)
+                              integration={"reference_noise": False, "reference_radius": 0.0})
         network = network_step(points, config)
         first = integration_step(network, arcs_step(network, config), config)
         first_unwrapped = first["unwrapped_phase"].values[first["in_network"].values]

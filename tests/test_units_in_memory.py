@@ -14,12 +14,14 @@ import xarray as xr
 from depsi.io import from_binary, open_slc_zarr, save_stm
 from depsi.io.cf import CF, with_cf_attributes
 from depsi.pipeline import chain_steps as chain
+from depsi.pipeline.chain import run_ps_chain
 from depsi.pipeline.chain_config import chain_config
+from depsi.pipeline.steps import CHAIN_STEPS
 from depsi.processing.model import estimate_model
 from depsi.processing.selection import ps_selection
 from depsi.simulate import simulate_stack, write_stack_zarr
 
-STEPS = ("network", "arcs", "integration", "atmosphere", "densification", "model")
+STEPS = CHAIN_STEPS
 
 
 def _attrs(ds: xr.Dataset) -> dict:
@@ -47,7 +49,7 @@ def candidates(stack):
 def chain_run(candidates):
     """One run of the chain: the input's attributes before it, and the result."""
     before = _attrs(candidates)
-    return before, chain.run_ps_chain(candidates)
+    return before, run_ps_chain(candidates)
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,20 @@ RENAMED_KEYWORDS = {"k": "densification_k", "max_distance": "densification_max_d
                     "min_coherence": "densification_min_coherence"}
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside depsi and contextlib (the user's call,
+    through run_ps_chain's decorator)."""
+    import sys
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(package)
+                                 or frame.f_code.co_filename.endswith("contextlib.py")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _section_form(name: str, value: Any) -> str:
     section, field = KEYWORDS[name]
     return f"{section}={{{field!r}: {value!r}}}"
@@ -106,7 +120,8 @@ def chain_config(config: ChainConfig | dict | None = None, **overrides: Any) -> 
         if name == "atmosphere" and value is None:
             value = "none"
         warnings.warn(f"run_ps_chain: the flat keyword {name}= is deprecated; use "
-                      f"{_section_form(name, value)}", DeprecationWarning, stacklevel=3)
+                      f"{_section_form(name, value)}", DeprecationWarning,
+                      stacklevel=_callers_level())
         section, field = KEYWORDS[name]
         data.setdefault(section, {})[field] = value
     try:

@@ -24,16 +24,15 @@ from depsi.pipeline.steps import EDGE
 from depsi.processing.arcs import estimate_arcs, heights_resolvable
 from depsi.processing.atmosphere import estimate_atmosphere
 from depsi.processing.correlated_height import estimate_correlated_height
+from depsi.processing.datum import apply_reference_area, remove_reference_noise
 from depsi.processing.densification import densify
 from depsi.processing.integration import (
     ArcObservations,
-    apply_reference_area,
     arc_observations,
     empty_observations,
     fill_observations,
     integrate_network,
     refit_points,
-    remove_reference_noise,
 )
 from depsi.processing.model import fit_with_atmosphere
 from depsi.processing.network import (

@@ -45,7 +45,7 @@ def accuracy(result: xr.Dataset, points: xr.Dataset, truth: xr.Dataset, *,
     >>> from depsi.processing.selection import ps_selection
     >>> stack, truth = simulate_stack(shape=(100, 100), n_epochs=20, seed=1, ps_fraction=0.03)
     >>> ps = ps_selection(stack).compute()
-    >>> figures = accuracy(run_ps_chain(ps, first_order=150), ps, truth)
+    >>> figures = accuracy(run_ps_chain(ps, network={"first_order": 150}), ps, truth)
     >>> figures["velocity_nocorr_floor"] > figures["velocity_noise_floor"]
     True
     """

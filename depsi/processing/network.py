@@ -56,9 +56,9 @@ class NetworkConfig(Section):
     """The first-order network: which points carry it, and the arcs between them."""
 
     first_order: int = Field(
-        DEFAULT_FIRST_ORDER, ge=3, description="First-order points: this many of lowest amplitude "
-                                "dispersion (all points when the STM has no "
-                                "amplitude_dispersion).")
+        DEFAULT_FIRST_ORDER, ge=3,
+        description="First-order points: this many of lowest amplitude dispersion (all points "
+                    "when the STM has no amplitude_dispersion).")
     max_dispersion: float | None = Field(
         None, gt=0, description="Only points with amplitude dispersion at or below this can "
                                 "be first order; null: no limit.")
@@ -69,9 +69,10 @@ class NetworkConfig(Section):
                     "instead, so arcs stay short against the atmosphere's correlation length "
                     "whatever the scene's size; null: always first_order points.")
     method: Literal["redundant", "delaunay"] = Field(
-        DEFAULT_METHOD, description="redundant: each point tied to its k nearest neighbours in "
-                                 "each of n_sectors directions (many loops for arc testing); "
-                                 "delaunay: the triangulation.")
+        DEFAULT_METHOD,
+        description="redundant: each point tied to its k nearest neighbours in each of "
+                    "n_sectors directions (many loops for arc testing); delaunay: the "
+                    "triangulation.")
     k: int = Field(DEFAULT_K, ge=1, description="Neighbours per direction sector (redundant).")
     second_pass_k: int | None = Field(
         1, ge=1, description="Neighbours per direction sector (redundant) of the second pass, "

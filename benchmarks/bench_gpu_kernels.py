@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     cupy, reason = gpu_namespace(args.no_gpu)
     gpu_name = None
     if cupy is not None:
-        gpu_name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        gpu_name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        gpu_name = gpu_name.decode() if isinstance(gpu_name, bytes) else str(gpu_name)
     print(f"bench_gpu_kernels: scale {args.scale}, NumPy {np.__version__}, BLAS threads "
           f"{os.environ['OPENBLAS_NUM_THREADS']}, {os.cpu_count()} CPU(s); GPU: "
           f"{gpu_name or 'none'} ({reason})")

@@ -115,10 +115,15 @@ GPU_REASON=$("$PYTHON" - <<'EOF'
 from depsi.kernels.backend import get_namespace
 try:
     cupy = get_namespace("cupy")
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    print(f"ok: CuPy {cupy.__version__} on {name}")
 except RuntimeError as err:
     print(err)
+else:
+    try:
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+    except Exception as err:  # the name is only for the report
+        name = f"a GPU whose name cannot be read ({type(err).__name__})"
+    print(f"ok: CuPy {cupy.__version__} on {name}")
 EOF
 )
 [[ $GPU_REASON == ok:* ]] && GPU=1 || GPU=0

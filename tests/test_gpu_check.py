@@ -1,12 +1,14 @@
 """scripts/gpu-check.sh, prepared for the rare and short GPU loans: on this machine it must run
 as a dry run (its CuPy parts reported skipped, or run where CuPy works), write every figure
-file, and exit 0; the kernel benchmark's GPU bookkeeping is checked with a stand-in for CuPy."""
+file, and exit 0; its GPU branch and the kernel benchmark's GPU bookkeeping are checked with
+stand-ins for CuPy on NumPy."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,15 +26,8 @@ FILES = {"summary.md", "summary.json", "kernels.json", "chain.json", "tests.log"
 
 @pytest.mark.slow  # it runs the chain (twice, at 1,000 points)
 def test_gpu_check_dry_run_writes_every_figure_and_reports_cupy_parts(tmp_path):
+    summary = _run_check(tmp_path)
     out = tmp_path / "out"
-    env = os.environ | {"DEPSI_GPU_CHECK_POINTS": "1000", "DEPSI_GPU_CHECK_SCALE": "0.005",
-                        "DEPSI_GPU_CHECK_WORK": str(tmp_path / "work"),
-                        "PYTHON": sys.executable}
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert FILES <= {p.name for p in out.iterdir()}
-    summary = json.loads((out / "summary.json").read_text())
     status = {p["part"]: p["status"] for p in summary["parts"]}
     kernels = summary["kernels"]["cases"]
     assert len(kernels) >= 10 and all(case["numpy_s"] > 0 for case in kernels)
@@ -50,6 +45,35 @@ def test_gpu_check_dry_run_writes_every_figure_and_reports_cupy_parts(tmp_path):
         assert compare["velocity"]["max_abs_diff"] == 0.0
     assert set(status.values()) <= {"ok", "skipped"}
     assert "| kernels | ok |" in (out / "summary.md").read_text()
+
+
+def _run_check(tmp_path, **env):
+    env = os.environ | {"DEPSI_GPU_CHECK_POINTS": "1000", "DEPSI_GPU_CHECK_SCALE": "0.005",
+                        "DEPSI_GPU_CHECK_WORK": str(tmp_path / "work"),
+                        "PYTHON": sys.executable} | env
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert FILES <= {p.name for p in out.iterdir()}
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow  # it runs the chain (twice, at 1,000 points)
+@pytest.mark.skipif(cupy_available(), reason="a real GPU is here: the dry run covers it")
+def test_gpu_check_takes_its_gpu_branch_where_cupy_works(tmp_path):
+    # a NumPy stand-in for CuPy (tests/cupy_stand_in.py), so the GPU branch runs without a GPU
+    package = tmp_path / "stand_in" / "cupy"
+    package.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "cupy_stand_in.py", package / "__init__.py")
+    path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
+    summary = _run_check(tmp_path, PYTHONPATH=path)
+    status = {p["part"]: p["status"] for p in summary["parts"]}
+    assert status == dict.fromkeys(["dependencies", "CuPy tests", "kernels", "chain: scene",
+                                    "chain: cuda:0", "chain: cpu", "chain: compare"], "ok")
+    assert all(case["cupy_s"] > 0 and case["differences"] for case in summary["kernels"]["cases"])
+    assert summary["chain"]["second"]["device"] == "cuda:0"
+    assert summary["chain"]["compare"]["n_common"] > 0
 
 
 @pytest.fixture

@@ -274,41 +274,6 @@ def test_run_ps_chain_lets_each_product_go_after_its_last_reader(points, monkeyp
     assert seen == {"network": False, "integration": False, "atmosphere": False}
 
 
-def _scatter(n: int, side: int, seed: int = 0) -> xr.Dataset:
-    rng = np.random.default_rng(seed)
-    azimuth, range_ = rng.integers(0, side, n), rng.integers(0, side, n)
-    return xr.Dataset({"amplitude_dispersion": ("space", rng.uniform(0.05, 0.3, n))},
-                      coords={"azimuth": ("space", azimuth), "range": ("space", range_)},
-                      attrs={"azimuth_spacing": 10.0, "range_spacing": 10.0})
-
-
-def test_first_order_density_follows_the_area_not_a_count():
-    from depsi.pipeline.chain_steps import first_order_indices
-    from depsi.processing.network import NetworkConfig
-
-    config = NetworkConfig(first_order=100, cell_size=150.0)
-    # 3 km x 3 km: 400 cells of 150 m > 100, so one point per cell, the best of each
-    points = _scatter(20_000, 300)
-    chosen = first_order_indices(points, config)
-    cells = (np.column_stack([points.azimuth.values, points["range"].values])[chosen] * 10.0
-             // 150.0).astype(int)
-    assert len(np.unique(cells, axis=0)) == len(chosen) == 400
-    nad = points.amplitude_dispersion.values
-    all_cells = (np.column_stack([points.azimuth.values, points["range"].values]) * 10.0
-                 // 150.0).astype(int)
-    key = all_cells[:, 0] * 1000 + all_cells[:, 1]
-    best = {k: nad[key == k].min() for k in np.unique(key)}
-    assert all(nad[i] == best[key[i]] for i in chosen)
-    # four times the area: four times the points, the same spacing
-    assert len(first_order_indices(_scatter(80_000, 600), config)) == 1600
-    # a scene with fewer cells than first_order: the best first_order points
-    small = _scatter(2_000, 60)
-    chosen = first_order_indices(small, config)
-    assert len(chosen) == 100
-    assert small.amplitude_dispersion.values[chosen].max() <= np.sort(
-        small.amplitude_dispersion.values)[99]
-
-
 def test_every_other_config_field_is_read_by_the_code_that_runs_it():
     """The sections outside the chain (input, selection, output, compute) choose *how* a run
     goes (a scheduler, a folder, an engine whose result is identical); each of their fields

@@ -39,13 +39,13 @@ from depsi.processing.network import (
     ARC_CHUNK,
     NetworkConfig,
     arcs_from_edges,
-    cell_keys,
+    first_order_indices,
     network_edges,
     point_positions,
     worker_threads,
 )
 from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
-from depsi.stm.accessor import computed_in_place, culled, release_memory
+from depsi.stm.dask_tools import computed_in_place, culled_rows, release_memory
 from depsi.stm.schema import validate
 
 if TYPE_CHECKING:
@@ -80,43 +80,6 @@ def prepare_points(ps_stm: xr.Dataset) -> xr.Dataset:
     return points.assign_coords(point_index=("space", np.arange(points.sizes["space"])))
 
 
-def first_order_indices(points: xr.Dataset, config: NetworkConfig) -> np.ndarray:
-    """Indices of the first-order points, by amplitude dispersion (lowest first).
-
-    Among the points at or below ``max_dispersion``: the best ``first_order`` points; or, when
-    more than ``first_order`` cells of ``cell_size`` m hold such points (a scene larger than
-    ``first_order x cell_size^2``), the best point of every cell, so that the density of the
-    network, and the length of its arcs, do not depend on the scene's size.
-    """
-    n = points.sizes["space"]
-    if "amplitude_dispersion" in points:
-        nad = np.asarray(points["amplitude_dispersion"].values, dtype=np.float64)
-    else:
-        logger.info("no amplitude_dispersion: first-order points are taken in space order")
-        nad = np.zeros(n)
-    eligible = np.isfinite(nad)
-    if config.max_dispersion is not None:
-        eligible &= nad <= config.max_dispersion
-    candidates = np.flatnonzero(eligible)
-    # stable sort: equal dispersions (or none given) keep the order of space
-    ranked = candidates[np.argsort(nad[candidates], kind="stable")]
-    chosen = np.sort(ranked[:config.first_order])
-    if config.cell_size is not None and len(ranked) > config.first_order:
-        cells = np.floor(point_positions(points)[ranked] / config.cell_size).astype(np.int64)
-        # the first of each cell in ranked order, the best
-        _, first_in_cell = np.unique(cell_keys(cells), return_index=True)
-        if len(first_in_cell) > config.first_order:
-            chosen = np.sort(ranked[first_in_cell])
-            logger.info("first order: the best point of each of %d cells of %.0f m "
-                        "(more than first_order=%d)", len(chosen), config.cell_size,
-                        config.first_order)
-    if len(chosen) < 3:
-        raise ValueError(f"network: expected at least 3 first-order points, found "
-                         f"{len(chosen)} (first_order={config.first_order}, "
-                         f"max_dispersion={config.max_dispersion})")
-    return chosen
-
-
 def _not_first_order(reference: int) -> ValueError:
     return ValueError(f"integration.reference: point {reference} is not among the "
                       f"first-order points; choose one with low amplitude dispersion")
@@ -134,7 +97,10 @@ def _with_edges(points: xr.Dataset, section: NetworkConfig, *, second_pass: bool
 
 def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     """Refuse, before any work, settings the points cannot meet; the first-order indices."""
-    chosen = first_order_indices(points, config.network)
+    section = config.network
+    chosen = first_order_indices(points, first_order=section.first_order,
+                                 max_dispersion=section.max_dispersion,
+                                 cell_size=section.cell_size)
     reference = config.integration.reference
     if reference is not None and not np.isin(int(reference), chosen):
         raise _not_first_order(reference)
@@ -409,7 +375,7 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         rows = slice(int(bounds[first_chunk]), int(bounds[min(first_chunk + batch,
                                                                 len(bounds) - 1)]))
         # the batch's own tasks only: a cluster would get every chunk's (2.4 GB at 10^7)
-        part = result_view(culled(dense.isel(space=rows)).compute(), order=2,
+        part = result_view(culled_rows(dense, rows).compute(), order=2,
                             keep=("accepted",))
         keep = np.flatnonzero(part["accepted"].values)
         for name, (dims, values) in out.items():

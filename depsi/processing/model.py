@@ -30,7 +30,7 @@ from depsi.kernels.flags import FLAG_DTYPE
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.periodogram import ensemble_coherence, result_coherence
 from depsi.kernels.temporal import design_matrix
-from depsi.stm.accessor import chunked_view, computed_in_place
+from depsi.stm.dask_tools import chunked_view, computed_in_place
 from depsi.stm.schema import (
     PHASE_VARIABLES,
     STMValidationError,

@@ -1,8 +1,13 @@
-"""Shared fixtures: where the real data lives, temporary stores."""
+"""Shared fixtures: where the real data lives, a one-node SLURM cluster.
+
+Shared scenes (simulated stacks and point STMs) are functions in tests/scenes.py.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: Real SAR/InSAR data kept in the repository (``tests/data``, provenance in its README.md);
 #: ``$DEPSI_REALDATA`` points the tests at another copy of the same layout.
 REALDATA = Path(os.environ.get("DEPSI_REALDATA", REPO / "tests" / "data"))
+#: State folder of scripts/slurm-up.sh (pid files, the clients' env).
+SLURM_STATE = Path(os.environ.get("DEPSI_SLURM_DIR", "/tmp/depsi-slurm"))
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +27,50 @@ def realdata() -> Path:
         pytest.fail(f"real data folder {REALDATA} is absent: expected the repository's "
                     f"tests/data (or $DEPSI_REALDATA pointing at a copy of it)")
     return REALDATA
+
+
+def _slurm_running() -> bool:
+    for name in ("slurmctld.pid", "slurmd.pid"):
+        pid_file = SLURM_STATE / name
+        try:
+            os.kill(int(pid_file.read_text()), 0)
+        except (OSError, ValueError):
+            return False
+    return True
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        if key.strip():
+            env[key.strip()] = value.strip()
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> Iterator[dict[str, str]]:
+    """Start SLURM with scripts/slurm-up.sh (a no-op when already up) and point clients at it.
+
+    Stops it again at the end only when this fixture was the one that started it.
+    """
+    started_here = not _slurm_running()
+    up = subprocess.run(["bash", str(REPO / "scripts" / "slurm-up.sh")],
+                        capture_output=True, text=True, timeout=900, check=False)
+    if up.returncode == 2:
+        reason = up.stderr.strip().splitlines()[-1] if up.stderr.strip() else "unknown reason"
+        pytest.skip(f"SLURM unavailable: {reason}")
+    if up.returncode != 0:
+        pytest.fail(f"scripts/slurm-up.sh failed (exit {up.returncode}):\n{up.stderr}")
+    env = _read_env(SLURM_STATE / "env")
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    yield env
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if started_here:
+        subprocess.run(["bash", str(REPO / "scripts" / "slurm-down.sh")],
+                       capture_output=True, timeout=120, check=False)

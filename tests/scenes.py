@@ -16,15 +16,23 @@ least-squares fit of offset, velocity and height error reaches per point
 
 and :func:`score` measures a chain result against the truth the same way (after removing the
 median difference, the datum), so each test can assert against floors it computed itself.
+
+The last section is the other kind of shared scene: :func:`simulated_points`, the small point STM
+(the true PS of a :func:`depsi.simulate.simulate_stack` stack) with its truth that the chain's
+unit tests share, and :func:`predicted_arc_std`, an arc's noise-derived std on it. Test modules
+import shared scenes from here, never from each other (tests/test_suite_habits.py).
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import xarray as xr
+
+from depsi.stm.schema import years_since_mother
 
 WAVELENGTH = 0.05546576
 M2PH = -4.0 * np.pi / WAVELENGTH
@@ -298,3 +306,63 @@ SLOW_FAMILIES = ISSUE_FAMILIES + (
            aps_std=1.0, aps_length=400.0, ps_fraction=0.03, noise_std=0.35,
            h2ph_variation=0.4, height_blocks=300.0, seed=6),
 )
+
+
+# --- small simulated point STMs through depsi.simulate (the chain's unit tests share them) ---
+
+PS_NOISE = 0.3  # rad per SLC epoch in the simulator; an arc carries sqrt(2) of it per epoch
+
+
+def predicted_arc_std(points):
+    """Std of an arc's (velocity, height error) from its LSQ covariance with noise
+    sqrt(2) * PS_NOISE per epoch (the mother's noise is a constant, absorbed by the offset)."""
+    m2ph = -4 * np.pi / points.attrs["wavelength"]
+    years = years_since_mother(points)
+    h2ph = points.h2ph.values.mean(axis=0)
+    design = np.column_stack([m2ph * years, m2ph * h2ph, np.ones_like(years)])
+    cov = 2 * PS_NOISE**2 * np.linalg.inv(design.T @ design)
+    return np.sqrt(cov[0, 0]), np.sqrt(cov[1, 1])
+
+
+@functools.lru_cache(maxsize=8)
+def _simulated(shape, n_epochs, seed, ps_fraction, aps_std, ps_noise_std, height_error_std,
+               velocity_max):
+    from depsi.simulate import PIXEL_SPACING, simulate_stack
+
+    stack, truth = simulate_stack(shape=shape, n_epochs=n_epochs, seed=seed,
+                                  ps_fraction=ps_fraction, aps_std=aps_std,
+                                  ps_noise_std=ps_noise_std, height_error_std=height_error_std,
+                                  velocity_max=velocity_max)
+    stack, truth = stack.compute(), truth.compute()
+    az, rg = np.nonzero(truth["ps_mask"].values)
+    mother = int(np.flatnonzero(stack.time.values == np.datetime64(stack.attrs["mother_time"]))[0])
+    slc = stack["complex"].values[az, rg]
+    h2ph = stack["h2ph"].values[az, rg]
+    ifg = slc * np.conj(slc[:, mother:mother + 1])
+    coords = {"azimuth": ("space", az.astype(np.int64)), "range": ("space", rg.astype(np.int64)),
+              "lat": ("space", stack["lat"].values[az, rg]),
+              "lon": ("space", stack["lon"].values[az, rg]), "time": stack["time"].values}
+    attrs = {"wavelength": stack.attrs["wavelength"], "mother_time": stack.attrs["mother_time"],
+             "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1]}
+    points = xr.Dataset(
+        {"complex": (("space", "time"), slc.astype(np.complex64)),
+         "phase": (("space", "time"), np.angle(ifg).astype(np.float32)),
+         "h2ph": (("space", "time"), (h2ph - h2ph[:, mother:mother + 1]).astype(np.float32)),
+         "amplitude_dispersion": ("space", truth["amplitude_dispersion"].values[az, rg])},
+        coords=coords, attrs=attrs)
+    true = xr.Dataset(
+        {"velocity": ("space", truth["velocity"].values[az, rg].astype(np.float64)),
+         "height_error": ("space", truth["height_error"].values[az, rg].astype(np.float64)),
+         "aps": (("space", "time"), truth["aps"].values[az, rg].astype(np.float64)),
+         "displacement": (("space", "time"),
+                          truth["displacement"].values[az, rg].astype(np.float64))},
+        coords=coords, attrs={"ps_noise_std": ps_noise_std})
+    return points, true
+
+
+def simulated_points(*, shape=(100, 100), n_epochs=30, seed=1, ps_fraction=0.03, aps_std=1.0,
+                     ps_noise_std=0.3, height_error_std=5.0, velocity_max=0.02):
+    """Point STM of the true PS of a simulated stack, and their truth (cached, copies)."""
+    points, true = _simulated(tuple(shape), n_epochs, seed, ps_fraction, aps_std, ps_noise_std,
+                              height_error_std, velocity_max)
+    return points.copy(deep=True), true.copy(deep=True)

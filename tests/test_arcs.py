@@ -9,20 +9,7 @@ import xarray as xr
 from depsi.processing.arcs import estimate_arcs
 from depsi.processing.network import form_network
 from depsi.stm.schema import STMValidationError, years_since_mother
-from test_network import simulated_points
-
-PS_NOISE = 0.3  # rad per SLC epoch in the simulator; an arc carries sqrt(2) of it per epoch
-
-
-def predicted_arc_std(points):
-    """Std of an arc's (velocity, height error) from its LSQ covariance with noise
-    sqrt(2) * PS_NOISE per epoch (the mother's noise is a constant, absorbed by the offset)."""
-    m2ph = -4 * np.pi / points.attrs["wavelength"]
-    years = years_since_mother(points)
-    h2ph = points.h2ph.values.mean(axis=0)
-    design = np.column_stack([m2ph * years, m2ph * h2ph, np.ones_like(years)])
-    cov = 2 * PS_NOISE**2 * np.linalg.inv(design.T @ design)
-    return np.sqrt(cov[0, 0]), np.sqrt(cov[1, 1])
+from scenes import PS_NOISE, predicted_arc_std, simulated_points
 
 
 def test_estimate_arcs_recovers_known_differences_within_noise():

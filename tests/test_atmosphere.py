@@ -9,7 +9,7 @@ from depsi.processing.arcs import estimate_arcs
 from depsi.processing.atmosphere import estimate_atmosphere, fit_variogram, interpolate_aps
 from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network
-from test_network import simulated_points
+from scenes import simulated_points
 
 
 def _network(aps_std=1.0):

@@ -10,8 +10,7 @@ from depsi.processing.arcs import estimate_arcs
 from depsi.processing.densification import densify
 from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network
-from test_arcs import predicted_arc_std
-from test_network import simulated_points
+from scenes import predicted_arc_std, simulated_points
 
 
 def _split(aps_std=0.0):

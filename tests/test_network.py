@@ -1,12 +1,6 @@
-"""Network formation: Delaunay and redundant arcs, double differences, bad input.
-
-Also holds ``simulated_points``, the small simulated point STM with its truth that the chain's
-test files share (PS pixels of ``depsi.simulate.simulate_stack`` picked by the true PS mask).
-"""
+"""Network formation: Delaunay and redundant arcs, double differences, bad input."""
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pytest
@@ -22,50 +16,7 @@ from depsi.processing.network import (
     redundant_edges,
 )
 from depsi.stm.schema import STMValidationError, validate, years_since_mother
-
-
-@functools.lru_cache(maxsize=8)
-def _simulated(shape, n_epochs, seed, ps_fraction, aps_std, ps_noise_std, height_error_std,
-               velocity_max):
-    from depsi.simulate import PIXEL_SPACING, simulate_stack
-
-    stack, truth = simulate_stack(shape=shape, n_epochs=n_epochs, seed=seed,
-                                  ps_fraction=ps_fraction, aps_std=aps_std,
-                                  ps_noise_std=ps_noise_std, height_error_std=height_error_std,
-                                  velocity_max=velocity_max)
-    stack, truth = stack.compute(), truth.compute()
-    az, rg = np.nonzero(truth["ps_mask"].values)
-    mother = int(np.flatnonzero(stack.time.values == np.datetime64(stack.attrs["mother_time"]))[0])
-    slc = stack["complex"].values[az, rg]
-    h2ph = stack["h2ph"].values[az, rg]
-    ifg = slc * np.conj(slc[:, mother:mother + 1])
-    coords = {"azimuth": ("space", az.astype(np.int64)), "range": ("space", rg.astype(np.int64)),
-              "lat": ("space", stack["lat"].values[az, rg]),
-              "lon": ("space", stack["lon"].values[az, rg]), "time": stack["time"].values}
-    attrs = {"wavelength": stack.attrs["wavelength"], "mother_time": stack.attrs["mother_time"],
-             "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1]}
-    points = xr.Dataset(
-        {"complex": (("space", "time"), slc.astype(np.complex64)),
-         "phase": (("space", "time"), np.angle(ifg).astype(np.float32)),
-         "h2ph": (("space", "time"), (h2ph - h2ph[:, mother:mother + 1]).astype(np.float32)),
-         "amplitude_dispersion": ("space", truth["amplitude_dispersion"].values[az, rg])},
-        coords=coords, attrs=attrs)
-    true = xr.Dataset(
-        {"velocity": ("space", truth["velocity"].values[az, rg].astype(np.float64)),
-         "height_error": ("space", truth["height_error"].values[az, rg].astype(np.float64)),
-         "aps": (("space", "time"), truth["aps"].values[az, rg].astype(np.float64)),
-         "displacement": (("space", "time"),
-                          truth["displacement"].values[az, rg].astype(np.float64))},
-        coords=coords, attrs={"ps_noise_std": ps_noise_std})
-    return points, true
-
-
-def simulated_points(*, shape=(100, 100), n_epochs=30, seed=1, ps_fraction=0.03, aps_std=1.0,
-                     ps_noise_std=0.3, height_error_std=5.0, velocity_max=0.02):
-    """Point STM of the true PS of a simulated stack, and their truth (cached, copies)."""
-    points, true = _simulated(tuple(shape), n_epochs, seed, ps_fraction, aps_std, ps_noise_std,
-                              height_error_std, velocity_max)
-    return points.copy(deep=True), true.copy(deep=True)
+from scenes import simulated_points
 
 
 def _random_points(n=60, n_epochs=5, seed=0):
@@ -161,6 +112,7 @@ def test_simulated_points_are_consistent_with_the_phase_model():
     model = m2ph * (years_disp + points.h2ph * true.height_error) + true.aps
     residual = np.angle(np.exp(1j * (points.phase - model)))
     assert float(np.sqrt((residual ** 2).mean())) < 3 * np.sqrt(2) * 0.3
+
 
 
 def _scatter(n: int, side: int, seed: int = 0) -> xr.Dataset:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import dask.array as da
@@ -19,60 +18,10 @@ import pytest
 
 from depsi.cluster import SchedulerStartError, scheduler
 
-REPO = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("DEPSI_SLURM_DIR", "/tmp/depsi-slurm"))
-
 try:  # the marker is registered in pyproject.toml; without it --strict-markers would refuse it
     pytestmark = pytest.mark.slurm
 except pytest.fail.Exception:  # pragma: no cover - until the marker is registered
     pytestmark = []
-
-
-def _running() -> bool:
-    for name in ("slurmctld.pid", "slurmd.pid"):
-        pid_file = STATE / name
-        try:
-            os.kill(int(pid_file.read_text()), 0)
-        except (OSError, ValueError):
-            return False
-    return True
-
-
-def _read_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        if key.strip():
-            env[key.strip()] = value.strip()
-    return env
-
-
-@pytest.fixture(scope="session")
-def slurm_env() -> Iterator[dict[str, str]]:
-    """Start SLURM with scripts/slurm-up.sh (a no-op when already up) and point clients at it.
-
-    Stops it again at the end only when this fixture was the one that started it.
-    """
-    started_here = not _running()
-    up = subprocess.run(["bash", str(REPO / "scripts" / "slurm-up.sh")],
-                        capture_output=True, text=True, timeout=900, check=False)
-    if up.returncode == 2:
-        reason = up.stderr.strip().splitlines()[-1] if up.stderr.strip() else "unknown reason"
-        pytest.skip(f"SLURM unavailable: {reason}")
-    if up.returncode != 0:
-        pytest.fail(f"scripts/slurm-up.sh failed (exit {up.returncode}):\n{up.stderr}")
-    env = _read_env(STATE / "env")
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    yield env
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    if started_here:
-        subprocess.run(["bash", str(REPO / "scripts" / "slurm-down.sh")],
-                       capture_output=True, timeout=120, check=False)
 
 
 def _queue() -> list[str]:

@@ -143,6 +143,7 @@ class SpaceTimeMatrix:
     """Operations on a point STM (dims ``space``, ``time``), reached as ``ds.stm``.
 
     Every method returns a new Dataset; the Dataset ``ds.stm`` was called on is never changed.
+    The methods' examples use ``np`` and ``xr`` as imported here.
 
     Examples
     --------
@@ -192,7 +193,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import numpy as np, xarray as xr
         >>> ds = xr.Dataset({"height": ("points", np.arange(4.0))})
         >>> ds.stm.regulate_dims(space_label="points")["height"].sizes
         Frozen({'space': 4, 'time': 1})
@@ -230,7 +230,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import xarray as xr
         >>> xr.Dataset().stm.add_metadata({"wavelength": 0.0555}).attrs
         {'wavelength': 0.0555}
         """
@@ -248,7 +247,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import numpy as np, xarray as xr
         >>> ds = xr.Dataset({"displacement": (("space", "time"), np.zeros((2, 3)))})
         >>> ds.stm.register_metadata({"techniqueId": "PS", "obsDataKeys": ["displacement"]}).attrs
         {'techniqueId': 'PS', 'obsDataKeys': ['displacement']}
@@ -276,7 +274,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import numpy as np, xarray as xr
         >>> ds = xr.Dataset({"height": ("space", np.zeros(2))})
         >>> ds.stm.register_datatype("height", "pntAttrib").attrs
         {'pntAttrib': ['height']}
@@ -303,7 +300,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import xarray as xr
         >>> ds = xr.Dataset(coords={"azimuth": ("space", [1, 0]), "range": ("space", [1, 0])})
         >>> ds.stm.get_order()["order"].values.tolist()
         [3, 0]
@@ -335,7 +331,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import xarray as xr
         >>> ds = xr.Dataset(coords={"azimuth": ("space", [1, 0]), "range": ("space", [1, 0])})
         >>> ds.stm.reorder()["azimuth"].values.tolist()
         [0, 1]
@@ -399,7 +394,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import numpy as np, xarray as xr
         >>> ds = xr.Dataset({"coherence": ("space", [0.9, 0.2, 0.8])}, coords={"time": [0, 1]})
         >>> ds.stm.subset(method="threshold", var="coherence", threshold=">0.7").sizes["space"]
         2
@@ -533,7 +527,7 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import numpy as np, xarray as xr, shapely, geopandas as gpd
+        >>> import shapely, geopandas as gpd
         >>> ds = xr.Dataset(coords={"lon": ("space", [0.5, 2.5]), "lat": ("space", [0.5, 0.5])})
         >>> parcels = gpd.GeoDataFrame({"name": ["a"]}, geometry=[shapely.box(0, 0, 1, 1)])
         >>> ds.stm.enrich_from_polygon(parcels, "name")["name"].values.tolist()
@@ -594,7 +588,6 @@ class SpaceTimeMatrix:
 
         Examples
         --------
-        >>> import numpy as np, xarray as xr
         >>> ds = xr.Dataset(coords={"lon": ("space", [0.1, 2.9]), "lat": ("space", [0.1, 1.2])})
         >>> dem = xr.Dataset({"dem": (("lat", "lon"), np.arange(6.0).reshape(2, 3))},
         ...                  coords={"lat": [0.0, 1.0], "lon": [0.0, 1.0, 2.0]})

@@ -61,7 +61,7 @@ limit() { local rest; rest=$(left); echo $(( $1 < rest ? $1 : rest )); }
 
 # run_part NAME SHARE MIN_SECONDS LOGFILE CMD...: run CMD under a time limit, record the outcome
 run_part() {
-    local name=$1 share=$2 min=$3 logfile=$4 seconds status rc t0
+    local name=$1 share=$2 min=$3 logfile=$4 seconds status rc t0 note
     shift 4
     seconds=$(limit "$share")
     if (( seconds < min )); then
@@ -80,8 +80,12 @@ run_part() {
     else
         status=failed
     fi
-    log "$name: $status (exit $rc) in $((SECONDS - t0))s"
-    part "$name" "$status" $((SECONDS - t0)) "exit $rc"
+    note="exit $rc"
+    if [[ -n ${SUMMARY_RE:-} ]]; then  # e.g. pytest's closing line, for the summary's table
+        note+="; $(grep -E "$SUMMARY_RE" "$logfile" | tail -1 | tr -d '=' | xargs)"
+    fi
+    log "$name: $status ($note) in $((SECONDS - t0))s"
+    part "$name" "$status" $((SECONDS - t0)) "$note"
     [[ $status == ok ]]
 }
 
@@ -154,12 +158,13 @@ FAILED=0
 # every test module that touches CuPy or a CUDA device, but not this script's own test
 mapfile -t TESTS < <(grep -l -E "cupy|cuda" tests/test_*.py | grep -v test_gpu_check.py)
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" -ra --strict-markers)
+PYTEST_RE="[0-9]+ (passed|failed|skipped|errors?|tests? collected)|no tests ran"
 if ((GPU)); then
-    run_part "CuPy tests" 90 20 "$OUTDIR/tests.log" \
+    SUMMARY_RE=$PYTEST_RE run_part "CuPy tests" 90 20 "$OUTDIR/tests.log" \
         "${PYTEST[@]}" --timeout=80 "${TESTS[@]}" || FAILED=1
 else
     log "CuPy tests SKIPPED: $GPU_REASON; collecting them only: ${TESTS[*]}"
-    run_part "CuPy tests (collected only)" 30 5 "$OUTDIR/tests.log" \
+    SUMMARY_RE=$PYTEST_RE run_part "CuPy tests (collected only)" 30 5 "$OUTDIR/tests.log" \
         "${PYTEST[@]}" --timeout=80 --collect-only "${TESTS[@]}" || FAILED=1
     part "CuPy tests" skipped 0 "$GPU_REASON"
 fi

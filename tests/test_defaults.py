@@ -54,17 +54,10 @@ ALSO_IMPLEMENTED_IN = {
 
 #: Differences found by this test in files its author does not own, left to their owners
 #: (section field, function): why. Each is an expected failure until it is fixed there.
-KNOWN = {
-    ("depsi.pipeline.config.SimulateConfig.chunks", "depsi.simulate.scene.simulate_stack"):
-        "null in the section, 'auto' in the function (both about 64 MB chunks); the lead's",
-}
+KNOWN: dict = {}
 
-#: The same for the named constant: literals written twice in files the author does not own.
-KNOWN_LITERALS = {
-    (f"depsi.pipeline.config.SimulateConfig.{name}", "depsi.simulate.scene.simulate_stack"):
-        "the simulated input's defaults written in both; the lead's and the simulator's owners"
-    for name in ("shape", "n_epochs", "seed", "ps_fraction")
-}
+#: The same for the named constant (none left).
+KNOWN_LITERALS: dict = {}
 
 _ON_PURPOSE = "on purpose"
 

@@ -33,8 +33,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-# the compute sections live with the schedulers, the base of every section below both;
-# imported here so that depsi.pipeline.config.ComputeConfig etc. keep working
 from depsi.cluster import SCHEDULERS, AdaptiveConfig, ComputeConfig, SlurmConfig  # noqa: F401
 from depsi.pipeline.chain_config import ChainConfig
 from depsi.processing.arcs import ArcsConfig
@@ -44,6 +42,10 @@ from depsi.processing.integration import IntegrationConfig
 from depsi.processing.network import NetworkConfig
 from depsi.processing.selection import SelectionConfig
 from depsi.sections import Section as _Section
+
+# the compute sections live with the schedulers, the base of every section below both;
+# imported here so that depsi.pipeline.config.ComputeConfig etc. keep working
+from depsi.simulate import scene
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +129,14 @@ class SimulateConfig(_Section):
     """A simulated SLC stack with known truth (for demos, tests and benchmarks)."""
 
     shape: tuple[int, int] = Field(
-        (200, 200), description="Scene size in pixels, [azimuth, range].")
-    n_epochs: int = Field(30, ge=3, description="Number of acquisitions in the stack.")
-    seed: int = Field(0, description="Random seed; the same seed gives the same stack.")
+        scene.DEFAULT_SHAPE, description="Scene size in pixels, [azimuth, range].")
+    n_epochs: int = Field(scene.DEFAULT_N_EPOCHS, ge=3,
+                          description="Number of acquisitions in the stack.")
+    seed: int = Field(scene.DEFAULT_SEED,
+                      description="Random seed; the same seed gives the same stack.")
     ps_fraction: float = Field(
-        0.02, gt=0, le=1, description="Fraction of pixels that are persistent scatterers.")
+        scene.DEFAULT_PS_FRACTION, gt=0, le=1,
+        description="Fraction of pixels that are persistent scatterers.")
     chunks: tuple[int, int] | None = Field(
         None, description="Zarr chunk size [azimuth, range] of the written stack (all epochs "
                           "in one chunk); null: about 64 MB chunks. Smaller chunks bound the "

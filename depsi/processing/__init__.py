@@ -7,11 +7,10 @@ from depsi.processing.densification import densify
 from depsi.processing.integration import integrate_network
 from depsi.processing.interferogram import ifg_to_slc, single_mother_interferograms
 from depsi.processing.model import estimate_model
-from depsi.processing.network import form_network
+from depsi.processing.network import first_order_indices, form_network
 from depsi.processing.selection import (
     amplitude_statistics,
     ps_selection,
-    select_network_points,
     update_selection,
 )
 
@@ -21,12 +20,12 @@ __all__ = [
     "estimate_arcs",
     "estimate_atmosphere",
     "estimate_model",
+    "first_order_indices",
     "form_network",
     "ifg_to_slc",
     "integrate_network",
     "interpolate_aps",
     "ps_selection",
-    "select_network_points",
     "single_mother_interferograms",
     "update_selection",
 ]

@@ -42,7 +42,6 @@ from depsi.kernels.statistics import (
 from depsi.processing.interferogram import with_amplitude_and_phase
 
 # moved: re-exported until the lead's files switch (processing/__init__ imports it from here)
-from depsi.processing.network import first_order_indices as select_network_points  # noqa: F401
 from depsi.processing.network import worker_threads
 from depsi.sections import Section
 from depsi.stm.order import morton_order

@@ -48,6 +48,12 @@ logger = logging.getLogger(__name__)
 #: Edge (pixels) of the fixed tiles that randomness is drawn on; changing it changes the stacks.
 TILE_SIZE = 256
 
+#: Defaults of a simulated scene (also those of ``input.simulate`` in ``depsi run``).
+DEFAULT_SHAPE = (200, 200)
+DEFAULT_N_EPOCHS = 30
+DEFAULT_SEED = 0
+DEFAULT_PS_FRACTION = 0.02
+
 #: Target bytes of ``complex`` per chunk when ``chunks="auto"`` (chunk edges are tile multiples).
 CHUNK_BYTES = 64 * 2**20
 
@@ -472,10 +478,10 @@ def _normalize_chunks(chunks, shape: tuple[int, int], n_epochs: int) -> tuple[in
 
 def simulate_stack(
     *,
-    shape: tuple[int, int] = (200, 200),
-    n_epochs: int = 30,
-    seed: int = 0,
-    ps_fraction: float = 0.02,
+    shape: tuple[int, int] = DEFAULT_SHAPE,
+    n_epochs: int = DEFAULT_N_EPOCHS,
+    seed: int = DEFAULT_SEED,
+    ps_fraction: float = DEFAULT_PS_FRACTION,
     wavelength: float = 0.0556,
     start: str | np.datetime64 = "2020-01-01",
     revisit_days: float = 12,
@@ -525,7 +531,8 @@ def simulate_stack(
     chunks
         Dask chunks in azimuth and range (time is one chunk): ``"auto"`` (tile multiples of
         about ``CHUNK_BYTES`` of ``complex`` per chunk), an int, ``(n_azimuth, n_range)`` or a
-        dict with keys ``azimuth`` and ``range``.
+        dict with keys ``azimuth`` and ``range``. The default differs from ``input.simulate``'s
+        ``chunks`` (null) on purpose: YAML has no ``"auto"`` for a pair, and null means it.
 
     Returns
     -------

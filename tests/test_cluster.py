@@ -134,6 +134,7 @@ def _wait_until(condition, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_local_cluster_survives_a_killed_worker(tmp_path: Path) -> None:
     x = da.random.RandomState(1).standard_normal((16, 50), chunks=(1, 50))
     gate = tmp_path / "gate"

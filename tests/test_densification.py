@@ -85,6 +85,7 @@ def test_densified_points_follow_the_reference_area_datum():
     assert np.abs(change - d_phase[None, :]).max() < 1e-3
 
 
+@pytest.mark.slow
 def test_the_screen_is_factorised_once_for_every_chunk(monkeypatch):
     """Kriging the first-order screen to the candidates: one Cholesky factorisation per call
     of densify, however many space chunks it has (issue 14)."""

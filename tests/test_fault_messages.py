@@ -204,6 +204,7 @@ def test_a_workspace_under_a_file_exits_2_saying_so(tmp_path, console):
 
 
 # ---------------------------------------------------------------------------- interruptions
+@pytest.mark.slow
 def test_ctrl_c_inside_a_step_exits_5_and_the_rest_resumes(run, console, monkeypatch):
     before = finished_products(run.workspace)
     raise_in_network_step(monkeypatch, KeyboardInterrupt())
@@ -231,6 +232,7 @@ sys.exit(main(["run", sys.argv[1], "--no-progress", "--resume"]))
 """
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_step_exits_5_with_one_line(run, tmp_path):
     before = finished_products(run.workspace)
     stalled = tmp_path / "stalled"

@@ -107,6 +107,7 @@ sys.exit(main(["run", sys.argv[1], "--no-progress"]))
 EARLIER = STEP_NAMES[:STEP_NAMES.index("densification")]
 
 
+@pytest.mark.slow
 def test_sigkill_inside_densification_resumes_without_redoing_earlier_steps(reference,
                                                                              tmp_path):
     workspace = tmp_path / "ws"
@@ -136,6 +137,7 @@ def test_sigkill_inside_densification_resumes_without_redoing_earlier_steps(refe
     assert_same_result(workspace, reference)
 
 
+@pytest.mark.slow
 def test_sigkill_while_the_product_is_being_written_leaves_no_trusted_product(reference,
                                                                               tmp_path):
     workspace = tmp_path / "ws"

@@ -184,6 +184,7 @@ def _random_network(n=300, m=3000, seed=1):
     return source, target, rng.uniform(0.5, 3.0, m)
 
 
+@pytest.mark.slow
 def test_redundancy_numbers_equal_the_dense_hat_matrix():
     from depsi.processing.network_solver import _solve
 
@@ -266,6 +267,7 @@ def test_the_w_test_decides_the_same_with_or_without_updates(monkeypatch):
     assert n_updated < len(counted)
 
 
+@pytest.mark.slow
 def test_many_planted_wrong_arcs_are_removed_in_few_iterations():
     points, true, arcs = _estimated()
     clean_result, clean = integrate_network(points, arcs, return_arcs=True)
@@ -312,6 +314,7 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
                                atol=2e-4)
 
 
+@pytest.mark.slow
 def test_arc_observations_integrate_as_the_arcs_do():
     """The chain's second pass hands integration the arcs' observations (the arc STM freed
     first): the result is the one the arcs give, and what they cannot do is refused."""
@@ -364,6 +367,7 @@ def test_arc_observations_read_a_stored_arc_stm_a_few_chunks_at_a_time(tmp_path,
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.slow
 def test_tiles_of_one_wave_share_no_arc():
     """The claim the threads rest on: two tiles of one wave never test a common arc, on a
     random network whose margins reach just under half a tile."""
@@ -388,6 +392,7 @@ def test_tiles_of_one_wave_share_no_arc():
         assert seen.max() == 1
 
 
+@pytest.mark.slow
 def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatch, caplog):
     import logging
 

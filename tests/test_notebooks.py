@@ -141,6 +141,7 @@ def assert_same_up_to_builds(fresh: xr.Dataset, committed: xr.Dataset) -> None:
             np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+@pytest.mark.slow
 def test_make_data_regenerates_the_committed_content_up_to_float32_round_off(tmp_path):
     """The committed stores equal a fresh run of the script: same structure, integers and
     dates exactly, floats within round-off that differs between NumPy/BLAS builds."""

@@ -168,6 +168,7 @@ def _fresh(stop: str, fmt: str) -> xr.Dataset:
 
 @pytest.mark.parametrize("fmt, change", CASES,
                          ids=[f"{fmt}-{change.__name__}" for fmt, change in CASES])
+@pytest.mark.slow
 def test_resume_after_an_input_change_redoes_the_steps_and_names_the_file(copy_of, fmt,
                                                                          change):
     root = copy_of(fmt)

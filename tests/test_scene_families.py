@@ -80,6 +80,7 @@ def _check(family, figures):
 
 
 @pytest.mark.parametrize("family", FAST_FAMILIES, ids=lambda f: f.name)
+@pytest.mark.slow
 def test_chain_reaches_floors_on_scene_family(family):
     _check(family, _run(family))
 
@@ -90,6 +91,7 @@ def test_chain_reaches_floors_on_large_scene_family(family):
     _check(family, _run(family))
 
 
+@pytest.mark.slow
 def test_floors_are_ordered_on_the_truth():
     """The oracle floors themselves: noise <= kriging <= no-correction for heights (a check of
     the generator and the floor code, which a broken covariance would fail)."""

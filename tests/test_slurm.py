@@ -42,6 +42,7 @@ def _graph() -> da.Array:
     return (x ** 2 + x).mean(axis=0)
 
 
+@pytest.mark.slow
 def test_slurm_cluster_with_two_jobs_equals_threads(slurm_env: dict, tmp_path: Path) -> None:
     with scheduler(scheduler="threads", threads=2):
         expected = _graph().compute()
@@ -54,6 +55,7 @@ def test_slurm_cluster_with_two_jobs_equals_threads(slurm_env: dict, tmp_path: P
     assert _queue() == []
 
 
+@pytest.mark.slow
 def test_slurm_run_completes_after_a_worker_job_is_cancelled(
         slurm_env: dict, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
@@ -86,6 +88,7 @@ def test_slurm_run_completes_after_a_worker_job_is_cancelled(
     assert _queue() == []
 
 
+@pytest.mark.slow
 def test_slurm_jobs_that_cannot_run_fail_with_a_clear_error(
         slurm_env: dict, tmp_path: Path) -> None:
     compute = _slurm_compute(tmp_path, jobs=1, memory="100TB")

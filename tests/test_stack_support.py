@@ -88,6 +88,7 @@ def test_fewer_epochs_than_the_arcs_model_needs_are_refused():
 
 
 # ------------------------------------------------------------------------------- warnings
+@pytest.mark.slow
 def test_a_132_day_stack_warns_of_its_velocity_std_and_still_runs(tmp_path, caplog):
     config = parse_config(_simulated(tmp_path / "ws", 12))
     with caplog.at_level(logging.WARNING, logger="depsi.pipeline.preflight"):

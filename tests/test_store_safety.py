@@ -122,6 +122,7 @@ APPEND_STAGES = {
 
 @pytest.mark.parametrize("scenario", ["new-chunk", "partial-chunk"])
 @pytest.mark.parametrize("stage", list(APPEND_STAGES))
+@pytest.mark.slow
 def test_append_killed_at_any_stage_leaves_old_or_new_and_retry_finishes(
         epochs, tmp_path, stage, scenario):
     path = tmp_path / "ps.zarr"
@@ -149,6 +150,7 @@ def test_append_killed_at_any_stage_leaves_old_or_new_and_retry_finishes(
 
 
 @pytest.mark.parametrize("trial", range(6))
+@pytest.mark.slow
 def test_append_killed_at_a_random_moment_leaves_old_or_new(epochs, tmp_path, trial):
     """SIGKILL from outside after a random delay, whatever the writer is doing then."""
     path = tmp_path / "ps.zarr"
@@ -167,6 +169,7 @@ def test_append_killed_at_a_random_moment_leaves_old_or_new(epochs, tmp_path, tr
 
 @pytest.mark.parametrize("stage,exchange", [("save:written", True), ("save:written", False),
                                             ("move:old-aside", False)])
+@pytest.mark.slow
 def test_save_over_a_store_killed_leaves_the_old_one_and_no_siblings(epochs, tmp_path, stage,
                                                                       exchange):
     path = tmp_path / "ps.zarr"
@@ -183,6 +186,7 @@ def test_save_over_a_store_killed_leaves_the_old_one_and_no_siblings(epochs, tmp
 
 # ---------------------------------------------------------------------------- two writers
 @pytest.mark.parametrize("trial", range(4))
+@pytest.mark.slow
 def test_two_processes_appending_the_same_epochs_never_duplicate(epochs, tmp_path, trial):
     path = tmp_path / "ps.zarr"
     shutil.copytree(epochs["old"], path)
@@ -193,6 +197,7 @@ def test_two_processes_appending_the_same_epochs_never_duplicate(epochs, tmp_pat
 
 
 @pytest.mark.parametrize("trial", range(4))
+@pytest.mark.slow
 def test_two_processes_appending_different_epochs_never_interleave(epochs, tmp_path, trial):
     path = tmp_path / "ps.zarr"
     shutil.copytree(epochs["old"], path)
@@ -213,6 +218,7 @@ def test_two_processes_appending_different_epochs_never_interleave(epochs, tmp_p
 
 
 @pytest.mark.parametrize("trial", range(3))
+@pytest.mark.slow
 def test_a_failed_append_does_not_remove_another_writers_epochs(epochs, tmp_path, trial):
     path = tmp_path / "ps.zarr"
     shutil.copytree(epochs["old"], path)

@@ -162,6 +162,7 @@ def test_non_finite_phase_is_refused(stack):
         validate_stack(_flatten(stack, 0, np.nan))
 
 
+@pytest.mark.slow
 def test_the_sample_is_bounded_for_a_large_lazy_stack():
     big = simulate_stack(shape=(2000, 2000), n_epochs=3, chunks=500)[0]
     assert validate_stack(big) is big  # reads 9 windows, not 4 million pixels x 3

@@ -69,6 +69,7 @@ def test_resume_skips_every_finished_step(finished):
     assert manifest_path(config.output.workspace, "model").read_text() == before
 
 
+@pytest.mark.slow
 def test_changed_densification_settings_redo_only_the_steps_after_it(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
@@ -80,6 +81,7 @@ def test_changed_densification_settings_redo_only_the_steps_after_it(finished, t
     assert {r.status for name, r in summary.steps.items() if name not in ran} == {"skipped"}
 
 
+@pytest.mark.slow
 def test_a_product_without_manifest_is_redone_not_trusted(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
@@ -91,6 +93,7 @@ def test_a_product_without_manifest_is_redone_not_trusted(finished, tmp_path):
     assert summary.steps["export"].status == "ran"  # its input was rewritten
 
 
+@pytest.mark.slow
 def test_a_damaged_product_is_redone_and_stale_temporaries_removed(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
@@ -116,6 +119,7 @@ def test_from_needs_the_earlier_products_and_names_the_missing_one(finished, tmp
         run_pipeline(small_config(workspace), start="network", progress=False)
 
 
+@pytest.mark.slow
 def test_from_and_to_run_a_sub_range(finished, tmp_path):
     config, _ = finished
     workspace = tmp_path / "ws"
@@ -155,6 +159,7 @@ def test_cli_run_with_a_missing_input_fails_naming_the_file(tmp_path, caplog):
     assert not (tmp_path / "ws").exists()
 
 
+@pytest.mark.slow
 def test_cli_run_then_resume(tmp_path, capsys):
     path = tmp_path / "config.yaml"
     data = json.loads(json.dumps(SMALL)) | {"output": {"workspace": str(tmp_path / "ws"),

@@ -133,6 +133,7 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
 
 
 @pytest.mark.parametrize("field", sorted(ALTERNATES))
+@pytest.mark.slow
 def test_every_chain_field_changes_the_products(points, base, field):
     section, name = field.split(".")
     value = ALTERNATES[field]
@@ -172,6 +173,7 @@ def test_unknown_chain_option_is_refused_naming_it():
         chain_config(network={"k_nearest": 5})
 
 
+@pytest.mark.slow
 def test_depsi_run_equals_run_ps_chain(tmp_path):
     data = {"input": {"simulate": {"shape": [96, 96], "n_epochs": 16, "seed": 2,
                                    "ps_fraction": 0.05}},

@@ -390,3 +390,22 @@ def test_refit_second_pass_keeps_the_first_pass_cycles_and_its_accuracy():
                                                                        "height_error"))]
     for refit, network in zip(errors["refit"], errors["network"]):
         assert refit <= 1.05 * network, errors
+
+
+def test_steps_tell_each_other_through_one_typed_record(base):
+    """Besides their variables, chain products carry one record (ChainRecord, one attribute
+    that a store keeps): the network's size and method, then the datum. A product without it
+    is refused by the step reading it, naming the step."""
+    from depsi.pipeline.chain_steps import RECORD_ATTR, ChainRecord
+
+    network = ChainRecord.of(base["network"], "test")
+    assert network.n_first_order == base["network"].sizes["space"]
+    assert network.network_method == "redundant" and network.reference is None
+    final = ChainRecord.of(base["atmosphere"], "test")
+    assert final.reference == base["atmosphere"].attrs["reference"]
+    assert final.n_reference_area == int(base["atmosphere"]["in_reference_area"].sum())
+    assert RECORD_ATTR not in base["model"].attrs  # the result's attributes are its own
+    bare = base["integration"].copy()
+    bare.attrs = {k: v for k, v in bare.attrs.items() if k != RECORD_ATTR}
+    with pytest.raises(ValueError, match="atmosphere: expected the product of the step"):
+        atmosphere_step(base["network"], bare, chain_config(BASE))

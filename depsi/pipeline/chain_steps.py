@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import dask
@@ -61,6 +62,51 @@ ARC_BATCH = 4 * ARC_CHUNK
 
 
 Devices = Sequence[Device | str | int] | None
+
+#: The attribute of a chain step's product that holds its :class:`ChainRecord`.
+RECORD_ATTR = "depsi_chain"
+
+
+@dataclass(frozen=True)
+class ChainRecord:
+    """What a chain step's product tells the steps after it besides its variables: the size
+    and kind of the first-order network and, once integrated, its datum. The one channel
+    between steps outside the variables, stored as one attribute so that a product on disk
+    carries it too.
+
+    Attributes
+    ----------
+    n_first_order
+        First-order points chosen by the network step.
+    network_method
+        How their arcs were formed (``network.method``).
+    reference
+        The reference point, an index into the product's own space (after integration).
+    reference_radius, n_reference_area
+        The reference area: its radius in metres and its number of points (after the
+        atmosphere step, which fixes the datum).
+    """
+
+    n_first_order: int
+    network_method: str
+    reference: int | None = None
+    reference_radius: float | None = None
+    n_reference_area: int | None = None
+
+    @classmethod
+    def of(cls, product: xr.Dataset, step: str) -> ChainRecord:
+        """The record of a chain product, read by ``step``."""
+        data = product.attrs.get(RECORD_ATTR)
+        if not isinstance(data, dict) or set(data) != {f for f in cls.__dataclass_fields__}:
+            raise ValueError(f"{step}: expected the product of the step before it, with its "
+                             f"record attrs[{RECORD_ATTR!r}], found {data!r}")
+        return cls(**data)
+
+    def on(self, product: xr.Dataset) -> xr.Dataset:
+        """``product`` carrying this record (its attributes are a new dict)."""
+        product.attrs = {**product.attrs, RECORD_ATTR: asdict(self)}
+        return product
+
 
 #: Fancy indexing of points read from a store keeps each variable's chunks (split by itemsize,
 #: the variables of one block would disagree, and the steps' map_blocks need them equal).
@@ -121,9 +167,8 @@ def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     release_memory()
     first = points.isel(space=chosen).compute()
     network = _with_edges(first, config.network)
-    network.attrs = {**first.attrs, "network_method": config.network.method,
-                     "n_first_order": int(len(chosen))}
-    return with_cf_attributes(network)
+    record = ChainRecord(n_first_order=int(len(chosen)), network_method=config.network.method)
+    return with_cf_attributes(record.on(network))
 
 
 def _network_points(network: xr.Dataset) -> xr.Dataset:
@@ -140,8 +185,7 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     points = _network_points(network)
     arcs = arcs_from_edges(points, network["edge_source"].values,
                            network["edge_target"].values)
-    if "network_method" in network.attrs:
-        arcs.attrs["network_method"] = network.attrs["network_method"]
+    arcs.attrs["network_method"] = ChainRecord.of(network, "arcs").network_method
     section = config.arcs
     estimated = estimate_arcs(arcs, height_range=section.height_range,
                               velocity_range=section.velocity_range,
@@ -246,6 +290,7 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
     observations are made, before the network is solved."""
     release_memory()
     points = _network_points(network)
+    record = ChainRecord.of(network, "integration")
     if not isinstance(arcs, ArcObservations):
         arcs = arc_observations(points, arcs)  # rebinding drops this frame's arc STM
     section = config.integration
@@ -253,10 +298,11 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                  if section.reference_lonlat is None
                  else _reference_by_position(points, section.reference_lonlat,
                                              section.reference_radius))
-    return with_cf_attributes(integrate_network(points, arcs, reference=reference,
-                                                min_coherence=section.min_coherence,
-                                                alpha=section.alpha,
-                                                max_iterations=section.max_iterations))
+    result = integrate_network(points, arcs, reference=reference,
+                               min_coherence=section.min_coherence, alpha=section.alpha,
+                               max_iterations=section.max_iterations)
+    record = replace(record, reference=int(result.attrs["reference"]))
+    return with_cf_attributes(record.on(result))
 
 
 def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig, *,
@@ -268,6 +314,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     with single_threaded_blas():
         section = config.atmosphere
         points = _network_points(network)
+        record = ChainRecord.of(first, "atmosphere")
         if section.correlated_height and section.method == "none":
             logger.info("atmosphere.correlated_height needs an atmosphere method: not applied")
         if section.method == "none":
@@ -276,7 +323,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             result = first.assign(aps=aps)
         else:
             keep = np.flatnonzero(first["in_network"].values)
-            local = int(np.flatnonzero(keep == first.attrs["reference"])[0])
+            local = int(np.flatnonzero(keep == record.reference)[0])
             kept = first.isel(space=keep)
             kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
             screen = estimate_atmosphere(kept, method=section.method,
@@ -320,10 +367,10 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             result = remove_reference_noise(result)
         # before densification: densified points are tied to these values and reference phase
         result = apply_reference_area(result, config.integration.reference_radius)
-        result.attrs = {**result.attrs,
-                        "n_first_order": int(network.attrs.get("n_first_order",
-                                                               network.sizes["space"]))}
-        return with_cf_attributes(result)
+        record = replace(record, reference=int(result.attrs["reference"]),
+                         reference_radius=float(result.attrs["reference_radius"]),
+                         n_reference_area=int(result.attrs["n_reference_area"]))
+        return with_cf_attributes(record.on(result))
 
 
 #: What densification reads of the first pass (besides positions and ``point_index``).
@@ -393,13 +440,10 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                *, devices: Devices = None) -> xr.Dataset:
     """The result STM: first-order and densified points in the input's order, velocity and
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
-    # BLAS at one thread: a block, not the decorator, whose wrapper would hold the
-    # arguments this step lets go
-    with single_threaded_blas(), dask.config.set(UNSPLIT_CHUNKS):
+    with single_threaded_blas(), dask.config.set(UNSPLIT_CHUNKS):  # as in atmosphere_step
         first_kept = _kept(first, RESULT_VARIABLES + ("in_reference_area",))
-        reference_global = int(first["point_index"].values[first.attrs["reference"]])
-        first_attrs = {name: first.attrs[name] for name in
-                       ("reference_radius", "n_reference_area", "n_first_order")}
+        record = ChainRecord.of(first, "model")
+        reference_global = int(first["point_index"].values[record.reference])
         # run_ps_chain passes the only references to the first pass and the densified points:
         # the first pass goes once its kept points' results are copied, and the merge lets the
         # densified points' variables go one by one (not held in this frame)
@@ -434,9 +478,9 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
             "wavelength": float(points.attrs["wavelength"]),
             "mother_time": str(points.attrs.get("mother_time", "")),
             "reference": reference_global,
-            "reference_radius": float(first_attrs["reference_radius"]),
-            "n_reference_area": int(first_attrs["n_reference_area"]),
-            "n_first_order": int(first_attrs["n_first_order"]),
+            "reference_radius": float(record.reference_radius),
+            "n_reference_area": int(record.n_reference_area),
+            "n_first_order": int(record.n_first_order),
             "n_first_order_kept": int(n_kept),
             "n_densified": int((out["order"].values == 2).sum()),
             "n_rejected": int(points.sizes["space"] - out.sizes["space"]),

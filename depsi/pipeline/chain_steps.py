@@ -215,10 +215,10 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
     The values of ``arc_observations(points, arcs_step(network, config))``, made
     :data:`ARC_BATCH` arcs at a time: each batch's arc STM (phase, h2ph, ambiguity) is formed,
     estimated on the active scheduler and turned into its rows of the observations, then let
-    go, so the whole arc STM (10 GB at 14 M arcs and 60 epochs) is never in memory.
+    go, so the whole arc STM is never in memory.
     """
     release_memory()
-    # in memory once (the first-order points: 0.7 GB at 1.5 M points and 60 epochs), not read
+    # in memory once (the first-order points), not read
     # again by every batch where the network comes lazily from a store; no copy if it is
     points = _network_points(network).compute()
     source = np.asarray(network["edge_source"].values, dtype=np.int64)
@@ -329,7 +329,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             screen = estimate_atmosphere(kept, method=section.method,
                                          temporal_window=section.temporal_window)
             # the second pass needs only the screen: the first pass's result (given the only
-            # reference, as run_ps_chain gives it) and its kept copy go (5 GB at 1.5 M points)
+            # reference, as run_ps_chain gives it) and its kept copy go
             screen_attrs = {a: screen.attrs[a] for a in screen.attrs
                             if a.startswith("variogram_") or a == "aps_method"}
             screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
@@ -380,7 +380,7 @@ DENSIFY_READS = ("unwrapped_phase", "velocity", "height_error", "h2ph", "referen
 
 def _kept(first: xr.Dataset, names: tuple[str, ...]) -> xr.Dataset:
     """The points kept by the network, with only the variables ``names`` (those present):
-    a step copies what it reads, not the whole first pass (2.8 GB at 1.5 M points)."""
+    a step copies what it reads, not the whole first pass."""
     return first[[name for name in names if name in first.data_vars]].isel(
         space=np.flatnonzero(first["in_network"].values))
 
@@ -421,7 +421,7 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     for first_chunk in range(0, len(bounds) - 1, batch):
         rows = slice(int(bounds[first_chunk]), int(bounds[min(first_chunk + batch,
                                                                 len(bounds) - 1)]))
-        # the batch's own tasks only: a cluster would get every chunk's (2.4 GB at 10^7)
+        # the batch's own tasks only: a cluster would get every chunk's
         part = result_view(culled_rows(dense, rows).compute(), order=2,
                             keep=("accepted",))
         keep = np.flatnonzero(part["accepted"].values)
@@ -458,7 +458,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
         h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
         # read by this process's threads: on a cluster the gather's last task would concatenate it
-        # on one worker (2.2 GB at 10^7 points, over a 2 GB worker's limit)
+        # on one worker, over a small worker's memory limit
         values = computed_in_place(xr.Dataset({"h2ph": h2ph.drop_vars(list(h2ph.coords))}),
                                    in_process=True)["h2ph"][1]
         out = out.assign(h2ph=(h2ph.dims, values))

@@ -226,6 +226,25 @@ def test_the_lowest_layers_know_no_frameworks():
     assert outer <= set(sys.stdlib_module_names) | {"numpy"}, outer
 
 
+def test_the_chain_is_composed_only_in_the_pipeline_layer():
+    """Processing keeps the science: the steps (a ``<step>_step`` function for a step of the
+    table) and the composed chain configuration live in depsi.pipeline (issue 30), so no lower
+    module wires steps together."""
+    from depsi.pipeline.steps import STEP_NAMES
+
+    step_functions = {f"{name}_step" for name in STEP_NAMES} | {"observations_step"}
+    found = []
+    for name, path in modules().items():
+        if layer_of(name) in ("pipeline", "faces"):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in step_functions:
+                found.append(f"{name}.{node.name}")
+            if isinstance(node, ast.ClassDef) and node.name == "ChainConfig":
+                found.append(f"{name}.{node.name}")
+    assert not found, f"composition outside the pipeline layer: {found}"
+
+
 def test_the_checks_find_an_upward_import_and_a_loop():
     graph = {"depsi.kernels.a": {"depsi.processing.b"}, "depsi.processing.b": set(),
              "depsi.io.c": {"depsi.io.d"}, "depsi.io.d": {"depsi.io.c"}}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from depsi.io.dimap import _read_envi_header
-from depsi.io.gamma import parse_par
+from depsi.io.gamma_par import parse_par
 from depsi.io.isce2 import read_image_header
 from depsi.io.metadata import MetadataError, parse_xml, read_metadata
 from depsi.pipeline.config import parse_config

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from depsi.io.dimap import from_dimap, write_dimap
+from depsi.io.dimap import from_dimap
+from depsi.io.dimap_writer import write_dimap
 from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, baselines, radar_to_geo
 from depsi.simulate import simulate_stack
 

@@ -13,14 +13,9 @@ import pytest
 import xarray as xr
 
 from depsi.conventions import SPEED_OF_LIGHT
-from depsi.io.gamma import (
-    BPERP_COLUMNS,
-    from_gamma,
-    parse_par,
-    read_bperp,
-    slc_geometry,
-    write_gamma,
-)
+from depsi.io.gamma import from_gamma, slc_geometry
+from depsi.io.gamma_par import BPERP_COLUMNS, parse_par, read_bperp
+from depsi.io.gamma_writer import write_gamma
 from depsi.io.geometry import GEOMETRY_ATTR, RadarGrid, StackGeometry
 from depsi.io.metadata import MetadataError
 from depsi.simulate import simulate_stack

@@ -242,7 +242,8 @@ def test_geometry_survives_json(snap_geometry_synthetic=None):
 def test_perpendicular_baselines_from_slc_par_orbits_agree_with_gamma(realdata):
     """GAMMA's bperp.par tables (30 pairs, 430 (line, range) points each) against B_perp from
     the state vectors of the two slc.par files, on the grid of the first date's mli.par."""
-    from depsi.io.gamma import parse_par, read_bperp, slc_geometry
+    from depsi.io.gamma import slc_geometry
+    from depsi.io.gamma_par import parse_par, read_bperp
 
     folder = realdata / "gamma_s1_mexico"
     errors, references = [], []

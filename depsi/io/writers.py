@@ -8,9 +8,9 @@ from pathlib import Path
 
 import xarray as xr
 
-from depsi.io.dimap import write_dimap
+from depsi.io.dimap_writer import write_dimap
 from depsi.io.doris import write_doris_stack
-from depsi.io.gamma import write_gamma
+from depsi.io.gamma_writer import write_gamma
 from depsi.io.geometry import StackGeometry
 from depsi.io.geotiff import write_geotiff_stack
 from depsi.io.isce2 import write_isce2

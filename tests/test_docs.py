@@ -68,6 +68,7 @@ def test_gpu_guide_per_epoch_figures_match():
         assert int(match[1].replace(",", "")) == round(f(300) / 300), step
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     if shutil.which("mkdocs") is None:
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")

@@ -13,7 +13,7 @@ from depsi.io.doris import write_doris_stack
 from depsi.io.gamma_writer import write_gamma
 from depsi.io.geometry import StackGeometry
 from depsi.io.geotiff import write_geotiff_stack
-from depsi.io.isce2 import write_isce2
+from depsi.io.isce2_writer import write_isce2
 from depsi.io.znap import write_znap
 
 #: Stack formats :func:`write_slc_stack` writes (each read back by its reader in depsi.io).

@@ -25,6 +25,8 @@ processed lazily with Dask. Commands:
 
   depsi run CONFIG.yaml      run the pipeline (stack, selection, the chain's steps, export);
                              --resume continues after the last complete product, --from/--to
+  depsi steps                the steps of `depsi run`: what each reads, the config sections
+                             whose change redoes it, its product
   depsi config --example     write a commented example configuration (every key, its default)
   depsi slurm-script CONFIG  write an sbatch script whose job runs `depsi run CONFIG --resume`
   depsi demo                 simulate a small stack, run the PS chain, write results and plots
@@ -253,6 +255,13 @@ def _load_checked(path: Path):
     return config
 
 
+def _cmd_steps(args: argparse.Namespace) -> int:
+    from depsi.pipeline.steps import format_steps
+
+    print(format_steps())
+    return 0
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     from depsi.pipeline.config import example_config_yaml
 
@@ -423,6 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="threads of the threads scheduler, over compute.threads (a batch "
                           "job passes the cores SLURM gave it)")
     run.set_defaults(func=_cmd_run)
+
+    steps = sub.add_parser("steps", help="list the pipeline's steps: what each reads, the "
+                                         "config sections that redo it, its product")
+    steps.set_defaults(func=_cmd_steps)
 
     config = sub.add_parser("config", help="write a commented example configuration")
     config.add_argument("--example", nargs="?", const="-", default=None, metavar="PATH",

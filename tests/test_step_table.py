@@ -90,3 +90,12 @@ def test_the_cli_choices_are_the_table():
     run = next(a for a in parser._subparsers._group_actions[0].choices["run"]._actions
                if a.dest == "start")
     assert tuple(run.choices) == STEP_NAMES
+
+
+def test_depsi_steps_prints_the_table(capsys):
+    from depsi.cli import main
+
+    assert main(["steps"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == list(STEP_NAMES)
+    assert "network, integration.reference" in lines[1 + STEP_NAMES.index("network")]

@@ -134,16 +134,15 @@ def last_consumers(names: tuple[str, ...] | list[str]) -> dict[str, str]:
     return last
 
 
-def steps_table() -> str:
-    """The step table as reStructuredText (for the docs)."""
-    rows = [(s.name, s.does, ", ".join(f"``{x}``" for x in s.sections), f"``{s.product}``")
+def format_steps() -> str:
+    """The step table as aligned text (``depsi steps``): each step, what it reads, the config
+    sections whose change redoes it, its product, and what it does."""
+    head = ("step", "reads", "sections", "product", "does")
+    rows = [(s.name, ", ".join(s.inputs) or "-", ", ".join(s.sections), s.product, s.does)
             for s in STEPS]
-    head = ("step", "does", "sections", "product")
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
-    rule = " ".join("=" * w for w in widths)
-    lines = [rule, " ".join(h.ljust(w) for h, w in zip(head, widths)), rule]
-    lines += [" ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines + [rule])
+    widths = [max(len(row[i]) for row in rows + [head]) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
+                     for row in [head, *rows])
 
 
 # --------------------------------------------------------------------------- what a step sees

@@ -11,9 +11,15 @@ and step, the growth exponent ``log(t2/t1) / log(n2/n1)`` (1 = linear):
 
 Each layout is written to its own Zarr store (cached with the scene in ``--cache``, default
 ``$TMPDIR/depsi-bench-growth``) and opened lazily, so a step reads it as it would read a user's
-store. The steps are those of ``run_ps_chain`` (see ``bench_scale.py``), timed one by one in
-this process; ``culled s`` is the time densification spent in ``culled`` (the chain's
-batches). The baseline is the same step at the smaller size in the same run.
+store. The steps are those of ``run_ps_chain`` (see ``bench_scale.py``), run one by one in this
+process and timed in CPU seconds of the process (all threads): on a machine shared with other
+work, wall time says more about the neighbours than about the step. Besides the steps:
+``batch cuts``, the CPU time densification spent cutting its batches' graphs (in
+``culled_rows``, or ``culled`` where the chain slices first); ``batches: culled(isel)`` and
+``batches: culled_rows``, densification's loop over batches of two chunks on its lazy result,
+graphs only (no compute), cut as the chain cuts them (``culled(dense.isel(space=rows))``) and
+with :func:`depsi.stm.dask_tools.culled_rows`. The baseline is the same step at the smaller
+size in the same run.
 
 Checks (asserts, here, not in the test suite): the exponent of each step named in ``--check``
 (default densification) is at most ``--max-exponent`` (default 1.1) on every layout.
@@ -73,39 +79,75 @@ def layout_store(n_points: int, layout: str, cache: Path) -> Path:
     return path
 
 
-class _CulledTimer:
-    """Wraps the chain's ``culled`` to add up the seconds spent in it."""
+def chain_modules():
+    """The module of the chain's step functions and ``chain_config`` (where they now live)."""
+    try:
+        from depsi.pipeline import chain_steps
+        from depsi.pipeline.chain_config import chain_config
+    except ImportError:  # before the steps moved to the pipeline
+        from depsi.processing import chain as chain_steps
+
+        chain_config = chain_steps.chain_config
+    return chain_steps, chain_config
+
+
+class _Instrumented:
+    """Wraps the chain's batch cutter (``culled_rows``, or ``culled`` where the chain still
+    slices first), adding up its seconds, and ``densify``, keeping the lazy result, whose batch
+    loop is then timed on its own."""
 
     def __init__(self, chain):
-        self.chain, self.original, self.seconds = chain, chain.culled, 0.0
+        self.chain, self.seconds, self.dense = chain, 0.0, None
+        self.cutter = "culled_rows" if hasattr(chain, "culled_rows") else "culled"
+        self.originals = {self.cutter: getattr(chain, self.cutter), "densify": chain.densify}
 
     def __enter__(self):
-        def timed(ds):
-            start = time.perf_counter()
+        def cut(*args, **kwargs):
+            start = time.process_time()
             try:
-                return self.original(ds)
+                return self.originals[self.cutter](*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self.seconds += time.process_time() - start
 
-        self.chain.culled = timed
+        def densify(*args, **kwargs):
+            self.dense = self.originals["densify"](*args, **kwargs)
+            return self.dense
+
+        setattr(self.chain, self.cutter, cut)
+        self.chain.densify = densify
         return self
 
     def __exit__(self, *exc):
-        self.chain.culled = self.original
+        for name, original in self.originals.items():
+            setattr(self.chain, name, original)
+
+
+def batch_loop_seconds(dense: xr.Dataset, cut) -> float:
+    """CPU seconds of densification's loop over batches of chunks, graphs only (no compute):
+    ``cut(dense, rows)`` for every batch of two chunks."""
+    bounds = np.cumsum((0,) + dense.chunks["space"])
+    start = time.process_time()
+    for first in range(0, len(bounds) - 1, 2):
+        cut(dense, slice(int(bounds[first]), int(bounds[min(first + 2, len(bounds) - 1)])))
+    return time.process_time() - start
 
 
 def run_steps(path: Path, steps: tuple[str, ...]) -> dict[str, float]:
-    """Wall seconds of each chain step on the store at ``path`` (all run; ``steps`` kept)."""
-    from depsi.processing import chain
+    """CPU seconds (this process, all threads) of each chain step on the store at ``path``
+    (all run up to densification; those of ``steps`` kept), of ``culled`` within
+    densification, and of densification's batch loop on its graph: as the chain slices
+    (``culled(isel)``) and with :func:`depsi.stm.dask_tools.culled_rows`."""
+    from depsi.stm.dask_tools import culled, culled_rows
 
+    chain, chain_config = chain_modules()
     ps_stm = xr.open_zarr(path, consolidated=False).chunk({"time": -1})
-    config = chain.chain_config(None)
+    config = chain_config(None)
     times = {}
 
     def timed(name, func):
-        start = time.perf_counter()
+        start = time.process_time()
         out = func()
-        times[name] = time.perf_counter() - start
+        times[name] = time.process_time() - start
         return out
 
     points = timed("prepare", lambda: chain.prepare_points(ps_stm))
@@ -113,13 +155,18 @@ def run_steps(path: Path, steps: tuple[str, ...]) -> dict[str, float]:
     arcs = [timed("arcs", lambda: chain.observations_step(network, config))]
     first = [timed("integration", lambda: chain.integration_step(network, arcs.pop(), config))]
     first = [timed("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))]
-    with _CulledTimer(chain) as culled:
+    with _Instrumented(chain) as probe:
         dense = [timed("densification",
                        lambda: chain.densification_step(points, first[0], config))]
-    times["culled"] = culled.seconds
+    times["batch cuts"] = probe.seconds
+    if probe.dense is not None:
+        times["batches: culled(isel)"] = batch_loop_seconds(
+            probe.dense, lambda ds, rows: culled(ds.isel(space=rows)))
+        times["batches: culled_rows"] = batch_loop_seconds(probe.dense, culled_rows)
+    probe.dense = None
     if "model" in steps:
         timed("model", lambda: chain.model_step(points, first.pop(), dense.pop(), config))
-    return {name: t for name, t in times.items() if name in steps or name == "culled"}
+    return {name: t for name, t in times.items() if name in steps or name not in STEPS}
 
 
 def exponent(t1: float, t2: float, n1: int, n2: int) -> float:
@@ -147,14 +194,12 @@ def main(argv: list[str] | None = None) -> int:
             results[layout, n] = run_steps(path, steps)
             gc.collect()
             print(f"{layout:10s} n={n:>9,d} chunks={chunks:>4d} "
-                  + " ".join(f"{k}={v:.2f}s" for k, v in results[layout, n].items()),
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in results[layout, n].items()),
                   flush=True)
-    print(f"\n| layout | step | {n1:,} s | {n2:,} s | exponent |\n|---|---|---|---|---|")
+    print(f"\nCPU s\n\n| layout | step | {n1:,} | {n2:,} | exponent |\n|---|---|---|---|---|")
     failed = []
     for layout in args.layouts:
-        for step in (*steps, "culled"):
-            if step not in results[layout, n1]:
-                continue
+        for step in results[layout, n1]:
             t1, t2 = results[layout, n1][step], results[layout, n2][step]
             e = exponent(t1, t2, n1, n2)
             print(f"| {layout} | {step} | {t1:.2f} | {t2:.2f} | {e:.2f} |")

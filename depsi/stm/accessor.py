@@ -16,12 +16,6 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from depsi.stm.dask_tools import (  # noqa: F401  # moved: re-exported until the lead's files switch
-    chunked_view,
-    computed_in_place,
-    culled,
-    release_memory,
-)
 from depsi.stm.order import morton_key
 from depsi.stm.polygons import (
     UnsupportedPolygonsError,  # noqa: F401  (raised by the polygon methods; importable here)

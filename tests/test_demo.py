@@ -1,13 +1,11 @@
 """`depsi demo` runs the whole chain on a simulated stack and writes what it promises."""
 
 import pandas as pd
-import pytest
 
 from depsi.cli import main
 from depsi.io import open_stm
 
 
-@pytest.mark.slow  # the whole chain at 128 x 128; test_cli runs a 16 x 16 demo quick
 def test_demo_writes_products_and_recovers_the_velocity_field(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--size", "128", "--epochs", "24"]) == 0

@@ -18,11 +18,11 @@ from depsi.io.geometry import (
     RadarGrid,
     StackGeometry,
     baselines,
-    h2ph_raster,
     look_geometry,
 )
 from depsi.io.isce2 import ISCE2Error, from_isce2, read_image_header, read_swath_product
 from depsi.io.isce2_writer import write_isce2
+from depsi.io.raster_geometry import h2ph_raster
 from depsi.simulate import simulate_stack
 
 SHAPE = (40, 50)

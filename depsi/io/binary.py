@@ -18,7 +18,7 @@ import xarray as xr
 from dask.base import tokenize
 from tqdm.auto import tqdm
 
-from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, attach_geometry
+from depsi.io.geometry import Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import read_metadata_stack
 from depsi.io.raster import (
     _azimuth_blocks,
@@ -33,6 +33,7 @@ from depsi.io.raster import (
     _raster,
     _size_hint,
 )
+from depsi.io.raster_geometry import attach_geometry
 from depsi.io.validate import InputValidationError
 
 logger = logging.getLogger(__name__)

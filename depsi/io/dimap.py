@@ -49,13 +49,7 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, MONTH_NUMBERS, SPEED_OF_LIGHT
-from depsi.io.geometry import (
-    GeometryError,
-    Orbit,
-    RadarGrid,
-    StackGeometry,
-    attach_geometry,
-)
+from depsi.io.geometry import GeometryError, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import (
     MAX_XML_BYTES,
     WAVELENGTH_RANGE,
@@ -64,6 +58,7 @@ from depsi.io.metadata import (
     read_bounded_text,
 )
 from depsi.io.raster import RASTER_DIMS, _chunks, _finish, _iq_to_complex64, _path_list, _raster
+from depsi.io.raster_geometry import attach_geometry
 from depsi.io.snap import _SNAP_BAND, SNAP_TIE_POINT_CENTRE, _snap_date, _tie_point_raster
 
 logger = logging.getLogger(__name__)
@@ -679,7 +674,7 @@ def from_dimap(
         ``"product"``: keep the product's h2ph and lat/lon, compute from the orbits what it
         lacks; ``"orbits"``: compute h2ph and lat/lon from the orbits (the product's stay as
         ``h2ph_product``, ``lat_product``, ``lon_product``); see
-        :func:`depsi.io.geometry.attach_geometry`. ``None``: the pixels alone, no geometry.
+        :func:`depsi.io.raster_geometry.attach_geometry`. ``None``: the pixels alone, no geometry.
     chunks
         Block shape as in :func:`depsi.io.binary.from_binary`.
 
@@ -690,7 +685,7 @@ def from_dimap(
         ``(azimuth, range, time)``, ``lat``/``lon`` when the product has tie-point grids; attrs
         ``wavelength``, ``polarisation``, ``coregistration_mother_time``,
         ``azimuth_offset``/``range_offset`` (``subset_offset_y/x``) and, with a geometry, those
-        of :func:`~depsi.io.geometry.attach_geometry` (``sar_geometry``, ...).
+        of :func:`~depsi.io.raster_geometry.attach_geometry` (``sar_geometry``, ...).
 
     Raises
     ------

@@ -29,12 +29,12 @@ from depsi.io.geometry import (
     Orbit,
     RadarGrid,
     StackGeometry,
-    check_stack_for_writing,
     geodetic_to_ecef,
     radar_to_geo,
     zero_doppler_time,
 )
 from depsi.io.raster import RASTER_DIMS
+from depsi.io.raster_geometry import check_stack_for_writing
 
 #: Most pixels between tie points the writer puts down: bilinear interpolation of lat/lon over
 #: 32 Sentinel-1 pixels (about 75 m by 450 m) errs by far less than a millimetre.

@@ -74,7 +74,6 @@ from depsi.io.geometry import (
     Orbit,
     RadarGrid,
     StackGeometry,
-    attach_geometry,
     baselines,
     look_geometry,
     radar_to_geo,
@@ -86,6 +85,7 @@ from depsi.io.metadata import (
     read_metadata,
 )
 from depsi.io.raster import RASTER_DIMS, _chunks, _file_dtype
+from depsi.io.raster_geometry import attach_geometry
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def from_doris_stack(folder: str | os.PathLike, *, geometry: GeometryMode = "pro
     geometry
         ``"product"``: keep the stack's ``h2ph_srd.raw`` and ``phi``/``lam`` where present;
         ``"orbits"``: compute h2ph and lat/lon from the orbits as well (see
-        :func:`~depsi.io.geometry.attach_geometry`).
+        :func:`~depsi.io.raster_geometry.attach_geometry`).
     chunks
         Block shape as in :func:`~depsi.io.binary.from_binary`.
 
@@ -349,7 +349,7 @@ def from_doris_stack(folder: str | os.PathLike, *, geometry: GeometryMode = "pro
         no date has an ``h2ph_srd.raw``) on ``(azimuth, range, time)``, all Dask; coordinates
         ``lat``/``lon`` (from ``phi.raw``/``lam.raw``) and ``height`` (``dem_radar.raw``) on
         ``(azimuth, range)`` where present; attrs ``wavelength``, ``sar_geometry`` and the
-        others of :func:`~depsi.io.geometry.attach_geometry`, ``azimuth_offset`` /
+        others of :func:`~depsi.io.raster_geometry.attach_geometry`, ``azimuth_offset`` /
         ``range_offset`` (the crop's position in the mother's original image, 0-based).
 
     Raises

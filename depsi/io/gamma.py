@@ -22,13 +22,7 @@ from dask.base import tokenize
 
 from depsi.conventions import SPEED_OF_LIGHT
 from depsi.io.gamma_par import _DATE_IN_NAME, SLC_FORMATS, parse_par
-from depsi.io.geometry import (
-    GeometryMode,
-    Orbit,
-    RadarGrid,
-    StackGeometry,
-    attach_geometry,
-)
+from depsi.io.geometry import GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import (
     WAVELENGTH_RTOL,
     MetadataError,
@@ -43,6 +37,7 @@ from depsi.io.raster import (
     _path_list,
     _raster,
 )
+from depsi.io.raster_geometry import attach_geometry
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -335,7 +330,7 @@ def from_gamma(
 
     The geometry: GAMMA SLCs carry no h2ph, so it comes from the orbits (each date keeps its
     own state vectors in its ``.par``): the stack's radar grid is the mother's timing and
-    ``h2ph`` is computed by :func:`~depsi.io.geometry.attach_geometry` (zero at the mother).
+    ``h2ph`` is computed by :func:`~depsi.io.raster_geometry.attach_geometry` (zero at the mother).
     The mother is ``mother=`` when given, else the one SLC that is not resampled (a ``.slc``
     whose name does not start with ``r`` + date, among ``.rslc`` / ``r...`` files), else the
     middle date (index ``n // 2`` in date order); the choice is logged.
@@ -346,7 +341,7 @@ def from_gamma(
         A folder (every ``*.slc`` / ``*.rslc`` in it) or the SLC files.
     geometry
         ``"product"`` or ``"orbits"``, as ``mode`` of
-        :func:`~depsi.io.geometry.attach_geometry` (``"orbits"`` also geocodes every pixel:
+        :func:`~depsi.io.raster_geometry.attach_geometry` (``"orbits"`` also geocodes every pixel:
         lazy ``lat`` / ``lon``).
     height
         A height (m above the ellipsoid) for the geometry, or heights on ``(azimuth, range)``
@@ -362,7 +357,7 @@ def from_gamma(
         ``complex`` (complex64, Dask) and ``h2ph`` (float32) on ``(azimuth, range, time)``,
         epochs sorted by date; attrs ``wavelength``, ``sensor``, ``polarisation``,
         ``pass_direction`` (``"ascending"`` when the mother's ``|heading| < 90``), those of
-        :func:`~depsi.io.geometry.attach_geometry` (``sar_geometry``, ``mother_time``, ...).
+        :func:`~depsi.io.raster_geometry.attach_geometry` (``sar_geometry``, ``mother_time``, ...).
 
     Raises
     ------

@@ -70,16 +70,10 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
-from depsi.io.geometry import (
-    GeometryError,
-    GeometryMode,
-    Orbit,
-    RadarGrid,
-    StackGeometry,
-    attach_geometry,
-)
+from depsi.io.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import MAX_XML_BYTES, parse_xml, read_bounded_text
 from depsi.io.raster import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
+from depsi.io.raster_geometry import attach_geometry
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)
@@ -629,7 +623,8 @@ def from_isce2(
     geometry
         ``"product"``: keep ``lat``/``lon`` of ``merged/geom_reference`` and compute ``h2ph``
         from the orbits; ``"orbits"``: also geocode ``lat``/``lon`` from the orbits, keeping
-        the files' as ``lat_product``/``lon_product`` (:func:`depsi.io.geometry.attach_geometry`).
+        the files' as ``lat_product``/``lon_product``
+        (:func:`depsi.io.raster_geometry.attach_geometry`).
     height
         Heights (m above the ellipsoid) on ``(azimuth, range)`` or one number, instead of
         ``hgt.rdr[.full]``.
@@ -643,7 +638,7 @@ def from_isce2(
         epochs sorted by date; coordinates ``lat``, ``lon``, ``height`` and, from ``los``,
         ``incidence``, ``heading`` (deg) and ``los_east``/``los_north``/``los_up`` on
         ``(azimuth, range)``, all lazy; attrs ``wavelength``, ``sar_geometry`` and the others
-        of :func:`~depsi.io.geometry.attach_geometry` when the product XMLs hold orbits.
+        of :func:`~depsi.io.raster_geometry.attach_geometry` when the product XMLs hold orbits.
         Without orbits but with baseline files: ``bperp`` on ``time`` (depsi's sign: minus
         ISCE's for a right-looking radar) and, when ``reference/IW*.xml`` gives the slant range
         and ``los`` the incidence, ``h2ph = -bperp / (R sin(incidence))`` as

@@ -20,14 +20,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
-from depsi.io.geometry import (
-    GeometryError,
-    GeometryMode,
-    Orbit,
-    RadarGrid,
-    StackGeometry,
-    attach_geometry,
-)
+from depsi.io.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import WAVELENGTH_RANGE, MetadataError
 from depsi.io.raster import (
     RASTER_DIMS,
@@ -38,6 +31,7 @@ from depsi.io.raster import (
     _path_list,
     _raster,
 )
+from depsi.io.raster_geometry import attach_geometry
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +345,7 @@ def from_snap(
     geometry
         ``"product"``: SNAP's own ``h2ph`` bands and tie-point lat/lon (h2ph from the orbits
         only where no band has it). ``"orbits"``: h2ph and lat/lon computed from the orbit state
-        vectors of the metadata (:func:`depsi.io.geometry.attach_geometry`; geocoded at
+        vectors of the metadata (:func:`depsi.io.raster_geometry.attach_geometry`; geocoded at
         ``avg_scene_height``), SNAP's kept as ``h2ph_product``, ``lat_product``,
         ``lon_product``. Either way the geometry goes into ``attrs["sar_geometry"]`` so that
         selected points are geocoded with their line of sight.

@@ -48,11 +48,11 @@ from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
 from depsi.io.geometry import (
     Orbit,
     StackGeometry,
-    check_stack_for_writing,
     geodetic_to_ecef,
     radar_to_geo,
     zero_doppler_time,
 )
+from depsi.io.raster_geometry import check_stack_for_writing
 
 __all__ = ["write_znap"]
 

@@ -1,6 +1,7 @@
 """Shared by the tests and the docstring examples of depsi/ (pyproject's testpaths collect both):
 the names every docstring example may use unimported, and the slow mark of the examples that run
-the chain (the tests' own fixtures are in tests/conftest.py, their shared scenes in tests/scenes.py).
+the pipeline (the tests' own fixtures are in tests/conftest.py, their shared scenes in
+tests/scenes.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import re
 
 import pytest
 
-#: A docstring example is slow when it runs the chain or the pipeline: a call of one of these
-#: (``run_ps_chain`` and ``run_pipeline`` run every step; ``run_demo`` and ``accuracy`` run the
-#: chain inside). ``pytest -m "not slow"`` skips them like the slow tests.
-CHAIN_CALL = re.compile(r"\b(run_ps_chain|run_pipeline|run_demo|accuracy)\(")
+#: A docstring example is slow when it runs the pipeline (``run_pipeline``, ``run_demo``: every
+#: step, a workspace and its products on disk; 1-5 s each). ``pytest -m "not slow"`` skips them
+#: like the slow tests. The examples running ``run_ps_chain`` (small stacks in memory, under 1 s)
+#: stay quick: they are the quick subset's whole-chain example and its only run of ``accuracy``.
+PIPELINE_CALL = re.compile(r"\b(run_pipeline|run_demo)\(")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,5 +33,5 @@ def _doctest_preamble(doctest_namespace: dict) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if isinstance(item, pytest.DoctestItem) and any(
-                CHAIN_CALL.search(example.source) for example in item.dtest.examples):
+                PIPELINE_CALL.search(example.source) for example in item.dtest.examples):
             item.add_marker(pytest.mark.slow)

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from depsi.io.bounded import MetadataError, parse_xml
 from depsi.io.dimap import _read_envi_header
 from depsi.io.gamma_par import parse_par
 from depsi.io.isce2 import read_image_header
-from depsi.io.metadata import MetadataError, parse_xml, read_metadata
+from depsi.io.metadata import read_metadata
 from depsi.pipeline.config import parse_config
 from depsi.pipeline.preflight import (
     ResourceLimitError,

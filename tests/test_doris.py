@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from depsi.conventions import SPEED_OF_LIGHT
+from depsi.io.bounded import MetadataError
 from depsi.io.doris import (
     H2PH_FILE,
     LAT_FILE,
@@ -21,7 +22,7 @@ from depsi.io.doris import (
     write_doris_stack,
 )
 from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, radar_to_geo
-from depsi.io.metadata import MetadataError, read_metadata
+from depsi.io.metadata import read_metadata
 from depsi.simulate import simulate_stack
 
 SHAPE = (40, 50)

@@ -8,13 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from depsi.io.metadata import (
-    SPEED_OF_LIGHT,
-    MetadataError,
-    detect_driver,
-    read_metadata,
-    read_metadata_stack,
-)
+from depsi.io.bounded import MetadataError
+from depsi.io.metadata import SPEED_OF_LIGHT, detect_driver, read_metadata, read_metadata_stack
 
 GOOD_DORIS5 = ("20180306", "20180312", "20180318")
 GOOD_DORIS4 = ("20180301", "20180312", "20180323")

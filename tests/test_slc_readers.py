@@ -15,8 +15,9 @@ import xarray as xr
 from scipy.ndimage import uniform_filter
 
 from depsi.io.binary import from_binary, open_binary_folder
+from depsi.io.bounded import MetadataError
 from depsi.io.geotiff import from_geotiff
-from depsi.io.metadata import SPEED_OF_LIGHT, MetadataError
+from depsi.io.metadata import SPEED_OF_LIGHT
 from depsi.io.slc_zarr import open_slc_zarr
 from depsi.io.snap import _interpolate_tie_points, _open_znap, _tie_point_geometry, from_snap
 from depsi.stm.schema import STMValidationError

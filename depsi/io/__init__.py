@@ -2,13 +2,14 @@
 SNAP (znap and BEAM-DIMAP), GeoTIFF, metadata, and the geometry from their orbits."""
 
 from depsi.io.binary import from_binary, open_binary_folder
+from depsi.io.bounded import MetadataError
 from depsi.io.csv import from_csv
 from depsi.io.dimap import from_dimap
 from depsi.io.doris import from_doris_stack
 from depsi.io.gamma import from_gamma
 from depsi.io.geotiff import from_geotiff
 from depsi.io.isce2 import from_isce2
-from depsi.io.metadata import MetadataError, read_metadata, read_metadata_stack
+from depsi.io.metadata import read_metadata, read_metadata_stack
 from depsi.io.prefetch import iter_blocks, iter_processed_blocks, prefetched
 from depsi.io.slc_zarr import open_slc_zarr
 from depsi.io.snap import from_snap

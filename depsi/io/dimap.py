@@ -49,14 +49,9 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.io.bounded import MAX_XML_BYTES, MetadataError, parse_xml, read_bounded_text
 from depsi.io.geometry import GeometryError, Orbit, RadarGrid, StackGeometry
-from depsi.io.metadata import (
-    MAX_XML_BYTES,
-    WAVELENGTH_RANGE,
-    MetadataError,
-    parse_xml,
-    read_bounded_text,
-)
+from depsi.io.metadata import WAVELENGTH_RANGE
 from depsi.io.raster import RASTER_DIMS, _chunks, _finish, _iq_to_complex64, _path_list, _raster
 from depsi.io.raster_geometry import attach_geometry
 from depsi.io.snap import _SNAP_BAND, SNAP_TIE_POINT_CENTRE, _snap_date, _tie_point_raster

@@ -68,6 +68,7 @@ from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
 from depsi.io.binary import from_binary
+from depsi.io.bounded import MetadataError
 from depsi.io.geometry import (
     GeometryError,
     GeometryMode,
@@ -78,12 +79,7 @@ from depsi.io.geometry import (
     look_geometry,
     radar_to_geo,
 )
-from depsi.io.metadata import (
-    WAVELENGTH_RTOL,
-    MetadataError,
-    combine_metadata,
-    read_metadata,
-)
+from depsi.io.metadata import WAVELENGTH_RTOL, combine_metadata, read_metadata
 from depsi.io.raster import RASTER_DIMS, _chunks, _file_dtype
 from depsi.io.raster_geometry import attach_geometry
 

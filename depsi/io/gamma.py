@@ -21,13 +21,10 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import SPEED_OF_LIGHT
+from depsi.io.bounded import MetadataError, _raise_problems
 from depsi.io.gamma_par import _DATE_IN_NAME, SLC_FORMATS, parse_par
 from depsi.io.geometry import GeometryMode, Orbit, RadarGrid, StackGeometry
-from depsi.io.metadata import (
-    WAVELENGTH_RTOL,
-    MetadataError,
-    _raise_problems,
-)
+from depsi.io.metadata import WAVELENGTH_RTOL
 from depsi.io.raster import (
     _BinaryStack,
     _check_exist,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from depsi.io.metadata import MAX_LINE_CHARS, MetadataError, _raise_problems, read_bounded_text
+from depsi.io.bounded import MAX_LINE_CHARS, MetadataError, _raise_problems, read_bounded_text
 
 #: GAMMA ``image_format`` of complex SLCs and the on-disk dtype each names (GAMMA binary data
 #: are big-endian): FCOMPLEX = float32 I/Q pairs, SCOMPLEX = int16 I/Q pairs.

@@ -70,8 +70,8 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
+from depsi.io.bounded import MAX_XML_BYTES, parse_xml, read_bounded_text
 from depsi.io.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
-from depsi.io.metadata import MAX_XML_BYTES, parse_xml, read_bounded_text
 from depsi.io.raster import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
 from depsi.io.raster_geometry import attach_geometry
 from depsi.stm.schema import validate

@@ -4,8 +4,8 @@
 azimuth and range timing, image size and crop windows, scene centre, orbit state vectors, and,
 for DORIS v5 stacks, the baseline geometry of the ``ifgs.res`` beside it).
 ``read_metadata_stack`` reads one file per epoch and checks that they belong to one stack.
-A malformed file raises :class:`MetadataError` naming the file, each bad field, what was expected
-and what was found, before any data is read.
+A malformed file raises :class:`~depsi.io.bounded.MetadataError` naming the file, each bad
+field, what was expected and what was found, before any data is read.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import re
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.io.bounded import MetadataError, _raise_problems, read_bounded_text
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +55,6 @@ _TIME_LAYOUT = {"doris4": "DD-Mon-YYYY hh:mm:ss.ffffff", "doris5": "YYYY-Mon-DD 
 #: Largest DORIS ``.res`` file read, in bytes: a real one is under 1 MB (a few hundred orbit
 #: lines), so a larger one is not a result file; refused before it is read.
 MAX_RES_BYTES = 16 * 2**20
-#: Longest line of a text metadata file (``.res``, GAMMA ``.par``, ENVI ``.hdr``), in
-#: characters: real lines are under 200; a longer one is refused before any field is parsed.
-MAX_LINE_CHARS = 64 * 2**10
-#: Largest XML metadata file read (ISCE2 ``.xml``, SNAP ``.dim``), in bytes: real ones are a
-#: few MB (a .dim with every band and orbit vector of a 100-epoch stack is about 5 MB).
-MAX_XML_BYTES = 64 * 2**20
-#: Deepest nesting of XML elements: ISCE2 and DIMAP documents have about 10 levels; a deeper
-#: one is refused while parsing, before the tree grows.
-MAX_XML_DEPTH = 256
 
 _SECTION_START = re.compile(r"^\*_Start_(\w+)")
 _SECTION_END = re.compile(r"^\*\s*End_(\w+)")
@@ -74,119 +65,9 @@ _ORBIT_LINE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
 _NUMBER = re.compile(r"^[-+]?(\d+(?:\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
 
-class MetadataError(ValueError):
-    """A metadata file is malformed, or the files of a stack do not belong together.
-
-    The message names the file(s), each bad field, what was expected and what was found;
-    ``problems`` holds the same as ``(field, expected, found)`` tuples and ``paths`` the files.
-    """
-
-    def __init__(self, message: str, *, paths: Sequence[str] = (),
-                 problems: Sequence[tuple[str, str, str]] = ()) -> None:
-        super().__init__(message)
-        self.paths = list(paths)
-        self.problems = list(problems)
-
-
 # ----------------------------------------------------------------------------------------------
 # Low-level parsing: sections and "Key: value" fields
 # ----------------------------------------------------------------------------------------------
-
-def _refuse(path: Path | str, what: str, message: str) -> None:
-    raise MetadataError(f"{what} '{path}': {message}", paths=[str(path)])
-
-
-def read_bounded_bytes(path: str | os.PathLike, *, what: str, max_bytes: int) -> bytes:
-    """The bytes of a metadata file of at most ``max_bytes``, refused from its size alone.
-
-    Raises
-    ------
-    MetadataError
-        When the file is larger, naming the file, the limit and the size found.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    if size > max_bytes:
-        _refuse(path, what, f"expected at most {max_bytes} bytes, found {size} bytes")
-    with open(path, "rb") as handle:
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:  # grew since the stat
-        _refuse(path, what, f"expected at most {max_bytes} bytes, found more")
-    return data
-
-
-def check_line_lengths(text: str, path: str | os.PathLike, *, what: str,
-                       max_chars: int = MAX_LINE_CHARS) -> None:
-    """Refuse a text whose longest line exceeds ``max_chars`` (linear in the text's length)."""
-    start, size = 0, len(text)
-    while start < size:
-        end = text.find("\n", start)
-        end = size if end < 0 else end
-        if end - start > max_chars:
-            _refuse(path, what, f"expected lines of at most {max_chars} characters, found "
-                                f"one of {end - start} characters at character {start}")
-        start = end + 1
-
-
-def read_bounded_text(path: str | os.PathLike, *, what: str, max_bytes: int,
-                      max_line: int = MAX_LINE_CHARS, encoding: str = "utf-8",
-                      errors: str = "replace") -> str:
-    """A text metadata file of at most ``max_bytes`` with lines of at most ``max_line``
-    characters; the parsers after it then do bounded work per line.
-
-    Raises
-    ------
-    MetadataError
-        A larger file or a longer line, naming the file, the limit and the size found.
-    UnicodeDecodeError
-        With ``errors="strict"`` and bytes that are not ``encoding``.
-    """
-    text = read_bounded_bytes(path, what=what, max_bytes=max_bytes).decode(encoding, errors)
-    check_line_lengths(text, path, what=what, max_chars=max_line)
-    return text
-
-
-def parse_xml(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_XML_BYTES,
-              max_depth: int = MAX_XML_DEPTH) -> ET.Element:
-    """The root element of an XML metadata file, parsed with bounded work.
-
-    Refuses, before parsing, a file over ``max_bytes`` and any DOCTYPE or ENTITY declaration
-    (entity expansion, "billion laughs": metadata files never declare entities; defusedxml
-    is not a dependency), and, while parsing, nesting deeper than ``max_depth``.
-
-    Raises
-    ------
-    MetadataError
-        On any of those, naming the file, the limit and what was found.
-    xml.etree.ElementTree.ParseError
-        On XML that is not well formed (callers word the message).
-    """
-    data = read_bounded_bytes(path, what=what, max_bytes=max_bytes)
-    for declaration in (b"<!DOCTYPE", b"<!ENTITY"):
-        at = data.find(declaration)
-        if at >= 0:
-            _refuse(path, what, f"expected XML without document type or entity declarations, "
-                                f"found {declaration.decode()} at byte {at}")
-    parser = ET.XMLPullParser(events=("start", "end"))
-    depth, root, step = 0, None, 1 << 16  # small feeds: a deep tree stops early
-    for offset in range(0, len(data) + 1, step):
-        if offset < len(data):
-            parser.feed(data[offset:offset + step])
-        else:
-            parser.close()
-        for event, element in parser.read_events():
-            if event == "end":
-                depth -= 1
-                continue
-            depth += 1
-            root = element if root is None else root
-            if depth > max_depth:
-                _refuse(path, what, f"expected XML nested at most {max_depth} elements deep, "
-                                    f"found deeper nesting near byte {offset}")
-    if root is None:
-        raise ET.ParseError("no element found")
-    return root
-
 
 def _field(line: str) -> tuple[str, str] | None:
     """``(key, value)`` of a ``Key: value`` line, else None, in one pass of str methods.
@@ -586,15 +467,6 @@ def _derive(meta: dict[str, Any]) -> None:
                                      else meta.get(f"number_of_{axis}_original"))
 
 
-def _raise_problems(path: Path | str, problems: Sequence[tuple[str, str, str]]) -> None:
-    lines = [f"  - field {field!r}: expected {expected}; found {found}"
-             for field, expected, found in problems]
-    raise MetadataError(
-        f"metadata file '{path}' is malformed ({len(problems)} problem"
-        f"{'s' if len(problems) > 1 else ''}):\n" + "\n".join(lines),
-        paths=[str(path)], problems=problems)
-
-
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
@@ -909,12 +781,8 @@ def resolve_metadata(metadata: Any, *, driver: Driver = "auto") -> dict[str, Any
 
 __all__ = [
     "DRIVERS",
-    "MAX_LINE_CHARS",
     "MAX_RES_BYTES",
-    "MAX_XML_BYTES",
-    "MAX_XML_DEPTH",
     "METADATA_KEYS",
-    "MetadataError",
     "SPEED_OF_LIGHT",
     "combine_metadata",
     "detect_driver",

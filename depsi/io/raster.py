@@ -21,8 +21,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from depsi.io.bounded import MetadataError
 from depsi.io.cf import with_cf_attributes
-from depsi.io.metadata import WAVELENGTH_RANGE, MetadataError, resolve_metadata
+from depsi.io.metadata import WAVELENGTH_RANGE, resolve_metadata
 from depsi.io.store import DEFAULT_CHUNK_BYTES
 from depsi.io.validate import check_epoch_span
 from depsi.stm.schema import validate

@@ -21,7 +21,10 @@ LOCAL_SCHEDULERS = [
     {"scheduler": "synchronous"},
     {"scheduler": "threads", "threads": 2},
     {"scheduler": "processes", "workers": 2},
-    {"scheduler": "local", "workers": 2, "threads": 1, "memory_limit": "1GB"},
+    # slow: a LocalCluster takes seconds to start (the quick subset starts one in
+    # test_local_cluster_is_closed_on_error_and_interrupt)
+    pytest.param({"scheduler": "local", "workers": 2, "threads": 1, "memory_limit": "1GB"},
+                 marks=pytest.mark.slow),
 ]
 
 

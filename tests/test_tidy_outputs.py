@@ -40,6 +40,7 @@ def finished_workspace(tmp_path_factory) -> Path:
     return folder / "ws"
 
 
+@pytest.mark.slow
 def test_a_finished_run_leaves_no_lock_file(finished_workspace):
     assert (finished_workspace / "stm.zarr").is_dir()
     assert lock_files(finished_workspace) == []
@@ -58,6 +59,7 @@ def test_a_failed_or_interrupted_run_leaves_no_lock_file(tmp_path, monkeypatch, 
     assert lock_files(tmp_path / "ws") == []
 
 
+@pytest.mark.slow
 def test_info_of_a_workspace_summarises_the_run(finished_workspace, capsys):
     assert main(["info", str(finished_workspace)]) == 0
     out = capsys.readouterr().out

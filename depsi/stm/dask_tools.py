@@ -42,8 +42,8 @@ def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
 
     ``in_process=True`` computes on this process's threads whatever the current scheduler: for
     a graph whose inputs are this process's own arrays (views made by :func:`chunked_view`),
-    which a distributed scheduler would otherwise copy whole into the graph it ships (6.8 GB
-    for the chain's final fit at 10^7 points) for a few minutes of work.
+    which a distributed scheduler would otherwise copy whole into the graph it ships (see
+    docs/benchmarks.md, "Dask and memory helpers").
 
     Examples
     --------
@@ -213,9 +213,8 @@ def release_memory() -> bool:
     False where the C library cannot (nothing is done there).
 
     Once a large array (up to 32 MB) has been freed, glibc serves arrays below that size from
-    its heap, and a heap freed around live allocations stays with the process: a chain's
-    block-sized temporaries left gigabytes of resident memory between its steps at 10^7
-    points. The chain calls this between steps.
+    its heap, and a heap freed around live allocations stays with the process (a chain's
+    block-sized temporaries, between its steps). The chain calls this between steps.
 
     Examples
     --------

@@ -14,7 +14,8 @@ from depsi.io.prefetch import iter_blocks, iter_processed_blocks, prefetched
 from depsi.io.slc_zarr import open_slc_zarr
 from depsi.io.snap import from_snap
 from depsi.io.stack import from_dataset, multi_look
-from depsi.io.store import DEFAULT_CHUNK_BYTES, append_epochs, open_stm, save_stm
+from depsi.io.store import DEFAULT_CHUNK_BYTES, open_stm, save_stm
+from depsi.io.store_append import append_epochs
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

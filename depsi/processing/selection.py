@@ -29,7 +29,8 @@ from pydantic import Field
 from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.prefetch import default_block_shape, iter_processed_blocks
-from depsi.io.store import append_epochs, open_stm, space_chunk_size
+from depsi.io.store import open_stm, space_chunk_size
+from depsi.io.store_append import append_epochs
 from depsi.kernels.statistics import (
     add_sums,
     amplitude_of,

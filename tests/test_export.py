@@ -51,6 +51,22 @@ def test_csv_has_depsi_columns_and_round_trips_the_values(result, tmp_path):
     np.testing.assert_allclose(table["lat"], result["lat"], rtol=0, atol=1e-9)
 
 
+def test_csv_and_geopackage_carry_the_standard_deviations(result, tmp_path):
+    result = result.assign(velocity_std=("space", np.full(result.sizes["space"], 1e-3)),
+                           height_error_std=("space", np.full(result.sizes["space"], 2.0)),
+                           displacement_std=0.002 * xr.ones_like(result["displacement"]))
+    table = pd.read_csv(to_csv(result, tmp_path / "points.csv"))
+    assert list(table.columns[5:10]) == ["velocity", "velocity_std", "height_error",
+                                         "height_error_std", "temporal_coherence"]
+    assert list(table.columns[14:]) == ["std_d_20210301", "std_d_20210313", "std_d_20210325",
+                                        "std_d_20210406"]
+    np.testing.assert_allclose(table.iloc[:, 14:], result["displacement_std"], rtol=1e-8)
+    gpd = pytest.importorskip("geopandas")
+    frame = gpd.read_file(to_geopackage(result, tmp_path / "points.gpkg"))
+    np.testing.assert_allclose(frame["height_error_std"], 2.0)
+    assert "std_d_20210406" in frame.columns
+
+
 def test_csv_write_leaves_no_temporary_file(result, tmp_path):
     to_csv(result, tmp_path / "points.csv")
     # the writer's lock file .points.csv-lock stays, by design (depsi.io.lock)

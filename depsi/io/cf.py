@@ -122,6 +122,10 @@ CF: dict[str, dict[str, str]] = {
 CF.update({f"{name}_std": {"units": CF[name]["units"],
                             "long_name": f"a-posteriori standard deviation of {name}"}
            for name in ("offset", "velocity", "height_error", "seasonal_sin", "seasonal_cos")})
+# the chain's per-point uncertainty (depsi.processing.model.point_uncertainty): relative to
+# the reference area, as the estimates are
+CF["displacement_std"] = {"units": "m", "long_name": "a-posteriori standard deviation of "
+                                                    "displacement (zero at the first epoch)"}
 
 
 #: Attributes of a datetime variable that xarray's CF time encoding writes itself.

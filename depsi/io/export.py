@@ -45,10 +45,11 @@ from depsi.io.cf import cf_attributes
 logger = logging.getLogger(__name__)
 
 #: Per-point columns of the CSV and GeoPackage exports, in order (displacement follows as
-#: ``d_YYYYMMDD`` columns, in metres).
-POINT_COLUMNS = ("pnt_id", "lat", "lon", "azimuth", "range", "velocity", "height_error",
-                 "temporal_coherence", "height", "lat_uncorrected", "lon_uncorrected",
-                 "incidence_angle", "heading", "los_east", "los_north", "los_up")
+#: ``d_YYYYMMDD`` columns, in metres, then its standard deviation as ``std_d_YYYYMMDD``).
+POINT_COLUMNS = ("pnt_id", "lat", "lon", "azimuth", "range", "velocity", "velocity_std",
+                 "height_error", "height_error_std", "temporal_coherence", "height",
+                 "lat_uncorrected", "lon_uncorrected", "incidence_angle", "heading", "los_east",
+                 "los_north", "los_up")
 
 _GEO_HINT = "install the optional 'geo' extra: pip install 'depsi[geo]'"
 
@@ -93,7 +94,8 @@ def point_ids(result: xr.Dataset) -> np.ndarray:
 
 
 def point_table(result: xr.Dataset) -> pd.DataFrame:
-    """One row per point: :data:`POINT_COLUMNS` present in ``result``, then ``d_YYYYMMDD``.
+    """One row per point: :data:`POINT_COLUMNS` present in ``result``, then ``d_YYYYMMDD``
+    and, where the result has ``displacement_std``, ``std_d_YYYYMMDD``.
 
     With the geometry from the orbits the table also carries each point's line of sight
     (``los_east``/``los_north``/``los_up``, unit vector to the satellite), its incidence angle
@@ -108,7 +110,8 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        The table; velocity in m/yr, height error and displacement in m.
+        The table; velocity (and its std) in m/yr, height error, displacement and their stds
+        in m.
     """
     _require(result, ("velocity", "height_error", "temporal_coherence", "displacement",
                       "azimuth", "range"), "point_table")
@@ -122,7 +125,12 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
     displacement = pd.DataFrame(
         np.asarray(result["displacement"].transpose("space", "time").values),
         columns=[f"d_{date}" for date in dates])
-    return pd.concat([frame, displacement], axis=1)
+    parts = [frame, displacement]
+    if "displacement_std" in result.variables:
+        parts.append(pd.DataFrame(
+            np.asarray(result["displacement_std"].transpose("space", "time").values),
+            columns=[f"std_d_{date}" for date in dates]))
+    return pd.concat(parts, axis=1)
 
 
 def to_csv(result: xr.Dataset, path: str | os.PathLike) -> Path:

@@ -35,7 +35,7 @@ from depsi.processing.integration import (
     integrate_network,
     refit_points,
 )
-from depsi.processing.model import fit_with_atmosphere
+from depsi.processing.model import fit_with_atmosphere, point_uncertainty
 from depsi.processing.network import (
     ARC_CHUNK,
     NetworkConfig,
@@ -470,7 +470,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
             if section.correlated_height:
                 # out is this step's own: its series are updated in place (no second copy)
                 out = estimate_correlated_height(out, overwrite=True)
-        out = out.drop_vars("h2ph")
+        out = point_uncertainty(out).drop_vars("h2ph")
         fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
         out.attrs = dict(points.attrs) | fitted
         out.attrs.pop("interferogram", None)

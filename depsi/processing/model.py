@@ -301,3 +301,102 @@ def _metres_with_atmosphere(unwrapped: np.ndarray, aps: np.ndarray, *, m2ph: flo
                             ) -> np.ndarray:
     """The unwrapped phase with its atmosphere, in metres (float64), of one block."""
     return (unwrapped.astype(np.float64) + aps) / m2ph
+
+
+
+#: Normal quantile of two-sided 95 % intervals, ``estimate +- 1.96 std``.
+Z95 = 1.959964
+
+
+def _lsq_residual(design: np.ndarray, hat: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``y`` less its per-point least-squares fit (``hat``: rows of the pseudo-inverse)."""
+    return y - np.einsum("ntp,np->nt", design, np.einsum("ntp,nt->np", hat, y))
+
+
+def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
+    """``out`` with each point's ``velocity_std`` (m/yr) and ``height_error_std`` (m), and
+    ``displacement_std`` (m, ``(space, time)``), from the a-posteriori variance of its residual.
+
+    Each point's design is that of :func:`fit_with_atmosphere`, ``A = [m2ph t, m2ph h2ph_t,
+    1]``, and each estimate is relative to the mean over the reference area
+    (``in_reference_area``), as the chain's datum is:
+
+    - velocity and height error: ``sigma0^2 (A^T A)^-1`` with ``sigma0^2`` the residual
+      variance of the phase *with* its atmosphere (``unwrapped_phase + aps``, what they are
+      fitted to) less the area's mean series, which is common to every point (its projection
+      is the mean of the estimates over the area, one offset of the whole result, not a
+      point's error). The residual holds the point's noise, its atmosphere relative to the
+      area's and the area's own mean noise, each taken as white in time.
+    - where :func:`~depsi.processing.correlated_height.estimate_correlated_height` took the
+      atmosphere's projection ``F`` (``height_error_correlated``) out of the heights, their
+      variance shrinks by ``var(F)``: the error of a best linear prediction of the leak ``L``
+      is ``var(L) - var(F)``; one factor ``1 - var(F) / mean(height_error_std^2)`` for the
+      scene, not below the height's std from the corrected phase alone (the noise's leak).
+    - displacement (``unwrapped_phase / m2ph - h2ph H``, less its first epoch): at epoch
+      ``t``, ``s^2 (w_t + w_0) + (h2ph_t - h2ph_0)^2 std(H)^2`` with ``s^2`` the point's
+      residual variance of the corrected phase (``unwrapped_phase``) about the same design and
+      ``w_t`` the epoch's share of it pooled over every point (an epoch whose screen is poorly
+      estimated is noisier for every point; the first epoch's error is in every epoch's
+      displacement); zero at the first epoch. A ``(space, time)`` float32 variable (4 bytes a
+      point and epoch, as ``displacement`` itself): a per-point scalar would hide how much
+      worse some epochs are (twice the typical std on a strong screen).
+
+    Not included: errors correlated in time (nonlinear motion, a screen estimate that took part
+    of the motion's trend, wrong ambiguities) and the common datum offset above.
+    """
+    m2ph = phase_per_metre(float(out.attrs["wavelength"]))
+    years = years_since_mother(out)
+    n, n_epochs = out.sizes["space"], out.sizes["time"]
+    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").values
+    aps_all = out["aps"].transpose("space", "time").values
+    h2ph_all = out["h2ph"].transpose("space", ...)
+    velocity_std = np.empty(n, np.float64)
+    height_std = np.empty(n, np.float64)
+    height_noise_std = np.empty(n, np.float64)
+    corrected_var = np.empty(n, np.float64)
+    epoch_share = np.zeros(n_epochs)
+    dof = max(n_epochs - 3, 1)
+    area = np.flatnonzero(out["in_reference_area"].values)
+    # the area's mean series is common to every point: its projection is the one datum offset
+    # of the result (the mean of each estimate over the area), not a point's own error
+    common = (unwrapped_all[area].astype(np.float64) + aps_all[area]).mean(axis=0)
+    common_corrected = unwrapped_all[area].astype(np.float64).mean(axis=0)
+    for start in range(0, n, FIT_BLOCK):
+        rows = slice(start, min(start + FIT_BLOCK, n))
+        unwrapped = unwrapped_all[rows].astype(np.float64)
+        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
+        design = np.stack([np.broadcast_to(m2ph * years, h2ph.shape), m2ph * h2ph,
+                           np.ones_like(h2ph)], axis=2)
+        inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", design, design))
+        hat = np.einsum("npq,ntq->ntp", inverse, design)  # rows of the pseudo-inverse
+        r = _lsq_residual(design, hat, unwrapped + aps_all[rows] - common)
+        sigma2 = np.einsum("nt,nt->n", r, r) / dof
+        velocity_std[rows] = np.sqrt(sigma2 * inverse[:, 0, 0])
+        height_std[rows] = np.sqrt(sigma2 * inverse[:, 1, 1])
+        r = _lsq_residual(design, hat, unwrapped - common_corrected)
+        corrected_var[rows] = np.einsum("nt,nt->n", r, r) / dof
+        height_noise_std[rows] = np.sqrt(corrected_var[rows] * inverse[:, 1, 1])
+        usable = corrected_var[rows] > 0
+        epoch_share += (r[usable] ** 2 / corrected_var[rows][usable, None]).sum(axis=0)
+    # residuals are short of the noise by the leverage, 3 / T on average: shares of mean 1
+    epoch_share *= n_epochs / dof / max(int((corrected_var > 0).sum()), 1)
+    corrected_var /= m2ph ** 2
+    uncorrected_height_std = height_std
+    if "height_error_correlated" in out:
+        field = out["height_error_correlated"].values.astype(np.float64)
+        moved = np.isfinite(field) & (field != 0) & np.isfinite(height_std)
+        if moved.sum() > 1:
+            shrink = 1.0 - np.var(field[moved]) / np.mean(height_std[moved] ** 2)
+            height_std = np.where(moved, np.maximum(np.sqrt(max(shrink, 0.0)) * height_std,
+                                                    height_noise_std), height_std)
+    displacement_std = np.empty((n, n_epochs), np.float32)
+    for start in range(0, n, FIT_BLOCK):
+        rows = slice(start, min(start + FIT_BLOCK, n))
+        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
+        variance = (corrected_var[rows, None] * (epoch_share + epoch_share[0])
+                    + ((h2ph - h2ph[:, :1]) * uncorrected_height_std[rows, None]) ** 2)
+        displacement_std[rows] = np.sqrt(variance)
+        displacement_std[rows, 0] = 0.0
+    return out.assign(velocity_std=("space", velocity_std.astype(np.float32)),
+                      height_error_std=("space", height_std.astype(np.float32)),
+                      displacement_std=(("space", "time"), displacement_std))

@@ -713,7 +713,7 @@ def update_selection(
     round-off. The points stay the same: a stored point whose NAD now reaches the threshold
     keeps its time series but gets ``selected = False``; a pixel that was not selected before
     cannot enter, since its earlier epochs are not in the product (rerun :func:`ps_selection`
-    for that). The new epochs are appended with :func:`~depsi.io.store.append_epochs`.
+    for that). The new epochs are appended with :func:`~depsi.io.store_append.append_epochs`.
 
     Parameters
     ----------

@@ -343,6 +343,36 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
 
     Not included: errors correlated in time (nonlinear motion, a screen estimate that took part
     of the motion's trend, wrong ambiguities) and the common datum offset above.
+
+    Parameters
+    ----------
+    out
+        The chain's merged result (the model step's): ``unwrapped_phase`` and ``aps`` (rad,
+        ``(space, time)``), ``h2ph``, ``in_reference_area``, ``time`` and
+        ``attrs['wavelength']``; ``height_error_correlated`` where the heights were corrected.
+
+    Returns
+    -------
+    xarray.Dataset
+        ``out`` with ``velocity_std`` and ``height_error_std`` (float32, per point) and
+        ``displacement_std`` (float32, ``(space, time)``).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> n, T = 50, 30
+    >>> time = np.datetime64("2021-01-01", "ns") + np.arange(T) * np.timedelta64(12, "D")
+    >>> def result(noise):
+    ...     return xr.Dataset(
+    ...         {"unwrapped_phase": (("space", "time"), noise * rng.standard_normal((n, T))),
+    ...          "aps": (("space", "time"), np.zeros((n, T))),
+    ...          "h2ph": (("space", "time"), np.tile(rng.normal(0, 2e-4, T), (n, 1))),
+    ...          "in_reference_area": ("space", np.arange(n) < 10)},
+    ...         coords={"time": time}, attrs={"wavelength": 0.0555})
+    >>> low, high = point_uncertainty(result(0.3)), point_uncertainty(result(0.6))
+    >>> ratio = float(high.velocity_std.median() / low.velocity_std.median())
+    >>> 1.7 < ratio < 2.3, float(low.displacement_std[:, 0].max())
+    (True, 0.0)
     """
     m2ph = phase_per_metre(float(out.attrs["wavelength"]))
     years = years_since_mother(out)

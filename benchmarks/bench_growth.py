@@ -42,11 +42,14 @@ import _scale_scene as scene_module
 import numpy as np
 import xarray as xr
 
+from depsi.pipeline.steps import CHAIN_STEPS
+
 #: The layouts timed, by name: (order of the points, points per space chunk or None: the store's).
 LAYOUTS = {"morton": ("morton", None), "raster": ("raster", None),
            "chunks1e4": ("morton", 10_000)}
-#: The steps of ``run_ps_chain``, as ``bench_scale.py`` names them.
-STEPS = ("prepare", "network", "arcs", "integration", "atmosphere", "densification", "model")
+#: The steps of ``run_ps_chain``, as ``bench_scale.py`` times them (its input's preparation
+#: first).
+STEPS = ("prepare", *CHAIN_STEPS)
 
 
 def scene_store(n_points: int, cache: Path) -> Path:

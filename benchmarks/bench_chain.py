@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from depsi import run_ps_chain
 from depsi.conventions import wrap_phase
 from depsi.processing.arcs import estimate_arcs
-from depsi import run_ps_chain
 from depsi.processing.densification import densify
 from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network

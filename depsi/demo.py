@@ -185,12 +185,12 @@ def run_demo(out: Path, *, shape=(300, 300), n_epochs: int = 60, seed: int = 0,
     Returns the output folder. The log says what was done, how long each step took, and how
     the estimates compare with the simulator's truth.
     """
+    from depsi import run_ps_chain
     from depsi.io import open_stm, save_stm
     from depsi.io.cf import LOS_SIGN_CONVENTION
     from depsi.io.doris import from_doris_stack
     from depsi.io.export import to_csv
-    from depsi.pipeline.runner import heartbeat
-    from depsi import run_ps_chain
+    from depsi.pipeline.workspace import heartbeat
     from depsi.processing.selection import ps_selection
     from depsi.simulate import accuracy, write_stack
 

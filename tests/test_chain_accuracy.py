@@ -38,8 +38,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from depsi.conventions import phase_per_metre
 from depsi import run_ps_chain
+from depsi.conventions import phase_per_metre
 from depsi.processing.selection import ps_selection
 from depsi.simulate import PIXEL_SPACING, simulate_stack
 from depsi.stm.schema import years_since_mother

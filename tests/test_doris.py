@@ -19,8 +19,8 @@ from depsi.io.doris import (
     LAT_FILE,
     SLC_FILE,
     from_doris_stack,
-    write_doris_stack,
 )
+from depsi.io.doris_writer import write_doris_stack
 from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, radar_to_geo
 from depsi.io.metadata import read_metadata
 from depsi.simulate import simulate_stack

@@ -9,7 +9,7 @@ from pathlib import Path
 import xarray as xr
 
 from depsi.io.dimap_writer import write_dimap
-from depsi.io.doris import write_doris_stack
+from depsi.io.doris_writer import write_doris_stack
 from depsi.io.gamma_writer import write_gamma
 from depsi.io.geometry import StackGeometry
 from depsi.io.geotiff import write_geotiff_stack

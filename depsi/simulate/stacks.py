@@ -15,7 +15,7 @@ import numpy as np
 
 from depsi.conventions import SPEED_OF_LIGHT
 from depsi.io.binary import binary_folder_files, write_binary_folder
-from depsi.io.doris import _doris_time, _fields, _process_control, _section
+from depsi.io.doris_writer import _doris_time, _fields, _process_control, _section
 from depsi.io.slc_zarr import _refuse_existing, write_slc_zarr
 from depsi.io.writers import STACK_FORMATS, write_slc_stack
 from depsi.simulate.scene import (
@@ -80,7 +80,7 @@ def write_stack_zarr(path: str | os.PathLike, *, overwrite: bool = False,
                           progress=progress)
 
 
-# --- DORIS v5 like result files (their layout helpers are depsi.io.doris's) ------------------
+# --- DORIS v5 like result files (their layout helpers are depsi.io.doris_writer's) -----------
 
 def _orbit_lines(bperp: float, centre_second: float) -> list[str]:
     """200 state vectors, 1 s apart, of a circular orbit shifted by ``bperp`` across track."""

@@ -60,6 +60,15 @@ class Family:
     velocity_max: float = 0.02      # m/yr, bowl depth
     ramp: float = 0.004             # m/yr across the scene (planar ramp)
     seed: int = 0
+    # atmospheres we have not tuned to (issue 29): see _screen_spectrum and kriging_floor
+    atmosphere: str = "exponential"  # or "gaussian", "power-law", "anisotropic"
+    aps_slope: float = 5.0 / 3.0    # power-law: slope of the 1-D spectrum (5/3 or 8/3)
+    aps_outer: float = 3000.0       # m, power-law: outer scale (von Karman)
+    aps_ratio: float = 1.0          # anisotropic: short / long correlation length
+    aps_angle: float = 0.0          # deg, anisotropic: long axis from the range axis
+    stratified_rate: float = 0.0    # rad/m, std of the per-epoch k_t of k_t * terrain height
+    terrain_std: float = 150.0      # m, relief of the terrain height raster
+    terrain_length: float = 800.0   # m, Gaussian correlation length of the terrain
 
     def with_seed(self, seed: int) -> Family:
         return replace(self, seed=seed)
@@ -81,6 +90,99 @@ def _exponential_field(rng, shape, length_px, n_fields):
     out -= out.mean(axis=(1, 2), keepdims=True)
     out /= out.std(axis=(1, 2), keepdims=True)
     return out
+
+
+def _padded(shape, reach_px):
+    return [int(2 ** np.ceil(np.log2(s + 2 * reach_px))) for s in shape]
+
+
+def _screen_spectrum(family, pad):
+    """Amplitude (square root of the 2-D power spectrum, any scale) of ``family``'s
+    non-exponential screens on the ``rfft2`` grid of ``pad`` pixels.
+
+    - ``gaussian``: covariance ``exp(-(r / L)^2)``, spectrum ``exp(-k^2 L^2 / 4)``;
+    - ``power-law``: von Karman spectrum ``(k^2 + k0^2)^(-(slope + 1) / 2)``, ``k0 = 2 pi /
+      outer``: a 1-D spectrum of slope ``-5/3`` (structure function ``r^(2/3)``, the thin
+      turbulent layer of scales above a few km) or ``-8/3`` (``r^(5/3)``, 3-D Kolmogorov
+      turbulence at 0.5-2 km), Hanssen (2001) section 4.7; the covariance a Matern one;
+    - ``anisotropic``: ``exp(-sqrt((u / L)^2 + (v / (ratio L))^2))``, ``(u, v)`` the
+      coordinates along and across the long axis at ``angle`` from range; spectrum
+      ``(1 + (k_u L)^2 + (k_v ratio L)^2)^(-3/2)``.
+    """
+    f = family
+    ky = 2 * np.pi * np.fft.fftfreq(pad[0])[:, None]
+    kx = 2 * np.pi * np.fft.rfftfreq(pad[1])[None, :]
+    length = f.aps_length / PIXEL
+    if f.atmosphere == "gaussian":
+        power = np.exp(-(ky**2 + kx**2) * length**2 / 4.0)
+    elif f.atmosphere == "power-law":
+        k0 = 2 * np.pi / (f.aps_outer / PIXEL)
+        power = (ky**2 + kx**2 + k0**2) ** (-(f.aps_slope + 1.0) / 2.0)
+    elif f.atmosphere == "anisotropic":
+        angle = np.deg2rad(f.aps_angle)
+        ku = np.cos(angle) * kx + np.sin(angle) * ky
+        kv = -np.sin(angle) * kx + np.cos(angle) * ky
+        power = (1.0 + (ku * length) ** 2 + (kv * f.aps_ratio * length) ** 2) ** -1.5
+    else:
+        raise ValueError(f"family {f.name}: atmosphere expected 'exponential', 'gaussian', "
+                         f"'power-law' or 'anisotropic', found {f.atmosphere!r}")
+    return np.sqrt(power)
+
+
+def _screen_pad(family):
+    f = family
+    reach = {"gaussian": 2 * f.aps_length, "power-law": f.aps_outer,
+             "anisotropic": 2 * f.aps_length}[f.atmosphere]
+    return _padded(f.shape, reach / PIXEL)
+
+
+def _spectral_fields(rng, family, n_fields):
+    """``n_fields`` zero-mean fields of unit *ensemble* variance with the spectrum of
+    :func:`_screen_spectrum` (FFT synthesis on a padded grid, cropped: not periodic over the
+    scene). Scaled by the generator's exact variance, not each field's sample std, so that
+    :func:`screen_correlation` is their exact covariance."""
+    pad = _screen_pad(family)
+    amplitude = _screen_spectrum(family, pad)
+    scale = 1.0 / np.sqrt(_correlation_table(family)[0, 0])
+    shape = family.shape
+    out = np.empty((n_fields, *shape), dtype=np.float64)
+    for i in range(n_fields):
+        white = rng.standard_normal(pad)
+        out[i] = np.fft.irfft2(np.fft.rfft2(white) * amplitude, s=pad)[: shape[0], : shape[1]]
+    return out * scale
+
+
+@functools.lru_cache(maxsize=8)
+def _correlation_table(family):
+    """The generator's exact covariance per lag (pad grid, lags modulo the pad): the inverse
+    FFT of the squared amplitude, ``E[x_a x_b] = irfft2(A^2)[a - b]`` for white input."""
+    pad = _screen_pad(family)
+    return np.fft.irfft2(_screen_spectrum(family, pad) ** 2, s=pad)
+
+
+def screen_correlation(family: Family, azimuth, range_) -> np.ndarray:
+    """Correlation ``(N, N)`` of ``family``'s screens between the pixels ``(azimuth, range)``:
+    ``exp(-d / L)`` for exponential screens; for the others the generator's exact covariance
+    per lag (:func:`_correlation_table`), relative to its variance."""
+    if family.atmosphere == "exponential":
+        pos = np.column_stack([azimuth, range_]) * PIXEL
+        dist = np.hypot(pos[:, None, 0] - pos[None, :, 0], pos[:, None, 1] - pos[None, :, 1])
+        return np.exp(-dist / family.aps_length)
+    table = _correlation_table(family)
+    d_az = np.subtract.outer(azimuth, azimuth) % table.shape[0]
+    d_rg = np.subtract.outer(range_, range_) % table.shape[1]
+    return table[d_az, d_rg] / table[0, 0]
+
+
+def _terrain(rng, family):
+    """Terrain height raster (m): a Gaussian-covariance field of ``terrain_std`` and
+    ``terrain_length``, plus a slope across azimuth of the same relief (valley to ridge)."""
+    f = family
+    terrain_family = replace(f, atmosphere="gaussian", aps_length=f.terrain_length)
+    field = _spectral_fields(rng, terrain_family, 1)[0]
+    field = (field - field.mean()) / field.std()
+    slope = np.linspace(-1.0, 1.0, f.shape[0])[:, None]
+    return f.terrain_std * (field + slope)
 
 
 def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
@@ -127,9 +229,18 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
     else:
         height = rng.normal(0.0, f.height_std, n_ps)
 
-    # atmosphere: one exponential-covariance field per epoch, relative to the mother
-    screens = f.aps_std * _exponential_field(rng, f.shape, f.aps_length / PIXEL, T)
+    # atmosphere: one field per epoch (exponential covariance unless the family says another),
+    # plus k_t * terrain height where the family is stratified; relative to the mother
+    if f.atmosphere == "exponential":
+        screens = f.aps_std * _exponential_field(rng, f.shape, f.aps_length / PIXEL, T)
+    else:
+        screens = f.aps_std * _spectral_fields(rng, f, T)
     aps = screens[:, az, rg].T
+    terrain = None
+    if f.stratified_rate > 0:
+        terrain = _terrain(rng, f)
+        rate = rng.normal(0.0, f.stratified_rate, T)
+        aps = aps + terrain[az, rg][:, None] * rate[None, :]
     aps = aps - aps[:, mother:mother + 1]
 
     slc_noise = rng.normal(0.0, f.noise_std, (n_ps, T))
@@ -156,6 +267,9 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
                "mother_time": str(time[mother]), "scene_family": f.name})
     truth = {"azimuth": az, "range": rg, "velocity": velocity, "height_error": height,
              "aps": aps, "noise": noise, "h2ph": h2ph, "years": years, "family": asdict(f)}
+    if terrain is not None:
+        stack["terrain_height"] = (("azimuth", "range"), terrain.astype(np.float32))
+        truth["terrain_height"] = terrain[az, rg]
     return stack, truth
 
 
@@ -186,17 +300,27 @@ def kriging_floor(truth: dict, which: np.ndarray) -> float:
     the exact covariances of this generator (dense global kriging, true ambiguities).
 
     What any linear correction of the heights reaches at best: ``cov(leak_i, leak_j) =
-    aps_std^2 exp(-d_ij / aps_length) g_i . g_j`` (screens independent in time; the mother's
-    common term falls in the offset), observation covariance that plus the heights' own
-    (white, or shared per block) plus the noise leak ``noise_std^2 g_i . g_i``.
+    aps_std^2 rho(i, j) g_i . g_j`` (screens independent in time; the mother's common term
+    falls in the offset), observation covariance that plus the heights' own (white, or shared
+    per block) plus the noise leak ``noise_std^2 g_i . g_i``. ``rho`` is
+    :func:`screen_correlation`: ``exp(-d_ij / aps_length)`` for exponential screens, and for
+    the Gaussian, power-law and anisotropic ones the generator's exact covariance per lag (the
+    inverse FFT of its squared spectral amplitude on the padded grid, so the finite grid and
+    the outer scale of power-law screens are in it: no structure function or ensemble estimate
+    is needed). A stratified family adds ``stratified_rate^2 z_i z_j g_i . g_j`` with ``z`` the
+    terrain height at each PS (the raster is given, ``k_t`` independent in time).
     """
     f = truth["family"]
     g = _leak_rows(truth["h2ph"], truth["years"])
     gram = g @ g.T
-    pos = np.column_stack([truth["azimuth"], truth["range"]]) * PIXEL
-    dist = np.hypot(pos[:, None, 0] - pos[None, :, 0], pos[:, None, 1] - pos[None, :, 1])
-    leak_cov = f["aps_std"] ** 2 * np.exp(-dist / f["aps_length"]) * gram
-    del dist
+    correlation = screen_correlation(Family(**{**f, "shape": tuple(f["shape"])}),
+                                     truth["azimuth"], truth["range"])
+    leak_cov = f["aps_std"] ** 2 * correlation * gram
+    del correlation
+    if f["stratified_rate"] > 0:
+        # k_t independent in time; the mother's k * height falls in the offset
+        terrain = truth["terrain_height"]
+        leak_cov += f["stratified_rate"] ** 2 * np.outer(terrain, terrain) * gram
     if f["height_blocks"] > 0:
         size = max(1, int(round(f["height_blocks"] / PIXEL)))
         block = (truth["azimuth"] // size) * 100000 + truth["range"] // size
@@ -305,6 +429,26 @@ SLOW_FAMILIES = ISSUE_FAMILIES + (
     Family("building-blocks-large", shape=(500, 500), n_epochs=60, revisit_days=12,
            aps_std=1.0, aps_length=400.0, ps_fraction=0.03, noise_std=0.35,
            h2ph_variation=0.4, height_blocks=300.0, seed=6),
+)
+
+#: Atmospheres we have not tuned to (issue 29), white height errors: smooth (Gaussian), turbulent
+#: power-law screens of both regimes, anisotropic, and a stratified part on a terrain raster.
+ATMOSPHERE_FAMILIES = (
+    Family("gaussian", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=1.0,
+           aps_length=600.0, ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4,
+           atmosphere="gaussian", seed=11),
+    Family("power-law-5/3", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=0.6,
+           ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4, atmosphere="power-law",
+           aps_slope=5.0 / 3.0, aps_outer=3000.0, seed=12),
+    Family("power-law-8/3", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=1.5,
+           ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4, atmosphere="power-law",
+           aps_slope=8.0 / 3.0, aps_outer=3000.0, seed=13),
+    Family("anisotropic", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=1.0,
+           aps_length=1500.0, ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4,
+           atmosphere="anisotropic", aps_ratio=0.15, aps_angle=30.0, seed=14),
+    Family("stratified", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=0.5,
+           aps_length=400.0, ps_fraction=0.03, noise_std=0.35, h2ph_variation=0.4,
+           stratified_rate=0.004, terrain_std=150.0, terrain_length=800.0, seed=15),
 )
 
 

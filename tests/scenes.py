@@ -6,7 +6,10 @@ random fields with an *exponential* covariance of a chosen correlation length (F
 padded grid, so the field is not periodic over the scene), perpendicular baselines through a
 slant-range geometry whose ``1 / (R sin(theta))`` varies by a chosen fraction across range,
 velocity as a bowl plus a planar ramp, height errors either spatially white or shared by blocks
-of buildings (one DEM error per block), and PS phase noise drawn straight in radians.
+of buildings (one DEM error per block), and PS phase noise drawn straight in radians. The
+families of :data:`ATMOSPHERE_FAMILIES` (issue 29) draw other screens by spectral synthesis
+(Gaussian covariance, von Karman power laws of both turbulent regimes, anisotropic) and add a
+stratified part ``k_t * terrain height`` on a terrain raster given in the stack.
 
 :func:`oracle_floors` computes, from a scene's truth and with the true ambiguities, what a
 least-squares fit of offset, velocity and height error reaches per point

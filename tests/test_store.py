@@ -158,3 +158,20 @@ def test_reads_the_real_zarr_v2_stm(realdata, tmp_path):
     a = np.sort(values["complex"].values.ravel().view("f4"))
     b = np.sort(out["complex"].values.ravel().view("f4"))
     np.testing.assert_array_equal(a, b)
+
+
+def test_append_refuses_epochs_read_lazily_from_the_same_store(tmp_path):
+    path = save_stm(point_stm(t=3), tmp_path / "ps.zarr")
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    stored = open_stm(path)
+    later = np.array(["2021-01-01", "2021-01-13"], dtype="datetime64[ns]")
+    new = stored.isel(time=slice(-2, None)).assign_coords(time=later)
+    with pytest.raises(STMValidationError, match="read lazily from the store being appended"):
+        append_epochs(path, new)
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+    out = open_stm(path)
+    assert out.sizes["time"] == 3
+    np.testing.assert_array_equal(out["complex"].values, stored["complex"].values)
+    append_epochs(path, new.compute())  # loaded into memory first, the same epochs append
+    np.testing.assert_array_equal(open_stm(path)["complex"].values[:, 3:],
+                                  stored["complex"].values[:, 1:])

@@ -18,6 +18,7 @@ from depsi.io.store import (
     JOURNAL,
     STAGING,
     STORE_ATTR,
+    _CheckedChunks,
     _fault_point,
     _finish_append,
     _publish,
@@ -67,6 +68,44 @@ def _check_appendable(old: xr.Dataset, new: xr.Dataset, path: Path) -> None:
                 f"variable {name!r} of the new epochs: expected dtype {old[name].dtype}, "
                 f"found {new[name].dtype}"
             )
+
+
+def _sources(obj, depth: int = 0) -> list[Path]:
+    """The stores a lazily read array (or what wraps it) reads from, as far as can be told."""
+    if depth > 8:
+        return []
+    if isinstance(obj, _CheckedChunks):
+        return [obj.folder.parent]
+    root = getattr(getattr(obj, "store", None), "root", None)  # a zarr array on a LocalStore
+    if root is not None:
+        return [Path(root)]
+    found = []
+    for attr in ("array", "_array", "variable", "_data"):  # xarray's lazy indexing wrappers
+        inner = getattr(obj, attr, None)
+        if inner is not None and inner is not obj and not isinstance(inner, np.ndarray):
+            found += _sources(inner, depth + 1)
+    return found
+
+
+def _check_not_reading(path: Path, new: xr.Dataset) -> None:
+    """Refuse epochs read lazily from the store being appended to: the append would read the
+    store while it changes it; refused rather than loaded, as they may not fit in memory."""
+    target = path.resolve()
+    for name, var in new.variables.items():
+        if "time" not in var.dims:
+            continue  # only the time-dependent variables are read to be written
+        data = var._data
+        if hasattr(data, "__dask_graph__"):
+            candidates = dict(data.__dask_graph__()).values()
+        else:
+            candidates = [data]
+        for candidate in candidates:
+            for source in _sources(candidate):
+                if source.resolve() == target:
+                    raise STMValidationError(
+                        f"append_epochs: the new epochs are read lazily from the store being "
+                        f"appended to ({path}), variable {name!r}; compute them first "
+                        f"(new.compute()) or write them elsewhere")
 
 
 def _append_token(new: xr.Dataset) -> str:
@@ -197,6 +236,13 @@ def append_epochs(path: str | os.PathLike, new: xr.Dataset, *,
         The new epochs, an STM of the same kind.
     lock_timeout
         Seconds to wait for another writer of ``path``.
+
+    Raises
+    ------
+    STMValidationError
+        Before anything is staged, for new epochs that do not fit the store, or that are read
+        lazily from ``path`` itself (say ``open_stm(path).isel(...)``): those are refused rather
+        than loaded, as they may be far larger than memory; ``new.compute()`` them first.
     """
     path = Path(path)
     with write_lock(path, timeout=lock_timeout):
@@ -213,6 +259,7 @@ def append_epochs(path: str | os.PathLike, new: xr.Dataset, *,
                         new.sizes["time"], path)
             return path
         _check_appendable(old, new, path)
+        _check_not_reading(path, new)
         old_raw = xr.open_dataset(path, engine="zarr", consolidated=False, chunks=None,
                                   cache=False)
         staging = path / STAGING

@@ -57,6 +57,15 @@ _SEPARATOR = "*" * 67 + " "
 # Writing: DORIS v5 result files
 # ----------------------------------------------------------------------------------------------
 
+#: The interferogram result file's process control: only the coarse orbits were computed.
+IFGS_PROCESS_CONTROL = {"coarse_orbits": 1, "coarse_correl": 0, "fine_coreg": 0,
+                        "timing_error": 0, "dem_assist": 0, "comp_coregpm": 0, "interfero": 0,
+                        "coherence": 0, "comp_refphase": 0, "subtr_refphase": 0,
+                        "comp_refdem": 0, "subtr_refdem": 0, "filtphase": 0, "unwrap": 0,
+                        "est_orbits": 0, "slant2h": 0, "geocoding": 0, "dinsar": 0,
+                        "NOT_USED2": 0}
+
+
 def _doris_time(moment: np.datetime64) -> str:
     """``2018-Mar-06 17:24:29.954980`` (month names without the locale).
 
@@ -230,12 +239,7 @@ def _ifgs_text(scene: _Scene, geometry: StackGeometry, epoch: int, days: float) 
              f"{'Created by:':<40}depsi.io.doris.write_doris_stack",
              f"{'InSAR Processor:':<40}Doris (Delft o-o Radar Interferometric Software)",
              "", "", ""]
-    lines += _process_control({"coarse_orbits": 1, "coarse_correl": 0, "fine_coreg": 0,
-                               "timing_error": 0, "dem_assist": 0, "comp_coregpm": 0,
-                               "interfero": 0, "coherence": 0, "comp_refphase": 0,
-                               "subtr_refphase": 0, "comp_refdem": 0, "subtr_refdem": 0,
-                               "filtphase": 0, "unwrap": 0, "est_orbits": 0, "slant2h": 0,
-                               "geocoding": 0, "dinsar": 0, "NOT_USED2": 0})
+    lines += _process_control(IFGS_PROCESS_CONTROL)
     control = f"({line - 1 + n_az // 2}, {pixel - 1 + n_rg // 2}, 0)"
     lines += _section("coarse_orbits", [
         f"{'Some info for pixel:':<45}{line - 1 + n_az // 2}, {pixel - 1 + n_rg // 2} (not used)",

@@ -15,7 +15,13 @@ import numpy as np
 
 from depsi.conventions import SPEED_OF_LIGHT
 from depsi.io.binary import binary_folder_files, write_binary_folder
-from depsi.io.doris_writer import _doris_time, _fields, _process_control, _section
+from depsi.io.doris_writer import (
+    IFGS_PROCESS_CONTROL,
+    _doris_time,
+    _fields,
+    _process_control,
+    _section,
+)
 from depsi.io.slc_zarr import _refuse_existing, write_slc_zarr
 from depsi.io.writers import STACK_FORMATS, write_slc_stack
 from depsi.simulate.scene import (
@@ -223,12 +229,7 @@ def _ifgs_text(scene_info: dict[str, Any], t: int) -> str:
              f"{'Created by:':<40}depsi.simulate (synthetic stack, seed {info['seed']})",
              f"{'InSAR Processor:':<40}Doris (Delft o-o Radar Interferometric Software)",
              "", "", ""]
-    lines += _process_control({"coarse_orbits": 1, "coarse_correl": 0, "fine_coreg": 0,
-                               "timing_error": 0, "dem_assist": 0, "comp_coregpm": 0,
-                               "interfero": 0, "coherence": 0, "comp_refphase": 0,
-                               "subtr_refphase": 0, "comp_refdem": 0, "subtr_refdem": 0,
-                               "filtphase": 0, "unwrap": 0, "est_orbits": 0, "slant2h": 0,
-                               "geocoding": 0, "dinsar": 0, "NOT_USED2": 0})
+    lines += _process_control(IFGS_PROCESS_CONTROL)
     lines += _section("coarse_orbits", [
         f"{'Some info for pixel:':<45}{n_az // 2}, {n_rg // 2} (not used)",
         baseline("Btemp:", "[days]", days, "Temporal baseline"),

@@ -52,13 +52,6 @@ ALSO_IMPLEMENTED_IN = {
     "depsi.pipeline.config.SimulateConfig": ("depsi.simulate.scene",),
 }
 
-#: Differences found by this test in files its author does not own, left to their owners
-#: (section field, function): why. Each is an expected failure until it is fixed there.
-KNOWN: dict = {}
-
-#: The same for the named constant (none left).
-KNOWN_LITERALS: dict = {}
-
 _ON_PURPOSE = "on purpose"
 
 
@@ -121,10 +114,8 @@ def _pairs():
 PAIRS = list(_pairs())
 
 
-def _case(field, function, field_default, parameter_default, known=KNOWN):
-    key = (field, _qualified(function))
-    marks = [pytest.mark.xfail(reason=known[key], strict=False)] if key in known else []
-    return pytest.param(field, function, field_default, parameter_default, marks=marks,
+def _case(field, function, field_default, parameter_default):
+    return pytest.param(field, function, field_default, parameter_default,
                         id=f"{field}-{function.__name__}")
 
 
@@ -191,7 +182,7 @@ def _constant_name(node: ast.expr | None) -> str | None:
 
 
 @pytest.mark.parametrize(("field", "function", "field_default", "parameter_default"),
-                         [_case(*pair, known=KNOWN | KNOWN_LITERALS) for pair in PAIRS
+                         [_case(*pair) for pair in PAIRS
                           if pair[2] is not None])
 def test_a_section_field_and_its_functions_parameter_name_one_constant(
         field, function, field_default, parameter_default):

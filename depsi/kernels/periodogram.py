@@ -84,6 +84,11 @@ _COHERENCE_TIE = 1e-14
 #: Precision of the coarse-grid coherence (complex64 sums over the epochs).
 _GRID_PRECISION = 1e-5
 
+#: Whether :func:`periodogram` runs the fused compiled kernel for NumPy inputs by default
+#: (:mod:`depsi.kernels.periodogram_numba`, when Numba can be imported); its ``fused`` argument
+#: overrides it per call. False: the array-namespace kernel of this module, the reference.
+USE_FUSED = True
+
 #: Bytes of height phasors and grid sums per block of the coarse search on the CPU: blocks this
 #: size stay in a core's private cache between the phasors' build, the GEMM and the moduli
 #: (measured at 60 epochs and 435 nodes: 2x faster than one block of 65,536 items).
@@ -644,6 +649,7 @@ def periodogram(
     refine: bool = True,
     rcond: float = DEFAULT_RCOND,
     max_batch: int | None = None,
+    fused: bool | None = None,
 ) -> PeriodogramResult:
     """Height error, velocity (and extra terms) maximising the ensemble coherence of each item.
 
@@ -677,6 +683,11 @@ def periodogram(
         Reciprocal condition bound of the model on the valid epochs (flag ``RANK_DEFICIENT``).
     max_batch
         Upper bound on items per batch; by default sized from free memory at run time.
+    fused
+        Refine with the compiled kernel of :mod:`depsi.kernels.periodogram_numba` (NumPy inputs
+        with a height term; the same coarse stage, so the same grid node, and a refinement
+        equal to this module's to a tested tolerance). ``None``: :data:`USE_FUSED` for NumPy
+        inputs when Numba can be imported; ``False``: this module's array-namespace kernel.
 
     Returns
     -------
@@ -757,15 +768,32 @@ def periodogram(
     spacing = [np.ptp(nodes) / max(nodes.size - 1, 1) if nodes.size > 1 else 1.0
                for nodes in [heights, velocities] + extra_nodes]
     steps = xp.asarray(np.asarray(spacing, dtype=np.float64))[:, None]
+    batch = _periodogram_batch
+    if _fused_wanted(xp, fused):
+        from depsi.kernels.periodogram_numba import fused_batch as batch
     parts = []
     for start in range(0, max(K, 1), size):
         stop = min(start + size, K)
-        parts.append(_periodogram_batch(
+        parts.append(batch(
             xp, phase[start:stop], h2ph if h2ph.ndim == 1 else h2ph[start:stop], t, extra_g,
             grid, (E_shared, E_full), steps, m2ph, refine, rcond))
     fields = [xp.concatenate(f) for f in zip(*[p[:-1] for p in parts])]
     extra_values = [xp.concatenate(f) for f in zip(*[p[-1] for p in parts])] if names else []
     return PeriodogramResult(*fields, extra=dict(zip(names, extra_values)))
+
+
+def _fused_wanted(xp, fused: bool | None) -> bool:
+    """Whether :func:`periodogram` runs the compiled kernel (``fused``, else
+    :data:`USE_FUSED`, for NumPy inputs when Numba can be imported)."""
+    if xp is not np or fused is False or (fused is None and not USE_FUSED):
+        return False
+    from depsi.kernels import periodogram_numba
+
+    if not periodogram_numba.AVAILABLE:
+        if fused:
+            raise ImportError("periodogram(fused=True): expected Numba, found it not importable")
+        return False
+    return True
 
 
 def _periodogram_batch(xp, phase, h2ph, t, extra_g, grid: _Grid, tables, steps, m2ph, refine,

@@ -1,0 +1,287 @@
+"""Distributed scatterers against their truth: the SHP test keeps the homogeneous pixels at its
+nominal false-alarm rate, EMI's linked phase is within 1.2x the Cramér-Rao bound, and the
+kernels give the same numbers on NumPy and CuPy (on a GPU where there is one, and through the
+NumPy stand-in for CuPy otherwise).
+
+Tolerances come from the number of samples: a rate measured on N independent trials is allowed
+three binomial standard deviations, ``3 sqrt(p (1 - p) / N)``; an RMSE over P pixels carries
+the standard error of the mean of the pixels' squared errors.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from depsi.conventions import wrap_phase
+from depsi.kernels.backend import cupy_available, to_host
+from depsi.kernels.phase_linking import (
+    cramer_rao_bound,
+    effective_samples,
+    glrt_threshold,
+    link_phases,
+    sample_coherence,
+    temporal_coherence,
+    window_offsets,
+)
+from depsi.processing.distributed import phase_linking, select_shp
+from depsi.simulate.ds import (
+    circular_gaussian_looks,
+    exponential_coherence,
+    simulate_ds_stack,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+ALPHA = 0.05
+#: The issue's bar: EMI's phase RMSE at most this many times the Cramér-Rao bound.
+CRB_FACTOR = 1.2
+
+
+def _binomial_tolerance(p: float, n: int) -> float:
+    return 3.0 * math.sqrt(p * (1.0 - p) / n)
+
+
+# ------------------------------------------------------------------------------ SHP selection
+def _window_truth(truth, window):
+    """For every pixel and window cell: same region (the centre excluded), other region."""
+    region = truth["region"].values
+    half_az, half_rg = window[0] // 2, window[1] // 2
+    padded = np.pad(region.astype(np.int32), ((half_az, half_az), (half_rg, half_rg)),
+                    constant_values=-1)
+    offsets = window_offsets(window)
+    rows = np.arange(region.shape[0])[:, None, None] + half_az + offsets[:, 0]
+    cols = np.arange(region.shape[1])[None, :, None] + half_rg + offsets[:, 1]
+    neighbour = padded[rows, cols]
+    centre = (offsets == 0).all(axis=1)
+    same = (neighbour == region[:, :, None]) & ~centre
+    other = (neighbour >= 0) & (neighbour != region[:, :, None])
+    return same, other
+
+
+def _retention(shp, truth, window):
+    same, other = _window_truth(truth, window)
+    mask = shp["shp"].values
+    return mask[same].mean(), (mask[other].mean() if other.any() else np.nan)
+
+
+def test_glrt_threshold_rejects_alpha_of_equal_powers_on_independent_epochs():
+    rng = np.random.default_rng(31)
+    n_pairs, n_epochs = 20_000, 30
+    intensity = rng.exponential(1.0, (2, n_pairs, n_epochs)).mean(axis=-1)
+    rejected = np.abs(np.log(intensity[0] / intensity[1])) > glrt_threshold(ALPHA, n_epochs)
+    assert abs(rejected.mean() - ALPHA) <= _binomial_tolerance(ALPHA, n_pairs)
+
+
+def test_effective_samples_of_the_default_coherence_model_are_few():
+    times = np.arange(30) * 12.0
+    assert effective_samples(np.eye(30)) == 30
+    assert 5 < effective_samples(exponential_coherence(times)) < 12
+
+
+def test_shp_selection_keeps_the_homogeneous_pixels_at_its_false_alarm_rate():
+    """Three stripes 6 dB apart, correlated speckle (the default coherence model): at alpha the
+    test keeps 1 - alpha of the same-region neighbours, three binomial deviations allowed over
+    the pixels (each pixel's mean enters all its pairs, so pixels, not pairs, are the trials)."""
+    window = (11, 11)
+    stack, truth = simulate_ds_stack(shape=(96, 96), n_epochs=30, seed=11)
+    shp = select_shp(stack, window=window, alpha=ALPHA).compute()
+    kept, accepted_other = _retention(shp, truth, window)
+    assert kept >= 1 - ALPHA - _binomial_tolerance(ALPHA, 96 * 96)
+    assert accepted_other < 0.5  # 6 dB apart: most foreign pixels are told apart
+
+
+def test_shp_false_alarm_rate_is_alpha_in_one_homogeneous_region():
+    window = (11, 11)
+    stack, truth = simulate_ds_stack(shape=(96, 96), n_epochs=30, seed=12,
+                                     region_powers=(1.0,))
+    shp = select_shp(stack, window=window, alpha=ALPHA).compute()
+    kept, _ = _retention(shp, truth, window)
+    # the pixels are the trials, and the threshold is a quantile of 2 x 96 x 94 pairs
+    tolerance = math.hypot(_binomial_tolerance(ALPHA, 96 * 96),
+                           _binomial_tolerance(ALPHA, 2 * 96 * 94))
+    assert abs((1 - kept) - ALPHA) <= tolerance
+
+
+def test_the_textbook_threshold_rejects_far_more_than_alpha_of_correlated_speckle():
+    """Why the threshold is calibrated on the scene: with the exact threshold for independent
+    epochs, coherent speckle (worth ~9 of its 30 epochs) loses a quarter of its SHP."""
+    window = (11, 11)
+    stack, truth = simulate_ds_stack(shape=(64, 64), n_epochs=30, seed=13,
+                                     region_powers=(1.0,))
+    shp = select_shp(stack, window=window, alpha=ALPHA, calibration="epochs").compute()
+    kept, _ = _retention(shp, truth, window)
+    assert kept < 0.85
+    exact = select_shp(stack, window=window, alpha=ALPHA,
+                       calibration=effective_samples(truth["coherence"].values)).compute()
+    assert _retention(exact, truth, window)[0] >= 1 - ALPHA - _binomial_tolerance(ALPHA, 64 * 64)
+
+
+def test_shp_selection_does_not_depend_on_the_chunks():
+    stack, _ = simulate_ds_stack(shape=(50, 70), n_epochs=12, seed=14)
+    one = select_shp(stack.chunk({"azimuth": 50, "range": 70}), window=(5, 7)).compute()
+    many = select_shp(stack.chunk({"azimuth": 16, "range": 24}), window=(5, 7)).compute()
+    np.testing.assert_array_equal(one["shp"].values, many["shp"].values)
+    assert float(one["shp_threshold"]) == float(many["shp_threshold"])
+    centre = int(np.flatnonzero((window_offsets((5, 7)) == 0).all(axis=1))[0])
+    assert one["shp"].values[:, :, centre].all()
+    assert not one["shp"].values[0, 0, 0]  # outside the scene
+
+
+# ---------------------------------------------------------------------------- phase linking
+def _linked_rmse(n_epochs, n_looks, method, seed, n_pixels=1000, **kwargs):
+    """(RMSE, its standard error, CRB) over pixels of the default coherence model."""
+    coherence = exponential_coherence(np.arange(n_epochs) * 12.0)
+    rng = np.random.default_rng(seed)
+    theta = wrap_phase(rng.uniform(-np.pi, np.pi, n_epochs))
+    theta[0] = 0.0
+    looks = circular_gaussian_looks(coherence, theta, (n_pixels, n_looks), rng)
+    with threadpool_limits(1):
+        gamma, _ = sample_coherence(looks)
+        phase, _ = link_phases(gamma, method=method, **kwargs)
+    squared = np.mean(wrap_phase(phase - theta)[:, 1:] ** 2, axis=1)
+    rmse = float(np.sqrt(squared.mean()))
+    standard_error = float(squared.std() / np.sqrt(n_pixels) / (2 * squared.mean()) * rmse)
+    crb = float(np.sqrt(cramer_rao_bound(coherence, n_looks)[1:].mean()))
+    return rmse, standard_error, crb
+
+
+_BELOW_ASYMPTOTE = ("20 looks: EMI at 1.26x the bound; even EMI with the true magnitudes is at "
+                    "1.19x (the bound is asymptotic in the looks)")
+
+
+@pytest.mark.parametrize("n_epochs, n_looks", [
+    pytest.param(30, 20, marks=pytest.mark.xfail(strict=True, reason=_BELOW_ASYMPTOTE)),
+    (30, 50),
+    pytest.param(30, 200, marks=pytest.mark.slow),
+    pytest.param(60, 100, marks=pytest.mark.slow),
+    pytest.param(120, 200, marks=pytest.mark.slow),
+])
+def test_emi_phase_rmse_is_within_1_2_of_the_cramer_rao_bound(n_epochs, n_looks):
+    rmse, standard_error, crb = _linked_rmse(n_epochs, n_looks, "emi", seed=n_epochs + n_looks)
+    assert standard_error < 0.05 * crb  # enough pixels for the verdict to mean something
+    assert rmse <= CRB_FACTOR * crb, f"EMI RMSE {rmse:.4f} rad = {rmse / crb:.3f} x CRB"
+
+
+@pytest.mark.slow
+def test_emi_beats_evd_and_unshrunk_emi_with_few_looks():
+    emi, _, crb = _linked_rmse(60, 50, "emi", seed=7, n_pixels=300)
+    evd, _, _ = _linked_rmse(60, 50, "evd", seed=7, n_pixels=300)
+    published, _, _ = _linked_rmse(60, 50, "emi", seed=7, n_pixels=300, weight_shrinkage=0.0)
+    assert emi < evd < published
+
+
+def test_cramer_rao_bound_falls_as_one_over_looks():
+    coherence = exponential_coherence(np.arange(20) * 12.0)
+    np.testing.assert_allclose(cramer_rao_bound(coherence, 10),
+                               4 * cramer_rao_bound(coherence, 40), rtol=1e-12)
+
+
+def test_bias_correction_brings_the_sample_coherence_magnitude_to_the_truth():
+    coherence = exponential_coherence([0.0, 1e9], gamma0=0.3, gamma_inf=0.3)
+    looks = circular_gaussian_looks(coherence, np.zeros(2), (4000, 10), np.random.default_rng(3))
+    raw = np.abs(sample_coherence(looks)[0][:, 0, 1]) ** 2
+    corrected = np.abs(sample_coherence(looks, bias_correction=True)[0][:, 0, 1]) ** 2
+    assert abs(corrected.mean() - 0.09) < abs(raw.mean() - 0.09) / 2
+
+
+@pytest.mark.slow
+def test_phase_linking_of_a_stack_matches_its_truth_where_the_shp_are_pure():
+    """End to end on a simulated stack: pixels whose SHP hold only their own region are linked
+    as the kernel test says (within 1.2x the bound at their own look count, RMSE over all such
+    pixels); pixels with foreign SHP are worse, and flagged by a lower temporal coherence."""
+    window = (11, 11)
+    stack, truth = simulate_ds_stack(shape=(48, 96), n_epochs=30, seed=21)
+    shp = select_shp(stack, window=window).compute()
+    with threadpool_limits(1):
+        linked = phase_linking(stack, shp).compute()
+    _, other = _window_truth(truth, window)
+    pure = linked["ds_candidate"].values & ~(shp["shp"].values & other).any(axis=-1)
+    error = wrap_phase(linked["phase"].values - truth["phase"].values)[pure][:, 1:]
+    n_looks = linked["shp_count"].values[pure]
+    crb = cramer_rao_bound(np.broadcast_to(truth["coherence"].values, (n_looks.size, 30, 30)),
+                           n_looks)[:, 1:]
+    assert pure.sum() > 1000
+    assert np.sqrt(np.mean(error**2)) <= CRB_FACTOR * np.sqrt(crb.mean())
+    mixed = linked["ds_candidate"].values & ~pure
+    coherence = linked["temporal_coherence"].values
+    assert np.nanmean(coherence[mixed]) < np.nanmean(coherence[pure])
+
+
+# ----------------------------------------------------------------------------- NumPy / CuPy
+def _kernel_outputs(xp, n_epochs=12):
+    """Every kernel on one batch, inputs moved to ``xp``; outputs on the host."""
+    coherence = exponential_coherence(np.arange(n_epochs) * 12.0)
+    rng = np.random.default_rng(5)
+    theta = rng.uniform(-np.pi, np.pi, n_epochs)
+    looks = xp.asarray(circular_gaussian_looks(coherence, theta, (64, 30), rng))
+    gamma, n_looks = sample_coherence(looks, bias_correction=True)
+    out = {"coherence": gamma}
+    for method in ("emi", "evd"):
+        out[f"phase_{method}"], out[f"eigenvalue_{method}"] = link_phases(gamma, method=method)
+    out["temporal_coherence"] = temporal_coherence(gamma, out["phase_emi"])
+    out["crb"] = cramer_rao_bound(gamma, n_looks)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="CuPy or a working CUDA device is missing")
+def test_kernels_on_cupy_match_numpy_to_float32_round_off():
+    import cupy
+
+    cpu, gpu = _kernel_outputs(np), _kernel_outputs(cupy)
+    for name, value in cpu.items():
+        got = to_host(gpu[name])
+        if name.startswith("phase"):
+            got, value = wrap_phase(got - value), np.zeros_like(value)
+        scale = np.sqrt(np.mean(np.abs(value) ** 2)) or 1.0
+        assert np.sqrt(np.mean(np.abs(got - value) ** 2)) / scale < 1e-5, name
+
+
+_STAND_IN_CHECK = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import cupy
+    sys.path.insert(0, sys.argv[1])
+    from kernel_outputs import outputs
+    cpu, gpu = outputs(np), outputs(cupy)
+    for name, value in cpu.items():
+        assert type(gpu[name]).__module__ == "cupy", (name, type(gpu[name]))
+        np.testing.assert_array_equal(np.asarray(gpu[name]), value, err_msg=name)
+    print("same", sorted(cpu))
+""")
+
+
+@pytest.mark.slow  # a child process importing depsi
+@pytest.mark.skipif(cupy_available(), reason="a real GPU is here: the CuPy test covers it")
+def test_kernels_take_one_code_path_on_the_cupy_stand_in(tmp_path):
+    """By construction: with tests/cupy_stand_in.py as ``cupy`` in a child process, the kernels
+    keep their arrays in the "device" namespace end to end and give NumPy's numbers exactly."""
+    package = tmp_path / "stand_in" / "cupy"
+    package.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "cupy_stand_in.py", package / "__init__.py")
+    helper = tmp_path / "helper"
+    helper.mkdir()
+    source = Path(__file__).read_text()
+    start = source.index("def _kernel_outputs")
+    end = source.index("@pytest.mark.gpu")
+    (helper / "kernel_outputs.py").write_text(
+        "import numpy as np\n"
+        "from depsi.kernels.phase_linking import (cramer_rao_bound, link_phases,\n"
+        "    sample_coherence, temporal_coherence)\n"
+        "from depsi.simulate.ds import circular_gaussian_looks, exponential_coherence\n\n"
+        + source[start:end].replace("def _kernel_outputs", "def outputs"))
+    path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _STAND_IN_CHECK, str(helper)],
+                          env=os.environ | {"PYTHONPATH": path}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "same" in done.stdout

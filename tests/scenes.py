@@ -72,6 +72,11 @@ class Family:
     stratified_rate: float = 0.0    # rad/m, std of the per-epoch k_t of k_t * terrain height
     terrain_std: float = 150.0      # m, relief of the terrain height raster
     terrain_length: float = 800.0   # m, Gaussian correlation length of the terrain
+    # motion beyond a straight line (issue 29): drawn from a stream of their own, so a family
+    # with them has the same screens, noise and heights as the family without
+    seasonal_amplitude: tuple[float, float] = (0.0, 0.0)  # m, annual amplitude drawn in range
+    thermal_coefficient: tuple[float, float] = (0.0, 0.0)  # m/K, |coefficient| drawn in range
+    temperature_range: float = 20.0  # K, the annual swing of the temperature series
 
     def with_seed(self, seed: int) -> Family:
         return replace(self, seed=seed)
@@ -223,6 +228,7 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
     xx = (rg - n_rg / 2) / n_rg
     bowl = -f.velocity_max * np.exp(-((yy - 0.1) ** 2 + (xx + 0.15) ** 2) / (2 * 0.18**2))
     velocity = bowl + f.ramp * (0.6 * xx + 0.8 * yy)
+    motion = _nonlinear_motion(f, time, n_ps)
 
     # height errors: white, or one DEM error per block of buildings (plus 10 % white)
     if f.height_blocks > 0:
@@ -251,7 +257,8 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
     h2ph = h2ph_rg[rg]
     scatterer = rng.uniform(-np.pi, np.pi, n_ps)
     phase = (scatterer[:, None] + M2PH * (velocity[:, None] * years[None, :]
-                                          + h2ph * height[:, None]) + aps + slc_noise)
+                                          + h2ph * height[:, None] + motion["displacement"])
+             + aps + slc_noise)
     nad = rng.uniform(0.08, 0.2, n_ps)
     gain = np.exp(rng.uniform(np.log(3.0), np.log(20.0), n_ps))
     ps_amp = gain[:, None] * np.abs(1.0 + nad[:, None] * rng.standard_normal((n_ps, T)))
@@ -269,11 +276,78 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
         attrs={"wavelength": WAVELENGTH, "azimuth_spacing": PIXEL, "range_spacing": PIXEL,
                "mother_time": str(time[mother]), "scene_family": f.name})
     truth = {"azimuth": az, "range": rg, "velocity": velocity, "height_error": height,
-             "aps": aps, "noise": noise, "h2ph": h2ph, "years": years, "family": asdict(f)}
+             "aps": aps, "noise": noise, "h2ph": h2ph, "years": years, "family": asdict(f),
+             **motion}
+    # the interferometric phase without the scatterer's own: what unwrapping must recover
+    truth["unwrapped"] = (M2PH * (velocity[:, None] * years[None, :] + h2ph * height[:, None]
+                                  + motion["displacement"]
+                                  - motion["displacement"][:, mother:mother + 1])
+                          + aps + noise)
     if terrain is not None:
         stack["terrain_height"] = (("azimuth", "range"), terrain.astype(np.float32))
         truth["terrain_height"] = terrain[az, rg]
     return stack, truth
+
+
+def _nonlinear_motion(f: Family, time: np.ndarray, n_ps: int) -> dict:
+    """Seasonal and thermal displacement of each PS (m, PS x epoch), their coefficients, and
+    the temperature series (K): an annual swing of ``temperature_range`` peaking in mid-July
+    plus weather of 2.5 K std. Drawn from a stream keyed on the seed alone."""
+    rng = np.random.default_rng(np.random.SeedSequence([20261202, f.seed]))
+    day = (time - time.astype("datetime64[Y]")) / np.timedelta64(1, "D")
+    calendar = ((time - np.datetime64(str(time.min())[:4] + "-01-01"))
+                / np.timedelta64(1, "D") / 365.25)
+    temperature = (12.0 + 0.5 * f.temperature_range * np.cos(2 * np.pi * (day - 196) / 365.25)
+                   + rng.normal(0.0, 2.5, len(time)))
+    amplitude = rng.uniform(*f.seasonal_amplitude, n_ps)
+    peak = rng.uniform(0.0, 2 * np.pi, n_ps)
+    seasonal_sin, seasonal_cos = amplitude * np.cos(peak), amplitude * np.sin(peak)
+    thermal = rng.uniform(*f.thermal_coefficient, n_ps) * rng.choice([-1.0, 1.0], n_ps)
+    anomaly = temperature - temperature.mean()
+    displacement = (seasonal_sin[:, None] * np.sin(2 * np.pi * calendar)[None, :]
+                    + seasonal_cos[:, None] * np.cos(2 * np.pi * calendar)[None, :]
+                    + thermal[:, None] * anomaly[None, :])
+    return {"displacement": displacement, "seasonal_sin": seasonal_sin,
+            "seasonal_cos": seasonal_cos, "thermal": thermal, "temperature": temperature,
+            "calendar": calendar}
+
+
+def write_temperature(truth: dict, time: np.ndarray, path) -> str:
+    """The truth's temperature series as the CSV ``model.temperature`` reads; its path."""
+    lines = ["date,temperature"] + [f"{str(t)[:10]},{value:.3f}"
+                                    for t, value in zip(time, truth["temperature"])]
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return str(path)
+
+
+def motion_bounds(truth: dict, which: np.ndarray, columns: dict) -> dict:
+    """Cramer-Rao bound (std) of each coefficient of the full model ``[t, h2ph, 1] +
+    columns`` (name to (T,) regressor) on PS ``which``, for errors white in time of the
+    scene's noise and screen variance per epoch (the phase with its atmosphere, as the
+    chain's final fit sees it): the root mean over the PS of each coefficient's variance."""
+    f = truth["family"]
+    h2ph, years = truth["h2ph"][which], truth["years"]
+    n, T = h2ph.shape
+    variance = f["noise_std"] ** 2 + f["aps_std"] ** 2  # rad^2, per epoch
+    design = np.stack([np.broadcast_to(years, (n, T)), h2ph, np.ones((n, T))]
+                      + [np.broadcast_to(g, (n, T)) for g in columns.values()], axis=2)
+    inverse = np.linalg.inv(np.einsum("ntp,ntq->npq", design, design))
+    diagonal = variance / M2PH ** 2 * np.einsum("npp->np", inverse)
+    names = ["velocity", "height_error", "offset"] + list(columns)
+    return {name: float(np.sqrt(diagonal[:, i].mean())) for i, name in enumerate(names)}
+
+
+def wrong_ambiguities(result: xr.Dataset, truth: dict) -> int:
+    """PS of the result with at least one epoch a whole cycle off the true unwrapped phase
+    (after the common reference series and each PS's constant are removed)."""
+    idx = truth_index(truth, result["azimuth"].values, result["range"].values)
+    ok = idx >= 0
+    found = (result["unwrapped_phase"] + result["aps"]).transpose("space", "time").values[ok]
+    difference = found.astype(np.float64) - truth["unwrapped"][idx[ok]]
+    difference -= np.median(difference, axis=0)[None, :]  # the reference's series
+    difference -= np.median(difference, axis=1)[:, None]  # each PS's constant
+    return int((np.abs(np.rint(difference / (2 * np.pi))) > 0).any(axis=1).sum())
 
 
 def _fit(h2ph, years, phase):

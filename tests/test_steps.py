@@ -59,6 +59,39 @@ ALTERNATES = {
     "densification.k": 5,
     "densification.max_distance": 60.0,
     "densification.min_coherence": 0.9,
+    "model.terms": ["seasonal"],
+    "model.arcs": ["seasonal"],
+    "model.densification": ["seasonal"],
+    "model.temperature": "cold.csv",  # a file of the fixture's folder
+    "model.step_dates": ["2020-05-01"],
+    "model.breakpoint_dates": ["2020-05-01"],
+    "model.seasonal_range": (-0.01, 0.01),
+    "model.thermal_range": (-0.0005, 0.0005),
+    "model.step_range": (-0.01, 0.01),
+    "model.breakpoint_range": (-0.01, 0.01),
+    "model.choice": "full",
+    "model.alpha": 0.2,
+}
+
+#: The model section's fields act only with terms: each is changed on top of this section (its
+#: files in the fixture's folder), and its products are compared with those of the section.
+MODEL_CONTEXTS = {
+    "model.arcs": {"terms": ["seasonal"], "arcs": [], "densification": []},
+    "model.densification": {"terms": ["seasonal"], "arcs": [], "densification": []},
+    "model.temperature": {"terms": ["thermal"], "temperature": "warm.csv", "arcs": [],
+                          "densification": []},
+    "model.step_dates": {"terms": ["step"], "step_dates": ["2020-03-01"], "arcs": [],
+                         "densification": []},
+    "model.breakpoint_dates": {"terms": ["breakpoint"], "breakpoint_dates": ["2020-03-01"],
+                               "arcs": [], "densification": []},
+    "model.seasonal_range": {"terms": ["seasonal"], "densification": []},
+    "model.thermal_range": {"terms": ["thermal"], "temperature": "warm.csv",
+                            "densification": []},
+    "model.step_range": {"terms": ["step"], "step_dates": ["2020-03-01"], "densification": []},
+    "model.breakpoint_range": {"terms": ["breakpoint"], "breakpoint_dates": ["2020-03-01"],
+                               "densification": []},
+    "model.choice": {"terms": ["seasonal"], "arcs": [], "densification": []},
+    "model.alpha": {"terms": ["seasonal"], "arcs": [], "densification": []},
 }
 
 
@@ -91,6 +124,22 @@ def _products(points: xr.Dataset, config: ChainConfig) -> dict[str, xr.Dataset]:
 @pytest.fixture(scope="module")
 def base(points):
     return _products(points, chain_config(BASE))
+
+
+@pytest.fixture(scope="module")
+def temperatures(points, tmp_path_factory):
+    """The folder of two temperature series of the points' epochs (the model section's files)."""
+    folder = tmp_path_factory.mktemp("temperature")
+    days = np.arange(points.sizes["time"])
+    for name, swing in (("warm.csv", 10.0), ("cold.csv", 4.0)):
+        values = 12 + swing * np.cos(2 * np.pi * days / 9) + 3 * np.sin(days)
+        (folder / name).write_text("date,temperature\n" + "".join(
+            f"{str(t)[:10]},{v:.2f}\n" for t, v in zip(points["time"].values, values)))
+    return folder
+
+
+def _in_folder(section: dict, folder) -> dict:
+    return {k: str(folder / v) if k == "temperature" else v for k, v in section.items()}
 
 
 def test_every_chain_field_has_a_test():
@@ -134,9 +183,18 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
 
 @pytest.mark.parametrize("field", sorted(ALTERNATES))
 @pytest.mark.slow
-def test_every_chain_field_changes_the_products(points, base, field):
+def test_every_chain_field_changes_the_products(points, base, temperatures, field):
     section, name = field.split(".")
     value = ALTERNATES[field]
+    if field in MODEL_CONTEXTS:
+        context = _in_folder(MODEL_CONTEXTS[field], temperatures)
+        changed = _in_folder({**context, name: value}, temperatures)
+        assert changed != context
+        before = _products(points, chain_config(BASE, model=context))
+        after = _products(points, chain_config(BASE, model=changed))
+        steps = [step for step, ds in after.items() if not ds.identical(before[step])]
+        assert steps, f"{field}={value!r} changed no product"
+        return
     if field == "integration.reference":
         value = int(base["network"]["point_index"].values[7])
     if field == "integration.reference_lonlat":
@@ -217,7 +275,7 @@ def test_a_step_sees_only_its_declared_sections():
             value = config
             for part in dotted.split("."):
                 value = getattr(value, part)
-    assert BY_NAME["model"].sections == ("atmosphere",)
+    assert BY_NAME["model"].sections == ("atmosphere", "model")
 
 
 def test_run_ps_chain_lets_each_product_go_after_its_last_reader(points, monkeypatch):

@@ -94,8 +94,10 @@ def point_ids(result: xr.Dataset) -> np.ndarray:
 
 
 def point_table(result: xr.Dataset) -> pd.DataFrame:
-    """One row per point: :data:`POINT_COLUMNS` present in ``result``, then ``d_YYYYMMDD``
-    and, where the result has ``displacement_std``, ``std_d_YYYYMMDD``.
+    """One row per point: :data:`POINT_COLUMNS` present in ``result``, the model each point
+    kept (``model``) and its terms' coefficients and stds (``seasonal_sin``,
+    ``seasonal_sin_std``, ...) where the chain had model terms, then ``d_YYYYMMDD`` and, where
+    the result has ``displacement_std``, ``std_d_YYYYMMDD``.
 
     With the geometry from the orbits the table also carries each point's line of sight
     (``los_east``/``los_north``/``los_up``, unit vector to the satellite), its incidence angle
@@ -120,6 +122,14 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
     for name in POINT_COLUMNS[1:]:
         if name in result.variables:
             columns[name] = np.asarray(result[name].values)
+    if "model_choice" in result.variables and "model_names" in result.attrs:
+        # the model each point kept, by name, and its terms' coefficients with their stds
+        names = np.asarray(list(result.attrs["model_names"]), dtype=object)
+        columns["model"] = names[np.asarray(result["model_choice"].values, dtype=np.int64)]
+    for name in result.attrs.get("model_columns", ()):
+        for column in (name, f"{name}_std"):
+            if column in result.variables:
+                columns[column] = np.asarray(result[column].values)
     frame = pd.DataFrame(columns)
     dates = pd.DatetimeIndex(result["time"].values).strftime("%Y%m%d")
     displacement = pd.DataFrame(

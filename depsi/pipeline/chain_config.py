@@ -13,6 +13,7 @@ from depsi.processing.atmosphere import AtmosphereConfig
 from depsi.processing.densification import DensificationConfig
 from depsi.processing.integration import IntegrationConfig
 from depsi.processing.network import NetworkConfig
+from depsi.processing.temporal_model import ModelConfig
 from depsi.sections import Section, describe_errors
 
 
@@ -28,6 +29,9 @@ class ChainConfig(Section):
         default_factory=AtmosphereConfig, description="Atmospheric phase screen.")
     densification: DensificationConfig = Field(
         default_factory=DensificationConfig, description="Densification of the PS set.")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="Temporal model terms beyond velocity and "
+                                                 "height error, per step, and their choice.")
 
 
 #: Deprecated flat keywords of :func:`~depsi.pipeline.chain.run_ps_chain` and the

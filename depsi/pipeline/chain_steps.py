@@ -46,6 +46,12 @@ from depsi.processing.network import (
     worker_threads,
 )
 from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
+from depsi.processing.temporal_model import (
+    TemporalModel,
+    fit_terms_with_atmosphere,
+    refit_with_terms,
+    temporal_model,
+)
 from depsi.stm.dask_tools import computed_in_place, culled_rows, release_memory
 from depsi.stm.schema import validate
 
@@ -175,6 +181,18 @@ def _network_points(network: xr.Dataset) -> xr.Dataset:
     return network.drop_dims(EDGE) if EDGE in network.dims else network
 
 
+def _terms(config: ChainConfig, product: xr.Dataset) -> TemporalModel:
+    """The regressors of ``model.terms`` at the epochs of ``product``."""
+    return temporal_model(config.model, product["time"].values)
+
+
+def _searched(config: ChainConfig, product: xr.Dataset, step: str) -> dict[str, tuple]:
+    """The terms ``step``'s periodogram searches (``model.arcs`` or ``model.densification``;
+    null: every term), as the kernel's ``extra_regressors``."""
+    return _terms(config, product).search(getattr(config.model, step),
+                                          float(product.attrs["wavelength"]))
+
+
 @single_threaded_blas()
 def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = None,
               compute: bool = True) -> xr.Dataset:
@@ -190,7 +208,8 @@ def arcs_step(network: xr.Dataset, config: ChainConfig, *, devices: Devices = No
     estimated = estimate_arcs(arcs, height_range=section.height_range,
                               velocity_range=section.velocity_range,
                               height_step=section.height_step,
-                              velocity_step=section.velocity_step, devices=devices)
+                              velocity_step=section.velocity_step, devices=devices,
+                              extra_regressors=_searched(config, points, "arcs"))
     # only the estimates are computed, each into one array: the arcs' phase and h2ph (in
     # memory already) are not copied again, and no chunk list is concatenated
     new = [name for name in estimated.data_vars if name not in arcs.data_vars]
@@ -226,6 +245,7 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
     positions = point_positions(points)
     height = heights_resolvable(points["h2ph"])  # decided once, for every batch
     section = config.arcs
+    searched = _searched(config, points, "arcs")
     observations = empty_observations(source, target, points.sizes["time"])
     for start in range(0, len(source), ARC_BATCH):
         rows = slice(start, start + ARC_BATCH)
@@ -234,7 +254,7 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
                                   velocity_range=section.velocity_range,
                                   height_step=section.height_step,
                                   velocity_step=section.velocity_step, devices=devices,
-                                  height=height)
+                                  height=height, extra_regressors=searched)
         new = [name for name in estimated.data_vars if name not in arcs.data_vars]
         fill_observations(observations, start, arcs.assign(computed_in_place(estimated[new])))
         logger.info("arcs: %d of %d estimated", min(start + ARC_BATCH, len(source)),
@@ -301,6 +321,9 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
     result = integrate_network(points, arcs, reference=reference,
                                min_coherence=section.min_coherence, alpha=section.alpha,
                                max_iterations=section.max_iterations)
+    # with model terms, the points' motion as the whole model (the atmosphere's residual and
+    # densification's local reference read it)
+    result = refit_with_terms(result, _terms(config, result))
     record = replace(record, reference=int(result.attrs["reference"]))
     return with_cf_attributes(record.on(result))
 
@@ -315,6 +338,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         section = config.atmosphere
         points = _network_points(network)
         record = ChainRecord.of(first, "atmosphere")
+        terms = _terms(config, first)
         if section.correlated_height and section.method == "none":
             logger.info("atmosphere.correlated_height needs an atmosphere method: not applied")
         if section.method == "none":
@@ -327,7 +351,8 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             kept = first.isel(space=keep)
             kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
             screen = estimate_atmosphere(kept, method=section.method,
-                                         temporal_window=section.temporal_window)
+                                         temporal_window=section.temporal_window,
+                                         regressors=terms.regressors)
             # the second pass needs only the screen: the first pass's result (given the only
             # reference, as run_ps_chain gives it) and its kept copy go
             screen_attrs = {a: screen.attrs[a] for a in screen.attrs
@@ -359,14 +384,17 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                                            max_iterations=integration.max_iterations)
                 result.attrs["second_pass"] = "network"
                 del observations
+            result = refit_with_terms(result, terms)
             result["aps"] = ("space", "time"), aps
             result["aps_observed"] = (("space", "time"),
                                       screen["aps_observed"].transpose("space", "time").values)
             result.attrs.update(screen_attrs)
         if config.integration.reference_noise:
-            result = remove_reference_noise(result)
+            result = remove_reference_noise(result, regressors=terms.regressors)
         # before densification: densified points are tied to these values and reference phase
         result = apply_reference_area(result, config.integration.reference_radius)
+        # the terms' coefficients follow the datum's phases (velocity and height refitted too)
+        result = refit_with_terms(result, terms)
         record = replace(record, reference=int(result.attrs["reference"]),
                          reference_radius=float(result.attrs["reference_radius"]),
                          n_reference_area=int(result.attrs["n_reference_area"]))
@@ -401,13 +429,15 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                           first["point_index"].values[first["in_network"].values])
     if not others.size:
         return with_cf_attributes(result_view(first.isel(space=slice(0, 0)), order=2))
-    first_kept = _kept(first, DENSIFY_READS)
+    terms = _terms(config, first)
+    first_kept = _kept(first, DENSIFY_READS + terms.columns)
     section, arcs = config.densification, config.arcs
     dense = densify(points.isel(space=others), first_kept, k=section.k,
                     max_distance=section.max_distance, min_coherence=section.min_coherence,
                     height_range=arcs.height_range, velocity_range=arcs.velocity_range,
                     height_step=arcs.height_step, velocity_step=arcs.velocity_step,
-                    devices=devices)
+                    devices=devices, regressors=terms.regressors,
+                    extra_regressors=_searched(config, first, "densification"))
     del first_kept  # each chunk's task holds its own neighbours' rows
     # a few chunks at a time, each chunk's accepted points written into arrays sized for every
     # candidate (pages the rejected ones would take are never touched): memory follows the
@@ -464,14 +494,24 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         out = out.assign(h2ph=(h2ph.dims, values))
         out.attrs = {"wavelength": float(points.attrs["wavelength"]),
                      "mother_time": str(points.attrs.get("mother_time", ""))}
+        # the scene's pixel spacing places the points for the correlated-height kriging (the
+        # Sentinel-1 default stretches a 10 m x 10 m grid 3.5 : 1)
+        out.attrs.update({name: float(points.attrs[name]) for name in
+                          ("azimuth_spacing", "range_spacing") if name in points.attrs})
         section = config.atmosphere
-        if section.method != "none":
+        terms = _terms(config, out)
+        if terms:  # every method: aps is zero without one
+            out = fit_terms_with_atmosphere(out, terms, choice=config.model.choice,
+                                            alpha=config.model.alpha)
+        elif section.method != "none":
             out = fit_with_atmosphere(out, devices=devices)
+        if section.method != "none":
             if section.correlated_height:
                 # out is this step's own: its series are updated in place (no second copy)
                 out = estimate_correlated_height(out, overwrite=True)
-        out = point_uncertainty(out).drop_vars("h2ph")
-        fitted = {k: v for k, v in out.attrs.items() if k.startswith("correlated_height_")}
+        out = point_uncertainty(out, terms).drop_vars("h2ph")
+        fitted = {k: v for k, v in out.attrs.items()
+                  if k.startswith(("correlated_height_", "model_"))}
         out.attrs = dict(points.attrs) | fitted
         out.attrs.pop("interferogram", None)
         out.attrs.update({

@@ -41,6 +41,7 @@ from depsi.processing.densification import DensificationConfig
 from depsi.processing.integration import IntegrationConfig
 from depsi.processing.network import NetworkConfig
 from depsi.processing.selection import SelectionConfig
+from depsi.processing.temporal_model import ModelConfig
 from depsi.sections import Section as _Section
 
 # the compute sections live with the schedulers, the base of every section below both;
@@ -262,6 +263,7 @@ class PipelineConfig(_Section):
     integration: IntegrationConfig = ChainConfig.model_fields["integration"]
     atmosphere: AtmosphereConfig = ChainConfig.model_fields["atmosphere"]
     densification: DensificationConfig = ChainConfig.model_fields["densification"]
+    model: ModelConfig = ChainConfig.model_fields["model"]
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     compute: ComputeConfig = Field(
         default_factory=ComputeConfig, description="Scheduler, workers and devices.")

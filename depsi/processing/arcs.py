@@ -8,7 +8,7 @@ adds ``height_error``, ``velocity``, ``temporal_coherence`` and ``ambiguity`` (D
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import xarray as xr
@@ -56,11 +56,15 @@ _TWO_PI = 2.0 * np.pi
 
 
 def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, velocity_range,
-               height_step, velocity_step, devices, chunk_starts, with_height=True):
-    """Periodogram of one block of arcs on its chunk's device; NumPy in, NumPy out."""
+               height_step, velocity_step, devices, chunk_starts, with_height=True,
+               extra_regressors=None):
+    """Periodogram of one block of arcs on its chunk's device; NumPy in, NumPy out (the extra
+    terms' coefficients last, in the order of ``extra_regressors``)."""
+    extra_regressors = extra_regressors or {}
     if phase.shape[0] == 0:
         empty = np.zeros(0)
-        return (empty, empty, empty, np.zeros(phase.shape, np.int32), np.zeros(0, np.int8))
+        return ((empty, empty, empty, np.zeros(phase.shape, np.int32), np.zeros(0, np.int8))
+                + (empty,) * len(extra_regressors))
     device = chunk_device(devices, chunk_index(chunk_starts, int(position[0])))
     with use_device(device):
         # without height, the kernel's velocity-only search (h2ph=None): height_error exactly 0
@@ -68,9 +72,11 @@ def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, veloci
                              to_device(h2ph, device) if with_height else None, years,
                              wavelength=wavelength, height_range=height_range,
                              velocity_range=velocity_range, height_step=height_step,
-                             velocity_step=velocity_step)
-    return (to_host(result.height_error), to_host(result.velocity), to_host(result.coherence),
-            to_host(result.ambiguity), to_host(result.flag))
+                             velocity_step=velocity_step,
+                             extra_regressors=extra_regressors or None)
+    return ((to_host(result.height_error), to_host(result.velocity), to_host(result.coherence),
+             to_host(result.ambiguity), to_host(result.flag))
+            + tuple(to_host(result.extra[name]) for name in extra_regressors))
 
 
 def heights_resolvable(h2ph: xr.DataArray) -> bool:
@@ -94,6 +100,7 @@ def estimate_arcs(
     velocity_step: float | None = None,
     devices: Sequence[Device | str | int] | None = None,
     height: bool | None = None,
+    extra_regressors: Mapping[str, tuple] | None = None,
 ) -> xr.Dataset:
     """Estimate height-error and velocity differences of every arc with the periodogram.
 
@@ -119,6 +126,12 @@ def estimate_arcs(
         :func:`depsi.kernels.periodogram.periodogram`), ``height_error`` is exactly 0 (fixed, not
         estimated) and ``attrs['height_estimated']`` is False. ``True`` with an ``h2ph`` that
         does not vary gives flagged NaN arcs (see :class:`depsi.kernels.flags.Flag`).
+    extra_regressors
+        Further terms searched on the grid, name to ``(values (T,), (low, high))`` as
+        :func:`depsi.kernels.periodogram.periodogram` takes them (e.g. the seasonal terms of
+        :meth:`depsi.processing.temporal_model.TemporalModel.search`): an unmodelled seasonal
+        or thermal signal of a few millimetres would otherwise cost whole cycles. Each adds a
+        variable of that name (the arc's coefficient difference). Needs ``height``.
 
     Returns
     -------
@@ -144,6 +157,10 @@ def estimate_arcs(
     years = years_since_mother(arcs)
     if height is None:
         height = heights_resolvable(arcs["h2ph"])
+    extra = dict(extra_regressors or {})
+    if extra and not height:
+        raise ValueError(f"model terms {sorted(extra)}: the arcs' search of extra terms needs "
+                         "h2ph that varies over the epochs (heights estimated)")
     arcs_in = arcs
     if arcs["phase"].chunks is None:
         # in memory: chunks that are views (Dataset.chunk would first copy every array)
@@ -168,25 +185,27 @@ def estimate_arcs(
     outputs = xr.apply_ufunc(
         _arc_block, phase, h2ph, position,
         input_core_dims=[["time"], h2ph_core, []],
-        output_core_dims=[[], [], [], ["time"], []],
+        output_core_dims=[[], [], [], ["time"], []] + [[]] * len(extra),
         dask="parallelized",
-        output_dtypes=[np.float64, np.float64, np.float64, np.int32, np.int8],
+        output_dtypes=[np.float64, np.float64, np.float64, np.int32, np.int8]
+        + [np.float64] * len(extra),
         kwargs=dict(years=years, wavelength=float(arcs.attrs["wavelength"]),
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
                     height_step=height_step, velocity_step=velocity_step,
                     devices=tuple(chosen), chunk_starts=chunk_starts(phase.chunks[0]),
-                    with_height=bool(height)),
+                    with_height=bool(height), extra_regressors=extra),
     )
-    height_error, velocity, coherence, ambiguity, flag = outputs
+    height_error, velocity, coherence, ambiguity, flag = outputs[:5]
     out = arcs_in.assign(
         height_error=height_error.astype(np.float32),
         velocity=velocity.astype(np.float32),
         temporal_coherence=coherence.astype(np.float32),
         ambiguity=ambiguity.transpose("arc", "time"),
         flag=flag,
+        **{name: value.astype(np.float32) for name, value in zip(extra, outputs[5:])},
     )
     out.attrs.update({"height_range": list(height_range), "velocity_range": list(velocity_range),
                       "missing_ambiguity": int(MISSING_AMBIGUITY),
-                      "height_estimated": int(bool(height))})
+                      "height_estimated": int(bool(height)), "extra_terms": list(extra)})
     logger.info("arc estimation: %d arcs (lazy)", arcs.sizes["arc"])
     return out

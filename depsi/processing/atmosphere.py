@@ -11,6 +11,7 @@ any point set (DESIGN.md §1).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Literal
 
 import numpy as np
@@ -88,17 +89,11 @@ def _variogram_pairs(positions: np.ndarray, seed: int) -> tuple[np.ndarray, np.n
     return i[keep], j[keep]
 
 
-def fit_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0) -> dict:
-    """Fit an exponential variogram ``nugget + sill (1 - exp(-h / range))`` to ``values``
-    ``(N, T)`` (all epochs pooled, each epoch's mean removed) on sampled point pairs.
-
-    Examples
-    --------
-    >>> rng = np.random.default_rng(0)
-    >>> fit = fit_variogram(rng.uniform(0, 1000, (200, 2)), rng.normal(0, 1, (200, 5)))
-    >>> sorted(fit)
-    ['nugget', 'range', 'sill']
-    """
+def empirical_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Binned semivariance of ``values`` ``(N, T)`` (all epochs pooled, each epoch's mean
+    removed) on sampled point pairs: mean distance (m), semivariance and pairs of each
+    non-empty bin, bins log-spaced from the point spacing to half the extent."""
     i, j = _variogram_pairs(positions, seed)
     dist = np.hypot(*(positions[i] - positions[j]).T)
     centred = values - np.nanmean(values, axis=0, keepdims=True)
@@ -115,14 +110,27 @@ def fit_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0) -
     sums = np.bincount(which[ok], semi[ok], minlength=_VARIOGRAM_BINS)
     dsums = np.bincount(which[ok], dist[ok], minlength=_VARIOGRAM_BINS)
     used = counts > 0
-    h = dsums[used] / counts[used]
-    gamma = sums[used] / counts[used]
-    total = float(np.nanvar(centred))
+    return dsums[used] / counts[used], sums[used] / counts[used], counts[used]
+
+
+def fit_variogram(positions: np.ndarray, values: np.ndarray, *, seed: int = 0) -> dict:
+    """Fit an exponential variogram ``nugget + sill (1 - exp(-h / range))`` to ``values``
+    ``(N, T)`` (all epochs pooled, each epoch's mean removed) on sampled point pairs.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> fit = fit_variogram(rng.uniform(0, 1000, (200, 2)), rng.normal(0, 1, (200, 5)))
+    >>> sorted(fit)
+    ['nugget', 'range', 'sill']
+    """
+    h, gamma, counts = empirical_variogram(positions, values, seed=seed)
+    total = float(np.nanvar(values - np.nanmean(values, axis=0, keepdims=True)))
     try:
         (nugget, sill, length), _ = curve_fit(
             _exponential, h, gamma, p0=[0.1 * total, 0.9 * total, h.max() / 3],
             bounds=([0, 1e-12, 1e-3 * h.max() + 1e-9], [np.inf, np.inf, 10 * h.max() + 1]),
-            sigma=1.0 / np.sqrt(counts[used]), maxfev=5000)
+            sigma=1.0 / np.sqrt(counts), maxfev=5000)
     except (RuntimeError, ValueError):
         logger.warning("variogram fit failed; using a pure nugget over the sample variance")
         nugget, sill, length = 0.5 * total, 0.5 * total, h.max() / 3
@@ -230,6 +238,7 @@ def estimate_atmosphere(
     *,
     method: Literal["auto", "kriging", "gaussian"] = DEFAULT_METHOD,
     temporal_window: float = DEFAULT_TEMPORAL_WINDOW,
+    regressors: Mapping[str, np.ndarray] | None = None,
 ) -> xr.Dataset:
     """Estimate the atmospheric phase screen at the points of an integrated network.
 
@@ -247,6 +256,11 @@ def estimate_atmosphere(
     temporal_window
         Sigma (years) of the temporal Gaussian low-pass of the residual phase; what it passes
         is treated as unmodelled deformation, the rest as atmosphere plus noise.
+    regressors
+        Further model terms, column name to ``(T,)`` values (metres per unit coefficient, e.g.
+        :attr:`depsi.processing.temporal_model.TemporalModel.regressors`): each point's
+        coefficient is read from ``points_result[name]`` and its motion taken out of the
+        residual with the velocity and height error's.
 
     Returns
     -------
@@ -292,6 +306,8 @@ def estimate_atmosphere(
                            .reshape(ds.sizes["space"], -1), unwrapped.shape)
     model = m2ph * (ds["velocity"].values[:, None] * years[None, :]
                     + h2ph * ds["height_error"].values[:, None])
+    for name, values in (regressors or {}).items():
+        model += m2ph * ds[name].values.astype(np.float64)[:, None] * np.asarray(values)[None, :]
     use &= np.isfinite(unwrapped).all(axis=1) & np.isfinite(model).all(axis=1)
     if use.sum() < 3:
         raise ValueError(f"points_result: expected at least 3 network points with finite "

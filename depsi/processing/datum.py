@@ -6,6 +6,7 @@ own noise.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import xarray as xr
@@ -104,7 +105,8 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     return out
 
 
-def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS) -> xr.Dataset:
+def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
+                           regressors: Mapping[str, np.ndarray] | None = None) -> xr.Dataset:
     """Take the results relative to the reference point's signal rather than its noisy phase.
 
     Every integrated value is relative to the reference point, so the reference's own phase
@@ -124,6 +126,12 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS)
     k
         Neighbours averaged (default :data:`REFERENCE_NEIGHBOURS`); fewer when the network is
         smaller.
+    regressors
+        Further model terms, column name to ``(T,)`` values (m per unit coefficient), whose
+        coefficients ``result`` holds under those names: taken out of the neighbours' residuals
+        with velocity and height error (a seasonal signal left in would be read as the
+        reference's noise). Refit the terms afterwards
+        (:func:`depsi.processing.temporal_model.refit_with_terms`).
 
     Returns
     -------
@@ -167,6 +175,8 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS)
     height = result["height_error"].values.astype(np.float64)
     residual = unwrapped[nbrs] - m2ph * (velocity[nbrs, None] * years
                                          + h2ph[nbrs] * height[nbrs, None])
+    for name, values in (regressors or {}).items():  # the model's other terms
+        residual -= m2ph * result[name].values[nbrs, None] * np.asarray(values)[None, :]
     phasor = np.exp(1j * residual)
     phasor *= np.exp(-1j * np.angle(phasor.mean(axis=1, keepdims=True)))  # own constant out
     noise = -np.angle(phasor.mean(axis=0))  # the reference's term, sign of its own noise

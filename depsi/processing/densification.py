@@ -15,8 +15,8 @@ chunk size.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import dask
 import dask.array as da
@@ -94,6 +94,7 @@ class _Shared:
     wavelength: float
     kriging: ScreenInterpolator | None  # the screen when kriged; None otherwise
     gaussian_length: float | None  # the Gaussian screen's sigma (m); None when not Gaussian
+    regressors: dict[str, np.ndarray] = field(default_factory=dict)  # model terms, (T,) each
 
 
 def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTree, k: int,
@@ -195,6 +196,9 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
     has = total > 0
     weight /= np.where(has, total, 1.0)[:, None]
     local, local_velocity, local_height, local_h2ph = _local_reference(first, idx, weight)
+    # the model terms: the local reference's, plus the candidate's own where searched
+    terms = {name: np.sum(weight * first[f"fo_{name}"][idx], axis=1)
+             for name in shared.regressors}
     reduced = wrap_phase(base - local)
     if n:
         with use_device(device):
@@ -203,6 +207,8 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
                               wavelength=wavelength, **periodogram_options)
         velocity = local_velocity + to_host(res.velocity)
         height = local_height + to_host(res.height_error)
+        for name, value in res.extra.items():
+            terms[name] = terms[name] + to_host(value)
         amb = to_host(res.ambiguity)
         del res
     else:
@@ -214,6 +220,8 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
     ambiguity = np.rint((local + reduced - base) / _TWO_PI) + np.where(has[:, None], amb, 0)
     unwrapped = base + _TWO_PI * ambiguity
     residual = unwrapped - m2ph * (velocity[:, None] * years[None, :] + h2ph * height[:, None])
+    for name, values in terms.items():
+        residual -= m2ph * values[:, None] * shared.regressors[name][None, :]
     coherence = result_coherence(residual)
     displacement = unwrapped / m2ph - h2ph * height[:, None]
     displacement -= displacement[:, :1]
@@ -232,9 +240,13 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
     }
 
 
-def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
-    """The first-order quantities densification needs, on their own dim (one chunk)."""
-    required = ("unwrapped_phase", "velocity", "height_error", "h2ph", "reference_phase")
+def _first_order_table(first_order: xr.Dataset,
+                       regressors: Mapping[str, np.ndarray] | None = None) -> xr.Dataset:
+    """The first-order quantities densification needs, on their own dim (one chunk); with
+    model terms, each point's coefficient of each (``fo_<name>``)."""
+    regressors = dict(regressors or {})
+    required = ("unwrapped_phase", "velocity", "height_error", "h2ph", "reference_phase",
+                *regressors)
     validate(first_order, "points", require=required, require_wavelength=True)
     fo = first_order
     if "in_network" in fo:
@@ -246,8 +258,10 @@ def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
     height = fo["height_error"].values.astype(np.float64)
     unwrapped = fo["unwrapped_phase"].transpose("space", "time").values
     # each point's residual from its own model, less its constant phase
-    residual = unwrapped - phase_per_metre(float(fo.attrs["wavelength"])) * (
-        velocity[:, None] * years_since_mother(fo)[None, :] + h2ph * height[:, None])
+    motion = velocity[:, None] * years_since_mother(fo)[None, :] + h2ph * height[:, None]
+    for name, values in regressors.items():
+        motion = motion + fo[name].values.astype(np.float64)[:, None] * values[None, :]
+    residual = unwrapped - phase_per_metre(float(fo.attrs["wavelength"])) * motion
     # its constant phase to float32's precision (only the cycles against the nearest
     # neighbour's are read of it)
     residual -= np.angle(mean_phasor(residual))[:, None]
@@ -258,6 +272,7 @@ def _first_order_table(first_order: xr.Dataset) -> xr.Dataset:
         "fo_h2ph": ((_FIRST, "time"), h2ph),
         "fo_residual": ((_FIRST, "time"), residual.astype(np.float32)),
         "fo_reference_phase": ("time", fo["reference_phase"].values),
+        **{f"fo_{name}": (_FIRST, fo[name].values.astype(np.float64)) for name in regressors},
     }
     attrs = {k: v for k, v in fo.attrs.items() if k.startswith("variogram_") or k == "aps_method"}
     if "aps_observed" in fo:
@@ -291,6 +306,8 @@ def densify(
     height_step: float | None = None,
     velocity_step: float | None = None,
     devices: Sequence[Device | str | int] | None = None,
+    regressors: Mapping[str, np.ndarray] | None = None,
+    extra_regressors: Mapping[str, tuple] | None = None,
 ) -> xr.Dataset:
     """Estimate every candidate point from arcs to its ``k`` nearest first-order points.
 
@@ -319,6 +336,14 @@ def densify(
     devices
         Devices the candidate chunks are spread over, round-robin; default: those of
         :func:`depsi.kernels.backend.configure_devices`.
+    regressors
+        Model terms beyond velocity and height error, column name to ``(T,)`` values
+        (:attr:`depsi.processing.temporal_model.TemporalModel.regressors`): ``first_order``
+        holds each point's coefficient under that name. A candidate's motion is its local
+        reference's, plus its own difference of the terms in ``extra_regressors``.
+    extra_regressors
+        The terms the periodogram searches, name to ``(values, (low, high))`` (a subset of
+        ``regressors``; see :func:`depsi.kernels.periodogram.periodogram`).
 
     Returns
     -------
@@ -350,7 +375,13 @@ def densify(
     validate(candidates, "points", require=("phase", "h2ph"), require_wavelength=True)
     if k < 1:
         raise ValueError(f"k: expected >= 1 first-order points per candidate, found {k}")
-    table = _first_order_table(first_order)
+    regressors = {name: np.asarray(values, dtype=np.float64)
+                  for name, values in (regressors or {}).items()}
+    extra = dict(extra_regressors or {})
+    if sorted(set(extra) - set(regressors)):
+        raise ValueError(f"extra_regressors: expected names among regressors "
+                         f"{sorted(regressors)}, found {sorted(set(extra) - set(regressors))}")
+    table = _first_order_table(first_order, regressors)
     if table.sizes[_FIRST] == 0:
         raise ValueError("first_order: no network point with finite results to densify from")
     keep = [v for v in ("phase", "h2ph") if v in candidates]
@@ -369,8 +400,10 @@ def densify(
         years=years_since_mother(cand), wavelength=float(cand.attrs["wavelength"]),
         kriging=screen if screen is not None and screen.method == "kriging" else None,
         gaussian_length=(0.5 * screen.variogram["range"]
-                         if screen is not None and screen.method != "kriging" else None))
-    arrays = {name: table[name].values for name in _TABLE_ROWS}
+                         if screen is not None and screen.method != "kriging" else None),
+        regressors=regressors)
+    arrays = {name: table[name].values
+              for name in _TABLE_ROWS + tuple(f"fo_{name}" for name in regressors)}
     tree = cKDTree(np.column_stack([arrays["fo_x"], arrays["fo_y"]]))
     k_eff = min(int(k), tree.n)
     c_pos = point_positions(cand)  # every candidate's position, in the client
@@ -378,7 +411,8 @@ def densify(
     h2ph = cand["h2ph"].transpose("space", ...).data
     shared_key = dask.delayed(shared, pure=True)
     options = dict(height_range=tuple(height_range), velocity_range=tuple(velocity_range),
-                   height_step=height_step, velocity_step=velocity_step)
+                   height_step=height_step, velocity_step=velocity_step,
+                   extra_regressors=extra or None)
     pieces = {name: [] for name in _OUTPUTS}
     for i, (start, size) in enumerate(zip(chunk_starts(space_chunks), space_chunks)):
         # the chunk's task gets its neighbours' rows only (found here, on the whole network)

@@ -313,12 +313,31 @@ def _lsq_residual(design: np.ndarray, hat: np.ndarray, y: np.ndarray) -> np.ndar
     return y - np.einsum("ntp,np->nt", design, np.einsum("ntp,nt->np", hat, y))
 
 
-def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
+def _held_terms(out: xr.Dataset, model) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Each column of ``model``'s terms: its name, regressor ``(T,)`` and which points' chosen
+    models hold it (``model_choice`` into ``attrs['model_names']``)."""
+    if not model:
+        return []
+    if "model_choice" in out:
+        names = list(out.attrs["model_names"])
+        choice = out["model_choice"].values.astype(np.int64)
+        holds = {term: np.array([term in name.split("+") for name in names])[choice]
+                 for term in model.groups}
+    else:
+        holds = {term: np.ones(out.sizes["space"], dtype=bool) for term in model.groups}
+    return [(column, model.regressors[column], holds[term])
+            for term, columns in model.groups.items() for column in columns]
+
+
+def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
     """``out`` with each point's ``velocity_std`` (m/yr) and ``height_error_std`` (m), and
     ``displacement_std`` (m, ``(space, time)``), from the a-posteriori variance of its residual.
 
     Each point's design is that of :func:`fit_with_atmosphere`, ``A = [m2ph t, m2ph h2ph_t,
-    1]``, and each estimate is relative to the mean over the reference area
+    1]`` (with ``model``, plus ``m2ph g_e`` of each term its chosen model holds, as
+    :func:`~depsi.processing.temporal_model.fit_terms_with_atmosphere` fits them; each held
+    term gets ``<name>_std`` the same way, NaN where the point's model has no such term), and
+    each estimate is relative to the mean over the reference area
     (``in_reference_area``), as the chain's datum is:
 
     - velocity and height error: ``sigma0^2 (A^T A)^-1`` with ``sigma0^2`` the residual
@@ -328,10 +347,11 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
       point's error). The residual holds the point's noise, its atmosphere relative to the
       area's and the area's own mean noise, each taken as white in time.
     - where :func:`~depsi.processing.correlated_height.estimate_correlated_height` took the
-      atmosphere's projection ``F`` (``height_error_correlated``) out of the heights, their
-      variance shrinks by ``var(F)``: the error of a best linear prediction of the leak ``L``
-      is ``var(L) - var(F)``; one factor ``1 - var(F) / mean(height_error_std^2)`` for the
-      scene, not below the height's std from the corrected phase alone (the noise's leak).
+      atmosphere's projection (``height_error_correlated``) out of the heights, what is left
+      of it at each point is the kriging error ``height_error_correlated_std``: the height's
+      variance is that squared plus the variance the point's corrected phase
+      (``unwrapped_phase``: its noise and the screen's estimation error, white in space)
+      alone gives.
     - displacement (``unwrapped_phase / m2ph - h2ph H``, less its first epoch): at epoch
       ``t``, ``s^2 (w_t + w_0) + (h2ph_t - h2ph_0)^2 std(H)^2`` with ``s^2`` the point's
       residual variance of the corrected phase (``unwrapped_phase``) about the same design and
@@ -349,7 +369,11 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
     out
         The chain's merged result (the model step's): ``unwrapped_phase`` and ``aps`` (rad,
         ``(space, time)``), ``h2ph``, ``in_reference_area``, ``time`` and
-        ``attrs['wavelength']``; ``height_error_correlated`` where the heights were corrected.
+        ``attrs['wavelength']``; ``height_error_correlated_std`` where the heights were
+        corrected.
+    model
+        The chain's :class:`~depsi.processing.temporal_model.TemporalModel` when it has terms
+        (``out`` then holds ``model_choice``); None: the linear model.
 
     Returns
     -------
@@ -385,7 +409,11 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
     height_noise_std = np.empty(n, np.float64)
     corrected_var = np.empty(n, np.float64)
     epoch_share = np.zeros(n_epochs)
-    dof = max(n_epochs - 3, 1)
+    terms = _held_terms(out, model)
+    term_std = {name: np.full(n, np.nan) for name, _, _ in terms}
+    n_held = sum((held.astype(np.int64) for _, _, held in terms), np.zeros(n, np.int64))
+    dof_all = np.maximum(n_epochs - 3 - n_held, 1).astype(np.float64)
+    dof = float(np.mean(dof_all))
     area = np.flatnonzero(out["in_reference_area"].values)
     # the area's mean series is common to every point: its projection is the one datum offset
     # of the result (the mean of each estimate over the area), not a point's own error
@@ -395,16 +423,22 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
         rows = slice(start, min(start + FIT_BLOCK, n))
         unwrapped = unwrapped_all[rows].astype(np.float64)
         h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
+        # the chosen model's further terms: a column of zeros where a point's model has none
         design = np.stack([np.broadcast_to(m2ph * years, h2ph.shape), m2ph * h2ph,
-                           np.ones_like(h2ph)], axis=2)
+                           np.ones_like(h2ph)]
+                          + [np.broadcast_to(m2ph * g, h2ph.shape) * held[rows, None]
+                             for _, g, held in terms], axis=2)
         inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", design, design))
         hat = np.einsum("npq,ntq->ntp", inverse, design)  # rows of the pseudo-inverse
         r = _lsq_residual(design, hat, unwrapped + aps_all[rows] - common)
-        sigma2 = np.einsum("nt,nt->n", r, r) / dof
+        sigma2 = np.einsum("nt,nt->n", r, r) / dof_all[rows]
         velocity_std[rows] = np.sqrt(sigma2 * inverse[:, 0, 0])
         height_std[rows] = np.sqrt(sigma2 * inverse[:, 1, 1])
+        for i, (name, _, held) in enumerate(terms):
+            term_std[name][rows] = np.where(held[rows], np.sqrt(sigma2 * inverse[:, 3 + i, 3 + i]),
+                                            np.nan)
         r = _lsq_residual(design, hat, unwrapped - common_corrected)
-        corrected_var[rows] = np.einsum("nt,nt->n", r, r) / dof
+        corrected_var[rows] = np.einsum("nt,nt->n", r, r) / dof_all[rows]
         height_noise_std[rows] = np.sqrt(corrected_var[rows] * inverse[:, 1, 1])
         usable = corrected_var[rows] > 0
         epoch_share += (r[usable] ** 2 / corrected_var[rows][usable, None]).sum(axis=0)
@@ -412,13 +446,13 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
     epoch_share *= n_epochs / dof / max(int((corrected_var > 0).sum()), 1)
     corrected_var /= m2ph ** 2
     uncorrected_height_std = height_std
-    if "height_error_correlated" in out:
-        field = out["height_error_correlated"].values.astype(np.float64)
-        moved = np.isfinite(field) & (field != 0) & np.isfinite(height_std)
-        if moved.sum() > 1:
-            shrink = 1.0 - np.var(field[moved]) / np.mean(height_std[moved] ** 2)
-            height_std = np.where(moved, np.maximum(np.sqrt(max(shrink, 0.0)) * height_std,
-                                                    height_noise_std), height_std)
+    if "height_error_correlated_std" in out:
+        # the leak left after the correction is the kriging error at each point; the rest of
+        # the height's error is the leak of what is white in space (the noise, and the
+        # screen's estimation error), from the corrected phase
+        left = out["height_error_correlated_std"].values.astype(np.float64)
+        moved = np.isfinite(left) & (left > 0) & np.isfinite(height_std)
+        height_std = np.where(moved, np.sqrt(height_noise_std ** 2 + left ** 2), height_std)
     displacement_std = np.empty((n, n_epochs), np.float32)
     for start in range(0, n, FIT_BLOCK):
         rows = slice(start, min(start + FIT_BLOCK, n))
@@ -429,4 +463,7 @@ def point_uncertainty(out: xr.Dataset) -> xr.Dataset:
         displacement_std[rows, 0] = 0.0
     return out.assign(velocity_std=("space", velocity_std.astype(np.float32)),
                       height_error_std=("space", height_std.astype(np.float32)),
-                      displacement_std=(("space", "time"), displacement_std))
+                      displacement_std=(("space", "time"), displacement_std),
+                      **{f"{name}_std": ("space", values.astype(np.float32),
+                                         {"units": out[name].attrs.get("units", "m")})
+                         for name, values in term_std.items()})

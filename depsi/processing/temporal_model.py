@@ -105,8 +105,9 @@ class ModelConfig(Section):
         DEFAULT_BREAKPOINT_RANGE, description="Range searched of each change of velocity, "
                                               "[low, high] m/yr.")
     choice: Literal["test", "full"] = Field(
-        DEFAULT_CHOICE, description="'test': each point keeps the model its phase supports (F tests "
-                            "against the linear model); 'full': every point keeps every term.")
+        DEFAULT_CHOICE, description="'test': each point keeps the model its phase supports (F "
+                                    "tests against the linear model); 'full': every point "
+                                    "keeps every term.")
     alpha: float = Field(
         DEFAULT_ALPHA, gt=0, lt=0.5, description="False-alarm rate of each test of the model "
                                                  "choice.")
@@ -333,7 +334,8 @@ class ModelFit:
     statistics: np.ndarray
 
 
-def candidates(model: TemporalModel, choice: str = DEFAULT_CHOICE) -> tuple[tuple[str, ...], np.ndarray]:
+def candidates(model: TemporalModel, choice: str = DEFAULT_CHOICE
+               ) -> tuple[tuple[str, ...], np.ndarray]:
     """The candidate models: their names and which of ``model.columns`` each holds.
 
     ``choice="test"``: the linear model and every combination of the terms; ``"full"``: the

@@ -387,3 +387,95 @@ def phase_linking_bytes_per_pixel(n_epochs: int, n_cells: int) -> int:
     94080
     """
     return 16 * n_cells * n_epochs + 5 * 8 * n_epochs * n_epochs
+
+
+def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
+                   weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
+                   bias_correction: bool = False):
+    """One step of the sequential estimator (Ansari, De Zan and Bamler 2017, IEEE TGRS 55(10),
+    5637-5652): link a mini-stack of new epochs beside the compressed SLCs of the earlier ones,
+    and compress it.
+
+    The coherence matrix is formed over ``[compressed..., new epochs]`` (``K + M`` of them, not
+    the whole history), linked, and referenced to the first compressed SLC: a compressed SLC is
+    its mini-stack's looks projected on that mini-stack's linked phase, so it carries the phase
+    of the datum the first mini-stack was referenced to, and every mini-stack's phases are
+    on that one datum. Without earlier mini-stacks the reference is the first new epoch.
+
+    Parameters
+    ----------
+    looks
+        ``(n_pixels, n_looks, M)`` complex: the new epochs' looks (SHP samples).
+    compressed
+        ``(n_pixels, n_looks, K)`` complex compressed SLCs of the earlier mini-stacks, or None.
+    weights
+        ``(n_pixels, n_looks)`` SHP mask, as in :func:`sample_coherence`.
+    method, weight_shrinkage, bias_correction
+        As in :func:`link_phases` and :func:`sample_coherence`.
+
+    Returns
+    -------
+    phase
+        ``(n_pixels, M)`` linked phase of the new epochs on the datum.
+    compressed
+        ``(n_pixels, n_looks, K + 1)``: the earlier compressed SLCs and this mini-stack's.
+
+    Examples
+    --------
+    >>> theta = np.array([0.0, 0.5, 1.0, 1.5])
+    >>> looks = np.exp(1j * theta) * np.ones((1, 3, 1))
+    >>> phase, compressed = link_ministack(looks[:, :, :2])
+    >>> phase, compressed = link_ministack(looks[:, :, 2:], compressed)
+    >>> phase.round(3).tolist(), compressed.shape
+    ([[1.0, 1.5]], (1, 3, 2))
+    """
+    xp = array_namespace(looks, compressed)
+    looks = xp.asarray(looks)
+    n_old = 0 if compressed is None else compressed.shape[-1]
+    stack = looks if compressed is None else xp.concatenate([compressed, looks], axis=-1)
+    gamma, _ = sample_coherence(stack, weights, bias_correction=bias_correction)
+    phase, _ = link_phases(gamma, method=method, reference=0, weight_shrinkage=weight_shrinkage)
+    new = phase[:, n_old:]
+    projector = xp.exp(-1j * new).astype(looks.dtype) / np.sqrt(looks.shape[-1])
+    summary = xp.einsum("plm,pm->pl", looks, projector)[:, :, None]
+    compressed = summary if compressed is None else xp.concatenate([compressed, summary], axis=-1)
+    return new, compressed
+
+
+def sequential_phase_linking(ministacks, weights=None, *, method: str = "emi",
+                             weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE):
+    """Phase histories from mini-stacks of epochs given one after the other, in memory that
+    grows with the number of mini-stacks, not of epochs (:func:`link_ministack`).
+
+    Parameters
+    ----------
+    ministacks
+        Iterable of ``(n_pixels, n_looks, M_k)`` complex looks, in time order; read one at a
+        time (a generator reading a stack chunk by chunk keeps one mini-stack in memory).
+    weights, method, weight_shrinkage
+        As in :func:`link_ministack`.
+
+    Returns
+    -------
+    phase
+        ``(n_pixels, sum M_k)``, zero at the first epoch, wrapped.
+    compressed
+        ``(n_pixels, n_looks, n_ministacks)``: what a later mini-stack needs to continue.
+
+    Examples
+    --------
+    >>> theta = np.linspace(0, 3, 9)
+    >>> looks = np.exp(1j * theta) * np.ones((2, 4, 1))
+    >>> phase, _ = sequential_phase_linking(looks[..., k:k + 3] for k in range(0, 9, 3))
+    >>> np.allclose(phase, theta)
+    True
+    """
+    xp, compressed, pieces = None, None, []
+    for looks in ministacks:
+        xp = array_namespace(looks)
+        phase, compressed = link_ministack(looks, compressed, weights, method=method,
+                                           weight_shrinkage=weight_shrinkage)
+        pieces.append(phase)
+    if xp is None:
+        raise ValueError("ministacks: expected at least one mini-stack, found none")
+    return xp.concatenate(pieces, axis=-1), compressed

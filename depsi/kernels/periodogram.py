@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,8 +87,10 @@ _GRID_PRECISION = 1e-5
 
 #: Whether :func:`periodogram` runs the fused compiled kernel for NumPy inputs by default
 #: (:mod:`depsi.kernels.periodogram_numba`, when Numba can be imported); its ``fused`` argument
-#: overrides it per call. False: the array-namespace kernel of this module, the reference.
-USE_FUSED = True
+#: overrides it per call. False (or ``DEPSI_FUSED_KERNELS=0`` in the environment at import,
+#: for whole runs such as ``bench_scale.py``): this module's array-namespace kernel, the
+#: reference.
+USE_FUSED = os.environ.get("DEPSI_FUSED_KERNELS", "1") != "0"
 
 #: Bytes of height phasors and grid sums per block of the coarse search on the CPU: blocks this
 #: size stay in a core's private cache between the phasors' build, the GEMM and the moduli

@@ -42,6 +42,11 @@ AVAILABLE = numba is not None
 #: figures in docs/benchmarks.md); a later process loads it from the cache in well under one.
 COMPILE_NOTE = "compiled on first call; cached per user (cache_dir)"
 
+#: Whether a grid symmetric about zero takes the real GEMM of :func:`_mirrored_coarse` (half the
+#: multiplications); False: the reference's complex GEMM, so that the grid node is the
+#: reference's to the bit.
+MIRRORED_GRID = True
+
 _TWO_PI = 2.0 * np.pi
 _COHERENCE_TIE = 1e-14
 _GRID_PRECISION = 1e-5
@@ -107,20 +112,23 @@ _PIO2_1, _PIO2_2, _PIO2_3 = 1.57079632673412561417e+00, 6.07710050650619224932e-
 _TWO_OVER_PI = 2.0 / math.pi
 
 
+def _sincos1(x):
+    """``(cos x, sin x)`` for float64 ``x`` (about 1e-16 absolute for ``|x|`` up to 1e5 rad)."""
+    k = np.rint(x * _TWO_OVER_PI)
+    y = ((x - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_3
+    z = y * y
+    sy = y + y * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
+    cy = 1.0 - 0.5 * z + z * z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * (_C5 + z * _C6)))))
+    q = np.int64(k) & 3
+    sin_abs = cy if q & 1 else sy
+    cos_abs = sy if q & 1 else cy
+    return (-cos_abs if (q + 1) & 2 else cos_abs), (-sin_abs if q & 2 else sin_abs)
+
+
 def _sincos(x, c, s):
-    """Cosines and sines of ``x`` (float64, about 1e-16 absolute for ``|x|`` up to 1e5 rad)."""
+    """Cosines and sines of the float64 array ``x`` into ``c`` and ``s`` (:func:`_sincos1`)."""
     for t in range(x.shape[0]):
-        k = np.rint(x[t] * _TWO_OVER_PI)
-        y = ((x[t] - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_3
-        z = y * y
-        sy = y + y * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * (_S5 + z * _S6)))))
-        cy = 1.0 - 0.5 * z + z * z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * (
-            _C5 + z * _C6)))))
-        q = np.int64(k) & 3
-        sin_abs = cy if q & 1 else sy
-        cos_abs = sy if q & 1 else cy
-        s[t] = -sin_abs if q & 2 else sin_abs
-        c[t] = -cos_abs if (q + 1) & 2 else cos_abs
+        c[t], s[t] = _sincos1(x[t])
 
 
 def _evaluate(phase0, vmask, height, shared, theta, r, c, s):
@@ -210,9 +218,9 @@ def _solve(N, b, rcond, x, work):
     return True
 
 
-def _normal_equations(w, g, height, shared, N, b):
-    """``N = sum_t w_t x_t x_t^T``, ``b = sum_t g_t x_t`` over the regressors and the constant
-    ``x_t = [height_t, shared_t..., 1]``, skipping epochs of zero weight."""
+def _normal_equations(w, g, design, N, b):
+    """``N = sum_t w_t x_t x_t^T``, ``b = sum_t g_t x_t`` over the rows ``x_t`` of ``design``
+    (T, Q): the regressors and the constant, ``[height_t, shared_t..., 1]``."""
     Q = N.shape[0]
     for i in range(Q):
         b[i] = 0.0
@@ -221,19 +229,18 @@ def _normal_equations(w, g, height, shared, N, b):
     for t in range(w.shape[0]):
         if w[t] == 0.0:
             continue
+        x = design[t]
         for i in range(Q):
-            xi = height[t] if i == 0 else (1.0 if i == Q - 1 else shared[t, i - 1])
-            b[i] += g[t] * xi
-            wi = w[t] * xi
+            b[i] += g[t] * x[i]
+            wi = w[t] * x[i]
             for j in range(i + 1):
-                xj = height[t] if j == 0 else (1.0 if j == Q - 1 else shared[t, j - 1])
-                N[i, j] += wi * xj
+                N[i, j] += wi * x[j]
     for i in range(Q):
         for j in range(i + 1, Q):
             N[i, j] = N[j, i]
 
 
-def _newton(c, s, C, S, height, shared, rcond, w, g, N, b, x, work, step):
+def _newton(c, s, C, S, design, rcond, w, g, N, b, x, work, step):
     """The reference's ``_newton_step``: the Newton step on ``sum_t cos(r_t)`` relative to the
     best constant phase ``arg(C + jS)``, epochs with ``|r| > pi/2`` left out, into ``step``
     (zero where the system is refused); returns whether it was accepted."""
@@ -247,7 +254,7 @@ def _newton(c, s, C, S, height, shared, rcond, w, g, N, b, x, work, step):
         inside = cos_r > 0
         w[t] = cos_r if inside else 0.0
         g[t] = s[t] * cc - c[t] * ss if inside else 0.0
-    _normal_equations(w, g, height, shared, N, b)
+    _normal_equations(w, g, design, N, b)
     ok = _solve(N, b, rcond, x, work)
     for p in range(step.shape[0]):
         step[p] = x[p] if ok else 0.0
@@ -263,6 +270,74 @@ def _vertex(p0, pm, pp, index, n_nodes):
         return 0.0
     offset = np.float32(0.5) * (pm - pp) / curvature
     return np.float64(min(max(offset, np.float32(-0.5)), np.float32(0.5)))
+
+
+def _grid_phasors(phase, h2ph, m2ph, heights, start, X, work):
+    """Height phasors ``exp(j (phase_t - m2ph h2ph_t H_h))`` (zero at missing epochs) of items
+    ``start:start + len(X)``, real and imaginary parts apart: ``X`` (items, Nh, 2, T) float32.
+    By a float64 recurrence over the evenly spaced heights from two cosines and sines an epoch
+    (``work`` (4, T) float64 scratch)."""
+    T = phase.shape[1]
+    Nh = heights.shape[0]
+    spacing = heights[1] - heights[0] if Nh > 1 else 0.0
+    re, im, step_re, step_im = work[0], work[1], work[2], work[3]
+    for i in range(X.shape[0]):
+        k = start + i
+        row = 0 if h2ph.shape[0] == 1 else k
+        for t in range(T):
+            ph = phase[k, t]
+            alpha = -m2ph * h2ph[row, t]
+            if math.isfinite(ph) and math.isfinite(alpha):
+                re[t], im[t] = _sincos1(_wrap(ph) + alpha * heights[0])
+                step_re[t], step_im[t] = _sincos1(alpha * spacing)
+            else:
+                re[t], im[t], step_re[t], step_im[t] = 0.0, 0.0, 0.0, 0.0
+        for h in range(Nh):
+            out_re = X[i, h, 0]
+            out_im = X[i, h, 1]
+            for t in range(T):
+                out_re[t] = re[t]
+                out_im[t] = im[t]
+                next_re = re[t] * step_re[t] - im[t] * step_im[t]
+                im[t] = re[t] * step_im[t] + im[t] * step_re[t]
+                re[t] = next_re
+
+
+def _grid_best(R, Ns, v_stride, start, best, peaks, power):
+    """The best node (flat, height-major, first of equal maxima) of each item in ``R`` and the
+    powers ``|C|`` there and at its neighbours ``best -+ Ns`` and ``best -+ v_stride``
+    (clipped), as the reference's ``_coarse_search``, into ``best`` and ``peaks`` at ``start``.
+
+    ``R`` (items, Nh, 2, 2H) holds the products of the phasors' real and imaginary parts with
+    the cosines and sines of the first H nodes; node ``Ns - 1 - n`` is node ``n`` mirrored
+    (its phasors the conjugates). ``power`` (Nh * Ns) float32 is scratch."""
+    Nh = R.shape[1]
+    H = R.shape[3] // 2
+    for i in range(R.shape[0]):
+        for h in range(Nh):
+            A = R[i, h, 0]
+            B = R[i, h, 1]
+            row = power[h * Ns:(h + 1) * Ns]
+            for n in range(H):
+                re = A[n] - B[H + n]
+                im = A[H + n] + B[n]
+                row[n] = re * re + im * im
+            for n in range(H, Ns):
+                m = Ns - 1 - n  # node n mirrored, one of the first H
+                re = A[m] + B[H + m]
+                im = B[m] - A[H + m]
+                row[n] = re * re + im * im
+        flat = 0
+        top = power[0]
+        for j in range(1, Nh * Ns):
+            if power[j] > top:
+                top = power[j]
+                flat = j
+        k = start + i
+        best[k] = flat
+        for j, other in enumerate((flat, flat - Ns, flat + Ns, flat - v_stride, flat + v_stride)):
+            other = min(max(other, 0), Nh * Ns - 1)
+            peaks[k, j] = np.float32(math.sqrt(np.float64(power[other])))
 
 
 def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_velocity, steps,
@@ -282,6 +357,8 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
     r, c, s, c2, s2, w, g = (np.empty(T), np.empty(T), np.empty(T), np.empty(T), np.empty(T),
                              np.empty(T), np.empty(T))
     N, b, x, work = np.empty((Q, Q)), np.empty(Q), np.empty(Q), np.empty((5, Q, Q))
+    design = np.ones((T, Q))  # [height_t, shared_t..., 1]; the height's column per item
+    design[:, 1:P] = years_shared
     step, theta, grid, best, polished = (np.empty(P), np.empty(P), np.empty(P), np.empty(P),
                                          np.empty(P))
     for k in range(K):
@@ -294,6 +371,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
             n += 1 if ok else 0
             phase0[t] = ph if ok else 0.0
             height[t] = m2ph * hh if ok else 0.0
+            design[t, 0] = height[t]
             vmask[t] = 1.0 if ok else 0.0
         n_valid_out[k] = n
         n1 = max(n, 1)
@@ -307,7 +385,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
         # identifiable on the valid epochs: the model's normal matrix with unit weights
         for t in range(T):
             g[t] = 0.0
-        _normal_equations(vmask, g, height, years_shared, N, b)
+        _normal_equations(vmask, g, design, N, b)
         ok_out[k] = _solve(N, b, rcond, x, work)
 
         grid_only = not refine
@@ -323,8 +401,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
             at_best = True  # c, s hold the cosines and sines at best
             started = False
             for it in range(iterations):
-                accepted = _newton(c, s, C, S, height, years_shared, rcond, w, g, N, b, x, work,
-                                   step)
+                accepted = _newton(c, s, C, S, design, rcond, w, g, N, b, x, work, step)
                 started = accepted if it == 0 else started
                 for p in range(P):
                     theta[p] += step[p]
@@ -342,7 +419,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
             # one more Newton step from the best iterate, as the reference's float64 step
             if not at_best:
                 C, S = _evaluate(phase0, vmask, height, years_shared, best, r, c, s)
-            _newton(c, s, C, S, height, years_shared, rcond, w, g, N, b, x, work, step)
+            _newton(c, s, C, S, design, rcond, w, g, N, b, x, work, step)
             far = False
             for t in range(T):
                 delta = step[0] * height[t]
@@ -400,7 +477,10 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
 
 if AVAILABLE:
     _wrap = numba.njit(inline="always")(_wrap)
+    _sincos1 = numba.njit(inline="always")(_sincos1)
     _sincos = numba.njit(_sincos)
+    _grid_phasors = _jit(_grid_phasors)
+    _grid_best = _jit(_grid_best)
     _evaluate = numba.njit(_evaluate)
     _solve = numba.njit(_solve)
     _normal_equations = numba.njit(_normal_equations)
@@ -409,30 +489,85 @@ if AVAILABLE:
     _items = _jit(_items)
 
 
-def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, rcond):
-    """``periodogram._periodogram_batch`` for NumPy inputs: its coarse stage as it is (the same
-    height phasors, complex GEMM and first-max argmax, so the same best node), then
-    :func:`_items` for the rest; the same fields in the same order."""
-    # the module, not the function depsi.kernels re-exports under its name
-    reference = importlib.import_module("depsi.kernels.periodogram")
+def mirrored_half(shared) -> int | None:
+    """``H`` when the grid's shared nodes (Ns, 1 + E) are symmetric about zero, node
+    ``Ns - 1 - n`` the negative of node ``n`` (symmetric ranges, as the defaults): the first
+    ``H = ceil(Ns / 2)`` nodes then give the others' phasors as conjugates. None otherwise.
 
+    Examples
+    --------
+    >>> mirrored_half(np.array([[-1.0], [0.0], [1.0]])), mirrored_half(np.array([[0.0], [1.0]]))
+    (2, None)
+    """
+    scale = float(np.abs(shared).max(initial=0.0))
+    if not np.allclose(shared[::-1], -shared, rtol=0, atol=1e-12 * scale):
+        return None
+    return (shared.shape[0] + 1) // 2
+
+
+def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
+    """Best node and the powers around it (the reference's ``_coarse_search``) on a grid with
+    mirrored shared nodes: the phasors' real and imaginary parts times the cosines and sines of
+    half the nodes, one real GEMM (float32) of half the multiplications of the complex one,
+    in blocks of the reference's cache-sized items."""
+    reference = importlib.import_module("depsi.kernels.periodogram")
     K, T = phase.shape
-    phase = np.ascontiguousarray(phase, dtype=np.float64)
-    h2ph = np.ascontiguousarray(h2ph, dtype=np.float64)
+    Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
+    regressors = np.stack([t] + list(extra_g), axis=0)
+    phasors = np.exp(-1j * m2ph * (grid.shared[:half] @ regressors)).T  # (T, H)
+    table = np.ascontiguousarray(np.concatenate([phasors.real, phasors.imag], axis=1),
+                                 dtype=np.float32)  # (T, 2H)
+    block = max(1, min(K, reference.coarse_block_items(T, Nh, Nh * Ns)))
+    X = np.empty((block, Nh, 2, T), dtype=np.float32)
+    R = np.empty((block * Nh * 2, 2 * half), dtype=np.float32)
+    work, power = np.empty((4, T)), np.empty(Nh * Ns, dtype=np.float32)
+    best = np.empty(K, dtype=np.int64)
+    peaks = np.empty((K, 5), dtype=np.float32)
+    heights = np.asarray(grid.heights, dtype=np.float64)
+    v_stride = Ns // grid.velocity_count
+    for start in range(0, K, block):
+        n = min(block, K - start)
+        _grid_phasors(phase, h2ph, m2ph, heights, start, X[:n], work)
+        np.matmul(X[:n].reshape(n * Nh * 2, T), table, out=R[:n * Nh * 2])
+        _grid_best(R[:n * Nh * 2].reshape(n, Nh, 2, 2 * half), Ns, v_stride, start, best, peaks,
+                   power)
+    return best, peaks
+
+
+def _reference_coarse(phase, h2ph, grid, tables, m2ph):
+    """The reference's coarse stage as it is: the same phasors, complex GEMM and argmax."""
+    reference = importlib.import_module("depsi.kernels.periodogram")
+    K, T = phase.shape
     h2ph_full = np.broadcast_to(h2ph, (K, T))
     valid = np.isfinite(phase) & np.isfinite(h2ph_full)
-    phase0 = np.where(valid, phase, 0.0)
-    z = reference._unit_phasors(np, wrap_phase(phase0)) * valid
+    z = reference._unit_phasors(np, wrap_phase(np.where(valid, phase, 0.0))) * valid
     E_shared, E_full = tables
     alpha = None
     if E_full is None:
         alpha = (-m2ph * np.where(valid, h2ph_full, 0.0)).astype(np.float32)
     Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
     block = reference.coarse_block_items(T, Nh, Nh * Ns)
-    best, peaks = reference._coarse_search(
+    return reference._coarse_search(
         np, z, alpha, grid.heights.astype(np.float32), E_shared, E_full,
         (Ns, Ns // grid.velocity_count), max(block, 1))
-    del z, alpha, valid, phase0
+
+
+def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, rcond):
+    """``periodogram._periodogram_batch`` for NumPy inputs, the same fields in the same order.
+
+    The coarse stage by :func:`_mirrored_coarse` where the grid is symmetric (the default
+    ranges), else the reference's own; then :func:`_items` for the rest."""
+    # the module, not the function depsi.kernels re-exports under its name
+    reference = importlib.import_module("depsi.kernels.periodogram")
+    K, T = phase.shape
+    phase = np.ascontiguousarray(phase, dtype=np.float64)
+    h2ph = np.ascontiguousarray(h2ph, dtype=np.float64)
+    half = mirrored_half(grid.shared) if MIRRORED_GRID else None
+    if half is not None and K:
+        best, peaks = _mirrored_coarse(phase, h2ph.reshape(-1, T), t, extra_g, grid, m2ph,
+                                       half)
+    else:
+        best, peaks = _reference_coarse(phase, h2ph, grid, tables, m2ph)
 
     years_shared = np.ascontiguousarray(m2ph * np.stack([t] + list(extra_g), axis=1))
     P = years_shared.shape[1] + 1

@@ -63,6 +63,40 @@ def test_prediction_removes_most_of_the_leak_under_white_heights():
     assert abs(np.corrcoef(out["height_error_correlated"].values, white)[0, 1]) < 0.3
 
 
+def test_reported_std_is_the_leak_left_in_the_heights():
+    """``height_error_correlated_std`` is each point's kriging error: over the points, the
+    leak left after the correction has about that RMS. Tolerance: the leak is one field over
+    a 3 km square of 400 m correlation (about 60 independent patches, so its RMS scatters by
+    some 10 %); 25 %."""
+    rng = np.random.default_rng(2)
+    n = 2700
+    ds, leak = _points(lambda az, rg: rng.normal(0, 8.0, n), n, n_epochs=40)
+    out = estimate_correlated_height(ds, screen_variance=1.0, screen_range=400.0)
+    left = leak - out["height_error_correlated"].values
+    reported = float(np.sqrt(np.mean(out["height_error_correlated_std"].values ** 2)))
+    assert _rms(left) == pytest.approx(reported, rel=0.25)
+    assert (out["height_error_correlated_std"].values < np.sqrt(
+        height_leak_gain(ds["h2ph"].values, *_years_m2ph(ds)))).all()
+
+
+def _years_m2ph(ds):
+    years = (ds["time"].values - ds["time"].values[0]) / np.timedelta64(1, "D") / 365.25
+    return years, M2PH
+
+
+def test_screen_model_is_chosen_by_fit():
+    """A Gaussian and a stable (a = 2/3, a turbulent screen's) semivariance are recognised
+    as such, not taken as exponential."""
+    from depsi.processing.correlated_height import fit_screen_variogram
+
+    d = np.geomspace(20, 2000, 20)
+    counts = np.linspace(200, 4000, 20)
+    gaussian = fit_screen_variogram(d, 0.1 + 1.0 - np.exp(-(d / 600) ** 2), counts)
+    assert gaussian["model"] == "gaussian" and gaussian["range"] == pytest.approx(600, rel=0.01)
+    stable = fit_screen_variogram(d, 0.1 + 1.0 - np.exp(-(d / 800) ** (2 / 3)), counts)
+    assert stable["model"] == "stable" and stable["shape"] == pytest.approx(2 / 3, rel=0.02)
+
+
 def test_overwrite_updates_the_series_in_their_own_arrays_with_the_same_values():
     rng = np.random.default_rng(4)
     n, T = 900, 40
@@ -102,15 +136,19 @@ def test_heights_correlated_in_blocks_are_not_moved_into_the_screen():
 def test_white_heights_get_no_extra_term_whatever_the_noise_of_their_semivariance():
     """An extra term fitted to the empirical semivariance's noise jumped between runs on the
     10^6 scene (0.20 over 851 m, then 0.60 over 129 m) and moved its height RMSE by 0.1 m;
-    it is kept only when an F test against a constant passes."""
+    it is kept only when an F test against the signal and a nugget passes. White heights of
+    variance 1.44 against a screen of 0.5: the nugget lies between the variance less the
+    signal's and the variance, and the signal is not scaled up."""
     from depsi.processing.correlated_height import fit_height_covariance
 
+    signal = {"sill": 0.5, "range": 400.0, "shape": 1.0, "offset": 0.0}
     for seed in range(6):
         rng = np.random.default_rng(seed)
         positions = rng.uniform(0, 5000, (20000, 2))
-        fitted = fit_height_covariance(positions, rng.normal(0, 1.2, 20000), 0.5, 400.0)
+        fitted = fit_height_covariance(positions, rng.normal(0, 1.2, 20000), signal)
         assert fitted["extra_sill"] == 0.0, seed
-        assert fitted["nugget"] == pytest.approx(1.44 - 0.5, abs=0.05)
+        assert fitted["signal_scale"] == pytest.approx(1.0)
+        assert 1.44 - 0.5 - 0.05 <= fitted["nugget"] <= 1.44
 
 
 def test_bad_screen_parameters_are_refused():
@@ -136,7 +174,8 @@ def test_a_correlation_longer_than_the_fitted_lags_is_not_fitted():
     positions = rng.uniform(0, 18000, (20000, 2))
     # white heights and a gentle ramp: a semivariance rising slowly with the lag
     normalised = rng.normal(0, 1.0, 20000) + 2e-4 * positions[:, 0]
-    fitted = fit_height_covariance(positions, normalised, signal_sill=0.5, signal_range=450.0)
+    signal = {"sill": 0.5, "range": 450.0, "shape": 1.0, "offset": 0.0}
+    fitted = fit_height_covariance(positions, normalised, signal)
     assert fitted["extra_range"] <= VARIOGRAM_REACH * 450.0
     assert fitted["extra_sill"] < 1.0
 
@@ -156,10 +195,12 @@ def test_prediction_is_the_same_on_one_thread_or_several(monkeypatch):
     positions = rng.uniform(0, 4000, (6000, 2))
     values = rng.standard_normal(6000)
     noise = {"nugget": 1.0, "extra_sill": 0.3, "extra_range": 200.0}
+    signal = {"sill": 1.0, "range": 300.0, "shape": 1.5, "offset": 0.1}
     runs = []
     for threads in (1, 3):
         with dask.config.set(num_workers=threads):
-            runs.append(_predict(positions, values, positions[::2], signal_sill=1.0,
-                                 signal_range=300.0, noise=noise, k=60))
-    np.testing.assert_array_equal(runs[0], runs[1])
-    assert np.isfinite(runs[0]).all() and runs[0].std() > 0
+            runs.append(_predict(positions, values, positions[::2], signal=signal,
+                                 noise=noise, k=60))
+    for one, several in zip(*runs):
+        np.testing.assert_array_equal(one, several)
+        assert np.isfinite(one).all() and one.std() > 0

@@ -13,15 +13,20 @@ height errors of distinct buildings are (nearly) white.
 (local simple kriging over the ``k`` nearest points, batched) from the estimated height errors
 of every result point, with
 
-- the *signal* covariance derived from the atmosphere's fitted variogram (not fitted to the
-  heights, so true heights are not mistaken for it), and
+- the *signal* covariance derived from the atmosphere's variogram (not fitted to the
+  heights, so true heights are not mistaken for it), whose correlation model (exponential,
+  Gaussian or stable ``exp(-(d / r)^a)``) is the one that fits the residual phases' binned
+  semivariance best by AIC, not assumed: smooth screens are Gaussian-like, turbulent ones
+  stable with ``a`` below 2, and an exponential model on either moves too little, and
 - the *observation* covariance fitted to the heights themselves: the signal, plus a nugget
   (white DEM errors and noise), plus an exponential term for DEM errors that are spatially
   correlated (blocks of buildings on one wrong DEM post).
 
 When the heights are white, the prediction removes most of the leak; when DEM errors are
 themselves correlated, the fitted extra term makes the prediction shrink towards zero instead
-of moving real DEM errors into the screen.
+of moving real DEM errors into the screen. Each point's kriging variance is the variance of the
+leak left in its height (``height_error_correlated_std``), which the height's standard
+deviation carries (:func:`~depsi.processing.model.point_uncertainty`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,15 @@ NEIGHBOURS = (48, 192)
 VARIOGRAM_POINTS = 3000
 #: Distance bins of that variogram, out to this many atmosphere correlation lengths.
 VARIOGRAM_REACH = 3.0
+#: Correlation models of the screen, ``exp(-(d / range)^shape)``: exponential (shape 1),
+#: Gaussian (shape 2) and stable (shape fitted in :data:`STABLE_SHAPES`); the one of least AIC
+#: on the residual phases' binned semivariance is used.
+SCREEN_MODELS = {"exponential": 1.0, "gaussian": 2.0, "stable": None}
+#: Bounds of the stable model's shape: 2 is the smoothest valid one.
+STABLE_SHAPES = (0.3, 2.0)
+#: Least scale of the signal's variance fitted to the heights' semivariance against the
+#: screen's (:func:`fit_height_covariance`).
+SIGNAL_SCALE_MIN = 1.0
 #: Significance level of the extra (spatially correlated) term of the height covariance: kept
 #: only where its F test against a constant remainder passes at this level.
 EXTRA_TERM_ALPHA = 0.01
@@ -110,54 +124,152 @@ def _semivariance(positions, values, max_distance, seed=0):
     return 0.5 * (edges[:-1] + edges[1:])[used], sums[used] / counts[used], counts[used]
 
 
-def fit_height_covariance(positions, normalised, signal_sill, signal_range) -> dict:
+def correlation(distance, range_: float, shape: float = 1.0) -> np.ndarray:
+    """The screen's correlation ``exp(-(distance / range_)^shape)`` (:data:`SCREEN_MODELS`).
+
+    Examples
+    --------
+    >>> correlation(np.array([0.0, 400.0]), 400.0, 2.0).round(3).tolist()
+    [1.0, 0.368]
+    """
+    return np.exp(-(np.asarray(distance, dtype=np.float64) / range_) ** shape)
+
+
+def fit_screen_variogram(distance, semivariance, counts) -> dict:
+    """``nugget + sill (1 - correlation(d, range, shape))`` fitted to a binned semivariance
+    (weighted least squares, weights the pairs per bin), for each of :data:`SCREEN_MODELS`;
+    the model of least AIC (``n log(WRSS / n) + 2 p``, ``n`` bins, ``p`` parameters) is
+    returned as ``{"model", "nugget", "sill", "range", "shape"}``.
+
+    Examples
+    --------
+    >>> d = np.linspace(50, 1500, 20)
+    >>> fit = fit_screen_variogram(d, 0.1 + 1.0 - np.exp(-(d / 500) ** 2), np.full(20, 100))
+    >>> fit["model"], round(fit["range"])
+    ('gaussian', 500)
+    """
+    h = np.asarray(distance, dtype=np.float64)
+    gamma = np.asarray(semivariance, dtype=np.float64)
+    weights = np.asarray(counts, dtype=np.float64) / np.sum(counts)
+    scale = max(float(gamma.max()), 1e-12)
+    low, high = [0.0, 1e-12, 1e-3 * h.max() + 1e-9], [np.inf, np.inf, 10 * h.max() + 1]
+    best, best_aic = None, np.inf
+    for name, shape in SCREEN_MODELS.items():
+        if shape is None:
+            def model(d, nugget, sill, range_, shape):
+                return nugget + sill * (1.0 - correlation(d, range_, shape))
+            start, bounds = [0.1 * scale, 0.9 * scale, h.max() / 3, 1.0], (
+                low + [STABLE_SHAPES[0]], high + [STABLE_SHAPES[1]])
+        else:
+            def model(d, nugget, sill, range_, shape=shape):
+                return nugget + sill * (1.0 - correlation(d, range_, shape))
+            start, bounds = [0.1 * scale, 0.9 * scale, h.max() / 3], (low, high)
+        try:
+            params, _ = curve_fit(model, h, gamma, p0=start, bounds=bounds,
+                                  sigma=1.0 / np.sqrt(np.asarray(counts, np.float64)),
+                                  maxfev=5000)
+        except (RuntimeError, ValueError):
+            continue
+        misfit = max(float(np.sum(weights * (model(h, *params) - gamma) ** 2)), 1e-300)
+        aic = len(h) * np.log(misfit / len(h)) + 2 * len(params)
+        if aic < best_aic:
+            best_aic = aic
+            best = {"model": name, "nugget": float(params[0]), "sill": float(params[1]),
+                    "range": float(params[2]),
+                    "shape": float(params[3]) if shape is None else shape}
+    if best is None:
+        logger.warning("screen variogram fit failed; using a pure nugget over its variance")
+        best = {"model": "exponential", "nugget": 0.5 * scale, "sill": 0.5 * scale,
+                "range": float(h.max()) / 3, "shape": 1.0}
+    return best
+
+
+def fit_height_covariance(positions, normalised, signal: dict) -> dict:
     """Covariance of the normalised heights besides the atmosphere's projection.
 
-    The empirical semivariance of ``normalised`` heights (``height / sqrt(s)``) minus the
-    signal's ``signal_sill (1 - exp(-d / signal_range))`` is fitted with
-    ``nugget + extra_sill (1 - exp(-d / extra_range))``: the nugget holds white DEM errors and
-    noise, the exponential term spatially correlated DEM errors. The term is kept only when it
-    fits significantly better than a constant (F test at :data:`EXTRA_TERM_ALPHA`); otherwise
-    the heights are taken as white besides the signal (``extra_sill`` 0).
+    The empirical semivariance of ``normalised`` heights (``height / sqrt(s)``) is fitted with
+    ``nugget + scale S(d)`` and with ``nugget + scale S(d) + extra_sill (1 - exp(-d /
+    extra_range))``, ``S(d) = sill (1 - correlation(d, range, shape))`` the screen's
+    semivariance (``signal``: ``sill``, ``range``, ``shape``, ``offset``): the nugget holds
+    white DEM errors and noise, ``scale`` (at least :data:`SIGNAL_SCALE_MIN`) the leak of this
+    scene's screens against the screen's fitted variance (the leak is one field, a weighted
+    sum of the epochs' screens, whose variance over a scene of a few correlation lengths
+    scatters by tens of percent), the exponential term spatially correlated DEM errors. The
+    term is kept only when it fits significantly better than the signal and nugget alone (F
+    test at :data:`EXTRA_TERM_ALPHA`), the signal's range free there to stretch up to
+    :data:`VARIOGRAM_REACH` times the screen's: one scene's leak can reach further than the
+    screen's ensemble range, and the bins' errors, correlated within one scene, make the test
+    pass on that alone (a Gaussian 600 m screen's leak with structure at 1.1 km was kept as DEM
+    errors, heights 1.48x the kriging floor). Otherwise the heights are taken as white besides
+    the signal (``extra_sill`` 0), whose range the kriging keeps at the screen's.
     """
     centred = normalised - normalised.mean()
     total = float(np.var(centred))
-    h, gamma, counts = _semivariance(positions, centred, VARIOGRAM_REACH * signal_range)
-    white = {"nugget": max(total - signal_sill, 1e-3 * total + 1e-12), "extra_sill": 0.0,
-             "extra_range": signal_range}
-    if len(h) < 4:
+    reach = VARIOGRAM_REACH * signal["range"]
+    white = {"nugget": max(total - (signal["sill"] - signal["offset"]), 1e-3 * total + 1e-12),
+             "extra_sill": 0.0, "extra_range": signal["range"], "signal_scale": 1.0}
+    h, gamma, counts = _semivariance(positions, centred, reach)
+    if len(h) < 5:
         return white
-    remainder = gamma - signal_sill * (1.0 - np.exp(-h / signal_range))
+    def stretched(d, nugget, scale, stretch):
+        return nugget + scale * signal["sill"] * (
+            1.0 - correlation(d, stretch * signal["range"], signal["shape"]))
 
-    def model(d, nugget, extra_sill, extra_range):
-        return nugget + extra_sill * (1.0 - np.exp(-d / extra_range))
+    def reduced(d, nugget, scale):
+        return stretched(d, nugget, scale, 1.0)
 
+    def extra(d, extra_sill, extra_range):
+        return extra_sill * (1.0 - np.exp(-d / extra_range))
+
+    def full(d, nugget, scale, extra_sill, extra_range):
+        return reduced(d, nugget, scale) + extra(d, extra_sill, extra_range)
+
+    def tested(d, nugget, scale, stretch, extra_sill, extra_range):
+        return stretched(d, nugget, scale, stretch) + extra(d, extra_sill, extra_range)
+
+    sigma = 1.0 / np.sqrt(counts)
     try:
+        simple, _ = curve_fit(reduced, h, gamma, p0=[max(gamma[0], 1e-6), 1.0],
+                              bounds=([1e-9, SIGNAL_SCALE_MIN], [np.inf, np.inf]),
+                              sigma=sigma, maxfev=5000)
+        # the null of the extra term's test: the signal free to reach further than the
+        # screen's range (up to the fitted lags), as one scene's leak can
+        null, _ = curve_fit(stretched, h, gamma, p0=[*simple, 1.0],
+                            bounds=([1e-9, SIGNAL_SCALE_MIN, 1.0],
+                                    [np.inf, np.inf, VARIOGRAM_REACH]), sigma=sigma,
+                            maxfev=5000)
+        alternative, _ = curve_fit(
+            tested, h, gamma, p0=[*null, 1e-6, signal["range"]],
+            bounds=([1e-9, SIGNAL_SCALE_MIN, 1.0, 0.0, 0.05 * h[0] + 1e-9],
+                    [np.inf, np.inf, VARIOGRAM_REACH, np.inf, h[-1]]), sigma=sigma,
+            maxfev=5000)
         # the range is bounded by the largest lag fitted: beyond it only extra_sill /
         # extra_range is seen, and a free range flipped between no extra term and a spurious
         # one of several m^2 over tens of km on the same scene (a 0.6 m change of height RMSE)
-        (nugget, extra_sill, extra_range), _ = curve_fit(
-            model, h, remainder, p0=[max(remainder[0], 1e-6), 1e-6, signal_range],
-            bounds=([1e-9, 0.0, 0.05 * h[0] + 1e-9], [np.inf, np.inf, h[-1]]),
-            sigma=1.0 / np.sqrt(counts), maxfev=5000)
+        extended, _ = curve_fit(
+            full, h, gamma, p0=[*simple, 1e-6, signal["range"]],
+            bounds=([1e-9, SIGNAL_SCALE_MIN, 0.0, 0.05 * h[0] + 1e-9],
+                    [np.inf, np.inf, np.inf, h[-1]]), sigma=sigma, maxfev=5000)
     except (RuntimeError, ValueError):
         logger.warning("height variogram fit failed; heights taken as spatially white")
         return white
-    # the extra term is kept only where it fits the semivariances significantly better than a
-    # constant (F test of the two extra parameters, weights as in the fit; the weights' scale
-    # cancels): on white heights the empirical semivariance's noise otherwise buys a term whose
-    # range and sill jump between runs (nugget 1.45 + 0.20 over 851 m, then 0.95 + 0.60 over
-    # 129 m, on the same 10^6 scene after a few dozen of 1.4 M arcs changed; F = 0.13 there)
+    # the extra term is kept only where it fits the semivariances significantly better than
+    # the signal and a nugget alone (F test of the two extra parameters, weights as in the
+    # fit; the weights' scale cancels): on white heights the empirical semivariance's noise
+    # otherwise buys a term whose range and sill jump between runs (nugget 1.45 + 0.20 over
+    # 851 m, then 0.95 + 0.60 over 129 m, on the same 10^6 scene after a few dozen of 1.4 M
+    # arcs changed; F = 0.13 there)
     weights = counts / counts.sum()
-    constant = np.sum(weights * remainder)
-    flat = np.sum(weights * (remainder - constant) ** 2)
-    fitted = np.sum(weights * (model(h, nugget, extra_sill, extra_range) - remainder) ** 2)
-    dof = len(h) - 3
-    if fitted <= 0 or (flat - fitted) / 2 / (fitted / dof) < f_distribution.isf(
-            EXTRA_TERM_ALPHA, 2, dof):
-        return white
-    return {"nugget": float(nugget), "extra_sill": float(extra_sill),
-            "extra_range": float(extra_range)}
+    misfit_null = np.sum(weights * (stretched(h, *null) - gamma) ** 2)
+    misfit_alternative = np.sum(weights * (tested(h, *alternative) - gamma) ** 2)
+    dof = len(h) - 5
+    if misfit_alternative <= 0 or (misfit_null - misfit_alternative) / 2 / (
+            misfit_alternative / dof) < f_distribution.isf(EXTRA_TERM_ALPHA, 2, dof):
+        return {"nugget": float(simple[0]), "extra_sill": 0.0, "extra_range": signal["range"],
+                "signal_scale": float(simple[1])}
+    nugget, scale, extra_sill, extra_range = (float(x) for x in extended)
+    return {"nugget": nugget, "extra_sill": extra_sill, "extra_range": extra_range,
+            "signal_scale": scale}
 
 
 def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -170,9 +282,23 @@ def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sqrt(dx, out=dx)
 
 
-def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, k):
-    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples.
+def _signal_covariance(distance: np.ndarray, signal: dict) -> np.ndarray:
+    """``sill correlation(d) - offset`` in place on float32 ``distance``, as float64."""
+    distance *= np.float32(1.0 / signal["range"])
+    if signal["shape"] != 1.0:
+        np.power(distance, np.float32(signal["shape"]), out=distance)
+    np.negative(distance, out=distance)
+    cov = np.exp(distance).astype(np.float64)
+    cov *= signal["sill"]
+    cov -= signal["offset"]
+    return cov
 
+
+def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
+    """Local simple kriging of the signal at ``dst_pos`` from its noisy samples: the
+    prediction and its error variance (``C(0) - c^T K^-1 c``) at each target.
+
+    ``signal``: the signal's covariance ``sill correlation(d, range, shape) - offset``.
     Targets are grouped in square cells of about :data:`TARGETS_PER_CELL` targets; the ``k``
     sources nearest each cell's centre form one kriging system, factorised once for all its
     targets (moving-neighbourhood kriging by cells), and the systems of many cells are solved
@@ -198,7 +324,9 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
     _, idx = tree.query(centres, k=k)
     idx = idx.reshape(n_cells, k)
     out = np.empty(len(dst_pos))
-    batch = max(1, _BATCH_ELEMENTS // (k * (k + width)))
+    variance = np.empty(len(dst_pos))
+    prior = signal["sill"] - signal["offset"]
+    batch = max(1, _BATCH_ELEMENTS // (k * (k + 2 * width)))
 
     def predict_cells(start: int) -> None:  # one batch of cells; batches write disjoint rows
         stop = min(start + batch, n_cells)
@@ -207,31 +335,31 @@ def _predict(src_pos, src_values, dst_pos, *, signal_sill, signal_range, noise, 
         centre = centres[start:stop, None, :]
         nb = (src_pos[idx[start:stop]] - centre).astype(np.float32)    # (B, k, 2)
         d_nn = _distances(nb, nb)                                        # (B, k, k)
-        d_nn *= np.float32(-1.0 / signal_range)
-        cov = np.exp(d_nn).astype(np.float64)
-        cov *= signal_sill
         if extra_sill > 0:
-            d_nn *= np.float32(signal_range / extra_range)
-            cov += extra_sill * np.exp(d_nn)
+            cov = extra_sill * np.exp(d_nn * np.float32(-1.0 / extra_range))
+            cov += _signal_covariance(d_nn, signal)
+        else:
+            cov = _signal_covariance(d_nn, signal)
         del d_nn
         cov[:, np.arange(k), np.arange(k)] += nugget
         targets = table[start:stop]                                      # (B, width)
         tp = (dst_pos[np.maximum(targets, 0)] - centre).astype(np.float32)  # (B, width, 2)
-        # dual kriging: v^T C^-1 c_t = (C^-1 v)^T c_t, one right-hand side per cell instead of
-        # one per target (C is symmetric); the solve in float64
-        dual = np.linalg.solve(cov, src_values[idx[start:stop], None])[..., 0]  # (B, k)
-        d_nt = _distances(nb, tp)
-        d_nt *= np.float32(-1.0 / signal_range)
-        values = signal_sill * np.einsum("bk,bkw->bw", dual.astype(np.float32), np.exp(d_nt),
-                                         dtype=np.float64)
+        c_nt = _signal_covariance(_distances(nb, tp), signal)            # (B, k, width)
+        # one factorisation per cell for the data (the prediction) and every target's
+        # covariances (its error variance C(0) - c^T K^-1 c); the solve in float64
+        solved = np.linalg.solve(cov, np.concatenate(
+            [src_values[idx[start:stop], None], c_nt], axis=2))          # (B, k, 1 + width)
+        values = np.einsum("bk,bkw->bw", solved[..., 0], c_nt)
+        explained = np.einsum("bkw,bkw->bw", solved[..., 1:], c_nt)
         valid = targets >= 0
         out[targets[valid]] = values[valid]
+        variance[targets[valid]] = np.maximum(prior - explained[valid], 0.0)
 
     # batches of cells (bounded memory) on this process's threads, BLAS at one thread each
     # (the chain's steps set it): NumPy releases the GIL in the solves and the large products
     with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
         list(pool.map(predict_cells, range(0, n_cells, batch)))
-    return out
+    return out, variance
 
 
 def _blocks(n: int) -> list[slice]:
@@ -240,10 +368,14 @@ def _blocks(n: int) -> list[slice]:
 
 
 def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
-    """Exponential variogram of the residual phases (atmosphere included) of the used points,
-    each point's temporal mean removed and the slow part (unmodelled deformation) low-passed
-    out, on at most :data:`VARIOGRAM_POINTS` points."""
-    from depsi.processing.atmosphere import DEFAULT_TEMPORAL_WINDOW, fit_variogram, lowpass
+    """Variogram (:func:`fit_screen_variogram`) of the residual phases (atmosphere included)
+    of the used points, each point's temporal mean removed and the slow part (unmodelled
+    deformation) low-passed out, on at most :data:`VARIOGRAM_POINTS` points."""
+    from depsi.processing.atmosphere import (
+        DEFAULT_TEMPORAL_WINDOW,
+        empirical_variogram,
+        lowpass,
+    )
 
     chosen = np.flatnonzero(use)
     if chosen.size > VARIOGRAM_POINTS:
@@ -259,7 +391,15 @@ def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
                               + h2ph_rows(h2ph, chosen, years.size) * height[:, None])
     residual -= residual.mean(axis=1, keepdims=True)
     residual -= lowpass(residual, years, DEFAULT_TEMPORAL_WINDOW)
-    return fit_variogram(positions[chosen], residual)
+    fitted = fit_screen_variogram(*empirical_variogram(positions[chosen], residual))
+    # the fit and the low-pass took their share of a screen white in time out of these
+    # residuals (about 10 % at 60 epochs): the screen's own variance is larger by that share
+    baselines = h2ph_rows(h2ph, chosen, years.size).mean(axis=0)
+    design = np.column_stack([years, baselines, np.ones_like(years)])
+    kept = (np.eye(years.size) - design @ np.linalg.pinv(design)) @ (
+        np.eye(years.size) - lowpass(np.eye(years.size), years, DEFAULT_TEMPORAL_WINDOW))
+    fitted["sill"] /= max(float(np.sum(kept ** 2)) / years.size, 0.1)
+    return fitted
 
 
 @single_threaded_blas()
@@ -280,15 +420,16 @@ def estimate_correlated_height(
         positions, ``wavelength``; ``unwrapped_phase`` and ``aps`` (rad) are updated when
         present. Points with a NaN height error are neither used nor changed.
     screen_variance, screen_range
-        Variance (rad^2) and range (m) of the exponential covariance of the part of the screen
-        that changes from epoch to epoch (what leaks into heights). Default: fitted to the
+        Variance (rad^2) and range (m) of the covariance ``variance correlation(d, range,
+        shape)`` of the part of the screen that changes from epoch to epoch (what leaks into
+        heights); given both, the model is exponential (shape 1). Default: fitted to the
         points' residual phases (``unwrapped_phase + aps`` less the fitted model, each
         point's temporal mean removed, which takes out the mother epoch's screen common to
-        every interferogram), by
-        :func:`~depsi.processing.atmosphere.fit_variogram`. The variance is then reduced to
-        the screen's variance about the scene's mean (``1 - exp(-D / range)`` for the mean
-        distance ``D`` between points): a range longer than the scene is not identified by
-        the fit, their ratio is.
+        every interferogram), the correlation model chosen by AIC among
+        :data:`SCREEN_MODELS` (:func:`fit_screen_variogram`). The signal's covariance is that
+        of the screen about the scene's mean, ``variance (correlation(d) - mean
+        correlation)`` with the mean over the scene's point pairs: a range longer than the
+        scene is not identified by the fit, the variogram within the scene is.
     k
         Nearest points used for each prediction; default as many as the points' density puts
         within ``screen_range`` of a point, bounded by :data:`NEIGHBOURS`.
@@ -303,9 +444,11 @@ def estimate_correlated_height(
     xarray.Dataset
         ``result`` with ``height_error`` less the predicted field, ``height_error_correlated``
         (m, the field moved; relative to its mean over ``in_reference_area`` when present),
+        ``height_error_correlated_std`` (m, the kriging error's standard deviation at each
+        point: the leak left in its height; 0 where nothing moved),
         ``aps`` plus and ``unwrapped_phase`` minus ``m2ph * h2ph * field``; displacement,
         ambiguities and temporal coherence are unchanged by construction. Attrs record the
-        fitted height covariance (``correlated_height_*``).
+        fitted screen model and height covariance (``correlated_height_*``).
 
     Examples
     --------
@@ -345,29 +488,38 @@ def estimate_correlated_height(
     positions = point_positions(result)
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
     # range unidentified (only their ratio is seen), and the datum removes the scene's mean
-    rng = np.random.default_rng(0)
-    pairs = rng.integers(0, n, (2, 20000))
-    scene_distance = float(np.mean(np.hypot(*(positions[pairs[0]] - positions[pairs[1]]).T)))
+    screen = {"model": "exponential", "shape": 1.0}
     if screen_variance is None or screen_range is None:
         if "unwrapped_phase" not in result or "velocity" not in result:
             raise ValueError("result: expected 'unwrapped_phase' and 'velocity' to fit the "
                              "screen's variogram, or screen_variance and screen_range given; "
                              f"found {sorted(result.data_vars)}")
-        fitted = _screen_variogram(result, use, positions, years, m2ph, h2ph)
-        screen_variance = fitted["sill"] if screen_variance is None else screen_variance
-        screen_range = fitted["range"] if screen_range is None else screen_range
-    screen_range = float(screen_range)
-    signal_sill = float(screen_variance) * (1.0 - np.exp(-scene_distance / screen_range))
+        screen = _screen_variogram(result, use, positions, years, m2ph, h2ph)
+    screen["sill"] = float(screen["sill"] if screen_variance is None else screen_variance)
+    screen["range"] = float(screen["range"] if screen_range is None else screen_range)
+    # the screen about the scene's mean (the datum removes the mean): its covariance less the
+    # mean covariance over the scene's point pairs
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, n, (2, 20000))
+    scene_distance = np.hypot(*(positions[pairs[0]] - positions[pairs[1]]).T)
+    offset = screen["sill"] * float(np.mean(correlation(scene_distance, screen["range"],
+                                                        screen["shape"])))
+    signal = {"sill": screen["sill"], "range": screen["range"], "shape": screen["shape"],
+              "offset": offset}
     normalised = height[use] / gain[use]
     mean = normalised.mean()
-    noise = fit_height_covariance(positions[use], normalised, signal_sill, screen_range)
+    noise = fit_height_covariance(positions[use], normalised, signal)
+    signal["sill"] *= noise["signal_scale"]
+    signal["offset"] *= noise["signal_scale"]
+    signal_sill = signal["sill"] - signal["offset"]
     if k is None:
         extent = np.ptp(positions[use], axis=0)
         density = use.sum() / max(float(extent[0] * extent[1]), 1.0)
-        k = int(np.clip(density * np.pi * screen_range ** 2, *NEIGHBOURS))
-    predicted = _predict(positions[use], normalised - mean, positions, signal_sill=signal_sill,
-                         signal_range=screen_range, noise=noise, k=k)
+        k = int(np.clip(density * np.pi * screen["range"] ** 2, *NEIGHBOURS))
+    predicted, variance = _predict(positions[use], normalised - mean, positions,
+                                   signal=signal, noise=noise, k=k)
     field = np.where(np.isfinite(gain), predicted * gain, 0.0)
+    left = np.where(use, np.sqrt(variance) * gain, 0.0)
     if "in_reference_area" in result and result["in_reference_area"].values[use].any():
         area = result["in_reference_area"].values.astype(bool) & use
         field -= field[area].mean()
@@ -376,7 +528,8 @@ def estimate_correlated_height(
     field = np.where(use, field, 0.0)
     out = result.assign(
         height_error=("space", (height - field).astype(result["height_error"].dtype)),
-        height_error_correlated=("space", field.astype(np.float32)))
+        height_error_correlated=("space", field.astype(np.float32)),
+        height_error_correlated_std=("space", left.astype(np.float32)))
     # the field's phase m2ph h2ph field moves from the unwrapped phase to the screen, block by
     # block into new float32 arrays: no (points, epochs) float64 temporary
     for name, sign in (("aps", 1.0), ("unwrapped_phase", -1.0)):
@@ -392,13 +545,18 @@ def estimate_correlated_height(
                 h2ph, rows, years.size) * field[rows, None]
         out[name] = (series.dims, moved)
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
+                      "correlated_height_signal_scale": noise["signal_scale"],
                       "correlated_height_extra_sill": noise["extra_sill"],
                       "correlated_height_extra_range": noise["extra_range"],
-                      "correlated_height_screen_variance": float(screen_variance),
-                      "correlated_height_screen_range": screen_range,
+                      "correlated_height_screen_model": screen["model"],
+                      "correlated_height_screen_variance": screen["sill"],
+                      "correlated_height_screen_range": screen["range"],
+                      "correlated_height_screen_shape": screen["shape"],
                       "correlated_height_signal_sill": signal_sill})
-    logger.info("correlated height: %d points, field %.2f m RMS moved into the screen (height "
-                "covariance besides the atmosphere: nugget %.3g, correlated %.3g over %.0f m)",
-                use.sum(), np.sqrt(np.mean(field[use] ** 2)), noise["nugget"],
-                noise["extra_sill"], noise["extra_range"])
+    logger.info("correlated height: %d points, field %.2f m RMS moved into the screen "
+                "(%s screen, %.3g rad^2 over %.0f m, shape %.2f; height covariance besides "
+                "the atmosphere: nugget %.3g, correlated %.3g over %.0f m)",
+                use.sum(), np.sqrt(np.mean(field[use] ** 2)), screen["model"], screen["sill"],
+                screen["range"], screen["shape"], noise["nugget"], noise["extra_sill"],
+                noise["extra_range"])
     return out

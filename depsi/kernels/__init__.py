@@ -24,6 +24,13 @@ from depsi.kernels.network_inversion import (
     invert_network,
 )
 from depsi.kernels.periodogram import PeriodogramResult, ensemble_coherence, periodogram
+from depsi.kernels.phase_linking import (
+    cramer_rao_bound,
+    link_phases,
+    sample_coherence,
+    sequential_phase_linking,
+    shp_glrt,
+)
 from depsi.kernels.temporal import design_matrix
 
 __all__ = [
@@ -37,15 +44,20 @@ __all__ = [
     "batch_size",
     "configure_devices",
     "connected_components",
+    "cramer_rao_bound",
     "cupy_available",
     "design_matrix",
     "ensemble_coherence",
     "get_devices",
     "get_namespace",
     "invert_network",
+    "link_phases",
     "lstsq_batched",
     "periodogram",
     "phase_per_metre",
+    "sample_coherence",
+    "sequential_phase_linking",
+    "shp_glrt",
     "solve_normal_equations",
     "to_device",
     "to_host",

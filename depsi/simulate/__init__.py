@@ -4,10 +4,12 @@ The scene generator (:mod:`depsi.simulate.scene`: :func:`simulate_stack`,
 :func:`simulated_geometry`), its stacks on disk in every format users bring
 (:mod:`depsi.simulate.stacks`: :func:`write_stack`, :func:`write_stack_zarr`,
 :func:`write_stack_binary`, through the writers of :mod:`depsi.io`) and a chain result scored
-against its truth (:mod:`depsi.simulate.scoring`: :func:`accuracy`). ``from depsi.simulate
-import ...`` reaches them all.
+against its truth (:mod:`depsi.simulate.scoring`: :func:`accuracy`), and stacks of distributed
+scatterers with a known coherence model (:mod:`depsi.simulate.ds`: :func:`simulate_ds_stack`).
+``from depsi.simulate import ...`` reaches them all.
 """
 
+from depsi.simulate.ds import exponential_coherence, simulate_ds_stack
 from depsi.simulate.scene import (
     ACQUISITION_SECOND_OF_DAY,
     APS_MODES,
@@ -54,6 +56,8 @@ __all__ = [
     "STACK_FORMATS",
     "TILE_SIZE",
     "accuracy",
+    "exponential_coherence",
+    "simulate_ds_stack",
     "simulate_stack",
     "simulated_geometry",
     "write_stack",

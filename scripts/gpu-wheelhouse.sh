@@ -19,6 +19,9 @@ PRESENT="numpy scipy pandas xarray matplotlib psutil tqdm filelock threadpoolctl
 cloudpickle fsspec msgpack sortedcontainers jinja2 markupsafe urllib3 click packaging
 typing-extensions zipp python-dateutil six pyparsing pillow kiwisolver fonttools cycler contourpy
 certifi idna requests charset-normalizer"
+# left out on purpose: Numba and llvmlite (61 MB of wheels for 3.12: with the rest, past the 64 MiB
+# that travels); without them depsi's periodogram runs its array-namespace kernel
+OPTIONAL="numba llvmlite"
 
 if [[ $DIR == .whl ]] && ! grep -qx '/.whl/' .git/info/exclude 2>/dev/null; then
     mkdir -p .git/info && echo '/.whl/' >>.git/info/exclude
@@ -44,7 +47,7 @@ mkdir -p "$DIR"
 kept=0
 for wheel in "$ALL"/*.whl; do
     name=$(basename "$wheel" | cut -d- -f1 | tr '[:upper:]_.' '[:lower:]--')
-    if [[ " $(echo "$PRESENT" | tr '\n' ' ') " == *" $name "* ]]; then
+    if [[ " $(echo "$PRESENT $OPTIONAL" | tr '\n' ' ') " == *" $name "* ]]; then
         continue
     fi
     cp "$wheel" "$DIR/"

@@ -1,22 +1,35 @@
-"""The periodogram's fused CPU kernel (Numba): grid search and refinement in one pass per item.
+"""The periodogram's fused CPU kernel (Numba): the grid search and the refinement of each item in
+compiled passes, beside the array-namespace kernel that stays the reference (DESIGN.md §4).
 
-:func:`depsi.kernels.periodogram.periodogram` stays the reference and dispatches here for NumPy
-inputs when Numba can be imported (DESIGN.md §4). The algorithm is the reference's, item by
-item: the same grid, the same complex64 height phasors built by doubling, the same first-max
-argmax, parabolic start, float32 Newton iterations with the same stopping rule, and the float64
-Newton step and ``_moved_sums`` series at the end. The grid sums are accumulated in another
-order than BLAS's complex GEMM (complex64 either way), so the best node can differ where two
-nodes' coherences tie to ~1e-6; the float32 iterations accumulate their normal equations in
-float64. The final float64 Newton step squares what is left of those differences. Figures:
-``docs/benchmarks.md`` ("Fused periodogram").
+:func:`depsi.kernels.periodogram.periodogram` runs it for NumPy inputs with a height term when
+Numba can be imported (``fused``, :data:`~depsi.kernels.periodogram.USE_FUSED`). It computes
+what the reference computes, item by item:
 
-Compiled on first use (see :data:`COMPILE_NOTE`), cached in :func:`cache_dir` when that is
-writable, never next to the package; without a writable cache it compiles once per process.
+1. **Grid**: on a grid symmetric about zero (the default ranges) node ``Ns - 1 - n`` is node
+   ``n`` negated and its phasors are the conjugates, so the real and imaginary parts of the
+   height phasors (compiled, a float64 recurrence over the heights) times the cosines and sines
+   of half the nodes, one real float32 GEMM (BLAS), give every node's sum with half the
+   multiplications of the reference's complex GEMM; the moduli, the first-max argmax and the
+   neighbours' powers are compiled. On any other grid, the reference's own coarse stage.
+   Float32 sums either way: the best node can differ from the reference's only where two
+   nodes' coherences tie to ~1e-6.
+2. **Refinement and results**, one compiled pass an item: the same parabolic start, Newton
+   iterations with the same stopping rule (in float64 here, float32 there, with fdlibm's sine
+   and cosine kernels instead of libm's scalar calls), the last Newton step with the
+   reference's ``_moved_sums`` series, the same GRID_ONLY rule, the same identifiability test
+   (``lstsq._solve_transposed`` for one system), constant phase, residuals and ambiguities.
+
+The GEMM stays in BLAS: compiled loops reached 3 GMAC/s against OpenBLAS's 7 on these shapes.
+No ``prange``: the chain runs the kernel on Dask's threads (BLAS at one thread), and the
+compiled functions release the GIL. Figures and agreement: ``docs/benchmarks.md`` ("Fused
+periodogram").
+
+Compiled on the first call of a process, and cached in :func:`cache_dir` when that can be
+written, never beside the package: a read-only install compiles once per process instead.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -27,6 +40,16 @@ import numpy as np
 
 from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
 from depsi.kernels.flags import FLAG_DTYPE, Flag
+from depsi.kernels.periodogram import (
+    _COHERENCE_TIE,
+    _GRID_PRECISION,
+    _SERIES_REACH,
+    REFINE_ITERATIONS,
+    REFINE_TOLERANCE,
+    _coarse_search,
+    _unit_phasors,
+    coarse_block_items,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +61,12 @@ except ImportError:  # pragma: no cover - numba is a core dependency; kept for s
 #: Whether the fused kernel can run in this process.
 AVAILABLE = numba is not None
 
-#: What the first call in a process costs: compiling the kernel takes several seconds (measured
-#: figures in docs/benchmarks.md); a later process loads it from the cache in well under one.
-COMPILE_NOTE = "compiled on first call; cached per user (cache_dir)"
-
 #: Whether a grid symmetric about zero takes the real GEMM of :func:`_mirrored_coarse` (half the
 #: multiplications); False: the reference's complex GEMM, so that the grid node is the
 #: reference's to the bit.
 MIRRORED_GRID = True
 
 _TWO_PI = 2.0 * np.pi
-_COHERENCE_TIE = 1e-14
-_GRID_PRECISION = 1e-5
-_SERIES_REACH = 1e-2
 _MISSING = np.int32(MISSING_AMBIGUITY)
 _GRID_ONLY = int(Flag.GRID_ONLY)
 
@@ -341,12 +357,16 @@ def _grid_best(R, Ns, v_stride, start, best, peaks, power):
 
 
 def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_velocity, steps,
-           m2ph, refine, rcond, tolerance, iterations, theta_out, offset_out, coherence_out,
+           m2ph, refine, rcond, limits, iterations, theta_out, offset_out, coherence_out,
            grid_out, ambiguity_out, residual_out, n_valid_out, flag_out, ok_out):
     """Every output of the reference's ``_periodogram_batch`` from its coarse stage's best
     node (flat, height-major) and grid powers there and at its neighbours, item by item, before
     the flags' NaNs (set by the caller). ``h2ph`` (K or 1, T); ``years_shared`` (T, P - 1) is
-    ``m2ph * [t, g_e...]``. The Newton iterations run in float64 (the reference's in float32)."""
+    ``m2ph * [t, g_e...]``; ``limits`` the reference's refine tolerance, coherence tie, grid
+    precision and series reach (arguments, not globals, which a cached compilation would keep
+    after the reference changed them). The Newton iterations run in float64 (the reference's in
+    float32)."""
+    tolerance, tie, grid_precision, series_reach = limits
     K, T = phase.shape
     Nh = heights.shape[0]
     Ns = grid_shared.shape[0]
@@ -407,7 +427,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
                     theta[p] += step[p]
                 C, S = _evaluate(phase0, vmask, height, years_shared, theta, r, c, s)
                 coh = math.sqrt(C * C + S * S) / n1
-                at_best = coh >= best_coh - _COHERENCE_TIE
+                at_best = coh >= best_coh - tie
                 if at_best:
                     best[:] = theta
                     best_coh = coh
@@ -426,7 +446,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
                 for p in range(P - 1):
                     delta += step[1 + p] * years_shared[t, p]
                 r[t] = delta
-                far |= abs(delta) > _SERIES_REACH
+                far |= abs(delta) > series_reach
             for p in range(P):
                 polished[p] = best[p] + step[p]
             if far:
@@ -442,14 +462,14 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
                     sin_d = d * (1.0 - d2 * (1.0 / 6 - d2 * (1.0 / 120)))
                     C2 += c[t] * cos_d + s[t] * sin_d
                     S2 += s[t] * cos_d - c[t] * sin_d
-            if math.sqrt(C2 * C2 + S2 * S2) >= math.sqrt(C * C + S * S) - n1 * _COHERENCE_TIE:
+            if math.sqrt(C2 * C2 + S2 * S2) / n1 >= math.sqrt(C * C + S * S) / n1 - tie:
                 theta[:] = polished
                 C, S = C2, S2
             else:
                 theta[:] = best
             # the grid node where the refinement could not start or ended below the grid's
             # coherence (complex64 precision there)
-            reached = math.sqrt(C * C + S * S) / n1 >= grid_coh - _GRID_PRECISION
+            reached = math.sqrt(C * C + S * S) / n1 >= grid_coh - grid_precision
             grid_only = not (started and reached)
         if grid_only:
             theta[:] = grid
@@ -510,14 +530,13 @@ def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
     mirrored shared nodes: the phasors' real and imaginary parts times the cosines and sines of
     half the nodes, one real GEMM (float32) of half the multiplications of the complex one,
     in blocks of the reference's cache-sized items."""
-    reference = importlib.import_module("depsi.kernels.periodogram")
     K, T = phase.shape
     Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
     regressors = np.stack([t] + list(extra_g), axis=0)
     phasors = np.exp(-1j * m2ph * (grid.shared[:half] @ regressors)).T  # (T, H)
     table = np.ascontiguousarray(np.concatenate([phasors.real, phasors.imag], axis=1),
                                  dtype=np.float32)  # (T, 2H)
-    block = max(1, min(K, reference.coarse_block_items(T, Nh, Nh * Ns)))
+    block = max(1, min(K, coarse_block_items(T, Nh, Nh * Ns)))
     X = np.empty((block, Nh, 2, T), dtype=np.float32)
     R = np.empty((block * Nh * 2, 2 * half), dtype=np.float32)
     work, power = np.empty((4, T)), np.empty(Nh * Ns, dtype=np.float32)
@@ -536,18 +555,17 @@ def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
 
 def _reference_coarse(phase, h2ph, grid, tables, m2ph):
     """The reference's coarse stage as it is: the same phasors, complex GEMM and argmax."""
-    reference = importlib.import_module("depsi.kernels.periodogram")
     K, T = phase.shape
     h2ph_full = np.broadcast_to(h2ph, (K, T))
     valid = np.isfinite(phase) & np.isfinite(h2ph_full)
-    z = reference._unit_phasors(np, wrap_phase(np.where(valid, phase, 0.0))) * valid
+    z = _unit_phasors(np, wrap_phase(np.where(valid, phase, 0.0))) * valid
     E_shared, E_full = tables
     alpha = None
     if E_full is None:
         alpha = (-m2ph * np.where(valid, h2ph_full, 0.0)).astype(np.float32)
     Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
-    block = reference.coarse_block_items(T, Nh, Nh * Ns)
-    return reference._coarse_search(
+    block = coarse_block_items(T, Nh, Nh * Ns)
+    return _coarse_search(
         np, z, alpha, grid.heights.astype(np.float32), E_shared, E_full,
         (Ns, Ns // grid.velocity_count), max(block, 1))
 
@@ -557,8 +575,6 @@ def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, 
 
     The coarse stage by :func:`_mirrored_coarse` where the grid is symmetric (the default
     ranges), else the reference's own; then :func:`_items` for the rest."""
-    # the module, not the function depsi.kernels re-exports under its name
-    reference = importlib.import_module("depsi.kernels.periodogram")
     K, T = phase.shape
     phase = np.ascontiguousarray(phase, dtype=np.float64)
     h2ph = np.ascontiguousarray(h2ph, dtype=np.float64)
@@ -583,7 +599,8 @@ def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, 
                np.ascontiguousarray(grid.shared, dtype=np.float64), best,
                np.ascontiguousarray(peaks), grid.velocity_count,
                np.ascontiguousarray(steps[:, 0], dtype=np.float64), m2ph, refine, rcond,
-               reference.REFINE_TOLERANCE, reference.REFINE_ITERATIONS, theta, offset,
+               (REFINE_TOLERANCE, _COHERENCE_TIE, _GRID_PRECISION, _SERIES_REACH),
+               REFINE_ITERATIONS, theta, offset,
                coherence, grid_coh, ambiguity, residual, n_valid, flag, identifiable)
 
     too_few = n_valid < P + 1

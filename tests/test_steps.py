@@ -275,7 +275,8 @@ def test_a_step_sees_only_its_declared_sections():
             value = config
             for part in dotted.split("."):
                 value = getattr(value, part)
-    assert BY_NAME["model"].sections == ("atmosphere", "model")
+    assert BY_NAME["model"].sections[:3] == ("atmosphere", "model.choice", "model.alpha")
+    assert "model.alpha" not in BY_NAME["arcs"].sections
 
 
 def test_run_ps_chain_lets_each_product_go_after_its_last_reader(points, monkeypatch):

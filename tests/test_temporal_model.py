@@ -217,3 +217,48 @@ def test_arcs_search_the_terms_where_an_unmodelled_one_costs_cycles():
     with pytest.raises(ValueError, match="needs h2ph that varies"):
         estimate_arcs(arcs.assign(h2ph=xr.zeros_like(arcs["h2ph"])),
                       extra_regressors=model.search(None, WAVELENGTH))
+
+
+@pytest.mark.slow
+def test_depsi_run_with_a_model_section_exports_the_terms(tmp_path):
+    """``depsi run`` from a configuration with a ``model:`` section gives what run_ps_chain
+    gives, and the CSV carries each point's model and its terms with their stds; a new alpha
+    redoes the model step alone."""
+    import json
+
+    import pandas as pd
+
+    from depsi.io import open_stm
+    from depsi.pipeline import parse_config, run_pipeline
+    from depsi.pipeline.chain import run_ps_chain
+
+    model = {"terms": ["seasonal", "step"], "step_dates": ["2020-06-01"],
+             "arcs": ["seasonal"], "densification": ["seasonal"]}
+    data = {"input": {"simulate": {"shape": [96, 96], "n_epochs": 40, "seed": 2,
+                                   "ps_fraction": 0.05}},
+            "network": {"first_order": 200}, "model": model,
+            "output": {"workspace": str(tmp_path / "ws"), "exports": ["csv"]},
+            "compute": {"scheduler": "threads", "threads": 2}}
+    config = parse_config(json.loads(json.dumps(data)))
+    run_pipeline(config, progress=False)
+    got = open_stm(tmp_path / "ws" / "stm.zarr").compute()
+    expected = run_ps_chain(open_stm(tmp_path / "ws" / "ps.zarr"), config.chain())
+    got = got.isel(space=np.argsort(got["point_index"].values))
+    expected = expected.isel(space=np.argsort(expected["point_index"].values))
+    for name in ("velocity", "height_error", "seasonal_sin", "seasonal_cos", "step_20200601",
+                 "seasonal_sin_std", "step_20200601_std", "model_choice", "velocity_std"):
+        np.testing.assert_array_equal(got[name].values, expected[name].values, err_msg=name)
+    assert got.attrs["model_names"] == ["linear", "seasonal", "step", "seasonal+step"]
+    assert got["step_20200601"].attrs["units"] == "m"
+    table = pd.read_csv(next((tmp_path / "ws").rglob("*.csv")))
+    for column in ("model", "seasonal_sin", "seasonal_sin_std", "seasonal_cos_std",
+                   "step_20200601", "step_20200601_std"):
+        assert column in table.columns, column
+    assert set(table["model"]) <= set(got.attrs["model_names"])
+    assert np.isfinite(table["seasonal_sin_std"]).all() and (table["seasonal_sin_std"] > 0).all()
+
+    data["model"] = {**model, "alpha": 0.05}
+    summary = run_pipeline(parse_config(json.loads(json.dumps(data))), resume=True,
+                           progress=False)
+    ran = [name for name, record in summary.steps.items() if record.status == "ran"]
+    assert ran == ["model", "export"], summary.format()

@@ -318,9 +318,11 @@ def integration_step(network: xr.Dataset, arcs: xr.Dataset | ArcObservations,
                  if section.reference_lonlat is None
                  else _reference_by_position(points, section.reference_lonlat,
                                              section.reference_radius))
+    searched = {name: values for name, (values, *_) in
+                _searched(config, points, "arcs").items()}
     result = integrate_network(points, arcs, reference=reference,
                                min_coherence=section.min_coherence, alpha=section.alpha,
-                               max_iterations=section.max_iterations)
+                               max_iterations=section.max_iterations, regressors=searched)
     # with model terms, the points' motion as the whole model (the atmosphere's residual and
     # densification's local reference read it)
     result = refit_with_terms(result, _terms(config, result))
@@ -378,10 +380,13 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                                                              second_pass=True), config,
                                                  devices=devices)
                 integration = config.integration
+                searched = {name: values for name, (values, *_) in
+                            _searched(config, corrected, "arcs").items()}
                 result = integrate_network(corrected, observations, reference=local,
                                            min_coherence=integration.min_coherence,
                                            alpha=integration.alpha,
-                                           max_iterations=integration.max_iterations)
+                                           max_iterations=integration.max_iterations,
+                                           regressors=searched)
                 result.attrs["second_pass"] = "network"
                 del observations
             result = refit_with_terms(result, terms)

@@ -85,6 +85,13 @@ def _resolve(where: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(f"depsi.pipeline.{module}"), name)
 
 
+#: The model section's fields that make its terms' regressors (every step that models a point's
+#: motion declares them; the arcs and densification add the terms they search, the model step
+#: the choice): a change of the choice's alpha redoes the model step alone.
+MODEL_TERMS = ("model.terms", "model.temperature", "model.step_dates", "model.breakpoint_dates",
+               "model.seasonal_range", "model.thermal_range", "model.step_range",
+               "model.breakpoint_range")
+
 #: The steps, in order. The chain's are those of :func:`~depsi.pipeline.chain.run_ps_chain`;
 #: ``selection`` stands for the chain's input points.
 STEPS = (
@@ -97,19 +104,24 @@ STEPS = (
     Step("network", "first-order points and their arcs", ("selection",),
          ("network", "integration.reference"), "network.zarr", "chain_steps:network_step",
          devices=False),
-    Step("arcs", "periodogram of every arc", ("network",), ("arcs", "model"), "arcs.zarr",
-         "chain_steps:lazy_arcs_step", in_memory="chain_steps:observations_step"),
+    Step("arcs", "periodogram of every arc", ("network",),
+         ("arcs", "model.arcs", *MODEL_TERMS), "arcs.zarr", "chain_steps:lazy_arcs_step",
+         in_memory="chain_steps:observations_step"),
     Step("integration", "network solution with arc testing", ("network", "arcs"),
-         ("integration", "model"), "integration.zarr", "chain_steps:integration_step",
+         ("integration", "model.arcs", *MODEL_TERMS), "integration.zarr",
+         "chain_steps:integration_step",
          devices=False),
     Step("atmosphere", "screen, second network pass, reference noise and area",
-         ("network", "integration"), ("network", "arcs", "integration", "atmosphere", "model"),
-         "atmosphere.zarr", "chain_steps:atmosphere_step", computed=("network", "integration")),
-    Step("densification", "every other point against the network",
-         ("selection", "atmosphere"), ("arcs", "densification", "model"), "densification.zarr",
+         ("network", "integration"),
+         ("network", "arcs", "integration", "atmosphere", "model.arcs", *MODEL_TERMS),
+         "atmosphere.zarr",
+         "chain_steps:atmosphere_step", computed=("network", "integration")),
+    Step("densification", "every other point against the network", ("selection", "atmosphere"),
+         ("arcs", "densification", "model.densification", *MODEL_TERMS), "densification.zarr",
          "chain_steps:densification_step", computed=("atmosphere",)),
-    Step("model", "velocity and height with the atmosphere",
-         ("selection", "atmosphere", "densification"), ("atmosphere", "model"), "stm.zarr",
+    Step("model", "velocity, height and model terms with the atmosphere",
+         ("selection", "atmosphere", "densification"),
+         ("atmosphere", "model.choice", "model.alpha", *MODEL_TERMS), "stm.zarr",
          "chain_steps:model_step", computed=("atmosphere", "densification")),
     Step("export", "CSV, GeoPackage, GeoTIFF, plots", ("model",), ("output.exports",),
          "exports", "stack:export_step", chain=False, devices=False),

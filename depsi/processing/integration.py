@@ -13,6 +13,7 @@ result says what was removed and why (DESIGN.md §1); its datum is
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -237,6 +238,7 @@ def integrate_network(
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
     reference_radius: float | None = None,
     return_arcs: bool = False,
+    regressors: Mapping[str, np.ndarray] | None = None,
 ) -> xr.Dataset | tuple[xr.Dataset, xr.Dataset]:
     """Integrate estimated arcs into point velocity, height error and unwrapped phase.
 
@@ -273,6 +275,10 @@ def integrate_network(
         itself, after the reference noise.
     return_arcs
         Also return the arcs with ``arc_kept``, ``arc_removal_reason`` and ``w_statistic``.
+    regressors
+        The further model terms the arcs' periodogram estimated beside velocity and height
+        (name to ``(T,)`` values, :attr:`depsi.processing.temporal_model.TemporalModel
+        .regressors`): the w-test's velocity std includes their variance inflation.
 
     Returns
     -------
@@ -322,7 +328,7 @@ def integrate_network(
     source, target, coherence, rhs, h2ph_spread = _observations_of(points, arcs, return_arcs)
     finite, arc_reason, arc_ok = _usable_arcs(coherence, rhs, min_coherence)
     years = years_since_mother(points)
-    weights, sd = _arc_weights(points, years, coherence, h2ph_spread, finite)
+    weights, sd = _arc_weights(points, years, coherence, h2ph_spread, finite, regressors)
     critical = _critical_value(alpha, points.sizes["time"])
     positions = point_positions(points)
     arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out = _test_network(
@@ -372,14 +378,21 @@ def _usable_arcs(coherence, rhs, min_coherence):
     return finite, arc_reason, arc_ok
 
 
-def _arc_weights(points, years, coherence, h2ph_spread, finite):
+def _arc_weights(points, years, coherence, h2ph_spread, finite, regressors=None):
     """Each arc's weight ``1 / s^2`` (:func:`phase_variance_from_coherence`) and the standard
-    deviations ``(velocity, height, phase)`` its misclosures are divided by."""
+    deviations ``(velocity, height, phase)`` its misclosures are divided by; with further model
+    terms estimated beside the velocity (``regressors``), its std grows by their variance
+    inflation (a step or breakpoint shares much of the velocity's signal)."""
     m2ph = abs(phase_per_metre(points.attrs["wavelength"]))
     var_phase = phase_variance_from_coherence(np.where(finite, coherence, 0.05))
     weights = 1.0 / var_phase
     sd_phase = np.sqrt(var_phase)
     sd_velocity = sd_phase / (m2ph * np.sqrt(np.sum((years - years.mean()) ** 2)))
+    if regressors:
+        design = np.column_stack([years, np.ones_like(years)]
+                                 + [np.asarray(g, np.float64) for g in regressors.values()])
+        inflation = np.linalg.pinv(design.T @ design)[0, 0] * np.sum((years - years.mean()) ** 2)
+        sd_velocity = sd_velocity * np.sqrt(max(inflation, 1.0))
     sd_height = sd_phase / (m2ph * np.maximum(h2ph_spread, 1e-12))
     return weights, (sd_velocity, sd_height, sd_phase)
 

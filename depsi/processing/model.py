@@ -335,8 +335,9 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
 
     Each point's design is that of :func:`fit_with_atmosphere`, ``A = [m2ph t, m2ph h2ph_t,
     1]`` (with ``model``, plus ``m2ph g_e`` of each term its chosen model holds, as
-    :func:`~depsi.processing.temporal_model.fit_terms_with_atmosphere` fits them; each held
-    term gets ``<name>_std`` the same way, NaN where the point's model has no such term), and
+    :func:`~depsi.processing.temporal_model.fit_terms_with_atmosphere` fits them; every term
+    gets ``<name>_std`` the same way from the model with every term, whose estimates the
+    result reports), and
     each estimate is relative to the mean over the reference area
     (``in_reference_area``), as the chain's datum is:
 
@@ -434,9 +435,16 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
         sigma2 = np.einsum("nt,nt->n", r, r) / dof_all[rows]
         velocity_std[rows] = np.sqrt(sigma2 * inverse[:, 0, 0])
         height_std[rows] = np.sqrt(sigma2 * inverse[:, 1, 1])
-        for i, (name, _, held) in enumerate(terms):
-            term_std[name][rows] = np.where(held[rows], np.sqrt(sigma2 * inverse[:, 3 + i, 3 + i]),
-                                            np.nan)
+        if terms:  # every term's std, of the model with every term (as it is reported)
+            full = np.concatenate([design[:, :, :3]] + [
+                np.broadcast_to(m2ph * g, h2ph.shape)[:, :, None] for _, g, _ in terms], axis=2)
+            full_inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", full, full))
+            r_full = _lsq_residual(full, np.einsum("npq,ntq->ntp", full_inverse, full),
+                                   unwrapped + aps_all[rows] - common)
+            sigma2_full = np.einsum("nt,nt->n", r_full, r_full) / max(n_epochs - 3 - len(terms),
+                                                                      1)
+            for i, (name, _, _) in enumerate(terms):
+                term_std[name][rows] = np.sqrt(sigma2_full * full_inverse[:, 3 + i, 3 + i])
         r = _lsq_residual(design, hat, unwrapped - common_corrected)
         corrected_var[rows] = np.einsum("nt,nt->n", r, r) / dof_all[rows]
         height_noise_std[rows] = np.sqrt(corrected_var[rows] * inverse[:, 1, 1])

@@ -48,11 +48,13 @@ TERMS = ("seasonal", "semi_annual", "thermal", "step", "breakpoint")
 Term = Literal["seasonal", "semi_annual", "thermal", "step", "breakpoint"]
 
 #: Default search ranges of the periodograms, per coefficient: seasonal and semi-annual sine
-#: and cosine (m; an arc's difference of two 10 mm amplitudes), thermal (m/K), steps (m) and
+#: and cosine (m; an arc's difference of two 10 mm amplitudes), thermal (m/K), steps (m: a
+#: step of half a wavelength is a whole cycle after its date, invisible in wrapped phase, so a
+#: search reaching it picks a cycle at random; within a quarter wavelength at C band) and
 #: breakpoints (m/yr).
 DEFAULT_SEASONAL_RANGE = (-0.02, 0.02)
 DEFAULT_THERMAL_RANGE = (-0.001, 0.001)
-DEFAULT_STEP_RANGE = (-0.03, 0.03)
+DEFAULT_STEP_RANGE = (-0.012, 0.012)
 DEFAULT_BREAKPOINT_RANGE = (-0.03, 0.03)
 
 #: Grid step of a searched term, as the largest change of its modelled phase across the epochs
@@ -100,7 +102,8 @@ class ModelConfig(Section):
         DEFAULT_THERMAL_RANGE, description="Range searched of the thermal coefficient, "
                                            "[low, high] m/K.")
     step_range: tuple[float, float] = Field(
-        DEFAULT_STEP_RANGE, description="Range searched of each step, [low, high] m.")
+        DEFAULT_STEP_RANGE, description="Range searched of each step, [low, high] m (within a "
+                                        "quarter wavelength: larger steps are cycles).")
     breakpoint_range: tuple[float, float] = Field(
         DEFAULT_BREAKPOINT_RANGE, description="Range searched of each change of velocity, "
                                               "[low, high] m/yr.")
@@ -178,9 +181,20 @@ class TemporalModel:
         ``(values, (low, high), step)``, the step from :data:`SEARCH_PHASE_STEP`."""
         chosen = self.groups if terms is None else [t for t in self.groups if t in terms]
         scale = abs(phase_per_metre(wavelength))
-        return {name: (self.regressors[name], self.ranges[name],
-                       SEARCH_PHASE_STEP / (scale * float(np.ptp(self.regressors[name]))))
-                for term in chosen for name in self.groups[term]}
+        out = {}
+        for term in chosen:
+            for name in self.groups[term]:
+                low, high = self.ranges[name]
+                if term == "step" and max(-low, high) >= wavelength / 4:
+                    # a step of half a wavelength is a whole cycle: no grid can tell it from 0
+                    limit = 0.99 * wavelength / 4
+                    logger.warning("model.step_range %s reaches a quarter wavelength (%.4f m), "
+                                   "where a step is a cycle's ambiguity: searched within +-%.4f m",
+                                   [low, high], wavelength / 4, limit)
+                    low, high = max(low, -limit), min(high, limit)
+                out[name] = (self.regressors[name], (low, high),
+                             SEARCH_PHASE_STEP / (scale * float(np.ptp(self.regressors[name]))))
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.groups)
@@ -325,6 +339,9 @@ class ModelFit:
         ``(M, C)`` bool: which of the model's columns each candidate holds.
     statistics
         ``(N,)`` float64: the chosen model's test ratio (0 for the linear model).
+    full
+        Column name to ``(N,)`` float64 values of the model with every term (each term's
+        estimate whether or not its test kept it).
     """
 
     coefficients: dict[str, np.ndarray]
@@ -332,6 +349,7 @@ class ModelFit:
     names: tuple[str, ...]
     masks: np.ndarray
     statistics: np.ndarray
+    full: dict[str, np.ndarray]
 
 
 def candidates(model: TemporalModel, choice: str = DEFAULT_CHOICE
@@ -444,8 +462,9 @@ def fit_models(y: np.ndarray, h2ph: np.ndarray, years: np.ndarray, model: Tempor
         chosen = np.zeros(n, dtype=np.int64)
     picked = solutions[chosen, np.arange(n)]
     coefficients = {name: picked[:, i] for i, name in enumerate(LINEAR + columns)}
+    full = {name: solutions[-1][:, i] for i, name in enumerate(LINEAR + columns)}
     return ModelFit(coefficients, chosen.astype(np.int8), names, masks,
-                    ratio[chosen, np.arange(n)])
+                    ratio[chosen, np.arange(n)], full)
 
 
 #: Points per block of :func:`refit_with_terms`: bounds its (points, epochs, columns) float64
@@ -532,7 +551,9 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
     ----------
     out
         The merged result: ``unwrapped_phase`` and ``aps`` (rad, ``(space, time)``), ``h2ph``,
-        ``velocity``, ``height_error``, ``displacement``, ``attrs['wavelength']``.
+        ``velocity``, ``height_error``, ``displacement``, ``attrs['wavelength']``; with
+        ``in_reference_area``, the fit is to each series less the area's mean series (the
+        result's datum).
     model
         The terms (:func:`temporal_model`).
     choice, alpha
@@ -543,8 +564,10 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
     xarray.Dataset
         ``out`` with ``velocity``, ``height_error``, ``displacement`` (``unwrapped_phase /
         m2ph - h2ph H`` less its first epoch) and ``temporal_coherence`` (of the residual from
-        the chosen model) anew, one float32 variable per column of ``model`` (0 where the
-        point's model does not hold the term), ``model_choice`` (int8, an index into
+        the chosen model) anew, one float32 variable per column of ``model`` (the estimate of
+        the model with every term, at every point: a term the point's tests did not keep is not
+        significant at ``alpha``, and its estimate is reported with its std all the same; the
+        velocity and height error are the kept model's), ``model_choice`` (int8, an index into
         ``attrs['model_names']``, CF ``flag_values``/``flag_meanings``) and ``model_test_ratio``
         (the chosen model's F statistic over its critical value; 0 for the linear model).
     """
@@ -564,10 +587,18 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
     names, _ = candidates(model, choice)
     chosen = np.zeros(n, np.int8)
     ratio = np.zeros(n, np.float32)
+    # the phase with its atmosphere is relative to the reference point, whose screen and noise
+    # (about 1 rad) are in every series: taken relative to the reference area's mean series,
+    # the datum of the result, each point's tests see its own errors only
+    common = np.zeros(T)
+    if "in_reference_area" in out:
+        area = np.flatnonzero(out["in_reference_area"].values)
+        if area.size:
+            common = np.nanmean(unwrapped_all[area].astype(np.float64) + aps_all[area], axis=0)
     for start in range(0, n, REFIT_BLOCK):
         rows = np.arange(start, min(start + REFIT_BLOCK, n))
         unwrapped = unwrapped_all[rows].astype(np.float64)
-        y = (unwrapped + aps_all[rows]) / m2ph
+        y = (unwrapped + aps_all[rows] - common) / m2ph
         ok = np.isfinite(y).all(axis=1)
         if not ok.any():
             continue
@@ -576,7 +607,9 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
         v, h = fit.coefficients["velocity"], fit.coefficients["height_error"]
         motion = v[:, None] * years[None, :] + h2ph * h[:, None]
         for name in model.columns:
-            columns[name][rows[ok]] = fit.coefficients[name]
+            # every term's estimate of the full model (its test says whether it is kept);
+            # the motion is the kept model's
+            columns[name][rows[ok]] = fit.full[name]
             motion = motion + fit.coefficients[name][:, None] * model.regressors[name][None, :]
         shifted = unwrapped[ok] / m2ph - h2ph * h[:, None]
         displacement[rows[ok]] = shifted - shifted[:, :1]

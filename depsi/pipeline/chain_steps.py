@@ -156,6 +156,7 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     reference = config.integration.reference
     if reference is not None and not np.isin(int(reference), chosen):
         raise _not_first_order(reference)
+    _terms(config, points)  # the model's terms at the points' epochs, before any arc
     return chosen
 
 

@@ -17,6 +17,7 @@ from depsi.io.lock import write_lock
 from depsi.io.paths import temporary_sibling
 from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.preflight import check_stack_support
+from depsi.processing.temporal_model import temporal_model
 
 
 def open_stack(config: Any, *, path: str | os.PathLike | None = None) -> xr.Dataset:
@@ -195,6 +196,8 @@ def stack_step(config: Any, *, product: Path, progress: bool = False
     stack = open_stack(config, path=path)
     _check_stack_geometry(stack, config)
     support = check_stack_support(stack, config)  # before selection: refuse too few epochs
+    # the model's terms at the stack's epochs (a temperature for each, dates within them)
+    temporal_model(config.model, stack["time"].values)
     return path, {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
                   "epochs": int(stack.sizes["time"]), **_support_counts(support)}
 

@@ -96,14 +96,15 @@ MODEL_TERMS = ("model.terms", "model.temperature", "model.step_dates", "model.br
 #: ``selection`` stands for the chain's input points.
 STEPS = (
     Step("stack", "opens the input stack, or simulates one", (), ("input",), "stack.zarr",
-         "stack:stack_step", chain=False, checks=("output.exports", "selection.method"),
+         "stack:stack_step", chain=False,
+         checks=("output.exports", "selection.method", *MODEL_TERMS),
          devices=False),
     Step("selection", "PS candidates by amplitude dispersion", ("stack",),
          ("selection", "input.dem"), "ps.zarr", "stack:selection_step", chain=False,
          devices=False),
     Step("network", "first-order points and their arcs", ("selection",),
          ("network", "integration.reference"), "network.zarr", "chain_steps:network_step",
-         devices=False),
+         checks=MODEL_TERMS, devices=False),
     Step("arcs", "periodogram of every arc", ("network",),
          ("arcs", "model.arcs", *MODEL_TERMS), "arcs.zarr", "chain_steps:lazy_arcs_step",
          in_memory="chain_steps:observations_step"),

@@ -37,6 +37,7 @@ from pydantic import Field, field_validator, model_validator
 from scipy import stats
 
 from depsi.conventions import DAYS_PER_YEAR, phase_per_metre
+from depsi.kernels.periodogram import result_coherence
 from depsi.sections import Section, ordered_pair
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
@@ -571,8 +572,6 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
         ``attrs['model_names']``, CF ``flag_values``/``flag_meanings``) and ``model_test_ratio``
         (the chosen model's F statistic over its critical value; 0 for the linear model).
     """
-    from depsi.kernels.periodogram import result_coherence
-
     m2ph = phase_per_metre(float(out.attrs["wavelength"]))
     years = years_since_mother(out)
     n, T = out.sizes["space"], out.sizes["time"]

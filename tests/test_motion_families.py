@@ -89,6 +89,11 @@ def _scene_figures(family, terms, linear, folder):
     # the velocity's own cost of the further terms, for white errors: the floor it can reach
     figures["velocity_inflation"] = bounds["velocity"] / motion_bounds(truth, which, {})[
         "velocity"]
+    for name in ("velocity", "height_error"):
+        error = result[name].values[coherent] - truth[name][which]
+        inside = np.abs(error - np.median(error)) <= 1.959964 * result[f"{name}_std"].values[
+            coherent]
+        figures[f"{name}_coverage"] = float(np.mean(inside))
     names = result.attrs["model_names"]
     kept = np.bincount(result["model_choice"].values[coherent], minlength=len(names))
     figures["kept"] = float(kept[1:].sum() / kept.sum())
@@ -169,6 +174,14 @@ def test_terms_reach_their_cramer_rao_bound(name, folder):
         assert f[f"{column}_rmse"] <= BOUND_FACTOR * f[f"{column}_bound"], (
             f"{name}: {column} {f[f'{column}_rmse'] / f[f'{column}_bound']:.2f}x its bound: {f}")
         assert COVERAGE[0] <= f[f"{column}_coverage"] <= COVERAGE[1], f"{name}: {column}: {f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_velocity_and_height_intervals_cover_the_truth(name, folder):
+    f = _pooled(name, folder)
+    for key in ("velocity_coverage", "height_error_coverage"):
+        assert COVERAGE[0] <= f[key] <= COVERAGE[1], f"{name}: {key}: {f}"
 
 
 @pytest.mark.slow

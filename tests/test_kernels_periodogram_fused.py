@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
 from depsi.kernels.backend import single_threaded_blas
+from depsi.kernels import numba_support
 from depsi.kernels.flags import Flag
 from depsi.kernels.periodogram import REFINE_TOLERANCE, periodogram
 
@@ -214,9 +215,9 @@ def test_cache_dir_is_none_where_nothing_can_be_written(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocker / "cache"))
-    assert numba_kernel.cache_dir() is None
+    assert numba_support.cache_dir() is None
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
-    assert numba_kernel.cache_dir() == tmp_path / "cache"
+    assert numba_support.cache_dir() == tmp_path / "cache"
 
 
 @pytest.mark.slow

@@ -24,22 +24,21 @@ No ``prange``: the chain runs the kernel on Dask's threads (BLAS at one thread),
 compiled functions release the GIL. Figures and agreement: ``docs/benchmarks.md`` ("Fused
 periodogram").
 
-Compiled on the first call of a process, and cached in :func:`cache_dir` when that can be
-written, never beside the package: a read-only install compiles once per process instead.
+Compiled on the first call of a process, and cached in
+:func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside the
+package: a read-only install compiles once per process instead.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
 from depsi.kernels.flags import FLAG_DTYPE, Flag
+from depsi.kernels.numba_support import jit_cached, numba
 from depsi.kernels.periodogram import (
     _COHERENCE_TIE,
     _GRID_PRECISION,
@@ -53,11 +52,6 @@ from depsi.kernels.periodogram import (
 
 logger = logging.getLogger(__name__)
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a core dependency; kept for stripped installs
-    numba = None
-
 #: Whether the fused kernel can run in this process.
 AVAILABLE = numba is not None
 
@@ -69,42 +63,6 @@ MIRRORED_GRID = True
 _TWO_PI = 2.0 * np.pi
 _MISSING = np.int32(MISSING_AMBIGUITY)
 _GRID_ONLY = int(Flag.GRID_ONLY)
-
-
-def cache_dir() -> Path | None:
-    """Where the compiled kernel is cached: ``NUMBA_CACHE_DIR`` if set, else
-    ``$XDG_CACHE_HOME/depsi/numba`` (``~/.cache/depsi/numba``); None when that cannot be
-    written (a read-only home), and then nothing is cached, nor written anywhere else."""
-    configured = os.environ.get("NUMBA_CACHE_DIR")
-    if configured:
-        path = Path(configured)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        path = Path(base) / "depsi" / "numba"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path):
-            pass
-    except OSError:
-        return None
-    return path
-
-
-def _jit(function):
-    """``numba.njit(nogil=True)``, cached in :func:`cache_dir` only: numba's own locators would
-    fall back to writing next to the package (or fail at import when nothing is writable)."""
-    path = cache_dir()
-    if path is None:
-        logger.debug("periodogram_numba: no writable cache directory; compiling per process")
-        return numba.njit(nogil=True)(function)
-    saved = numba.config.CACHE_DIR
-    numba.config.CACHE_DIR = str(path)  # read once, when the dispatcher locates its cache
-    try:
-        return numba.njit(nogil=True, cache=True)(function)
-    except RuntimeError:  # no locator accepted the directory after all
-        return numba.njit(nogil=True)(function)
-    finally:
-        numba.config.CACHE_DIR = saved
 
 
 def _wrap(x):
@@ -499,14 +457,14 @@ if AVAILABLE:
     _wrap = numba.njit(inline="always")(_wrap)
     _sincos1 = numba.njit(inline="always")(_sincos1)
     _sincos = numba.njit(_sincos)
-    _grid_phasors = _jit(_grid_phasors)
-    _grid_best = _jit(_grid_best)
+    _grid_phasors = jit_cached(_grid_phasors)
+    _grid_best = jit_cached(_grid_best)
     _evaluate = numba.njit(_evaluate)
     _solve = numba.njit(_solve)
     _normal_equations = numba.njit(_normal_equations)
     _newton = numba.njit(_newton)
     _vertex = numba.njit(_vertex)
-    _items = _jit(_items)
+    _items = jit_cached(_items)
 
 
 def mirrored_half(shared) -> int | None:

@@ -3,7 +3,8 @@ one factorisation of the normal matrix ``A^T W A`` for every right-hand side (QD
 SuperLU), that solution with arcs removed by Woodbury updates, and the arcs' leverage (one
 minus their redundancy numbers).
 
-NumPy and SciPy on host arrays only; :mod:`depsi.processing.arc_testing` tests the arcs with it.
+NumPy and SciPy on host arrays only (and :mod:`depsi.kernels.ldl_numba` for QDLDL's many
+right-hand sides); :mod:`depsi.processing.arc_testing` tests the arcs with it.
 """
 
 from __future__ import annotations
@@ -224,18 +225,28 @@ class _Cholesky:
 class _LDL:
     """A sparse symmetric positive definite matrix factorised by QDLDL (OSQP's LDL^T, its own
     AMD ordering). It releases the GIL while it factorises and solves, so the w-test's tiles
-    factorise on every core at once; ``solve(b)`` for ``b`` of shape ``(n,)`` or ``(n, k)``,
-    one right-hand side at a time."""
+    factorise on every core at once; ``solve(b)`` for ``b`` of shape ``(n,)`` or ``(n, k)``:
+    QDLDL's binding takes one right-hand side a call, so ``k > 1`` columns go through its
+    factors together in :mod:`depsi.kernels.ldl_numba` (the same result) where Numba is."""
 
     def __init__(self, matrix: sp.spmatrix):
         import qdldl
 
         self.n = matrix.shape[0]
         self._solver = qdldl.Solver(sp.triu(matrix, format="csc"))
+        self._factors = None  # QDLDL's factors, for many right-hand sides at once
 
     def solve(self, b: np.ndarray) -> np.ndarray:
         if b.ndim == 1:
             return self._solver.solve(np.ascontiguousarray(b, dtype=np.float64))
+        from depsi.kernels import ldl_numba  # Numba on first use, not on import
+
+        if b.shape[1] > 1 and ldl_numba.AVAILABLE:
+            # every column in one compiled pass over the factors, QDLDL's result to the bit
+            # (3x faster at 64 columns; docs/benchmarks.md)
+            if self._factors is None:
+                self._factors = ldl_numba.LDLFactors(self._solver)
+            return self._factors.solve(b)
         columns = np.asfortranarray(b, dtype=np.float64)
         x = np.empty(b.shape, order="F")
         for j in range(b.shape[1]):  # the right-hand sides (epochs, probes): a few dozen

@@ -222,8 +222,8 @@ def test_cache_dir_is_none_where_nothing_can_be_written(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_unwritable_cache_compiles_without_writing_next_to_the_package(tmp_path):
-    """A read-only install: the cache directories cannot be written, the kernel still runs and
-    nothing lands beside the package's sources."""
+    """A read-only install: the cache directories cannot be written, the fused kernels (this
+    one and ldl_numba's) still run and nothing lands beside the package's sources."""
     package = os.path.dirname(numba_kernel.__file__)
     before = set(_cache_files(package))
     blocker = tmp_path / "a-file"
@@ -232,9 +232,14 @@ def test_unwritable_cache_compiles_without_writing_next_to_the_package(tmp_path)
                XDG_CACHE_HOME=str(blocker / "xdg"), HOME=str(blocker))
     script = textwrap.dedent("""
         import numpy as np
-        from depsi.kernels import periodogram_numba
-        from depsi.kernels.periodogram import REFINE_TOLERANCE, periodogram
-        assert periodogram_numba.cache_dir() is None
+        import qdldl
+        import scipy.sparse as sp
+        from depsi.kernels import ldl_numba, numba_support
+        from depsi.kernels.periodogram import periodogram
+        assert numba_support.cache_dir() is None
+        matrix = sp.csc_matrix(np.array([[4.0, 1.0], [1.0, 3.0]]))
+        factors = ldl_numba.LDLFactors(qdldl.Solver(sp.triu(matrix, format="csc")))
+        assert np.allclose(matrix @ factors.solve(np.eye(2)), np.eye(2))
         t = np.linspace(0, 3, 20)
         h2ph = 3e-4 * np.sin(7.0 * np.arange(20))[None].repeat(3, 0)
         phase = np.angle(np.exp(1j * (-4 * np.pi / 0.0555) * (0.01 * t + h2ph * 12.0)))

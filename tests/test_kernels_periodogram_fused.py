@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
-from depsi.kernels.backend import single_threaded_blas
 from depsi.kernels import numba_support
+from depsi.kernels.backend import single_threaded_blas
 from depsi.kernels.flags import Flag
 from depsi.kernels.periodogram import REFINE_TOLERANCE, periodogram
 

@@ -33,6 +33,7 @@ a grid :data:`VELOCITY_ONLY_REFINE` times finer, with one GEMM and a parabolic v
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -773,7 +774,11 @@ def periodogram(
     steps = xp.asarray(np.asarray(spacing, dtype=np.float64))[:, None]
     batch = _periodogram_batch
     if _fused_wanted(xp, fused):
-        from depsi.kernels.periodogram_numba import fused_batch as batch
+        from depsi.kernels.periodogram_numba import Reference, fused_batch
+
+        batch = functools.partial(fused_batch, reference=Reference(
+            _unit_phasors, _coarse_search, coarse_block_items, REFINE_TOLERANCE,
+            REFINE_ITERATIONS, _COHERENCE_TIE, _GRID_PRECISION, _SERIES_REACH))
     parts = []
     for start in range(0, max(K, 1), size):
         stop = min(start + size, K)

@@ -33,22 +33,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
 from depsi.kernels.flags import FLAG_DTYPE, Flag
 from depsi.kernels.numba_support import jit_cached, numba
-from depsi.kernels.periodogram import (
-    _COHERENCE_TIE,
-    _GRID_PRECISION,
-    _SERIES_REACH,
-    REFINE_ITERATIONS,
-    REFINE_TOLERANCE,
-    _coarse_search,
-    _unit_phasors,
-    coarse_block_items,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +53,21 @@ AVAILABLE = numba is not None
 MIRRORED_GRID = True
 
 _TWO_PI = 2.0 * np.pi
+
+
+class Reference(NamedTuple):
+    """What the fused kernel takes from the reference (depsi.kernels.periodogram), which hands
+    it over at the dispatch: so neither module imports the other's, and the limits reach the
+    compiled pass as arguments (a cached compilation would keep globals it once read)."""
+
+    unit_phasors: Callable
+    coarse_search: Callable
+    coarse_block_items: Callable
+    refine_tolerance: float
+    refine_iterations: int
+    coherence_tie: float
+    grid_precision: float
+    series_reach: float
 _MISSING = np.int32(MISSING_AMBIGUITY)
 _GRID_ONLY = int(Flag.GRID_ONLY)
 
@@ -483,7 +490,7 @@ def mirrored_half(shared) -> int | None:
     return (shared.shape[0] + 1) // 2
 
 
-def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
+def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half, block_items):
     """Best node and the powers around it (the reference's ``_coarse_search``) on a grid with
     mirrored shared nodes: the phasors' real and imaginary parts times the cosines and sines of
     half the nodes, one real GEMM (float32) of half the multiplications of the complex one,
@@ -494,7 +501,7 @@ def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
     phasors = np.exp(-1j * m2ph * (grid.shared[:half] @ regressors)).T  # (T, H)
     table = np.ascontiguousarray(np.concatenate([phasors.real, phasors.imag], axis=1),
                                  dtype=np.float32)  # (T, 2H)
-    block = max(1, min(K, coarse_block_items(T, Nh, Nh * Ns)))
+    block = max(1, min(K, block_items(T, Nh, Nh * Ns)))
     X = np.empty((block, Nh, 2, T), dtype=np.float32)
     R = np.empty((block * Nh * 2, 2 * half), dtype=np.float32)
     work, power = np.empty((4, T)), np.empty(Nh * Ns, dtype=np.float32)
@@ -511,24 +518,25 @@ def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
     return best, peaks
 
 
-def _reference_coarse(phase, h2ph, grid, tables, m2ph):
+def _reference_coarse(phase, h2ph, grid, tables, m2ph, reference: Reference):
     """The reference's coarse stage as it is: the same phasors, complex GEMM and argmax."""
     K, T = phase.shape
     h2ph_full = np.broadcast_to(h2ph, (K, T))
     valid = np.isfinite(phase) & np.isfinite(h2ph_full)
-    z = _unit_phasors(np, wrap_phase(np.where(valid, phase, 0.0))) * valid
+    z = reference.unit_phasors(np, wrap_phase(np.where(valid, phase, 0.0))) * valid
     E_shared, E_full = tables
     alpha = None
     if E_full is None:
         alpha = (-m2ph * np.where(valid, h2ph_full, 0.0)).astype(np.float32)
     Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
-    block = coarse_block_items(T, Nh, Nh * Ns)
-    return _coarse_search(
+    block = reference.coarse_block_items(T, Nh, Nh * Ns)
+    return reference.coarse_search(
         np, z, alpha, grid.heights.astype(np.float32), E_shared, E_full,
         (Ns, Ns // grid.velocity_count), max(block, 1))
 
 
-def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, rcond):
+def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, rcond, *,
+                reference: Reference):
     """``periodogram._periodogram_batch`` for NumPy inputs, the same fields in the same order.
 
     The coarse stage by :func:`_mirrored_coarse` where the grid is symmetric (the default
@@ -539,9 +547,9 @@ def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, 
     half = mirrored_half(grid.shared) if MIRRORED_GRID else None
     if half is not None and K:
         best, peaks = _mirrored_coarse(phase, h2ph.reshape(-1, T), t, extra_g, grid, m2ph,
-                                       half)
+                                       half, reference.coarse_block_items)
     else:
-        best, peaks = _reference_coarse(phase, h2ph, grid, tables, m2ph)
+        best, peaks = _reference_coarse(phase, h2ph, grid, tables, m2ph, reference)
 
     years_shared = np.ascontiguousarray(m2ph * np.stack([t] + list(extra_g), axis=1))
     P = years_shared.shape[1] + 1
@@ -557,8 +565,8 @@ def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, 
                np.ascontiguousarray(grid.shared, dtype=np.float64), best,
                np.ascontiguousarray(peaks), grid.velocity_count,
                np.ascontiguousarray(steps[:, 0], dtype=np.float64), m2ph, refine, rcond,
-               (REFINE_TOLERANCE, _COHERENCE_TIE, _GRID_PRECISION, _SERIES_REACH),
-               REFINE_ITERATIONS, theta, offset,
+               (reference.refine_tolerance, reference.coherence_tie, reference.grid_precision,
+                reference.series_reach), reference.refine_iterations, theta, offset,
                coherence, grid_coh, ambiguity, residual, n_valid, flag, identifiable)
 
     too_few = n_valid < P + 1

@@ -37,6 +37,7 @@ from depsi.kernels.backend import get_namespace, to_host  # noqa: E402
 from depsi.kernels.lstsq import lstsq_batched, solve_normal_equations  # noqa: E402
 from depsi.kernels.network_inversion import connected_components, invert_network  # noqa: E402
 from depsi.kernels.periodogram import ensemble_coherence, periodogram  # noqa: E402
+from depsi.kernels.phase_linking import link_phases, sample_coherence  # noqa: E402
 from depsi.kernels.statistics import phase_of, statistics_block  # noqa: E402
 from depsi.kernels.temporal import design_matrix  # noqa: E402
 
@@ -135,6 +136,20 @@ def cases(scale: float) -> list[dict]:
          {"h2ph": rng.normal(0, 1.5e-4, (K, T))}, {"time_years": _epochs(rng, T)},
          lambda a: design_matrix(a["time_years"], h2ph=a["h2ph"],
                                  terms=("offset", "velocity", "height_error", "seasonal")))
+
+    # distributed scatterers (issue 31): coherence matrices from looks, then phase linking
+    # (new names: the cases above bind K and T late, in their lambdas)
+    n_pixels, n_looks, n_epochs = _n(20_000, scale), 50, 30
+    looks = (rng.standard_normal((n_pixels, n_looks, n_epochs))
+             + 1j * rng.standard_normal((n_pixels, n_looks, n_epochs)))
+    looks = (looks + 0.8 * looks[:, :1, :]).astype(np.complex64)
+    case("sample_coherence, 50 looks, T=30", "pixels", n_pixels, {"looks": looks}, {},
+         lambda a: sample_coherence(a["looks"]))
+    coherence, _ = sample_coherence(looks)
+    del looks
+    for method in ("emi", "evd"):
+        case(f"link_phases ({method}), T=30", "pixels", n_pixels, {"coherence": coherence}, {},
+             lambda a, method=method: link_phases(a["coherence"], method=method))
     return out
 
 

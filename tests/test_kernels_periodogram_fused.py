@@ -253,3 +253,25 @@ def test_unwritable_cache_compiles_without_writing_next_to_the_package(tmp_path)
 def _cache_files(folder):
     for root, _, files in os.walk(folder):
         yield from (os.path.join(root, f) for f in files if f.endswith((".nbi", ".nbc")))
+
+
+
+@pytest.mark.slow
+def test_small_dask_workers_run_the_reference_without_loading_numba():
+    """Numba holds about 100 MB in a process: a worker under MIN_WORKER_MEMORY (450 MB here, as
+    tests/test_faults.py's) would pass distributed's pause threshold and stall the run, so it
+    runs the reference and never imports Numba; a roomy worker runs the fused kernel."""
+    from distributed import Client, LocalCluster
+
+    def probe():  # defined here, so it travels by value (the module would import Numba)
+        import sys
+
+        import numpy
+
+        from depsi.kernels.periodogram import _fused_wanted
+        return _fused_wanted(numpy, None), "numba" in sys.modules
+
+    for limit, expected in (("450MB", (False, False)), ("2GB", (True, True))):
+        with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit,
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            assert client.submit(probe, pure=False).result() == expected, limit

@@ -55,3 +55,4 @@ def jit_cached(function):
         return numba.njit(nogil=True)(function)
     finally:
         numba.config.CACHE_DIR = saved
+

@@ -268,8 +268,13 @@ def test_small_dask_workers_run_the_reference_without_loading_numba():
 
         import numpy
 
-        from depsi.kernels.periodogram import _fused_wanted
-        return _fused_wanted(numpy, None), "numba" in sys.modules
+        from depsi.kernels.periodogram import _fused_wanted, periodogram
+        from depsi.stm.dask_tools import fused_kernels
+
+        rng = numpy.random.default_rng(0)
+        periodogram(rng.uniform(-3, 3, (8, 12)), rng.normal(0, 1e-4, (8, 12)),
+                    numpy.arange(12) / 12, wavelength=0.0555, fused=fused_kernels())
+        return _fused_wanted(numpy, fused_kernels()), "numba" in sys.modules
 
     for limit, expected in (("450MB", (False, False)), ("2GB", (True, True))):
         with LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=limit,

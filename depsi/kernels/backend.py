@@ -566,32 +566,3 @@ def chunk_index(chunk_starts: Sequence[int], first_position: int) -> int:
     """
     return int(np.searchsorted(np.asarray(chunk_starts), first_position, side="right")) - 1
 
-
-#: A Dask worker with a smaller memory limit runs the array-namespace kernels instead of the
-#: fused ones (depsi.kernels.numba_support): Numba and a compiled kernel hold about 100 MB in
-#: each process (RSS 193 -> 301 MB after the first fused periodogram), which put 450 MB
-#: workers past distributed's pause threshold (80 % of the limit, 360 MB), where they run
-#: nothing more and the run stalls. From 768 MiB (80 %: 614 MB) a worker keeps room for its
-#: chunks, and a 1 GB worker (a SLURM job's usual) runs the same kernel as the client, so its
-#: results equal a threads run's bit for bit; below, they equal it to the fused kernel's
-#: tested agreement (tests/test_kernels_periodogram_fused.py).
-MIN_WORKER_MEMORY = 768 << 20
-
-
-def roomy_process() -> bool:
-    """Whether this process can afford Numba's memory: outside a Dask worker, or in a worker
-    whose memory limit is none or at least :data:`MIN_WORKER_MEMORY`.
-
-    Examples
-    --------
-    >>> roomy_process()  # not a Dask worker
-    True
-    """
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return True
-    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-    return not limit or limit >= MIN_WORKER_MEMORY

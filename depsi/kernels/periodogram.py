@@ -44,13 +44,7 @@ from typing import Any
 import numpy as np
 
 from depsi.conventions import MISSING_AMBIGUITY, phase_per_metre, wrap_phase
-from depsi.kernels.backend import (
-    array_namespace,
-    batch_size,
-    device_of,
-    roomy_process,
-    to_host,
-)
+from depsi.kernels.backend import array_namespace, batch_size, device_of, to_host
 from depsi.kernels.flags import FLAG_DTYPE, Flag
 from depsi.kernels.lstsq import DEFAULT_RCOND, _solve_transposed
 
@@ -798,11 +792,9 @@ def periodogram(
 
 def _fused_wanted(xp, fused: bool | None) -> bool:
     """Whether :func:`periodogram` runs the compiled kernel (``fused``, else
-    :data:`USE_FUSED`, for NumPy inputs when Numba can be imported, outside Dask workers of
-    less than :data:`depsi.kernels.backend.MIN_WORKER_MEMORY`)."""
+    :data:`USE_FUSED`, for NumPy inputs when Numba can be imported; the steps pass
+    :func:`depsi.stm.dask_tools.fused_kernels`, False in small Dask workers)."""
     if xp is not np or fused is False or (fused is None and not USE_FUSED):
-        return False
-    if fused is None and not roomy_process():  # a small Dask worker: no LLVM in it
         return False
     from depsi.kernels import periodogram_numba
 

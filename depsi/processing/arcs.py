@@ -28,7 +28,7 @@ from depsi.kernels.backend import (
 from depsi.kernels.periodogram import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
-from depsi.stm.dask_tools import chunked_view
+from depsi.stm.dask_tools import chunked_view, fused_kernels
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, veloci
                              wavelength=wavelength, height_range=height_range,
                              velocity_range=velocity_range, height_step=height_step,
                              velocity_step=velocity_step,
-                             extra_regressors=extra_regressors or None)
+                             extra_regressors=extra_regressors or None, fused=fused_kernels())
     return ((to_host(result.height_error), to_host(result.velocity), to_host(result.coherence),
              to_host(result.ambiguity), to_host(result.flag))
             + tuple(to_host(result.extra[name]) for name in extra_regressors))

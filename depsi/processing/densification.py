@@ -45,6 +45,7 @@ from depsi.processing.atmosphere import (
 )
 from depsi.processing.network import point_positions
 from depsi.sections import Section
+from depsi.stm.dask_tools import fused_kernels
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -204,7 +205,8 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
         with use_device(device):
             res = periodogram(to_device(reduced, device),
                               to_device(0.5 * (h2ph + local_h2ph), device), years,
-                              wavelength=wavelength, **periodogram_options)
+                              wavelength=wavelength, fused=fused_kernels(),
+                              **periodogram_options)
         velocity = local_velocity + to_host(res.velocity)
         height = local_height + to_host(res.height_error)
         for name, value in res.extra.items():

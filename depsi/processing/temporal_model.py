@@ -522,16 +522,6 @@ def refit_with_terms(result: xr.Dataset, model: TemporalModel) -> xr.Dataset:
     return out
 
 
-def model_phase(ds: xr.Dataset, model: TemporalModel | None) -> np.ndarray:
-    """``sum_e c_e g_e`` in metres ``(space, time)`` of the terms' coefficients ``c_e`` held by
-    ``ds`` (variables named as the columns); zeros without terms."""
-    n, T = ds.sizes["space"], ds.sizes["time"]
-    total = np.zeros((n, T))
-    for name in (model.columns if model else ()):
-        total += ds[name].values.astype(np.float64)[:, None] * model.regressors[name][None, :]
-    return total
-
-
 def column_units(name: str) -> str:
     """The CF units of a term column's coefficient (``thermal`` m/K, ``breakpoint_*`` m/yr,
     the others m)."""

@@ -20,8 +20,14 @@ with ``h2ph_t = bperp_t / (R sin(theta))`` (zero at the mother epoch), ``aps_mot
 since the first epoch in years of 365.25 days, so ``displacement`` is zero at the first epoch.
 Persistent scatterers (PS) follow this model with ``noise_t ~ N(0, ps_noise_std)`` per epoch
 (so the interferometric noise has standard deviation ``sqrt(2) * ps_noise_std`` off the mother
-epoch); distributed scatterers are circular complex Gaussian, independent per epoch (Rayleigh
-amplitude, uniform phase), i.e. fully decorrelated.
+epoch); the background is circular complex Gaussian, independent per epoch (Rayleigh amplitude,
+uniform phase), i.e. fully decorrelated. With ``ds_regions``, square patches of distributed
+scatterers (DS) sit in the background: each pixel circular complex Gaussian with the
+exponential-decay coherence of :mod:`depsi.simulate.ds`, ``z = sqrt(P) exp(j phi) L w``
+(``L L^T = |G|``, ``w ~ CN(0, I)`` per pixel), its phase ``phi`` the same model as a PS's
+(deformation, the patch's height error, atmosphere) plus a constant per pixel, and its power
+``P`` the patch's (:data:`DS_REGION_GAIN` times the background's), so an SHP test can tell a
+patch from the background around it.
 
 Randomness is drawn per fixed internal tile of ``TILE_SIZE`` x ``TILE_SIZE`` pixels from
 ``SeedSequence([seed, key, tile_i, tile_j, ...])`` and every tile is always computed whole, so a
@@ -42,6 +48,12 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import phase_per_metre, years_since
+from depsi.simulate.ds import (
+    DEFAULT_GAMMA0,
+    DEFAULT_GAMMA_INF,
+    DEFAULT_TAU_DAYS,
+    exponential_coherence,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +116,24 @@ APS_SPECTRAL_EXPONENT = 8.0 / 3.0
 #: Share of ``velocity_max`` in the subsidence bowl (the rest is the linear trend).
 BOWL_SHARE = 0.8
 
+#: Distributed-scatterer patches of a scene: none by default (the stacks of earlier releases).
+DEFAULT_DS_REGIONS = 0
+#: Edge (pixels) of a square DS patch: 24 pixels hold a whole 11 x 11 SHP window around most of
+#: their pixels.
+DEFAULT_DS_REGION_SIZE = 24
+#: Mean intensity of a DS patch over the background's: log-uniform between these (6-12 dB), well
+#: beyond what the SHP test's threshold tells apart at 30 epochs.
+DS_REGION_GAIN = (4.0, 16.0)
+#: Pixels kept free between two DS patches (and between a patch and the scene's edge).
+DS_REGION_GAP = 4
+
 _WGS84_A = 6378137.0
 _WGS84_E2 = 6.69437999014e-3
 _GM = 3.986004418e14
 
 # keys that separate the random streams: SeedSequence([seed, key, ...])
 _KEY_BPERP, _KEY_FIELD, _KEY_APS, _KEY_TILE_STATIC, _KEY_TILE_EPOCH = 1, 2, 3, 4, 5
+_KEY_DS_REGIONS, _KEY_TILE_DS = 6, 7
 
 _DIMS2 = ("azimuth", "range")
 _DIMS3 = ("azimuth", "range", "time")
@@ -147,6 +171,11 @@ class _Scene:
     aps_phase: np.ndarray       # (T, K) rad, phase of each mode
     aps_amplitude: np.ndarray   # (T,) amplitude of each mode, zero at the mother
     token: str
+    ds_corner: np.ndarray       # (R, 2) first (azimuth, range) pixel of each DS patch
+    ds_size: int                # edge of a DS patch (pixels)
+    ds_power: np.ndarray        # (R,) mean intensity of each patch
+    ds_height: np.ndarray       # (R,) height error (m) of each patch
+    ds_factor: np.ndarray       # (T, T) Cholesky factor of the patches' |coherence|
 
     @property
     def m2ph(self) -> float:
@@ -227,9 +256,38 @@ def _aps_modes(shape: tuple[int, int], n_epochs: int, seed: int, mother: int, ap
     return k_az, k_rg, 2.0 * np.pi * phase, amplitude
 
 
+def _ds_regions(shape: tuple[int, int], seed: int, n_regions: int, size: int,
+                height_error_std: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Corners, powers and height errors of ``n_regions`` DS patches that do not touch."""
+    corners = np.zeros((n_regions, 2), dtype=np.int64)
+    if n_regions == 0:
+        return corners, np.zeros(0), np.zeros(0)
+    if not isinstance(size, (int, np.integer)) or size < 3:
+        raise ValueError(f"ds_region_size: expected an integer >= 3 pixels, found {size!r}")
+    rng = _rng(seed, _KEY_DS_REGIONS)
+    free = [n - size - 2 * DS_REGION_GAP for n in shape]
+    placed = 0
+    for _ in range(200 * n_regions):  # rejection sampling of a few patches, not of pixels
+        if placed == n_regions or min(free) < 0:
+            break
+        corner = DS_REGION_GAP + np.array([rng.integers(0, f + 1) for f in free])
+        apart = np.abs(corners[:placed] - corner).max(axis=1) >= size + DS_REGION_GAP
+        if apart.all():
+            corners[placed] = corner
+            placed += 1
+    if placed < n_regions:
+        raise ValueError(f"ds_regions: expected {n_regions} patches of {size} x {size} pixels "
+                         f"{DS_REGION_GAP} pixels apart to fit in a scene of {shape}, found "
+                         f"room for {placed}")
+    power = DS_RMS_AMPLITUDE**2 * 10.0 ** rng.uniform(*np.log10(DS_REGION_GAIN), n_regions)
+    height = rng.standard_normal(n_regions) * height_error_std
+    return corners, power, height
+
+
 def _build_scene(*, shape, n_epochs, seed, ps_fraction, wavelength, start, revisit_days,
                  mother_index, velocity_max, seasonal_amplitude, height_error_std, aps_std,
-                 ps_noise_std) -> _Scene:
+                 ps_noise_std, ds_regions=DEFAULT_DS_REGIONS,
+                 ds_region_size=DEFAULT_DS_REGION_SIZE, ds_coherence=None) -> _Scene:
     stds = {"velocity_max": velocity_max, "seasonal_amplitude": seasonal_amplitude,
             "height_error_std": height_error_std, "aps_std": aps_std,
             "ps_noise_std": ps_noise_std}
@@ -252,9 +310,19 @@ def _build_scene(*, shape, n_epochs, seed, ps_fraction, wavelength, start, revis
     slant_range, incidence = _range_geometry(shape[1])
     bowl, trend = _velocity_shape(shape, seed, velocity_max)
     k_az, k_rg, aps_phase, aps_amplitude = _aps_modes(shape, n_epochs, seed, mother, aps_std)
+    if not isinstance(ds_regions, (int, np.integer)) or ds_regions < 0:
+        raise ValueError(f"ds_regions: expected a number of patches >= 0, found {ds_regions!r}")
+    corners, ds_power, ds_height = _ds_regions(shape, seed, int(ds_regions), ds_region_size,
+                                               float(height_error_std))
+    ds_factor = np.eye(n_epochs)
+    extra = ()
+    if ds_regions:
+        days = (time - time[0]) / np.timedelta64(1, "D")
+        ds_factor = np.linalg.cholesky(exponential_coherence(days, **(ds_coherence or {})))
+        extra = (int(ds_regions), int(ds_region_size), sorted((ds_coherence or {}).items()))
     token = dask.base.tokenize(shape, n_epochs, seed, ps_fraction, wavelength, str(first),
                                revisit_days, mother, sorted(stds.items()), TILE_SIZE,
-                               APS_MODES)
+                               APS_MODES, *extra)
     return _Scene(
         shape=shape, n_epochs=int(n_epochs), seed=int(seed), ps_fraction=float(ps_fraction),
         wavelength=float(wavelength), mother_index=mother,
@@ -264,7 +332,9 @@ def _build_scene(*, shape, n_epochs, seed, ps_fraction, wavelength, start, revis
         incidence=incidence, bowl_az=bowl[0], bowl_rg=bowl[1],
         bowl_depth=-BOWL_SHARE * float(velocity_max), trend_az=trend[0], trend_rg=trend[1],
         seasonal_amplitude=float(seasonal_amplitude), aps_k_az=k_az, aps_k_rg=k_rg,
-        aps_phase=aps_phase, aps_amplitude=aps_amplitude, token=token)
+        aps_phase=aps_phase, aps_amplitude=aps_amplitude, token=token, ds_corner=corners,
+        ds_size=int(ds_region_size), ds_power=ds_power, ds_height=ds_height,
+        ds_factor=ds_factor)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,6 +354,17 @@ def _displacement(velocity: np.ndarray, seasonal: np.ndarray, scene: _Scene) -> 
     """Displacement (m, float64), time on the last axis, zero at the first epoch."""
     return (velocity[..., None] * scene.years
             + seasonal[..., None] * scene.seasonal_sine)
+
+
+def _ds_region(scene: _Scene, az: slice, rg: slice) -> np.ndarray:
+    """Index of the DS patch of each pixel (int16, -1 outside every patch)."""
+    rows, cols = np.arange(az.start, az.stop), np.arange(rg.start, rg.stop)
+    region = np.full((rows.size, cols.size), -1, dtype=np.int16)
+    for index, (a0, r0) in enumerate(scene.ds_corner):  # a few patches, each a slab of pixels
+        inside_az = (rows >= a0) & (rows < a0 + scene.ds_size)
+        inside_rg = (cols >= r0) & (cols < r0 + scene.ds_size)
+        region[np.ix_(inside_az, inside_rg)] = index
+    return region
 
 
 def _h2ph(scene: _Scene, rg: slice) -> np.ndarray:
@@ -351,7 +432,21 @@ def _tile_aps_all(scene: _Scene, ti: int, tj: int) -> np.ndarray:
 
 def _tile_truth(scene: _Scene, ti: int, tj: int, name: str) -> np.ndarray:
     az, rg = _tile_bounds(scene, ti, tj)
-    return _tile_static(scene, ti, tj)[name][: az.stop - az.start, : rg.stop - rg.start]
+    crop = (slice(0, az.stop - az.start), slice(0, rg.stop - rg.start))
+    static = _tile_static(scene, ti, tj)
+    values = static[name][crop]
+    if name == "height_error" and scene.ds_corner.size:
+        # a DS pixel's height error is its patch's
+        region = _ds_region(scene, az, rg)
+        ds = (region >= 0) & ~static["ps_mask"][crop]
+        return np.where(ds, scene.ds_height[np.maximum(region, 0)], values)
+    return values
+
+
+def _tile_ds_mask(scene: _Scene, ti: int, tj: int) -> np.ndarray:
+    """True DS pixels of the tile's part of the scene: in a patch, not a PS."""
+    az, rg = _tile_bounds(scene, ti, tj)
+    return (_ds_region(scene, az, rg) >= 0) & ~_tile_truth(scene, ti, tj, "ps_mask")
 
 
 def _tile_complex(scene: _Scene, ti: int, tj: int) -> np.ndarray:
@@ -382,7 +477,34 @@ def _tile_complex(scene: _Scene, ti: int, tj: int) -> np.ndarray:
         phase = base_phase + model[:, t] + aps + scene.ps_noise_std * phase_noise
         amplitude = mean_amplitude * np.abs(1.0 + nad * amplitude_noise)
         out[ia, ir, t] = amplitude * np.exp(1j * phase)
+    if scene.ds_corner.size:
+        _add_ds(scene, ti, tj, static, out)
     return out
+
+
+def _add_ds(scene: _Scene, ti: int, tj: int, static: dict, out: np.ndarray) -> None:
+    """Write the DS patches' pixels (PS excepted) of a tile into ``out``, in place."""
+    az, rg = _tile_bounds(scene, ti, tj)
+    whole = (slice(az.start, az.start + TILE_SIZE), slice(rg.start, rg.start + TILE_SIZE))
+    region = _ds_region(scene, *whole)
+    # every DS pixel of the whole tile draws, so the draws never depend on the scene's crop
+    da_, dr = np.nonzero((region >= 0) & ~static["ps_mask"])
+    if not da_.size:
+        return
+    rng = _rng(scene.seed, _KEY_TILE_DS, ti, tj)
+    white = rng.standard_normal((2, da_.size, scene.n_epochs))
+    looks = ((white[0] + 1j * white[1]) / math.sqrt(2.0)) @ scene.ds_factor.T
+    inside = (da_ < az.stop - az.start) & (dr < rg.stop - rg.start)
+    ia, ir = da_[inside], dr[inside]
+    patch = region[ia, ir]
+    displacement = _displacement(_velocity(scene, az, rg)[ia, ir],
+                                 _seasonal(scene, az, rg)[ia, ir], scene)
+    h2ph = _h2ph(scene, rg)[ir].astype(np.float64)
+    aps = _tile_aps_all(scene, ti, tj)[ia, ir].astype(np.float64)
+    phase = (static["scatterer_phase"][ia, ir, None] + aps
+             + scene.m2ph * (displacement + h2ph * scene.ds_height[patch][:, None]))
+    amplitude = np.sqrt(scene.ds_power[patch])[:, None]
+    out[ia, ir] = (amplitude * np.exp(1j * phase) * looks[inside]).astype(np.complex64)
 
 
 _TILE_FUNCTIONS = {
@@ -391,6 +513,7 @@ _TILE_FUNCTIONS = {
     "ps_mask": partial(_tile_truth, name="ps_mask"),
     "height_error": partial(_tile_truth, name="height_error"),
     "amplitude_dispersion": partial(_tile_truth, name="amplitude_dispersion"),
+    "ds_mask": _tile_ds_mask,
 }
 
 
@@ -426,6 +549,8 @@ def _region(scene: _Scene, variable: str, az: slice, rg: slice, dtype) -> np.nda
                              scene).astype(dtype)
     if variable in ("lat", "lon"):
         return _latlon(scene, az, rg)[variable == "lon"]
+    if variable == "ds_region":
+        return _ds_region(scene, az, rg)
     raise KeyError(f"variable: expected one of the simulated variables, found {variable!r}")
 
 
@@ -491,6 +616,11 @@ def simulate_stack(
     height_error_std: float = 5.0,
     aps_std: float = 1.0,
     ps_noise_std: float = 0.3,
+    ds_regions: int = DEFAULT_DS_REGIONS,
+    ds_region_size: int = DEFAULT_DS_REGION_SIZE,
+    ds_gamma0: float = DEFAULT_GAMMA0,
+    ds_gamma_inf: float = DEFAULT_GAMMA_INF,
+    ds_tau_days: float = DEFAULT_TAU_DAYS,
     chunks: str | int | tuple[int, int] | dict[str, int] = "auto",
 ) -> tuple[xr.Dataset, xr.Dataset]:
     """Simulate a lazy SLC stack of persistent and distributed scatterers with known truth.
@@ -528,6 +658,17 @@ def simulate_stack(
         see ``APS_MODES``); the screen within a small scene varies less than this.
     ps_noise_std
         Standard deviation (rad) of the PS phase noise per SLC epoch.
+    ds_regions
+        Square patches of distributed scatterers, placed at random, apart from each other and
+        from the edges (:data:`DS_REGION_GAP`); 0 (default): none, the stack of earlier
+        releases. A patch's pixels carry the PS's phase model (the scene's deformation and
+        atmosphere, one height error per patch drawn with ``height_error_std``) with the
+        coherence of :func:`depsi.simulate.ds.exponential_coherence` and a power
+        :data:`DS_REGION_GAIN` times the background's; PS inside a patch stay PS.
+    ds_region_size
+        Edge (pixels) of a DS patch.
+    ds_gamma0, ds_gamma_inf, ds_tau_days
+        The patches' coherence model (short-term, long-term coherence, decay time in days).
     chunks
         Dask chunks in azimuth and range (time is one chunk): ``"auto"`` (tile multiples of
         about ``CHUNK_BYTES`` of ``complex`` per chunk), an int, ``(n_azimuth, n_range)`` or a
@@ -544,9 +685,11 @@ def simulate_stack(
     truth : xarray.Dataset
         Same coordinates and attributes (plus ``phase_model``): ``ps_mask`` (bool),
         ``velocity`` (m/yr, every pixel), ``seasonal_amplitude`` (m), ``height_error`` (m, zero
-        off PS), ``amplitude_dispersion`` (expected NAD: per-PS value, ``RAYLEIGH_NAD``
+        off PS and DS), ``amplitude_dispersion`` (expected NAD: per-PS value, ``RAYLEIGH_NAD``
         elsewhere), ``aps`` (rad, zero at the mother) and ``displacement`` (m, zero at the
-        first epoch), the last two per epoch.
+        first epoch), the last two per epoch. With ``ds_regions``: also ``ds_region`` (int16,
+        the patch of each pixel, -1 outside) and ``ds_mask`` (bool, true DS pixels: in a
+        patch and no PS), the coherence model in attrs (``ds_gamma0``, ...).
 
     Raises
     ------
@@ -561,12 +704,14 @@ def simulate_stack(
     >>> float(abs(stack["h2ph"].isel(time=2)).max())  # the mother epoch
     0.0
     """
+    coherence = {"gamma0": ds_gamma0, "gamma_inf": ds_gamma_inf, "tau_days": ds_tau_days}
     scene = _build_scene(shape=shape, n_epochs=n_epochs, seed=seed, ps_fraction=ps_fraction,
                          wavelength=wavelength, start=start, revisit_days=revisit_days,
                          mother_index=mother_index, velocity_max=velocity_max,
                          seasonal_amplitude=seasonal_amplitude,
                          height_error_std=height_error_std, aps_std=aps_std,
-                         ps_noise_std=ps_noise_std)
+                         ps_noise_std=ps_noise_std, ds_regions=ds_regions,
+                         ds_region_size=ds_region_size, ds_coherence=coherence)
     chunks2d = _normalize_chunks(chunks, scene.shape, scene.n_epochs)
     logger.info(
         "simulating a %d x %d x %d stack (seed %d, mother %s): ~%d PS, velocity up to %.3g "
@@ -586,6 +731,10 @@ def simulate_stack(
             f"velocity_max={velocity_max}, seasonal_amplitude={seasonal_amplitude}, "
             f"height_error_std={height_error_std}, aps_std={aps_std}, "
             f"ps_noise_std={ps_noise_std}")
+    if ds_regions:
+        args += (f", ds_regions={ds_regions}, ds_region_size={ds_region_size}, "
+                 f"ds_gamma0={ds_gamma0}, ds_gamma_inf={ds_gamma_inf}, "
+                 f"ds_tau_days={ds_tau_days}")
     attrs = {"wavelength": scene.wavelength, "mother_time": mother_time, "seed": scene.seed,
              "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1],
              "history": f"depsi.simulate.simulate_stack({args})"}
@@ -619,6 +768,13 @@ def simulate_stack(
             "+ noise, m2ph = -4 pi / wavelength, noise ~ N(0, ps_noise_std) per epoch on PS; "
             "distributed scatterers are circular Gaussian, independent per epoch"),
             "ps_noise_std": scene.ps_noise_std})
+    if ds_regions:
+        truth = truth.assign(
+            ds_region=(_DIMS2, lazy("ds_region", np.int16, False),
+                       {"long_name": "DS patch of the pixel (-1: none)", "units": "1"}),
+            ds_mask=(_DIMS2, lazy("ds_mask", bool, False),
+                     {"long_name": "true distributed scatterer (simulation)", "units": "1"}))
+        truth.attrs.update({f"ds_{name}": float(value) for name, value in coherence.items()})
     return stack, truth
 
 

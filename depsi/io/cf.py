@@ -90,6 +90,14 @@ CF: dict[str, dict[str, str]] = {
     "amplitude_dispersion_mad": {"units": "1", "long_name": "normalised amplitude dispersion "
                                                              "(MAD / median)"},
     "selected": {"units": "1", "long_name": "selected as PS candidate"},
+    # distributed scatterers (depsi.processing.scatterers)
+    "scatterer": {"units": "1", "long_name": "kind of scatterer: persistent (ps) or "
+                                             "distributed (ds)"},
+    "shp_count": {"units": "1", "long_name": "statistically homogeneous pixels (looks)"},
+    "linked_coherence": {"units": "1",
+                         "long_name": "temporal coherence of the DS's linked phase (0..1)"},
+    "linked_phase_std": {"units": "rad", "long_name": "Cramér-Rao bound of the DS's linked "
+                                                      "phase"},
     "ps_mask": {"units": "1", "long_name": "true persistent scatterer (simulation)"},
     # results
     "velocity": {"units": "m year-1", "long_name": "line-of-sight velocity", **_LOS},

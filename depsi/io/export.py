@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 POINT_COLUMNS = ("pnt_id", "lat", "lon", "azimuth", "range", "velocity", "velocity_std",
                  "height_error", "height_error_std", "temporal_coherence", "height",
                  "lat_uncorrected", "lon_uncorrected", "incidence_angle", "heading", "los_east",
-                 "los_north", "los_up")
+                 "los_north", "los_up", "scatterer", "shp_count", "linked_coherence")
 
 _GEO_HINT = "install the optional 'geo' extra: pip install 'depsi[geo]'"
 
@@ -99,6 +99,10 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
     ``seasonal_sin_std``, ...) where the chain had model terms, then ``d_YYYYMMDD`` and, where
     the result has ``displacement_std``, ``std_d_YYYYMMDD``.
 
+    Where the selection found distributed scatterers, ``scatterer`` names each point's kind
+    (``ps`` or ``ds``), with ``shp_count`` (its looks; 0 on a PS) and ``linked_coherence``
+    (the temporal coherence of a DS's linked phase; empty on a PS).
+
     With the geometry from the orbits the table also carries each point's line of sight
     (``los_east``/``los_north``/``los_up``, unit vector to the satellite), its incidence angle
     and heading (degrees), for GNSS comparisons and ascending/descending decompositions.
@@ -122,6 +126,11 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
     for name in POINT_COLUMNS[1:]:
         if name in result.variables:
             columns[name] = np.asarray(result[name].values)
+    if "scatterer" in columns and "flag_meanings" in result["scatterer"].attrs:
+        # the kind of each point by name (ps, ds), as its flag's CF meanings say
+        meanings = np.asarray(result["scatterer"].attrs["flag_meanings"].split(), dtype=object)
+        values = list(np.asarray(result["scatterer"].attrs["flag_values"]).tolist())
+        columns["scatterer"] = meanings[np.searchsorted(values, columns["scatterer"])]
     if "model_choice" in result.variables and "model_names" in result.attrs:
         # the model each point kept, by name, and its terms' coefficients with their stds
         names = np.asarray(list(result.attrs["model_names"]), dtype=object)

@@ -47,6 +47,7 @@ from depsi.processing.network import (
 )
 from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
 from depsi.processing.temporal_model import (
+from depsi.processing.scatterers import SCATTERER_VARIABLES
     TemporalModel,
     fit_terms_with_atmosphere,
     refit_with_terms,
@@ -541,3 +542,6 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         return with_cf_attributes(validate(out, "points"))
 
 
+        # and its kind (PS or DS) with its SHP count, where the selection found DS
+        out = out.assign({name: ("space", points[name].values[index], dict(points[name].attrs))
+                          for name in SCATTERER_VARIABLES if name in points.data_vars})

@@ -138,6 +138,10 @@ class SimulateConfig(_Section):
     ps_fraction: float = Field(
         scene.DEFAULT_PS_FRACTION, gt=0, le=1,
         description="Fraction of pixels that are persistent scatterers.")
+    ds_regions: int = Field(
+        scene.DEFAULT_DS_REGIONS, ge=0,
+        description="Square patches of distributed scatterers in the scene (coherent, with "
+                    "the PS's deformation, height and atmosphere; see selection.ds); 0: none.")
     chunks: tuple[int, int] | None = Field(
         None, description="Zarr chunk size [azimuth, range] of the written stack (all epochs "
                           "in one chunk); null: about 64 MB chunks. Smaller chunks bound the "

@@ -189,7 +189,7 @@ def stack_step(config: Any, *, product: Path, progress: bool = False
 
         sim = config.input.simulate
         kwargs = dict(shape=tuple(sim.shape), n_epochs=sim.n_epochs, seed=sim.seed,
-                      ps_fraction=sim.ps_fraction)
+                      ps_fraction=sim.ps_fraction, ds_regions=sim.ds_regions)
         if sim.chunks is not None:
             kwargs["chunks"] = tuple(sim.chunks)
         write_stack_zarr(path, overwrite=True, progress=progress, **kwargs)
@@ -203,12 +203,20 @@ def stack_step(config: Any, *, product: Path, progress: bool = False
 
 
 def selection_step(stack: xr.Dataset, config: Any, *, progress: bool = False) -> xr.Dataset:
-    """The PS candidates of the stack (``selection``), geocoded on ``input.dem`` if given."""
+    """The PS candidates of the stack (``selection``) and, with ``selection.ds.enabled``, the
+    distributed scatterers beside them; geocoded on ``input.dem`` if given."""
     from depsi.processing.selection import ps_selection
 
     section = config.selection
     ps = ps_selection(stack, method=section.method, threshold=section.threshold,
                       engine=section.engine, progress=progress)
+    ds = section.ds
+    if ds.enabled:
+        from depsi.processing.scatterers import ds_selection, merge_scatterers
+
+        ps = merge_scatterers(ps, ds_selection(
+            stack, window=tuple(ds.window), alpha=ds.alpha, min_looks=ds.min_looks,
+            method=ds.method, min_temporal_coherence=ds.min_temporal_coherence))
     if config.input.dem is not None:
         from depsi.io.geometry import geocode_with_dem, open_dem
 

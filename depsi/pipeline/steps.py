@@ -99,7 +99,7 @@ STEPS = (
          "stack:stack_step", chain=False,
          checks=("output.exports", "selection.method", *MODEL_TERMS),
          devices=False),
-    Step("selection", "PS candidates by amplitude dispersion", ("stack",),
+    Step("selection", "PS candidates by amplitude dispersion (and DS)", ("stack",),
          ("selection", "input.dem"), "ps.zarr", "stack:selection_step", chain=False,
          devices=False),
     Step("network", "first-order points and their arcs", ("selection",),
@@ -247,8 +247,11 @@ def call_step(run: Callable[..., Any], step: str, take: Callable[[str], Any], co
 def counts(step: str, product: Any) -> dict[str, Any]:
     """The sizes of a step's product recorded in its manifest and the run summary."""
     if step == "selection":
-        return {"candidates": int(product.attrs.get("n_candidates", 0)),
-                "selected": int(product.sizes["space"]), "epochs": int(product.sizes["time"])}
+        counted = {"candidates": int(product.attrs.get("n_candidates", 0)),
+                   "selected": int(product.sizes["space"]), "epochs": int(product.sizes["time"])}
+        if "n_ds" in product.attrs:  # distributed scatterers among the selected points
+            counted["ds"] = int(product.attrs["n_ds"])
+        return counted
     if step == "network":
         return {"first_order": int(product.sizes["space"]),
                 "arcs": int(product.sizes[EDGE])}

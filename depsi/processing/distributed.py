@@ -270,7 +270,7 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
     half_az, half_rg = _half(window)
     n_az, n_rg, n_epochs = slc.shape
     phase = np.full(slc.shape, np.nan, np.float32)
-    outputs = [np.full((n_az, n_rg), np.nan, np.float32) for _ in range(3)]
+    outputs = [np.full((n_az, n_rg), np.nan, np.float32) for _ in range(4)]
     inner = np.zeros((n_az, n_rg), bool)
     inner[half_az:n_az - half_az, half_rg:n_rg - half_rg] = True
     rows, cols = np.nonzero(inner & (shp.sum(axis=-1) >= min_looks))
@@ -285,6 +285,8 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
             looks = gather_neighbours(slc_device, r - half_az, c - half_rg, window)
             weights = to_device(shp[r, c], device)
             gamma, n_looks = sample_coherence(looks, weights, bias_correction=bias_correction)
+            power = (abs(looks) ** 2).mean(axis=-1)
+            outputs[3][r, c] = to_host((power * weights).sum(axis=1) / n_looks)
             if shrinkage:
                 gamma = shrink(gamma, shrinkage)
             linked, eigenvalue = link_phases(gamma, method=method, reference=reference,
@@ -348,7 +350,8 @@ def phase_linking(
         EVD's largest over ``T``), ``phase_std`` (rad: the Cramér-Rao bound of the phase at the
         estimated coherence magnitudes and SHP count, root mean over the epochs other than the
         reference: the pixel's quality figure, optimistic where the magnitudes are biased
-        high), ``shp_count`` and ``ds_candidate`` from ``shp``.
+        high), ``shp_intensity`` (the mean intensity ``|z|^2`` of the SHP over every epoch:
+        a DS point's power), ``shp_count`` and ``ds_candidate`` from ``shp``.
 
     Examples
     --------
@@ -374,14 +377,14 @@ def phase_linking(
     padded_slc = _padded(data, half, 0)
     padded_mask = _padded(mask, half, False)
     results = da.apply_gufunc(
-        _link_block, "(t),(c)->(t),(),(),()", padded_slc, padded_mask,
+        _link_block, "(t),(c)->(t),(),(),(),()", padded_slc, padded_mask,
         window=window, min_looks=int(shp.attrs["min_looks"]), method=method,
         reference=int(reference), shrinkage=float(shrinkage),
         weight_shrinkage=float(weight_shrinkage),
         bias_correction=bool(bias_correction), device=parse_device(device or "cpu"),
         vectorize=False,
-        meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 3)
-    phase, coherence, eigenvalue, phase_std = (_trimmed(r, half) for r in results)
+        meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 4)
+    phase, coherence, eigenvalue, phase_std, intensity = (_trimmed(r, half) for r in results)
     dims2 = ("azimuth", "range")
     coords = {name: stack[name] for name in ("azimuth", "range", "time") if name in stack.coords}
     return xr.Dataset(
@@ -389,6 +392,8 @@ def phase_linking(
          "temporal_coherence": (dims2, coherence, {"units": "1"}),
          "eigenvalue": (dims2, eigenvalue, {"units": "1"}),
          "phase_std": (dims2, phase_std, {"units": "rad"}),
+         "shp_intensity": (dims2, intensity, {
+             "units": "1", "long_name": "mean intensity of the SHP over the epochs"}),
          "shp_count": shp["shp_count"], "ds_candidate": shp["ds_candidate"]},
         coords=coords,
         attrs={"phase_linking": method, "reference_time": str(stack["time"].values[reference]),

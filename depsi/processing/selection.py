@@ -44,6 +44,7 @@ from depsi.processing.interferogram import with_amplitude_and_phase
 
 # moved: re-exported until the lead's files switch (processing/__init__ imports it from here)
 from depsi.processing.network import worker_threads
+from depsi.processing.scatterers import DSConfig
 from depsi.sections import Section
 from depsi.stm.order import morton_order
 from depsi.stm.schema import STMValidationError, validate
@@ -87,6 +88,10 @@ class SelectionConfig(Section):
                     "whatever the number of points); stream: one pass on all cores, blocks read "
                     "and reduced by worker threads, the points computed in memory (fastest when "
                     "they fit).")
+    ds: DSConfig = Field(
+        default_factory=DSConfig,
+        description="Distributed scatterers beside the PS (off by default): they join the PS "
+                    "as densified points, flagged by scatterer, with their SHP count.")
 
 
 #: Running sums kept per point so that the NAD can be updated with new epochs.
@@ -683,6 +688,10 @@ def _check_updatable(old: xr.Dataset, path: Path, method: str) -> None:
             "median of the full amplitude history of each point, which running sums cannot "
             "give; rerun ps_selection on the whole stack")
     stored = old.attrs.get("selection_method")
+    if "scatterer" in old.data_vars:
+        raise ValueError(
+            f"store {str(path)!r}: expected PS alone, found distributed scatterers (a merged "
+            "product): their linked phases need every epoch's SHP, so rerun the selection")
     if stored != "nad":
         raise ValueError(
             f"store {str(path)!r}: expected a PS product selected with NAD, found "

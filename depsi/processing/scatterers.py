@@ -1,0 +1,352 @@
+"""Distributed scatterers beside the persistent ones: the DS pixels of a stack as points of a
+point STM (:func:`ds_selection`), and PS and DS in one point STM for the chain
+(:func:`merge_scatterers`), each point flagged by ``scatterer`` with its SHP count.
+
+A DS point's signal is its linked phase (:func:`depsi.processing.distributed.phase_linking`) with
+the amplitude of its SHP's mean intensity: ``complex = sqrt(shp_intensity) exp(j phase)``, so the
+chain forms its interferograms as it does a PS's. Its ``amplitude_dispersion`` is NaN: the
+first-order network is chosen by amplitude dispersion among the PS (NaN is never chosen), and a
+DS is densified against it (see docs/steps/distributed.md for why).
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import IntEnum
+from typing import Literal
+
+import dask
+import numpy as np
+import xarray as xr
+from pydantic import Field, field_validator
+
+from depsi.io.cf import with_cf_attributes
+from depsi.io.geometry import POSITIONS_ATTR, geocode_points
+from depsi.kernels.backend import single_threaded_blas
+from depsi.kernels.phase_linking import DEFAULT_ALPHA, METHODS, window_offsets
+from depsi.processing.distributed import (
+    DEFAULT_MIN_LOOKS,
+    DEFAULT_WINDOW,
+    phase_linking,
+    select_shp,
+)
+from depsi.sections import Section
+from depsi.stm.order import morton_order
+from depsi.stm.schema import STMValidationError, validate
+
+logger = logging.getLogger(__name__)
+
+
+class Scatterer(IntEnum):
+    """Values of the ``scatterer`` flag (int8, CF ``flag_values``/``flag_meanings``)."""
+
+    PS = 0
+    DS = 1
+
+
+#: dtype and CF attributes of the ``scatterer`` variable.
+SCATTERER_DTYPE = np.int8
+SCATTERER_ATTRS = {
+    "flag_values": np.array([s.value for s in Scatterer], dtype=SCATTERER_DTYPE),
+    "flag_meanings": " ".join(s.name.lower() for s in Scatterer),
+    "long_name": "kind of scatterer: persistent (ps) or distributed (ds)",
+    "units": "1",
+}
+
+#: Phase linking of the DS points: EMI, whose linked phase reaches the Cramér-Rao bound on the
+#: simulated DS stacks (docs/benchmarks.md), where EVD's is biased by the coherence magnitudes.
+DEFAULT_DS_METHOD = "emi"
+
+#: A DS candidate becomes a DS point when the temporal coherence of its linked phase (against
+#: its sample coherence phases) reaches this. Measured on decorrelated pixels (no signal at all):
+#: at most 0.48 with 20 looks and 30 epochs (EMI and EVD), 0.37 with 121 looks, lower with more
+#: epochs; DS of the default coherence model (0.7 short-term, 0.2 long-term) reach 0.86-0.99.
+DEFAULT_MIN_TEMPORAL_COHERENCE = 0.6
+
+#: Point variables of the selection that the chain's result carries to the exports.
+SCATTERER_VARIABLES = ("scatterer", "shp_count", "linked_coherence")
+
+
+class DSConfig(Section):
+    """Distributed scatterers beside the PS: SHP selection, phase linking, acceptance."""
+
+    enabled: bool = Field(
+        False, description="Add distributed scatterers (DS) to the PS: pixels with enough "
+                           "statistically homogeneous pixels (SHP), their phase linked over "
+                           "them. Off by default: the points are the PS alone.")
+    window: tuple[int, int] = Field(
+        DEFAULT_WINDOW, description="SHP search window [azimuth, range] in pixels, odd sizes: "
+                                    "at most window[0] x window[1] looks per DS.")
+    alpha: float = Field(
+        DEFAULT_ALPHA, gt=0, lt=1,
+        description="False-alarm rate of the SHP test (GLRT on the mean intensity): the share "
+                    "of truly homogeneous neighbours rejected.")
+    min_looks: int = Field(
+        DEFAULT_MIN_LOOKS, ge=2,
+        description="SHP (the pixel included) a pixel needs to be a DS candidate.")
+    method: Literal["emi", "evd"] = Field(
+        DEFAULT_DS_METHOD, description="Phase linking: emi (eigendecomposition-based maximum "
+                                       "likelihood) or evd (largest eigenvector).")
+    min_temporal_coherence: float = Field(
+        DEFAULT_MIN_TEMPORAL_COHERENCE, ge=0, lt=1,
+        description="A DS candidate is kept when the temporal coherence of its linked phase "
+                    "reaches this (decorrelated pixels stay below 0.5).")
+
+    @field_validator("window")
+    @classmethod
+    def _odd_window(cls, window: tuple[int, int]) -> tuple[int, int]:
+        window_offsets(window)  # odd positive sizes, or its ValueError
+        return window
+
+
+def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence) -> None:
+    window_offsets(window)  # odd positive sizes, or a ValueError naming the window
+    if not 0 < float(alpha) < 1:
+        raise ValueError(f"alpha: expected a false-alarm rate in (0, 1), found {alpha!r}")
+    if int(min_looks) < 2 or int(min_looks) > int(window[0]) * int(window[1]):
+        raise ValueError(f"min_looks: expected 2 .. {int(window[0]) * int(window[1])} looks "
+                         f"(the window's cells), found {min_looks!r}")
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, found {method!r}")
+    if not 0 <= float(min_temporal_coherence) < 1:
+        raise ValueError(f"min_temporal_coherence: expected a value in [0, 1), found "
+                         f"{min_temporal_coherence!r}")
+
+
+def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *timed,
+                    min_coherence, offset):
+    """The accepted DS pixels of one block: positions and values (one block's task)."""
+    keep = candidate & (coherence >= min_coherence) & np.isfinite(coherence)
+    ia, ir = np.nonzero(keep)
+    values = {"azimuth": ia + offset[0], "range": ir + offset[1], "phase": phase[ia, ir],
+              "linked_coherence": coherence[ia, ir], "shp_count": count[ia, ir],
+              "shp_intensity": intensity[ia, ir], "linked_phase_std": phase_std[ia, ir]}
+    values |= {f"timed_{k}": values_[ia, ir] for k, values_ in enumerate(timed)}
+    return values, int(candidate.sum())
+
+
+def _blocks(array, chunks):
+    """``array`` (Dask) rechunked to ``chunks`` in azimuth and range, as a grid of delayed."""
+    return array.rechunk(chunks[:array.ndim]).to_delayed()
+
+
+@single_threaded_blas()
+def ds_selection(
+    stack: xr.Dataset,
+    *,
+    window: tuple[int, int] = DEFAULT_WINDOW,
+    alpha: float = DEFAULT_ALPHA,
+    min_looks: int = DEFAULT_MIN_LOOKS,
+    method: str = DEFAULT_DS_METHOD,
+    min_temporal_coherence: float = DEFAULT_MIN_TEMPORAL_COHERENCE,
+    device: str | None = None,
+) -> xr.Dataset:
+    """Distributed scatterers of a raster stack, as a point STM beside :func:`ps_selection`'s.
+
+    Every pixel's statistically homogeneous pixels (SHP) are found in its ``window``
+    (:func:`~depsi.processing.distributed.select_shp`); a pixel with ``min_looks`` SHP is a DS
+    candidate, its phase history linked from its coherence matrix over them
+    (:func:`~depsi.processing.distributed.phase_linking`), and it becomes a DS point when its
+    linked phase's temporal coherence reaches ``min_temporal_coherence``. One pass over the
+    stack, block by block with halos; each block's task keeps only its accepted pixels.
+
+    Parameters
+    ----------
+    stack
+        Raster stack ``(azimuth, range, time)`` with ``complex`` and optionally ``h2ph`` and
+        ``(azimuth, range)`` coordinates such as ``lat``/``lon``.
+    window, alpha, min_looks
+        The SHP test (:class:`DSConfig`).
+    method
+        ``"emi"`` or ``"evd"``.
+    min_temporal_coherence
+        Acceptance threshold on the linked phase's temporal coherence.
+    device
+        Where phase linking runs (``"cpu"``, ``"cuda:0"``); default the CPU.
+
+    Returns
+    -------
+    xarray.Dataset
+        Point STM ``(space, time)`` in Morton order: ``complex`` (``sqrt(shp_intensity)
+        exp(j phase)``, complex64), ``amplitude``, ``phase`` (the linked phase, zero at the
+        first epoch), ``h2ph`` (when in the stack), the stack's coordinates at the points;
+        per point ``scatterer`` (all DS), ``shp_count`` (looks), ``linked_coherence`` (the
+        temporal coherence of the linked phase), ``linked_phase_std`` (rad, the Cramér-Rao
+        bound at the estimated coherence) and ``amplitude_dispersion`` (NaN: a DS is never a
+        first-order point). Attributes: the stack's, ``n_ds``, ``n_ds_candidates`` and the
+        parameters (``ds_window``, ...).
+
+    Examples
+    --------
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, truth = simulate_stack(shape=(48, 48), n_epochs=12, ds_regions=1,
+    ...                               ds_region_size=20)
+    >>> ds = ds_selection(stack, window=(7, 7))
+    >>> ds.sizes["space"] > 200, set(ds["scatterer"].values.tolist()) == {int(Scatterer.DS)}
+    (True, True)
+    """
+    validate(stack, kind="raster", require=("complex",))
+    window = tuple(int(w) for w in window)
+    _check_arguments(window, alpha, min_looks, method, min_temporal_coherence)
+    if stack.attrs.get(POSITIONS_ATTR) == "orbits":  # geocoded at the points, as the PS are
+        stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
+    shp = select_shp(stack, window=window, alpha=alpha, min_looks=min_looks)
+    linked = phase_linking(stack, shp, method=method, device=device)
+    phase = linked["phase"].data
+    chunks = phase.chunks
+    timed_names = [name for name in ("h2ph",) if name in stack.data_vars]
+    timed = [stack[name].transpose("azimuth", "range", "time").data for name in timed_names]
+    coord_names = [str(n) for n, c in stack.coords.items() if set(c.dims) == {"azimuth", "range"}]
+    coords2d = [stack[name].transpose("azimuth", "range").data for name in coord_names]
+    arrays = [phase] + [linked[name].data for name in (
+        "temporal_coherence", "shp_count", "shp_intensity", "phase_std", "ds_candidate")]
+    arrays += [_dask(a) for a in timed + coords2d]
+    grids = [_blocks(a, chunks) for a in arrays]
+    az_edges, rg_edges = np.cumsum((0, *chunks[0])), np.cumsum((0, *chunks[1]))
+    task = dask.delayed(_accepted_block, pure=True)
+    tasks = [task(*(grid[(i, j) + (0,) * (grid.ndim - 2)] for grid in grids),
+                  min_coherence=float(min_temporal_coherence),
+                  offset=(int(az_edges[i]), int(rg_edges[j])))
+             for i in range(len(chunks[0])) for j in range(len(chunks[1]))]
+    results = dask.compute(*tasks)
+    parts = {key: np.concatenate([r[0][key] for r in results]) for key in results[0][0]}
+    n_candidates = sum(r[1] for r in results)
+    points = _ds_points(stack, parts, timed_names, coord_names)
+    points.attrs |= {"n_ds": int(points.sizes["space"]), "n_ds_candidates": int(n_candidates),
+                     "ds_window": list(window), "ds_alpha": float(alpha),
+                     "ds_min_looks": int(min_looks), "ds_method": method,
+                     "ds_min_temporal_coherence": float(min_temporal_coherence),
+                     "shp_effective_epochs": float(shp["shp_effective_epochs"].values)}
+    logger.info("ds_selection: %d DS of %d candidates (%d looks or more of a %d x %d window) "
+                "with linked-phase coherence >= %g", points.sizes["space"], n_candidates,
+                min_looks, *window, min_temporal_coherence)
+    return with_cf_attributes(geocode_points(points))
+
+
+def _dask(array):
+    import dask.array as da
+
+    return array if isinstance(array, da.Array) else da.from_array(array)
+
+
+def _ds_points(stack: xr.Dataset, parts: dict, timed_names: list, coord_names: list
+               ) -> xr.Dataset:
+    """The DS point STM (Morton order) from the accepted pixels' arrays."""
+    order = morton_order(stack["azimuth"].values[parts["azimuth"]],
+                         stack["range"].values[parts["range"]])
+    parts = {key: values[order] for key, values in parts.items()}
+    amplitude = np.sqrt(parts["shp_intensity"]).astype(np.float32)
+    phase = parts["phase"].astype(np.float32)
+    slc = (amplitude[:, None] * np.exp(1j * phase)).astype(np.complex64)
+    dims = ("space", "time")
+    data = {"complex": (dims, slc),
+            "amplitude": (dims, np.broadcast_to(amplitude[:, None], slc.shape).copy()),
+            "phase": (dims, phase)}
+    data |= {name: (dims, parts[f"timed_{k}"]) for k, name in enumerate(timed_names)}
+    n = slc.shape[0]
+    data |= {
+        "amplitude_dispersion": ("space", np.full(n, np.nan, np.float32)),
+        "scatterer": ("space", np.full(n, Scatterer.DS, SCATTERER_DTYPE), SCATTERER_ATTRS),
+        "shp_count": ("space", parts["shp_count"].astype(np.int16),
+                      {"units": "1", "long_name": "statistically homogeneous pixels (looks)"}),
+        "linked_coherence": ("space", parts["linked_coherence"].astype(np.float32)),
+        "linked_phase_std": ("space", parts["linked_phase_std"].astype(np.float32)),
+    }
+    coords = {"time": stack["time"].values,
+              **{str(name): c.variable for name, c in stack.coords.items()
+                 if c.dims == ("time",) and name != "time"},
+              "azimuth": ("space", stack["azimuth"].values[parts["azimuth"]]),
+              "range": ("space", stack["range"].values[parts["range"]])}
+    coords |= {name: ("space", parts[f"timed_{len(timed_names) + k}"])
+               for k, name in enumerate(coord_names)}
+    history = f"{stack.attrs.get('history', '')}\nds_selection()".strip()
+    return xr.Dataset(data, coords=coords, attrs=dict(stack.attrs) | {"history": history})
+
+
+def _fill_value(dtype: np.dtype):
+    """What a point without a variable gets: NaN for numbers with one, zero or False else."""
+    if dtype.kind in "fc":
+        return np.nan
+    return False if dtype.kind == "b" else 0
+
+
+def _filled(template: xr.DataArray, n: int) -> xr.Variable:
+    """A variable like ``template`` (dims, dtype, attrs) for ``n`` other points, filled."""
+    shape = tuple(n if dim == "space" else size for dim, size in template.sizes.items())
+    values = np.full(shape, _fill_value(template.dtype), dtype=template.dtype)
+    return xr.Variable(template.dims, values, dict(template.attrs))
+
+
+def merge_scatterers(ps: xr.Dataset, ds: xr.Dataset) -> xr.Dataset:
+    """PS and DS in one point STM, in Morton order, each point flagged by ``scatterer``.
+
+    A pixel that is both stays a PS (its DS point is dropped). Variables one kind has and the
+    other lacks are filled on the other: NaN for numbers (``amp_sum``, ``linked_coherence``,
+    ...), 0 for counts (``amp_count``; ``shp_count`` 0 on a PS, which has no SHP) and False for
+    flags (``selected``: selected as a PS candidate).
+
+    Parameters
+    ----------
+    ps
+        :func:`~depsi.processing.selection.ps_selection`'s point STM.
+    ds
+        :func:`ds_selection`'s, from the same stack.
+
+    Returns
+    -------
+    xarray.Dataset
+        The points of both, lazy where ``ps`` is; attributes ``ps``'s with ``n_ds`` (the DS
+        kept), ``n_ds_dropped`` (DS pixels that are PS) and the DS parameters.
+
+    Examples
+    --------
+    >>> from depsi.processing.selection import ps_selection
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, truth = simulate_stack(shape=(48, 48), n_epochs=12, ds_regions=1,
+    ...                               ds_region_size=20)
+    >>> points = merge_scatterers(ps_selection(stack), ds_selection(stack, window=(7, 7)))
+    >>> kinds = points["scatterer"].values
+    >>> int((kinds == Scatterer.PS).sum()) == int(truth.ps_mask.sum()), (kinds == 1).sum() > 200
+    (True, True)
+    """
+    for points in (ps, ds):
+        validate(points, kind="points", require=("complex",))
+    if "scatterer" not in ds or (ds["scatterer"].values != Scatterer.DS).any():
+        raise STMValidationError("ds: expected ds_selection's point STM (scatterer DS on every "
+                                 f"point), found variables {sorted(map(str, ds.data_vars))}")
+    if not np.array_equal(ps["time"].values, ds["time"].values):
+        raise STMValidationError(f"ds: expected the epochs of ps ({ps.sizes['time']}), found "
+                                 f"{ds.sizes['time']} different ones: select both from one stack")
+    if "scatterer" in ps and (ps["scatterer"].values != Scatterer.PS).any():
+        raise STMValidationError("ps: expected PS alone, found points flagged DS (merged "
+                                 "already?)")
+    n_rg = int(max(ps["range"].max(initial=0), ds["range"].max(initial=0))) + 1
+    ps_keys = ps["azimuth"].values.astype(np.int64) * n_rg + ps["range"].values
+    ds_keys = ds["azimuth"].values.astype(np.int64) * n_rg + ds["range"].values
+    kept = np.flatnonzero(~np.isin(ds_keys, ps_keys))
+    ds = ds.isel(space=kept)
+    ps = ps.assign(scatterer=("space", np.full(ps.sizes["space"], Scatterer.PS,
+                                               SCATTERER_DTYPE), SCATTERER_ATTRS))
+    sides = []
+    for own, other in ((ps, ds), (ds, ps)):
+        n = own.sizes["space"]
+        variables = {name: _filled(other[name], n)
+                     for name in other.data_vars if name not in own.data_vars}
+        coords = {name: _filled(other[name], n) for name in other.coords
+                  if "space" in other[name].dims and name not in own.coords}
+        sides.append(own.assign(variables).assign_coords(coords))
+    for name in sides[0].data_vars:  # one dtype per variable (a PS's complex64 decides)
+        sides[1][name] = sides[1][name].astype(sides[0][name].dtype)
+    names = list(sides[0].data_vars)
+    merged = xr.concat([sides[0], sides[1][names]], dim="space", data_vars="all",
+                       coords="minimal", compat="override", join="exact",
+                       combine_attrs="override")
+    order = morton_order(merged["azimuth"].values, merged["range"].values)
+    merged = merged.isel(space=order)
+    ds_attrs = {k: v for k, v in ds.attrs.items() if k.startswith(("ds_", "n_ds", "shp_"))}
+    merged.attrs = dict(ps.attrs) | ds_attrs | {
+        "n_ds": int(kept.size), "n_ds_dropped": int(ds_keys.size - kept.size),
+        "history": f"{ps.attrs.get('history', '')}\nmerge_scatterers(n_ds={kept.size})".strip()}
+    logger.info("merge_scatterers: %d PS and %d DS (%d DS pixels are PS and stay PS)",
+                ps.sizes["space"], kept.size, ds_keys.size - kept.size)
+    return with_cf_attributes(merged)

@@ -587,3 +587,87 @@ def simulated_points(*, shape=(100, 100), n_epochs=30, seed=1, ps_fraction=0.03,
     points, true = _simulated(tuple(shape), n_epochs, seed, ps_fraction, aps_std, ps_noise_std,
                               height_error_std, velocity_max)
     return points.copy(deep=True), true.copy(deep=True)
+
+
+# --- a mixed PS + DS scene (issue 31): depsi.simulate's DS patches beside its PS ---------------
+
+#: The mixed scene of the DS tests: 1 km x 1 km, 30 epochs, about 300 PS and three 24 x 24
+#: patches of distributed scatterers; an atmosphere of 0.5 rad so that the phase noise is not
+#: hidden under it (both floors matter).
+MIXED_SCENE = {"shape": (100, 100), "n_epochs": 30, "seed": 5, "ps_fraction": 0.03,
+               "aps_std": 0.5, "ds_regions": 3, "ds_region_size": 24}
+
+
+@functools.lru_cache(maxsize=2)
+def _mixed(items):
+    from depsi.simulate import simulate_stack
+
+    stack, truth = simulate_stack(**dict(items))
+    return stack.compute(), truth.compute()
+
+
+def mixed_scene(**overrides):
+    """The stack and truth of :data:`MIXED_SCENE` (with ``overrides``), computed (cached,
+    copies)."""
+    stack, truth = _mixed(tuple(sorted({**MIXED_SCENE, **overrides}.items())))
+    return stack.copy(deep=True), truth.copy(deep=True)
+
+
+def _true_looks(truth: xr.Dataset, azimuth, range_, window) -> np.ndarray:
+    """Pixels of each point's own DS patch (PS excepted) in its SHP window: the looks a
+    perfect SHP test would give it."""
+    half = (window[0] // 2, window[1] // 2)
+    region = np.pad(np.where(truth["ps_mask"].values, -2, truth["ds_region"].values),
+                    [(half[0],) * 2, (half[1],) * 2], constant_values=-2)
+    da_, dr = np.meshgrid(np.arange(window[0]), np.arange(window[1]), indexing="ij")
+    cells = region[np.asarray(azimuth)[:, None] + da_.ravel(),
+                   np.asarray(range_)[:, None] + dr.ravel()]
+    own = truth["ds_region"].values[azimuth, range_]
+    return (cells == own[:, None]).sum(axis=1)
+
+
+def scatterer_floors(stack: xr.Dataset, truth: xr.Dataset, azimuth, range_, kind,
+                     window=(11, 11)) -> dict:
+    """Velocity floors (m/yr, RMS about the median) of the points at ``(azimuth, range_)`` of
+    the mixed scene, per kind (``kind`` 0 PS, 1 DS), from its truth.
+
+    A point's velocity is fitted by least squares with offset and height error: its error is
+    ``g . e`` with ``g`` the velocity row of the fit's pseudo-inverse and ``e`` its phase error.
+    *Noise floor*: ``sqrt(mean g C g)`` with ``C`` the phase noise covariance: ``sigma^2 I`` on
+    a PS (``ps_noise_std`` per SLC epoch; the mother's noise is common, in the offset), and on a
+    DS the Cramér-Rao bound of its linked phase, ``(2 L (|G|^-1 o |G| - I))^-1`` with the
+    scene's true coherence ``|G|`` and ``L`` the pixels of its patch in its window (one epoch
+    fixed; the offset takes it). *No-correction floor*: that and the fit of the true atmosphere
+    at the point (its spatial spread, RMS about the median) added in quadrature.
+    """
+    from depsi.conventions import phase_per_metre, years_since
+    from depsi.simulate.ds import exponential_coherence
+
+    azimuth, range_, kind = (np.asarray(a) for a in (azimuth, range_, kind))
+    time = stack["time"].values
+    years = years_since(time, time[0])
+    m2ph = phase_per_metre(stack.attrs["wavelength"])
+    h2ph = stack["h2ph"].values[azimuth, range_].astype(np.float64)
+    n, n_epochs = h2ph.shape
+    design = np.stack([np.broadcast_to(m2ph * years, (n, n_epochs)), m2ph * h2ph,
+                       np.ones((n, n_epochs))], axis=2)
+    g = np.linalg.pinv(design)[:, 0, :]
+    atmosphere = np.einsum("nt,nt->n", g, truth["aps"].values[azimuth, range_])
+    days = (time - time[0]) / np.timedelta64(1, "D")
+    coherence = exponential_coherence(days, gamma0=truth.attrs["ds_gamma0"],
+                                      gamma_inf=truth.attrs["ds_gamma_inf"],
+                                      tau_days=truth.attrs["ds_tau_days"])
+    fisher = 2.0 * (np.linalg.inv(coherence) * coherence - np.eye(n_epochs))  # one look
+    bound = np.zeros((n_epochs, n_epochs))
+    bound[1:, 1:] = np.linalg.inv(fisher[1:, 1:])
+    variance = np.where(kind == 0, truth.attrs["ps_noise_std"] ** 2 * (g**2).sum(axis=1), 0.0)
+    ds = kind == 1
+    looks = _true_looks(truth, azimuth[ds], range_[ds], window)
+    variance[ds] = np.einsum("nt,ts,ns->n", g[ds], bound, g[ds]) / looks
+    floors = {}
+    for name, value in (("ps", 0), ("ds", 1)):
+        which = kind == value
+        noise = float(np.sqrt(variance[which].mean()))
+        spread = _rms_about_median(atmosphere[which])
+        floors[name] = {"noise": noise, "nocorr": float(np.hypot(noise, spread))}
+    return floors

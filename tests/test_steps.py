@@ -314,6 +314,62 @@ def test_run_ps_chain_lets_each_product_go_after_its_last_reader(points, monkeyp
     assert seen == {"network": False, "integration": False, "atmosphere": False}
 
 
+#: For every field of the selection's ``ds:`` part, a value other than its default that must
+#: change the selection step's product (PS and DS) on a stack with a DS patch, DS enabled
+#: (``enabled`` itself: against the PS alone, the default). A new field without an entry here
+#: fails test_every_selection_ds_field_has_a_test.
+DS_ALTERNATES = {
+    "selection.ds.enabled": True,
+    "selection.ds.window": (7, 7),
+    "selection.ds.alpha": 0.2,
+    "selection.ds.min_looks": 60,
+    "selection.ds.method": "evd",
+    "selection.ds.min_temporal_coherence": 0.9,
+}
+
+
+@pytest.fixture(scope="module")
+def ds_stack():
+    stack, _ = simulate_stack(shape=(48, 48), n_epochs=20, seed=2, ds_regions=1,
+                              ds_region_size=20)
+    return stack.compute()
+
+
+@pytest.fixture(scope="module")
+def ds_base(ds_stack):
+    return _selected(ds_stack, {"enabled": True})
+
+
+def _selected(stack: xr.Dataset, ds: dict) -> xr.Dataset:
+    from depsi.pipeline.stack import selection_step
+    from depsi.pipeline.steps import config_for
+
+    return selection_step(stack, config_for("selection", parse_config({"selection": {"ds": ds}})))
+
+
+def test_every_selection_ds_field_has_a_test():
+    from depsi.processing.scatterers import DSConfig
+
+    assert sorted(f"selection.ds.{name}" for name in DSConfig.model_fields) == sorted(
+        DS_ALTERNATES)
+
+
+@pytest.mark.parametrize("field", sorted(DS_ALTERNATES))
+@pytest.mark.slow
+def test_every_selection_ds_field_changes_the_selection(ds_stack, ds_base, field):
+    from depsi.processing.scatterers import DSConfig
+
+    name = field.rsplit(".", 1)[-1]
+    value = DS_ALTERNATES[field]
+    assert value != getattr(DSConfig(), name)
+    assert (ds_base["scatterer"].values == 1).sum() > 100
+    if name == "enabled":  # the default, DS off, against DS on
+        base, changed = _selected(ds_stack, {}), ds_base
+    else:
+        base, changed = ds_base, _selected(ds_stack, {"enabled": True, name: value})
+    assert not changed.identical(base), f"{field}={value!r} changed no product"
+
+
 def test_every_other_config_field_is_read_by_the_code_that_runs_it():
     """The sections outside the chain (input, selection, output, compute) choose *how* a run
     goes (a scheduler, a folder, an engine whose result is identical); each of their fields

@@ -22,7 +22,8 @@ NOTEBOOK_TIMEOUT = 300
 def test_there_are_notebooks():
     names = [path.name for path in NOTEBOOKS]
     assert names == ["01_dask_for_insar.ipynb", "02_ps_processing.ipynb",
-                     "03_real_data.ipynb", "04_gpu_and_hpc.ipynb"]
+                     "03_real_data.ipynb", "04_gpu_and_hpc.ipynb",
+                     "05_distributed_scatterers.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -9,6 +9,7 @@ from depsi.processing.integration import integrate_network
 from depsi.processing.interferogram import ifg_to_slc, single_mother_interferograms
 from depsi.processing.model import estimate_model
 from depsi.processing.network import first_order_indices, form_network
+from depsi.processing.scatterers import ds_selection, merge_scatterers
 from depsi.processing.selection import (
     amplitude_statistics,
     ps_selection,
@@ -18,6 +19,7 @@ from depsi.processing.selection import (
 __all__ = [
     "amplitude_statistics",
     "densify",
+    "ds_selection",
     "estimate_arcs",
     "estimate_atmosphere",
     "estimate_model",
@@ -26,6 +28,7 @@ __all__ = [
     "ifg_to_slc",
     "integrate_network",
     "interpolate_aps",
+    "merge_scatterers",
     "phase_linking",
     "ps_selection",
     "select_shp",

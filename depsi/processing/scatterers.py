@@ -212,7 +212,10 @@ def ds_selection(
     parts = {key: np.concatenate([r[0][key] for r in results]) for key in results[0][0]}
     n_candidates = sum(r[1] for r in results)
     points = _ds_points(stack, parts, timed_names, coord_names)
-    points.attrs |= {"n_ds": int(points.sizes["space"]), "n_ds_candidates": int(n_candidates),
+    step = (f"ds_selection(window={list(window)}, alpha={alpha}, min_looks={min_looks}, "
+            f"method={method!r}, min_temporal_coherence={min_temporal_coherence})")
+    points.attrs |= {"history": f"{stack.attrs.get('history', '')}\n{step}".strip(),
+                     "n_ds": int(points.sizes["space"]), "n_ds_candidates": int(n_candidates),
                      "ds_window": list(window), "ds_alpha": float(alpha),
                      "ds_min_looks": int(min_looks), "ds_method": method,
                      "ds_min_temporal_coherence": float(min_temporal_coherence),
@@ -259,8 +262,7 @@ def _ds_points(stack: xr.Dataset, parts: dict, timed_names: list, coord_names: l
               "range": ("space", stack["range"].values[parts["range"]])}
     coords |= {name: ("space", parts[f"timed_{len(timed_names) + k}"])
                for k, name in enumerate(coord_names)}
-    history = f"{stack.attrs.get('history', '')}\nds_selection()".strip()
-    return xr.Dataset(data, coords=coords, attrs=dict(stack.attrs) | {"history": history})
+    return xr.Dataset(data, coords=coords, attrs=dict(stack.attrs))
 
 
 def _fill_value(dtype: np.dtype):

@@ -46,8 +46,8 @@ from depsi.processing.network import (
     worker_threads,
 )
 from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
-from depsi.processing.temporal_model import (
 from depsi.processing.scatterers import SCATTERER_VARIABLES
+from depsi.processing.temporal_model import (
     TemporalModel,
     fit_terms_with_atmosphere,
     refit_with_terms,
@@ -537,11 +537,11 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         out = out.assign_coords({name: ("space", points[name].values[index],
                                          dict(points[name].attrs))
                                  for name in POINT_GEOMETRY if name in points.coords})
+        # and its kind (PS or DS) with its SHP count, where the selection found DS
+        out = out.assign({name: ("space", points[name].values[index], dict(points[name].attrs))
+                          for name in SCATTERER_VARIABLES if name in points.data_vars})
         # positions moved by the estimated height errors (where the orbits are known)
         out = correct_positions(out)
         return with_cf_attributes(validate(out, "points"))
 
 
-        # and its kind (PS or DS) with its SHP count, where the selection found DS
-        out = out.assign({name: ("space", points[name].values[index], dict(points[name].attrs))
-                          for name in SCATTERER_VARIABLES if name in points.data_vars})

@@ -284,7 +284,9 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
                                   - motion["displacement"][:, mother:mother + 1])
                           + aps + noise)
     if terrain is not None:
-        stack["terrain_height"] = (("azimuth", "range"), terrain.astype(np.float32))
+        # a DEM in radar geometry, as the readers give it: the coordinate ``height`` (m)
+        stack = stack.assign_coords(height=(("azimuth", "range"), terrain.astype(np.float32),
+                                            {"units": "m"}))
         truth["terrain_height"] = terrain[az, rg]
     return stack, truth
 

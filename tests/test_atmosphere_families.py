@@ -4,9 +4,10 @@ Scenes from ``tests/scenes.py`` (:data:`~scenes.ATMOSPHERE_FAMILIES`, a generato
 no code with :mod:`depsi.simulate`): screens with a Gaussian (smooth) covariance, power-law
 (von Karman) screens of the two turbulent regimes (1-D spectral slopes 5/3 and 8/3), an
 anisotropic screen (exponential covariance stretched 1 : 0.15 and rotated 30 degrees) and a
-stratified part ``k_t * terrain height`` on a given height raster (``terrain_height`` in the
-stack) over an exponential screen; white height errors everywhere; three scenes (seeds) per
-family, figures pooled. What a user runs:
+stratified part ``k_t * terrain height`` on a given height raster (coordinate ``height`` of the
+stack, a DEM in radar geometry, from which the chain estimates the stratified part) over an
+exponential screen; white height errors everywhere; three scenes (seeds) per family, figures
+pooled. What a user runs:
 ``ps_selection(method="nad", threshold=0.25)`` then ``run_ps_chain`` with defaults; scored on
 the true PS with temporal coherence >= 0.8 about the median difference (the datum), against
 each family's own floors from its truth (true ambiguities): *noise* (atmosphere removed

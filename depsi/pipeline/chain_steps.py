@@ -23,7 +23,7 @@ from depsi.io.geometry import POINT_GEOMETRY, correct_positions
 from depsi.kernels.backend import Device, single_threaded_blas
 from depsi.pipeline.steps import EDGE
 from depsi.processing.arcs import estimate_arcs, heights_resolvable
-from depsi.processing.atmosphere import estimate_atmosphere
+from depsi.processing.atmosphere import estimate_atmosphere, terrain_heights
 from depsi.processing.correlated_height import estimate_correlated_height
 from depsi.processing.datum import apply_reference_area, remove_reference_noise
 from depsi.processing.densification import densify
@@ -165,6 +165,8 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
 def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     """The first-order points (computed) and the arcs between them.
 
+    if config.atmosphere.method != "none":  # a stratified part on: the points' heights
+        terrain_heights(points, config.atmosphere.stratified)
     Returns
     -------
     xarray.Dataset
@@ -356,11 +358,13 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
             screen = estimate_atmosphere(kept, method=section.method,
                                          temporal_window=section.temporal_window,
-                                         regressors=terms.regressors)
+                                         regressors=terms.regressors,
+                                         stratified=section.stratified)
             # the second pass needs only the screen: the first pass's result (given the only
             # reference, as run_ps_chain gives it) and its kept copy go
             screen_attrs = {a: screen.attrs[a] for a in screen.attrs
-                            if a.startswith("variogram_") or a == "aps_method"}
+                            if a.startswith(("variogram_", "stratified_")) or a == "aps_method"}
+            stratified_rate = screen.get("stratified_rate")
             screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
             aps = screen["aps"].transpose("space", "time").values
             unwrapped = None
@@ -403,6 +407,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         # the terms' coefficients follow the datum's phases (velocity and height refitted too)
         result = refit_with_terms(result, terms)
         record = replace(record, reference=int(result.attrs["reference"]),
+            if stratified_rate is not None:
+                result["stratified_rate"] = stratified_rate.drop_vars(
+                    list(stratified_rate.coords))
                          reference_radius=float(result.attrs["reference_radius"]),
                          n_reference_area=int(result.attrs["n_reference_area"]))
         return with_cf_attributes(record.on(result))
@@ -410,7 +417,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
 
 #: What densification reads of the first pass (besides positions and ``point_index``).
 DENSIFY_READS = ("unwrapped_phase", "velocity", "height_error", "h2ph", "reference_phase",
-                 "aps_observed", "in_network")
+                 "aps_observed", "stratified_rate", "in_network")
 
 
 def _kept(first: xr.Dataset, names: tuple[str, ...]) -> xr.Dataset:

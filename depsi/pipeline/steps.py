@@ -104,7 +104,7 @@ STEPS = (
          devices=False),
     Step("network", "first-order points and their arcs", ("selection",),
          ("network", "integration.reference"), "network.zarr", "chain_steps:network_step",
-         checks=MODEL_TERMS, devices=False),
+         checks=(*MODEL_TERMS, "atmosphere.method", "atmosphere.stratified"), devices=False),
     Step("arcs", "periodogram of every arc", ("network",),
          ("arcs", "model.arcs", *MODEL_TERMS), "arcs.zarr", "chain_steps:lazy_arcs_step",
          in_memory="chain_steps:observations_step"),

@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_TEMPORAL_WINDOW = 0.25
 #: Default spatial interpolation of the screen: kriging on small networks, Gaussian above.
 DEFAULT_METHOD = "auto"
+#: Default of the stratified part: estimated wherever the points carry a terrain height.
+DEFAULT_STRATIFIED = "auto"
+#: Ways of the stratified part ``k_t * z`` (``stratified``).
+STRATIFIED = ("auto", "on", "off")
+#: Point variable (or coordinate) of the terrain height (m) the stratified part follows: the
+#: DEM's height, which selection carries from the stack's ``height`` coordinate.
+TERRAIN_HEIGHT = "height"
 
 
 class AtmosphereConfig(Section):
@@ -57,6 +64,14 @@ class AtmosphereConfig(Section):
         True, description="Move the atmosphere's projection on the baselines (a smooth field "
                           "in the height errors) into the screen, predicted from all result "
                           "points (needs a method other than none).")
+    stratified: Literal["auto", "on", "off"] = Field(
+        DEFAULT_STRATIFIED,
+        description="The screen's part proportional to terrain height (k_t times the height, "
+                    "one rate per epoch fitted on the network points) taken out before the "
+                    "turbulent part is interpolated and put back at every point from its own "
+                    "height: auto (where the points carry a 'height', the DEM's height of "
+                    "the stack's 'height' coordinate), on (refused without one) or off.")
+
 #: ``method="auto"`` uses kriging up to this many points, Gaussian neighbours above.
 KRIGING_MAX_POINTS = 3000
 #: Neighbours of the Gaussian-weighted estimate.
@@ -142,12 +157,21 @@ class ScreenInterpolator:
     (or the KD-tree of the Gaussian method built) once, and every call (one per space chunk of
     densification) reuses it.
 
-    Call it with an ``(N, 2)`` array of positions in metres; it returns the ``(N, T)`` float32
+    Call it with an ``(N, 2)`` array of positions in metres (and, where the screen has a
+    stratified part, the ``(N,)`` terrain heights in metres); it returns the ``(N, T)`` float32
     screen (rad).
+
+    ``values`` are the turbulent part (the stratified part taken out); ``stratified_rate``
+    ``(T,)`` (rad/m) and ``height_mean`` (m) give the stratified part
+    ``stratified_rate * (height - height_mean)`` added at the targets.
     """
 
-    def __init__(self, src_pos: np.ndarray, values: np.ndarray, variogram: dict, method: str):
+    def __init__(self, src_pos: np.ndarray, values: np.ndarray, variogram: dict, method: str,
+                 *, stratified_rate: np.ndarray | None = None, height_mean: float = 0.0):
         self.method = method
+        self.stratified_rate = (None if stratified_rate is None
+                                else np.asarray(stratified_rate, dtype=np.float64))
+        self.height_mean = float(height_mean)
         self.variogram = dict(variogram)
         self.src_pos = np.asarray(src_pos, dtype=np.float64)
         if method == "kriging":
@@ -165,19 +189,36 @@ class ScreenInterpolator:
             self.values = np.asarray(values, dtype=np.float32)
             self.tree = cKDTree(self.src_pos)
 
-    def __call__(self, dst_pos: np.ndarray) -> np.ndarray:
+    def __call__(self, dst_pos: np.ndarray, heights: np.ndarray | None = None) -> np.ndarray:
         dst_pos = np.asarray(dst_pos, dtype=np.float64)
         if self.method != "kriging":
-            return _gaussian(self.tree, self.values, dst_pos,
-                             0.5 * self.variogram["range"]).astype(np.float32)
-        sill, length = self.variogram["sill"], self.variogram["range"]
-        out = np.empty((len(dst_pos), self.weights.shape[1]), np.float32)
-        step = max(1, int(2**24 // max(len(self.src_pos), 1)))
-        for start in range(0, len(dst_pos), step):  # chunks of targets, bounded memory
-            d = np.hypot(*(dst_pos[start:start + step, None, :] - self.src_pos[None])
-                         .transpose(2, 0, 1))
-            out[start:start + step] = (sill * np.exp(-d / length)) @ self.weights + self.mean
-        return out
+            out = _gaussian(self.tree, self.values, dst_pos,
+                            0.5 * self.variogram["range"]).astype(np.float32)
+        else:
+            sill, length = self.variogram["sill"], self.variogram["range"]
+            out = np.empty((len(dst_pos), self.weights.shape[1]), np.float32)
+            step = max(1, int(2**24 // max(len(self.src_pos), 1)))
+            for start in range(0, len(dst_pos), step):  # chunks of targets, bounded memory
+                d = np.hypot(*(dst_pos[start:start + step, None, :] - self.src_pos[None])
+                             .transpose(2, 0, 1))
+                out[start:start + step] = (sill * np.exp(-d / length)) @ self.weights + self.mean
+        return self.add_stratified(out, heights)
+
+    def add_stratified(self, screen: np.ndarray, heights: np.ndarray | None) -> np.ndarray:
+        """``screen`` (the turbulent part at some points, ``(N, T)``) plus the stratified part
+        at their ``heights`` (m); ``screen`` itself where the screen has no stratified part."""
+        if self.stratified_rate is None:
+            return screen
+        if heights is None:
+            raise ValueError("heights: the screen has a stratified part (a rate per epoch times "
+                             "the terrain height): expected the targets' terrain heights (m)")
+        heights = np.asarray(heights, dtype=np.float64).reshape(-1)
+        if len(heights) != len(screen):
+            raise ValueError(f"heights: expected {len(screen)} terrain heights (m), found "
+                             f"{len(heights)}")
+        screen += stratified_part(heights, self.height_mean, self.stratified_rate
+                                  ).astype(screen.dtype)
+        return screen
 
 
 def screen_interpolator(aps: xr.Dataset) -> ScreenInterpolator:
@@ -189,8 +230,92 @@ def screen_interpolator(aps: xr.Dataset) -> ScreenInterpolator:
     observed = aps["aps_observed"].transpose("space", "time").values.astype(np.float64)
     use = np.isfinite(observed).all(axis=1)
     variogram = {k: float(aps.attrs[f"variogram_{k}"]) for k in ("nugget", "sill", "range")}
+    rate, height_mean = None, 0.0
+    if "stratified_rate" in aps:
+        rate = aps["stratified_rate"].values.astype(np.float64)
+        height_mean = float(aps.attrs["stratified_height_mean"])
+        observed = observed - stratified_part(terrain_heights(aps, "on"), height_mean, rate)
     return ScreenInterpolator(point_positions(aps)[use], observed[use], variogram,
-                              aps.attrs.get("aps_method", "kriging"))
+                              aps.attrs.get("aps_method", "kriging"), stratified_rate=rate,
+                              height_mean=height_mean)
+
+
+def terrain_heights(points: xr.Dataset, stratified: str = DEFAULT_STRATIFIED
+                    ) -> np.ndarray | None:
+    """The points' terrain heights (m, :data:`TERRAIN_HEIGHT`) for the stratified part, or
+    None where ``stratified`` is ``"off"``, or ``"auto"`` and the points carry none.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> points = xr.Dataset(coords={"height": ("space", np.array([10.0, 250.0]))})
+    >>> terrain_heights(points), terrain_heights(points, "off")
+    (array([ 10., 250.]), None)
+    >>> terrain_heights(xr.Dataset(), "on")
+    Traceback (most recent call last):
+    ...
+    ValueError: atmosphere.stratified: 'on' needs the points' terrain height 'height' (m; ...
+    """
+    if stratified not in STRATIFIED:
+        raise ValueError(f"stratified: expected one of {list(STRATIFIED)}, found {stratified!r}")
+    if stratified == "off" or (stratified == "auto" and TERRAIN_HEIGHT not in points.variables):
+        return None
+    if TERRAIN_HEIGHT not in points.variables:
+        raise ValueError(f"atmosphere.stratified: 'on' needs the points' terrain height "
+                         f"{TERRAIN_HEIGHT!r} (m; the stack's {TERRAIN_HEIGHT!r} coordinate, a "
+                         f"DEM in radar geometry, or input.dem), found none")
+    heights = np.asarray(points[TERRAIN_HEIGHT].values, dtype=np.float64)
+    if heights.shape != (points.sizes.get("space", -1),):
+        raise ValueError(f"{TERRAIN_HEIGHT}: expected one terrain height per point, found shape "
+                         f"{heights.shape}")
+    return heights
+
+
+def stratified_part(heights: np.ndarray, height_mean: float, rate: np.ndarray) -> np.ndarray:
+    """The stratified screen ``rate_t * (height - height_mean)`` (rad, ``(N, T)``); zero at
+    points without a height (NaN: outside the DEM), which keep the turbulent part alone.
+
+    Examples
+    --------
+    >>> stratified_part(np.array([100.0, np.nan]), 50.0, np.array([0.0, 0.01]))
+    array([[0. , 0.5],
+           [0. , 0. ]])
+    """
+    offset = np.asarray(heights, np.float64) - height_mean
+    offset = np.where(np.isfinite(offset), offset, 0.0)
+    return offset[:, None] * np.asarray(rate, np.float64)[None, :]
+
+
+def fit_stratified(heights: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, float]:
+    """Rates ``k_t`` (rad/m, one per epoch) of the screen's linear dependence on terrain height,
+    least squares over the points with an intercept per epoch, and the heights' mean.
+
+    ``observed`` ``(N, T)``: the screen at ``N`` points with ``heights`` ``(N,)`` (m). An
+    epoch's rate is ``cov(z, phi_t) / var(z)``: unbiased when the turbulent part does not
+    depend on the terrain, though its spatial correlation leaves the rate's error larger than
+    for white noise. Heights that do not vary (under a metre's spread) give zero rates;
+    points without a height (NaN) are left out.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> z = np.linspace(0.0, 500.0, 50)
+    >>> rate, mean = fit_stratified(z, np.outer(z, [0.0, 0.004, -0.002]) + 1.0)
+    >>> np.round(rate, 6).tolist(), round(mean, 6)
+    ([0.0, 0.004, -0.002], 250.0)
+    """
+    heights = np.asarray(heights, dtype=np.float64)
+    finite = np.isfinite(heights)
+    if finite.sum() < 3:
+        return np.zeros(observed.shape[1]), 0.0
+    heights, observed = heights[finite], observed[finite]
+    mean = float(heights.mean())
+    centred = heights - mean
+    spread = float(centred @ centred)
+    if spread < len(heights):  # under a metre's rms: no height to regress on
+        return np.zeros(observed.shape[1]), mean
+    rate = centred @ (observed - observed.mean(axis=0, keepdims=True)) / spread
+    return rate, mean
 
 
 #: Targets per block of :func:`_gaussian`: bounds its ``(targets, k, epochs)`` gather of the
@@ -239,6 +364,7 @@ def estimate_atmosphere(
     method: Literal["auto", "kriging", "gaussian"] = DEFAULT_METHOD,
     temporal_window: float = DEFAULT_TEMPORAL_WINDOW,
     regressors: Mapping[str, np.ndarray] | None = None,
+    stratified: Literal["auto", "on", "off"] = DEFAULT_STRATIFIED,
 ) -> xr.Dataset:
     """Estimate the atmospheric phase screen at the points of an integrated network.
 
@@ -261,6 +387,12 @@ def estimate_atmosphere(
         :attr:`depsi.processing.temporal_model.TemporalModel.regressors`): each point's
         coefficient is read from ``points_result[name]`` and its motion taken out of the
         residual with the velocity and height error's.
+    stratified
+        The screen's part proportional to terrain height (:func:`fit_stratified` on the
+        network points' heights :data:`TERRAIN_HEIGHT`): ``"auto"`` (where the points carry
+        heights), ``"on"`` (refused without) or ``"off"``. It is taken out before the variogram
+        and the interpolation, and put back at every point from its own height, so a point on
+        a ridge between valley points gets its ridge's screen.
 
     Returns
     -------
@@ -269,7 +401,8 @@ def estimate_atmosphere(
         the reference point like the phases) at every point, and ``aps_observed`` (the
         high-passed residual the screen was estimated from; NaN off the network). Attrs
         ``aps_method``, ``variogram_nugget``, ``variogram_sill``, ``variogram_range``, used by
-        :func:`interpolate_aps`.
+        :func:`interpolate_aps`. With a stratified part: ``stratified_rate`` ``(time,)``
+        (rad/m) and attr ``stratified_height_mean`` (m); ``aps`` includes the part.
 
     Notes
     -----
@@ -317,7 +450,12 @@ def estimate_atmosphere(
     mother = int(np.argmin(np.abs(years)))
     observed -= observed[:, mother:mother + 1]  # single-mother screens vanish at the mother
     positions = point_positions(ds)
-    variogram = fit_variogram(positions[use], observed)
+    heights = terrain_heights(ds, stratified)
+    turbulent = observed
+    if heights is not None:
+        rate, height_mean = fit_stratified(heights[use], observed)
+        turbulent = observed - stratified_part(heights[use], height_mean, rate)
+    variogram = fit_variogram(positions[use], turbulent)
     chosen = method if method != "auto" else (
         "kriging" if use.sum() <= KRIGING_MAX_POINTS else "gaussian")
     aps_observed = np.full(unwrapped.shape, np.nan)
@@ -325,12 +463,21 @@ def estimate_atmosphere(
     out = ds.assign(aps_observed=(("space", "time"), aps_observed.astype(np.float32)))
     out.attrs.update({"aps_method": chosen, "temporal_window": temporal_window,
                       **{f"variogram_{k}": v for k, v in variogram.items()}})
+    if heights is not None:
+        out["stratified_rate"] = ("time", rate, {"units": "rad/m", "long_name":
+                                                 "phase per metre of terrain height"})
+        out.attrs["stratified_height_mean"] = height_mean
+        logger.info("atmosphere: stratified part, rates %.2g rad/m rms over the epochs, on "
+                    "heights of %.0f m rms (%d network points without a height)",
+                    np.sqrt(np.mean(rate ** 2)), np.nanstd(heights[use]),
+                    int((~np.isfinite(heights[use])).sum()))
     aps = interpolate_aps(out, ds)
     logger.info("atmosphere (%s): %d points, variogram %s", chosen, use.sum(), variogram)
     return out.assign(aps=aps)
 
 
-def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray) -> xr.DataArray:
+def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray,
+                    heights: np.ndarray | None = None) -> xr.DataArray:
     """The atmospheric phase screen of :func:`estimate_atmosphere` at other points.
 
     Parameters
@@ -340,6 +487,9 @@ def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray) -> xr.D
     to_points
         A point STM (positions from ``x``/``y`` or ``azimuth``/``range``, see
         :func:`depsi.processing.network.point_positions`) or an ``(N, 2)`` array of metres.
+    heights
+        The targets' terrain heights (m), where the screen has a stratified part; default those
+        a point STM carries (:data:`TERRAIN_HEIGHT`).
 
     Returns
     -------
@@ -364,6 +514,8 @@ def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray) -> xr.D
     """
     dst = (np.asarray(to_points, dtype=np.float64) if isinstance(to_points, np.ndarray)
            else point_positions(to_points))
-    values = screen_interpolator(aps)(dst)
+    if heights is None and "stratified_rate" in aps and not isinstance(to_points, np.ndarray):
+        heights = terrain_heights(to_points, "on")
+    values = screen_interpolator(aps)(dst, heights)
     return xr.DataArray(values.astype(np.float32), dims=("space", "time"),
                         coords={"time": aps["time"].values})

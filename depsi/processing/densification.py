@@ -39,9 +39,12 @@ from depsi.kernels.periodogram import mean_phasor, periodogram, result_coherence
 from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
 from depsi.processing.atmosphere import (
     GAUSSIAN_NEIGHBOURS,
+    TERRAIN_HEIGHT,
     ScreenInterpolator,
     gaussian_mean,
     screen_interpolator,
+    stratified_part,
+    terrain_heights,
 )
 from depsi.processing.network import point_positions
 from depsi.sections import Section
@@ -96,6 +99,8 @@ class _Shared:
     kriging: ScreenInterpolator | None  # the screen when kriged; None otherwise
     gaussian_length: float | None  # the Gaussian screen's sigma (m); None when not Gaussian
     regressors: dict[str, np.ndarray] = field(default_factory=dict)  # model terms, (T,) each
+    stratified_rate: np.ndarray | None = None  # (T,) rad/m: the screen's stratified part
+    height_mean: float = 0.0  # m: the heights the stratified part is centred on
 
 
 def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTree, k: int,
@@ -145,13 +150,17 @@ def _densify_chunk(phase: np.ndarray, h2ph: np.ndarray, payload: dict[str, np.nd
         rows = slice(start, min(start + SUB_BLOCK, n))
         dist = _distances(c_pos[rows], f_pos, idx[rows])
         near = np.isfinite(dist) & (dist <= (np.inf if max_distance is None else max_distance))
+        heights = payload["c_height"][rows] if "c_height" in payload else None
         if shared.kriging is not None:
-            aps = shared.kriging(c_pos[rows])
+            aps = shared.kriging(c_pos[rows], heights)
         elif shared.gaussian_length is not None:
             s_idx = payload["screen_idx"][rows]
             aps = gaussian_mean(_distances(c_pos[rows], payload["screen_pos"], s_idx), s_idx,
                                 payload["screen_values"], shared.gaussian_length
                                 ).astype(np.float32)
+            if shared.stratified_rate is not None:  # the turbulent part's sources, plus it
+                aps += stratified_part(heights, shared.height_mean,
+                                       shared.stratified_rate).astype(np.float32)
         else:
             aps = None
         part = _densify_rows(
@@ -276,10 +285,14 @@ def _first_order_table(first_order: xr.Dataset,
         "fo_reference_phase": ("time", fo["reference_phase"].values),
         **{f"fo_{name}": (_FIRST, fo[name].values.astype(np.float64)) for name in regressors},
     }
-    attrs = {k: v for k, v in fo.attrs.items() if k.startswith("variogram_") or k == "aps_method"}
+    attrs = {k: v for k, v in fo.attrs.items()
+             if k.startswith(("variogram_", "stratified_")) or k == "aps_method"}
     if "aps_observed" in fo:
         table["fo_aps_observed"] = ((_FIRST, "time"),
                                     fo["aps_observed"].transpose("space", "time").values)
+    if "stratified_rate" in fo:  # the screen's part that follows the terrain
+        table["fo_height"] = (_FIRST, terrain_heights(fo, "on"))
+        table["stratified_rate"] = ("time", fo["stratified_rate"].values.astype(np.float64))
     finite = np.isfinite(table["fo_residual"][1]).all(axis=1)
     ds = xr.Dataset(table, coords={"time": fo["time"].values}, attrs=attrs)
     return ds.isel({_FIRST: np.flatnonzero(finite)})
@@ -293,6 +306,9 @@ def _screen(table: xr.Dataset) -> ScreenInterpolator | None:
                         coords={"time": table["time"].values,
                                 "x": ("space", table["fo_x"].values),
                                 "y": ("space", table["fo_y"].values)}, attrs=table.attrs)
+    if "stratified_rate" in table:
+        source = source.assign(stratified_rate=table["stratified_rate"]).assign_coords(
+            {TERRAIN_HEIGHT: ("space", table["fo_height"].values)})
     return screen_interpolator(source)
 
 
@@ -403,12 +419,16 @@ def densify(
         kriging=screen if screen is not None and screen.method == "kriging" else None,
         gaussian_length=(0.5 * screen.variogram["range"]
                          if screen is not None and screen.method != "kriging" else None),
-        regressors=regressors)
+        regressors=regressors,
+        stratified_rate=None if screen is None else screen.stratified_rate,
+        height_mean=0.0 if screen is None else screen.height_mean)
     arrays = {name: table[name].values
               for name in _TABLE_ROWS + tuple(f"fo_{name}" for name in regressors)}
     tree = cKDTree(np.column_stack([arrays["fo_x"], arrays["fo_y"]]))
     k_eff = min(int(k), tree.n)
     c_pos = point_positions(cand)  # every candidate's position, in the client
+    c_height = (terrain_heights(candidates, "on")
+                if screen is not None and screen.stratified_rate is not None else None)
     phase = cand["phase"].transpose("space", "time").data
     h2ph = cand["h2ph"].transpose("space", ...).data
     shared_key = dask.delayed(shared, pure=True)
@@ -419,6 +439,8 @@ def densify(
     for i, (start, size) in enumerate(zip(chunk_starts(space_chunks), space_chunks)):
         # the chunk's task gets its neighbours' rows only (found here, on the whole network)
         payload = _chunk_payload(c_pos[start:start + size], arrays, tree, k_eff, screen)
+        if c_height is not None:
+            payload["c_height"] = c_height[start:start + size]
         part = dask.delayed(_densify_chunk, pure=True, nout=None)(
             phase.blocks[i], h2ph.blocks[i], payload, shared_key, max_distance=max_distance,
             min_coherence=min_coherence, periodogram_options=options,

@@ -400,6 +400,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             result["aps_observed"] = (("space", "time"),
                                       screen["aps_observed"].transpose("space", "time").values)
             result.attrs.update(screen_attrs)
+            if stratified_rate is not None:
+                result["stratified_rate"] = stratified_rate.drop_vars(
+                    list(stratified_rate.coords))
         if config.integration.reference_noise:
             result = remove_reference_noise(result, regressors=terms.regressors)
         # before densification: densified points are tied to these values and reference phase
@@ -407,9 +410,6 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         # the terms' coefficients follow the datum's phases (velocity and height refitted too)
         result = refit_with_terms(result, terms)
         record = replace(record, reference=int(result.attrs["reference"]),
-            if stratified_rate is not None:
-                result["stratified_rate"] = stratified_rate.drop_vars(
-                    list(stratified_rate.coords))
                          reference_radius=float(result.attrs["reference_radius"]),
                          n_reference_area=int(result.attrs["n_reference_area"]))
         return with_cf_attributes(record.on(result))

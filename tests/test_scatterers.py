@@ -261,3 +261,29 @@ def test_mixed_scene_ps_and_ds_velocities_reach_their_floors():
     # the chain's own quality of a DS: its phase fits the model as well as a PS's does
     assert np.median(result["temporal_coherence"].values[kind == Scatterer.DS]) > 0.9
 
+
+
+@pytest.mark.slow
+def test_depsi_run_with_ds_exports_each_points_kind(tmp_path):
+    """`depsi run` with `selection.ds` on a simulated scene with DS patches: the selection's
+    counts say how many DS, and the CSV names each point's kind with its looks."""
+    import json
+
+    import pandas as pd
+
+    from depsi.pipeline import parse_config, run_pipeline
+
+    data = {"input": {"simulate": {"shape": [64, 64], "n_epochs": 16, "seed": 2,
+                                   "ps_fraction": 0.05, "ds_regions": 2}},
+            "selection": {"ds": {"enabled": True, "window": [7, 7]}},
+            "network": {"first_order": 100, "k": 3},
+            "output": {"workspace": str(tmp_path / "ws"), "exports": ["csv"]},
+            "compute": {"scheduler": "threads", "threads": 2}}
+    run_pipeline(parse_config(json.loads(json.dumps(data))), progress=False)
+    counted = json.loads((tmp_path / "ws" / "selection.done.json").read_text())["counts"]
+    table = pd.concat([pd.read_csv(path) for path in (tmp_path / "ws").rglob("*.csv")])
+    kinds = table["scatterer"].value_counts()
+    assert set(kinds.index) == {"ps", "ds"} and kinds["ds"] > kinds["ps"]
+    assert (table.loc[table["scatterer"] == "ds", "shp_count"] >= 20).all()
+    assert (table.loc[table["scatterer"] == "ps", "shp_count"] == 0).all()
+    assert counted["ds"] >= kinds["ds"]  # densification may reject a few

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
 import dask
+import dask.array as da
 import numpy as np
 import xarray as xr
 
@@ -53,7 +54,13 @@ from depsi.processing.temporal_model import (
     refit_with_terms,
     temporal_model,
 )
-from depsi.stm.dask_tools import computed_in_place, culled_rows, release_memory
+from depsi.stm.dask_tools import (
+    computed_in_place,
+    culled_rows,
+    release_memory,
+    rows_kept_on_workers,
+    workers_client,
+)
 from depsi.stm.schema import validate
 
 if TYPE_CHECKING:
@@ -453,6 +460,14 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                     devices=devices, regressors=terms.regressors,
                     extra_regressors=_searched(config, first, "densification"))
     del first_kept  # each chunk's task holds its own neighbours' rows
+    if workers_client() is not None:
+        # on a cluster the accepted points stay on the workers, chunk by chunk: this process
+        # receives the accepted flags alone (docs/hpc.md, "The driver")
+        accepted, _ = rows_kept_on_workers(
+            result_view(dense, order=2, keep=("accepted",)), "accepted")
+        logger.info("densification: %d of %d candidates accepted (on the workers)",
+                    accepted.sizes["space"], others.size)
+        return with_cf_attributes(accepted)
     # a few chunks at a time, each chunk's accepted points written into arrays sized for every
     # candidate (pages the rejected ones would take are never touched): memory follows the
     # chunk size and the result, with no list of parts concatenated at the end
@@ -501,11 +516,19 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         release_memory()
         out["in_reference_area"] = ("space", np.isin(out["point_index"].values, area_global))
         h2ph = points["h2ph"].transpose("space", ...).isel(space=out["point_index"].values)
-        # read by this process's threads: on a cluster the gather's last task would concatenate it
-        # on one worker, over a small worker's memory limit
-        values = computed_in_place(xr.Dataset({"h2ph": h2ph.drop_vars(list(h2ph.coords))}),
-                                   in_process=True)["h2ph"][1]
-        out = out.assign(h2ph=(h2ph.dims, values))
+        on_workers = isinstance(out["unwrapped_phase"].data, da.Array)
+        if on_workers:
+            # the densified points are on the workers (densification_step): so is every
+            # series of the result, a task per chunk of it
+            rows = out["unwrapped_phase"].data.chunks[0]
+            data = h2ph.data if isinstance(h2ph.data, da.Array) else da.from_array(h2ph.values)
+            out = out.assign(h2ph=(h2ph.dims, data.rechunk((rows,) + ((-1,) * (data.ndim - 1)))))
+        else:
+            # read by this process's threads: on a cluster the gather's last task would
+            # concatenate it on one worker, over a small worker's memory limit
+            values = computed_in_place(xr.Dataset({"h2ph": h2ph.drop_vars(list(h2ph.coords))}),
+                                       in_process=True)["h2ph"][1]
+            out = out.assign(h2ph=(h2ph.dims, values))
         out.attrs = {"wavelength": float(points.attrs["wavelength"]),
                      "mother_time": str(points.attrs.get("mother_time", ""))}
         # the scene's pixel spacing places the points for the correlated-height kriging (the
@@ -519,10 +542,14 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                                             alpha=config.model.alpha)
         elif section.method != "none":
             out = fit_with_atmosphere(out, devices=devices)
+        # on the workers, each stage's series are computed once and kept there for the next
+        # (which reads them several times: the kriging's sample, its field, the uncertainty)
+        out = out.persist() if on_workers else out
         if section.method != "none":
             if section.correlated_height:
                 # out is this step's own: its series are updated in place (no second copy)
                 out = estimate_correlated_height(out, overwrite=True)
+                out = out.persist() if on_workers else out
         out = point_uncertainty(out, terms).drop_vars("h2ph")
         fitted = {k: v for k, v in out.attrs.items()
                   if k.startswith(("correlated_height_", "model_"))}
@@ -549,6 +576,8 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                           for name in SCATTERER_VARIABLES if name in points.data_vars})
         # positions moved by the estimated height errors (where the orbits are known)
         out = correct_positions(out)
+        if on_workers:  # computed once, and kept there for whoever reads or writes it
+            out = out.persist()
         return with_cf_attributes(validate(out, "points"))
 
 

@@ -123,7 +123,7 @@ STEPS = (
     Step("model", "velocity, height and model terms with the atmosphere",
          ("selection", "atmosphere", "densification"),
          ("atmosphere", "model.choice", "model.alpha", *MODEL_TERMS), "stm.zarr",
-         "chain_steps:model_step", computed=("atmosphere", "densification")),
+         "chain_steps:model_step", computed=("atmosphere",)),
     Step("export", "CSV, GeoPackage, GeoTIFF, plots", ("model",), ("output.exports",),
          "exports", "stack:export_step", chain=False, devices=False),
 )

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+import dask.array as da
 import numpy as np
 import xarray as xr
 from scipy.linalg import solve_triangular
@@ -373,6 +374,33 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
     return out, variance
 
 
+def _gain_block(h2ph: np.ndarray, *, years: np.ndarray, m2ph: float) -> np.ndarray:
+    """The square root of each point's height-leak gain (:func:`height_leak_gain`)."""
+    h2ph = np.asarray(h2ph, dtype=np.float64)
+    rows = np.broadcast_to(h2ph.reshape(h2ph.shape[0], -1), (h2ph.shape[0], years.size))
+    return np.sqrt(np.maximum(height_leak_gain(rows, years, m2ph), 0.0))
+
+
+def _moved_block(series: np.ndarray, h2ph: np.ndarray, field: np.ndarray, scale: float
+                 ) -> np.ndarray:
+    """A block of a series (float32) plus ``scale * h2ph * field``: the field's phase moved."""
+    h2ph = np.asarray(h2ph, dtype=np.float64)
+    rows = np.broadcast_to(h2ph.reshape(h2ph.shape[0], -1), series.shape)
+    return (series + scale * rows * field[:, None]).astype(np.float32)
+
+
+def _moved_on_chunks(series: da.Array, h2ph: da.Array | np.ndarray, field: np.ndarray,
+                     scale: float) -> da.Array:
+    """:func:`_moved_block` of every space chunk of a Dask series."""
+    rows = series.chunks[0]
+    series = series.rechunk((rows, -1))
+    h2ph = h2ph if isinstance(h2ph, da.Array) else da.from_array(np.asarray(h2ph))
+    h2ph = h2ph.rechunk((rows,) + ((-1,) if h2ph.ndim == 2 else ()))
+    return da.blockwise(_moved_block, "st", series, "st", h2ph, "st"[:h2ph.ndim],
+                        da.from_array(field, chunks=(rows,)), "s", scale, None,
+                        dtype=np.float32)
+
+
 def _blocks(n: int) -> list[slice]:
     """Row blocks of :data:`BLOCK` points."""
     return [slice(start, min(start + BLOCK, n)) for start in range(0, n, BLOCK)]
@@ -491,10 +519,13 @@ def estimate_correlated_height(
     years = years_since_mother(result)
     m2ph = phase_per_metre(float(result.attrs["wavelength"]))
     h2ph = result["h2ph"].transpose("space", ...)
-    gain = np.empty(n)
-    for rows in _blocks(n):
-        gain[rows] = np.sqrt(np.maximum(height_leak_gain(h2ph_rows(h2ph, rows, years.size),
-                                                         years, m2ph), 0.0))
+    if isinstance(h2ph.data, da.Array):  # on the workers, chunk by chunk
+        gain = da.blockwise(_gain_block, "s", h2ph.data, "st"[:h2ph.ndim], years=years,
+                            m2ph=m2ph, dtype=np.float64, concatenate=True).compute()
+    else:
+        gain = np.empty(n)
+        for rows in _blocks(n):
+            gain[rows] = _gain_block(h2ph.data[rows], years=years, m2ph=m2ph)
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
@@ -547,13 +578,17 @@ def estimate_correlated_height(
         if name not in result:
             continue
         series = result[name].transpose("space", "time")
+        if isinstance(series.data, da.Array):  # a task per chunk, on the workers
+            out[name] = (series.dims, _moved_on_chunks(series.data, h2ph.data, field,
+                                                       sign * m2ph))
+            continue
         own = series.data if overwrite else None  # the array itself when in memory
         moved = (own if isinstance(own, np.ndarray) and own.dtype == np.float32
                  and own.flags.writeable and series.dims == result[name].dims
                  else np.empty(series.shape, np.float32))
         for rows in _blocks(n):  # each block read before it is written, in place or not
-            moved[rows] = series.isel(space=rows).values + sign * m2ph * h2ph_rows(
-                h2ph, rows, years.size) * field[rows, None]
+            moved[rows] = _moved_block(series.isel(space=rows).values, h2ph.data[rows],
+                                       field[rows], sign * m2ph)
         out[name] = (series.dims, moved)
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
                       "correlated_height_signal_scale": noise["signal_scale"],

@@ -34,7 +34,6 @@ from depsi.stm.dask_tools import chunked_view, computed_in_place
 from depsi.stm.schema import (
     PHASE_VARIABLES,
     STMValidationError,
-    h2ph_rows,
     validate,
     years_since_mother,
 )
@@ -259,6 +258,8 @@ def fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     m2ph = phase_per_metre(float(out.attrs["wavelength"]))
     years = years_since_mother(out)
     n = out.sizes["space"]
+    if isinstance(out["unwrapped_phase"].data, da.Array):
+        return _fit_with_atmosphere_on_chunks(out, devices=devices, m2ph=m2ph, years=years)
     velocity = np.empty(n, np.float32)
     height = np.empty(n, np.float32)
     coherence = np.empty(n, np.float32)
@@ -282,19 +283,75 @@ def fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     fitted = computed_in_place(fit[["velocity", "height_error"]], in_process=True)
     for start in range(0, n, FIT_BLOCK):
         rows = slice(start, min(start + FIT_BLOCK, n))
-        v, h = fitted["velocity"][1][rows], fitted["height_error"][1][rows]
-        ok = np.isfinite(v) & np.isfinite(h)
-        v = np.where(ok, v, out["velocity"].values[rows])
-        h = np.where(ok, h, out["height_error"].values[rows])
-        unwrapped = unwrapped_all[rows].astype(np.float64)
-        h2ph = h2ph_rows(h2ph_all, rows, unwrapped.shape[1])
-        residual = unwrapped - m2ph * (v[:, None] * years + h2ph * h[:, None])
-        shifted = unwrapped / m2ph - h2ph * h[:, None]
-        displacement[rows] = shifted - shifted[:, :1]
+        v, h = _kept_fit(fitted["velocity"][1][rows], fitted["height_error"][1][rows],
+                         out["velocity"].values[rows], out["height_error"].values[rows])
+        unwrapped, h2ph = unwrapped_all[rows], h2ph_all.values[rows]
+        displacement[rows] = _displacement_block(unwrapped, h2ph, h, m2ph=m2ph)
         velocity[rows], height[rows] = v, h
-        coherence[rows] = result_coherence(residual)
+        coherence[rows] = _coherence_block(unwrapped, h2ph, v, h, years=years, m2ph=m2ph)
     return out.assign(velocity=("space", velocity), height_error=("space", height),
                       temporal_coherence=("space", coherence))
+
+
+def _kept_fit(velocity, height, old_velocity, old_height):
+    """The fit's velocity and height error (float64), the old values where it has none."""
+    ok = np.isfinite(velocity) & np.isfinite(height)
+    return np.where(ok, velocity, old_velocity), np.where(ok, height, old_height)
+
+
+def _displacement_block(unwrapped, h2ph, height, *, m2ph) -> np.ndarray:
+    """``unwrapped_phase / m2ph - h2ph H`` less its first epoch (float32) of a block."""
+    unwrapped = np.asarray(unwrapped).astype(np.float64)
+    h2ph = _rows_float64(h2ph, unwrapped.shape[1])
+    shifted = unwrapped / m2ph - h2ph * height[:, None]
+    return (shifted - shifted[:, :1]).astype(np.float32)
+
+
+def _coherence_block(unwrapped, h2ph, velocity, height, *, years, m2ph) -> np.ndarray:
+    """The temporal coherence (float32) of a block's residual from its linear model."""
+    unwrapped = np.asarray(unwrapped).astype(np.float64)
+    h2ph = _rows_float64(h2ph, unwrapped.shape[1])
+    residual = unwrapped - m2ph * (velocity[:, None] * years + h2ph * height[:, None])
+    return result_coherence(residual).astype(np.float32)
+
+
+def _fit_with_atmosphere_on_chunks(out: xr.Dataset, *, devices, m2ph, years) -> xr.Dataset:
+    """:func:`fit_with_atmosphere` of a result whose series are Dask arrays (on a cluster's
+    workers): every output a task per space chunk, nothing of the series in this process."""
+    unwrapped = out["unwrapped_phase"].transpose("space", "time").data
+    rows = unwrapped.chunks[0]
+    unwrapped = unwrapped.rechunk((rows, -1))
+    aps = out["aps"].transpose("space", "time").data.rechunk((rows, -1))
+    h2ph = out["h2ph"].transpose("space", ...)
+    h2ph_data = h2ph.data if isinstance(h2ph.data, da.Array) else da.from_array(h2ph.values)
+    h2ph_data = h2ph_data.rechunk((rows,) + ((-1,) if h2ph_data.ndim == 2 else ()))
+    observed = da.map_blocks(_metres_with_atmosphere, unwrapped, aps, m2ph=m2ph,
+                             dtype=np.float64)
+    stm = xr.Dataset({"observed": (("space", "time"), observed),
+                      "h2ph": (h2ph.dims, h2ph_data)}, coords=out.coords, attrs=out.attrs)
+    fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
+                         variable="observed", devices=devices)
+
+    def space_data(name):
+        data = out[name].data
+        return (data if isinstance(data, da.Array) else da.from_array(np.asarray(data))
+                ).rechunk((rows,))
+
+    old_v, old_h = space_data("velocity"), space_data("height_error")
+    ok = da.isfinite(fit["velocity"].data) & da.isfinite(fit["height_error"].data)
+    v = da.where(ok, fit["velocity"].data, old_v)
+    h = da.where(ok, fit["height_error"].data, old_h)
+    index = "st"[:h2ph_data.ndim]
+    displacement = da.blockwise(_displacement_block, "st", unwrapped, "st", h2ph_data, index,
+                                h, "s", m2ph=m2ph, dtype=np.float32)
+    coherence = da.blockwise(_coherence_block, "s", unwrapped, "st", h2ph_data, index, v, "s",
+                             h, "s", years=years, m2ph=m2ph, dtype=np.float32,
+                             concatenate=True)
+    return out.assign(velocity=("space", v.astype(np.float32)),
+                      height_error=("space", h.astype(np.float32)),
+                      temporal_coherence=("space", coherence),
+                      displacement=(("space", "time"), displacement,
+                                    dict(out["displacement"].attrs)))
 
 
 def _metres_with_atmosphere(unwrapped: np.ndarray, aps: np.ndarray, *, m2ph: float
@@ -402,54 +459,43 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
     m2ph = phase_per_metre(float(out.attrs["wavelength"]))
     years = years_since_mother(out)
     n, n_epochs = out.sizes["space"], out.sizes["time"]
-    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").values
-    aps_all = out["aps"].transpose("space", "time").values
-    h2ph_all = out["h2ph"].transpose("space", ...)
-    velocity_std = np.empty(n, np.float64)
-    height_std = np.empty(n, np.float64)
-    height_noise_std = np.empty(n, np.float64)
-    corrected_var = np.empty(n, np.float64)
-    epoch_share = np.zeros(n_epochs)
+    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").data
+    aps_all = out["aps"].transpose("space", "time").data
+    h2ph_all = out["h2ph"].transpose("space", ...).data
     terms = _held_terms(out, model)
-    term_std = {name: np.full(n, np.nan) for name, _, _ in terms}
     n_held = sum((held.astype(np.int64) for _, _, held in terms), np.zeros(n, np.int64))
     dof_all = np.maximum(n_epochs - 3 - n_held, 1).astype(np.float64)
     dof = float(np.mean(dof_all))
     area = np.flatnonzero(out["in_reference_area"].values)
     # the area's mean series is common to every point: its projection is the one datum offset
     # of the result (the mean of each estimate over the area), not a point's own error
-    common = (unwrapped_all[area].astype(np.float64) + aps_all[area]).mean(axis=0)
-    common_corrected = unwrapped_all[area].astype(np.float64).mean(axis=0)
-    for start in range(0, n, FIT_BLOCK):
-        rows = slice(start, min(start + FIT_BLOCK, n))
-        unwrapped = unwrapped_all[rows].astype(np.float64)
-        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
-        # the chosen model's further terms: a column of zeros where a point's model has none
-        design = np.stack([np.broadcast_to(m2ph * years, h2ph.shape), m2ph * h2ph,
-                           np.ones_like(h2ph)]
-                          + [np.broadcast_to(m2ph * g, h2ph.shape) * held[rows, None]
-                             for _, g, held in terms], axis=2)
-        inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", design, design))
-        hat = np.einsum("npq,ntq->ntp", inverse, design)  # rows of the pseudo-inverse
-        r = _lsq_residual(design, hat, unwrapped + aps_all[rows] - common)
-        sigma2 = np.einsum("nt,nt->n", r, r) / dof_all[rows]
-        velocity_std[rows] = np.sqrt(sigma2 * inverse[:, 0, 0])
-        height_std[rows] = np.sqrt(sigma2 * inverse[:, 1, 1])
-        if terms:  # every term's std, of the model with every term (as it is reported)
-            full = np.concatenate([design[:, :, :3]] + [
-                np.broadcast_to(m2ph * g, h2ph.shape)[:, :, None] for _, g, _ in terms], axis=2)
-            full_inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", full, full))
-            r_full = _lsq_residual(full, np.einsum("npq,ntq->ntp", full_inverse, full),
-                                   unwrapped + aps_all[rows] - common)
-            sigma2_full = np.einsum("nt,nt->n", r_full, r_full) / max(n_epochs - 3 - len(terms),
-                                                                      1)
-            for i, (name, _, _) in enumerate(terms):
-                term_std[name][rows] = np.sqrt(sigma2_full * full_inverse[:, 3 + i, 3 + i])
-        r = _lsq_residual(design, hat, unwrapped - common_corrected)
-        corrected_var[rows] = np.einsum("nt,nt->n", r, r) / dof_all[rows]
-        height_noise_std[rows] = np.sqrt(corrected_var[rows] * inverse[:, 1, 1])
-        usable = corrected_var[rows] > 0
-        epoch_share += (r[usable] ** 2 / corrected_var[rows][usable, None]).sum(axis=0)
+    area_unwrapped = np.asarray(out["unwrapped_phase"].transpose("space", "time")
+                                .isel(space=area).values)
+    area_aps = np.asarray(out["aps"].transpose("space", "time").isel(space=area).values)
+    common = (area_unwrapped.astype(np.float64) + area_aps).mean(axis=0)
+    common_corrected = area_unwrapped.astype(np.float64).mean(axis=0)
+    options = {"years": years, "m2ph": m2ph, "common": common,
+               "common_corrected": common_corrected,
+               "regressors": tuple(g for _, g, _ in terms)}
+    held = np.stack([h for _, _, h in terms], axis=1) if terms else np.zeros((n, 0), bool)
+    if isinstance(unwrapped_all, da.Array):
+        # on the workers, chunk by chunk: only per-point figures come back (docs/hpc.md)
+        parts = _uncertainty_on_chunks(unwrapped_all, aps_all, h2ph_all, dof_all, held,
+                                       options)
+    else:
+        parts = [_uncertainty_block(unwrapped_all[rows], aps_all[rows],
+                                    h2ph_all[rows], dof_all[rows], held[rows], **options)
+                 for rows in (slice(start, min(start + FIT_BLOCK, n))
+                              for start in range(0, n, FIT_BLOCK))]
+    figures = {name: np.concatenate([part[name] for part in parts]) if parts
+               else np.empty((0, len(terms)) if name == "term_std" else 0)
+               for name in _UNCERTAINTY_FIGURES}
+    epoch_share = np.zeros(n_epochs)
+    for part in parts:  # in block order: the same sum whatever the scheduler
+        epoch_share += part["epoch_share"]
+    velocity_std, height_std = figures["velocity_std"], figures["height_std"]
+    height_noise_std, corrected_var = figures["height_noise_std"], figures["corrected_var"]
+    term_std = {name: figures["term_std"][:, i] for i, (name, _, _) in enumerate(terms)}
     # residuals are short of the noise by the leverage, 3 / T on average: shares of mean 1
     epoch_share *= n_epochs / dof / max(int((corrected_var > 0).sum()), 1)
     corrected_var /= m2ph ** 2
@@ -461,17 +507,117 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
         left = out["height_error_correlated_std"].values.astype(np.float64)
         moved = np.isfinite(left) & (left > 0) & np.isfinite(height_std)
         height_std = np.where(moved, np.sqrt(height_noise_std ** 2 + left ** 2), height_std)
-    displacement_std = np.empty((n, n_epochs), np.float32)
-    for start in range(0, n, FIT_BLOCK):
-        rows = slice(start, min(start + FIT_BLOCK, n))
-        h2ph = h2ph_rows(h2ph_all, rows, n_epochs)
-        variance = (corrected_var[rows, None] * (epoch_share + epoch_share[0])
-                    + ((h2ph - h2ph[:, :1]) * uncorrected_height_std[rows, None]) ** 2)
-        displacement_std[rows] = np.sqrt(variance)
-        displacement_std[rows, 0] = 0.0
+    if isinstance(h2ph_all, da.Array):
+        rows = h2ph_all.chunks[0]
+        index = "st"[:h2ph_all.ndim]
+        displacement_std = da.blockwise(
+            _displacement_std_block, "st", h2ph_all.rechunk({1: -1} if h2ph_all.ndim == 2
+                                                            else {}), index,
+            da.from_array(corrected_var, chunks=(rows,)), "s",
+            da.from_array(uncorrected_height_std, chunks=(rows,)), "s",
+            epoch_share=epoch_share, n_epochs=n_epochs, dtype=np.float32,
+            new_axes={} if h2ph_all.ndim == 2 else {"t": n_epochs})
+    else:
+        displacement_std = np.empty((n, n_epochs), np.float32)
+        for start in range(0, n, FIT_BLOCK):
+            rows = slice(start, min(start + FIT_BLOCK, n))
+            displacement_std[rows] = _displacement_std_block(
+                h2ph_all[rows], corrected_var[rows], uncorrected_height_std[rows],
+                epoch_share=epoch_share, n_epochs=n_epochs)
     return out.assign(velocity_std=("space", velocity_std.astype(np.float32)),
                       height_error_std=("space", height_std.astype(np.float32)),
                       displacement_std=(("space", "time"), displacement_std),
                       **{f"{name}_std": ("space", values.astype(np.float32),
                                          {"units": out[name].attrs.get("units", "m")})
                          for name, values in term_std.items()})
+
+
+#: The per-point figures of :func:`_uncertainty_block` (besides its ``epoch_share``).
+_UNCERTAINTY_FIGURES = ("velocity_std", "height_std", "height_noise_std", "corrected_var",
+                        "term_std")
+
+
+def _rows_float64(h2ph: np.ndarray, n_epochs: int) -> np.ndarray:
+    """A block of ``h2ph`` (per point, or per point and epoch) as float64 (rows, epochs), as
+    :func:`depsi.stm.schema.h2ph_rows` gives it."""
+    values = np.asarray(h2ph, dtype=np.float64)
+    return np.broadcast_to(values.reshape(values.shape[0], -1), (values.shape[0], n_epochs))
+
+
+def _uncertainty_block(unwrapped, aps, h2ph, dof_all, held, *, years, m2ph, common,
+                       common_corrected, regressors) -> dict[str, np.ndarray]:
+    """:func:`point_uncertainty`'s first pass over one block of points: their standard
+    deviations, the corrected phase's residual variance, and the block's sum of each epoch's
+    share of it (``epoch_share``)."""
+    n_epochs = len(years)
+    unwrapped = np.asarray(unwrapped).astype(np.float64)
+    aps = np.asarray(aps)
+    h2ph = _rows_float64(h2ph, n_epochs)
+    # the chosen model's further terms: a column of zeros where a point's model has none
+    design = np.stack([np.broadcast_to(m2ph * years, h2ph.shape), m2ph * h2ph,
+                       np.ones_like(h2ph)]
+                      + [np.broadcast_to(m2ph * g, h2ph.shape) * held[:, i, None]
+                         for i, g in enumerate(regressors)], axis=2)
+    inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", design, design))
+    hat = np.einsum("npq,ntq->ntp", inverse, design)  # rows of the pseudo-inverse
+    r = _lsq_residual(design, hat, unwrapped + aps - common)
+    sigma2 = np.einsum("nt,nt->n", r, r) / dof_all
+    term_std = np.full((len(unwrapped), len(regressors)), np.nan)
+    if regressors:  # every term's std, of the model with every term (as it is reported)
+        full = np.concatenate([design[:, :, :3]] + [
+            np.broadcast_to(m2ph * g, h2ph.shape)[:, :, None] for g in regressors], axis=2)
+        full_inverse = np.linalg.pinv(np.einsum("ntp,ntq->npq", full, full))
+        r_full = _lsq_residual(full, np.einsum("npq,ntq->ntp", full_inverse, full),
+                               unwrapped + aps - common)
+        sigma2_full = np.einsum("nt,nt->n", r_full, r_full) / max(
+            n_epochs - 3 - len(regressors), 1)
+        for i in range(len(regressors)):
+            term_std[:, i] = np.sqrt(sigma2_full * full_inverse[:, 3 + i, 3 + i])
+    r = _lsq_residual(design, hat, unwrapped - common_corrected)
+    corrected_var = np.einsum("nt,nt->n", r, r) / dof_all
+    usable = corrected_var > 0
+    return {"velocity_std": np.sqrt(sigma2 * inverse[:, 0, 0]),
+            "height_std": np.sqrt(sigma2 * inverse[:, 1, 1]),
+            "height_noise_std": np.sqrt(corrected_var * inverse[:, 1, 1]),
+            "corrected_var": corrected_var, "term_std": term_std,
+            "epoch_share": (r[usable] ** 2 / corrected_var[usable, None]).sum(axis=0)}
+
+
+def _uncertainty_on_chunks(unwrapped, aps, h2ph, dof_all, held, options) -> list[dict]:
+    """:func:`_uncertainty_block` of every space chunk of the Dask series, each chunk in
+    blocks of :data:`FIT_BLOCK` points on its worker; the per-point figures gathered here."""
+    import dask
+
+    rows = unwrapped.chunks[0]
+    aps = aps.rechunk((rows, -1))
+    h2ph = h2ph.rechunk((rows,) + ((-1,) if h2ph.ndim == 2 else ()))
+    bounds = np.cumsum((0,) + rows)
+    tasks = [dask.delayed(_uncertainty_chunk)(
+        unwrapped.blocks[i], aps.blocks[i], h2ph.blocks[i], dof_all[bounds[i]:bounds[i + 1]],
+        held[bounds[i]:bounds[i + 1]], options) for i in range(len(rows))]
+    return list(dask.compute(*tasks))
+
+
+def _uncertainty_chunk(unwrapped, aps, h2ph, dof_all, held, options) -> dict[str, np.ndarray]:
+    parts = [_uncertainty_block(unwrapped[rows], aps[rows], h2ph[rows], dof_all[rows],
+                                held[rows], **options)
+             for rows in (slice(start, min(start + FIT_BLOCK, len(unwrapped)))
+                          for start in range(0, len(unwrapped), FIT_BLOCK))]
+    if not parts:
+        return _uncertainty_block(unwrapped, aps, h2ph, dof_all, held, **options)
+    out = {name: np.concatenate([part[name] for part in parts]) for name in _UNCERTAINTY_FIGURES}
+    out["epoch_share"] = np.zeros(unwrapped.shape[1])
+    for part in parts:
+        out["epoch_share"] += part["epoch_share"]
+    return out
+
+
+def _displacement_std_block(h2ph, corrected_var, height_std, *, epoch_share, n_epochs
+                            ) -> np.ndarray:
+    """Each point's displacement std per epoch (float32; zero at the first epoch)."""
+    h2ph = _rows_float64(h2ph, n_epochs)
+    variance = (corrected_var[:, None] * (epoch_share + epoch_share[0])
+                + ((h2ph - h2ph[:, :1]) * height_std[:, None]) ** 2)
+    out = np.sqrt(variance).astype(np.float32)
+    out[:, 0] = 0.0
+    return out

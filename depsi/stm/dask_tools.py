@@ -303,3 +303,73 @@ def fused_kernels() -> bool | None:
     True
     """
     return None if roomy_process() else False
+
+
+def workers_client():
+    """The ``distributed.Client`` the current Dask scheduler submits to, or None (threads,
+    synchronous, a process pool): where a step's product can stay on the workers, chunk by
+    chunk, instead of coming whole into this process (issue 34, "a driver that does not
+    grow").
+
+    Examples
+    --------
+    >>> workers_client() is None  # the threaded scheduler
+    True
+    """
+    from dask.base import get_scheduler
+
+    owner = getattr(get_scheduler(), "__self__", None)
+    try:
+        from distributed import Client
+    except ImportError:
+        return None
+    return owner if isinstance(owner, Client) else None
+
+
+def _rows_where(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    return values[keep]
+
+
+def rows_kept_on_workers(ds: xr.Dataset, keep: Hashable, dim: str = "space"
+                         ) -> tuple[xr.Dataset, np.ndarray]:
+    """The rows of ``ds`` along ``dim`` where its boolean variable ``keep`` holds, each chunk
+    filtered by its own task and left on the workers (persisted): this process receives
+    ``keep`` alone (a byte a row), and holds the other in-memory variables' kept rows.
+
+    Every Dask variable along ``dim`` must have ``keep``'s chunks along it (one task computes
+    the chunk's values and its mask). Returns the kept rows (without ``keep``; the Dask
+    variables on the workers, chunked by what each chunk kept) and their indices into ``ds``.
+
+    Examples
+    --------
+    >>> ds = xr.Dataset({"a": ("space", da.arange(6, chunks=3)),
+    ...                  "ok": ("space", da.from_array(np.arange(6) % 2 == 0, chunks=3))})
+    >>> kept, index = rows_kept_on_workers(ds, "ok")
+    >>> kept["a"].data.chunks, kept["a"].values.tolist(), index.tolist()
+    (((2, 1),), [0, 2, 4], [0, 2, 4])
+    """
+    mask = ds[keep].data
+    lazy = [name for name, var in ds.variables.items()
+            if name != keep and isinstance(var.data, da.Array) and dim in var.dims]
+    filtered = []
+    for name in lazy:
+        var = ds[name]
+        index = "".join(chr(ord("a") + i) for i in range(var.ndim))
+        row = index[var.dims.index(dim)]
+        filtered.append(da.blockwise(_rows_where, index, var.data, index, mask, row,
+                                     dtype=var.dtype, adjust_chunks={row: lambda n: np.nan}))
+    *filtered, mask = dask.persist(*filtered, mask)
+    kept = np.asarray(mask.compute(), dtype=bool)
+    bounds = np.cumsum((0,) + mask.chunks[0])
+    counts = tuple(int(n) for n in np.add.reduceat(kept.astype(np.int64), bounds[:-1])) \
+        if kept.size else ()
+    rows = np.flatnonzero(kept)
+    out = ds.drop_vars([keep, *lazy]).isel({dim: rows}, missing_dims="ignore")
+    for name, data in zip(lazy, filtered):
+        var = ds[name]
+        chunks = tuple(counts if d == dim else c for d, c in zip(var.dims, data.chunks))
+        known = da.Array(data.dask, data.name, chunks, meta=data._meta)
+        out[name] = xr.Variable(var.dims, known, var.attrs)
+    return xr.Dataset({name: out[name].variable for name in ds.data_vars if name != keep},
+                      coords={name: out[name].variable for name in ds.coords
+                              if name in out.variables}, attrs=ds.attrs), rows

@@ -48,7 +48,7 @@ def assert_plain(message: str) -> None:
     ({"selection": {"method": "mad"}},
      "selection.method: expected one of 'nad', 'nmad', found 'mad'"),
     ({"selection": 5},
-     "selection: expected a section of keys (method, threshold, engine), found 5"),
+     "selection: expected a section of keys (method, threshold, engine, ...), found 5"),
     ({"compute": {"slurm": {"adaptive": [1, 8]}}},
      "compute.slurm.adaptive: expected a section of keys (minimum, maximum) or null, "
      "found [1, 8]"),

@@ -206,7 +206,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from depsi import simulate
 
     kwargs = dict(shape=(args.azimuth, args.range), n_epochs=args.epochs, seed=args.seed,
-                  ps_fraction=args.ps_fraction)
+                  ps_fraction=args.ps_fraction, ds_regions=args.ds_regions)
     if args.format == "zarr":
         out = simulate.write_stack_zarr(args.out, overwrite=args.overwrite, **kwargs)
     elif args.format == "binary":
@@ -466,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     sim.add_argument("--ps-fraction", type=float, default=0.02,
                      help="fraction of pixels that are persistent scatterers (default 0.02)")
+    sim.add_argument("--ds-regions", type=int, default=0,
+                     help="square patches of distributed scatterers (default 0: none)")
     sim.add_argument("--format", choices=("zarr", "binary", "doris", "gamma", "isce2", "dimap",
                                           "snap", "geotiff"), default="zarr",
                      help="Zarr store with truth group, raw per-epoch files with DORIS-like "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pytest
+import xarray as xr
 from distributed import futures_of, wait
 
 from depsi.cluster import scheduler
@@ -18,9 +19,14 @@ from depsi.pipeline.chain_config import chain_config
 from depsi.pipeline.chain_steps import prepare_points
 from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step
 from depsi.processing import ps_selection
+from depsi.processing.correlated_height import estimate_correlated_height
+from depsi.processing.model import fit_with_atmosphere, point_uncertainty
+from depsi.processing.temporal_model import (
+    ModelConfig,
+    fit_terms_with_atmosphere,
+    temporal_model,
+)
 from depsi.simulate import simulate_stack
-
-pytestmark = pytest.mark.slow  # a LocalCluster and two small chains
 
 SCENE = {"shape": (150, 150), "n_epochs": 20, "seed": 7, "ps_fraction": 0.03}
 #: Points per space chunk of the input: several chunks, so several tasks per step.
@@ -61,6 +67,7 @@ def _held_on_workers(data, client) -> None:
     assert {future.client for future in futures} == {client}
 
 
+@pytest.mark.slow  # a LocalCluster and two small chains
 @pytest.mark.parametrize("step", ["densification", "model"])
 def test_series_of_a_step_stay_on_the_workers_chunk_by_chunk(cluster_products, step):
     client, products = cluster_products
@@ -71,6 +78,7 @@ def test_series_of_a_step_stay_on_the_workers_chunk_by_chunk(cluster_products, s
         _held_on_workers(product[name].data, client)
 
 
+@pytest.mark.slow
 def test_cluster_result_equals_the_threads_result_bit_for_bit(cluster_products,
                                                              threads_result):
     _, products = cluster_products
@@ -78,3 +86,63 @@ def test_cluster_result_equals_the_threads_result_bit_for_bit(cluster_products,
     assert result.sizes == threads_result.sizes
     for name, var in threads_result.variables.items():
         np.testing.assert_array_equal(result[name].values, var.values, err_msg=name)
+
+
+# ------------------------------------------------- the model step's stages, chunk by chunk
+def _merged_result(n: int = 900, n_epochs: int = 24) -> xr.Dataset:
+    """A merged result as the model step holds it (in memory), of a smooth field plus noise."""
+    rng = np.random.default_rng(3)
+    time = np.datetime64("2021-01-01", "ns") + np.arange(n_epochs) * np.timedelta64(12, "D")
+    x, y = rng.uniform(0, 4000, n), rng.uniform(0, 4000, n)
+    h2ph = np.tile(rng.normal(0, 2e-4, n_epochs), (n, 1)).astype(np.float32)
+    years = np.arange(n_epochs) * 12 / 365.25
+    velocity = 0.004 * np.sin(x / 900.0)
+    phase = (-4 * np.pi / 0.0555) * (velocity[:, None] * years + h2ph * 3.0)
+    unwrapped = (phase + rng.normal(0, 0.4, (n, n_epochs))).astype(np.float32)
+    aps = (0.8 * np.cos(y / 700.0)[:, None] * rng.normal(0, 1, n_epochs)).astype(np.float32)
+    return xr.Dataset(
+        {"unwrapped_phase": (("space", "time"), unwrapped), "aps": (("space", "time"), aps),
+         "h2ph": (("space", "time"), h2ph),
+         "displacement": (("space", "time"), np.zeros((n, n_epochs), np.float32)),
+         "velocity": ("space", velocity.astype(np.float32)),
+         "height_error": ("space", (3.0 + 2.0 * np.sin(x / 800.0) + rng.normal(0, 0.5, n))
+                          .astype(np.float32)),
+         "temporal_coherence": ("space", np.ones(n, np.float32)),
+         "in_reference_area": ("space", np.arange(n) < 20)},
+        coords={"time": time, "x": ("space", x), "y": ("space", y)},
+        attrs={"wavelength": 0.0555})
+
+
+def _stages():
+    terms = temporal_model(ModelConfig(terms=["seasonal"]), _merged_result()["time"].values)
+    return {
+        "fit_with_atmosphere": lambda out: fit_with_atmosphere(out, devices=None),
+        "fit_terms_with_atmosphere": lambda out: fit_terms_with_atmosphere(out, terms),
+        "estimate_correlated_height": lambda out: estimate_correlated_height(out),
+        "point_uncertainty": lambda out: point_uncertainty(out),
+    }
+
+
+@pytest.mark.parametrize("stage", list(_stages()))
+def test_a_stage_on_dask_series_stays_lazy_and_gives_the_in_memory_numbers(stage):
+    """Given series in Dask chunks (those the workers hold), each stage of the model step
+    adds its series as tasks per chunk (nothing of them computed into this process) and its
+    numbers are those of the in-memory stage bit for bit; the kriging's to float32 round-off
+    (its leak gains are BLAS matrix-vector products, whose last bit follows the block's
+    length)."""
+    run = _stages()[stage]
+    expected = run(_merged_result())
+    chunked = _merged_result()
+    chunked = chunked.assign({name: chunked[name].chunk({"space": 250})
+                              for name in ("unwrapped_phase", "aps", "h2ph", "displacement")})
+    got = run(chunked)
+    for name, var in got.data_vars.items():
+        if var.dims == ("space", "time"):
+            assert isinstance(var.data, da.Array) and var.data.npartitions == 4, name
+    for name, var in expected.variables.items():
+        if stage == "estimate_correlated_height" and var.dtype.kind == "f":
+            np.testing.assert_allclose(got[name].values, var.values, rtol=1e-5,
+                                       atol=1e-6 * float(np.nanmax(np.abs(var.values))),
+                                       err_msg=name)
+        else:
+            np.testing.assert_array_equal(got[name].values, var.values, err_msg=name)

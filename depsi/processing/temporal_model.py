@@ -31,6 +31,8 @@ from datetime import date
 from pathlib import Path
 from typing import Literal
 
+import dask
+import dask.array as da
 import numpy as np
 import xarray as xr
 from pydantic import Field, field_validator, model_validator
@@ -522,6 +524,71 @@ def refit_with_terms(result: xr.Dataset, model: TemporalModel) -> xr.Dataset:
     return out
 
 
+#: The per-point figures of :func:`_terms_block` (besides each column's coefficient).
+_TERMS_FIGURES = ("velocity", "height", "height64", "coherence", "chosen", "ratio", "ok")
+
+
+def _terms_block(unwrapped, aps, h2ph, old, *, years, m2ph, common, model, choice, alpha
+                 ) -> dict:
+    """:func:`fit_terms_with_atmosphere` of one block of points: its per-point figures
+    (``old``'s values where a series is not finite, ``ok`` false there)."""
+    n, T = unwrapped.shape
+    unwrapped = np.asarray(unwrapped).astype(np.float64)
+    y = (unwrapped + np.asarray(aps) - common) / m2ph
+    ok = np.isfinite(y).all(axis=1)
+    out = {"velocity": old["velocity"].copy(), "height": old["height_error"].copy(),
+           "coherence": old["temporal_coherence"].copy(), "chosen": np.zeros(n, np.int8),
+           "ratio": np.zeros(n, np.float32), "ok": ok, "height64": np.full(n, np.nan),
+           "columns": {name: np.zeros(n, np.float32) for name in model.columns}}
+    if not ok.any():
+        return out
+    values = np.asarray(h2ph, dtype=np.float64)
+    h2ph = np.broadcast_to(values.reshape(n, -1), (n, T))[ok]
+    fit = fit_models(y[ok], h2ph, years, model, choice=choice, alpha=alpha)
+    v, h = fit.coefficients["velocity"], fit.coefficients["height_error"]
+    motion = v[:, None] * years[None, :] + h2ph * h[:, None]
+    for name in model.columns:
+        # every term's estimate of the full model (its test says whether it is kept);
+        # the motion is the kept model's
+        out["columns"][name][ok] = fit.full[name]
+        motion = motion + fit.coefficients[name][:, None] * model.regressors[name][None, :]
+    out["velocity"][ok], out["height"][ok], out["height64"][ok] = v, h, h
+    out["coherence"][ok] = result_coherence(unwrapped[ok] - m2ph * motion)
+    out["chosen"][ok], out["ratio"][ok] = fit.choice, fit.statistics
+    return out
+
+
+def _terms_chunk(unwrapped, aps, h2ph, old, options) -> dict:
+    """:func:`_terms_block` of one space chunk (on its worker), in blocks of
+    :data:`REFIT_BLOCK` points."""
+    n = len(unwrapped)
+    parts = [_terms_block(unwrapped[rows], aps[rows], h2ph[rows],
+                          {name: values[rows] for name, values in old.items()}, **options)
+             for rows in (slice(start, min(start + REFIT_BLOCK, n))
+                          for start in range(0, n, REFIT_BLOCK))]
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return _terms_block(unwrapped, aps, h2ph, old, **options)
+    out = {name: np.concatenate([part[name] for part in parts])
+           for name in _TERMS_FIGURES}
+    out["columns"] = {name: np.concatenate([part["columns"][name] for part in parts])
+                      for name in parts[0]["columns"]}
+    return out
+
+
+def _terms_displacement(unwrapped, h2ph, height, ok, old, *, m2ph) -> np.ndarray:
+    """A block's displacement (float32) from its kept model's height error, ``old`` where the
+    series is not finite."""
+    n, T = unwrapped.shape
+    values = np.asarray(h2ph, dtype=np.float64)
+    h2ph = np.broadcast_to(values.reshape(n, -1), (n, T))[ok]
+    shifted = np.asarray(unwrapped)[ok].astype(np.float64) / m2ph - h2ph * height[ok, None]
+    out = np.array(old, dtype=np.float32)
+    out[ok] = shifted - shifted[:, :1]
+    return out
+
+
 def column_units(name: str) -> str:
     """The CF units of a term column's coefficient (``thermal`` m/K, ``breakpoint_*`` m/yr,
     the others m)."""
@@ -565,17 +632,12 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
     m2ph = phase_per_metre(float(out.attrs["wavelength"]))
     years = years_since_mother(out)
     n, T = out.sizes["space"], out.sizes["time"]
-    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").values
-    aps_all = out["aps"].transpose("space", "time").values
-    h2ph_all = out["h2ph"].transpose("space", ...)
-    velocity = out["velocity"].values.astype(np.float32).copy()
-    height = out["height_error"].values.astype(np.float32).copy()
-    coherence = out["temporal_coherence"].values.astype(np.float32).copy()
-    displacement = out["displacement"].transpose("space", "time").values.astype(np.float32)
-    columns = {name: np.zeros(n, np.float32) for name in model.columns}
+    unwrapped_all = out["unwrapped_phase"].transpose("space", "time").data
+    aps_all = out["aps"].transpose("space", "time").data
+    h2ph_all = out["h2ph"].transpose("space", ...).data
+    old = {name: np.asarray(out[name].values).astype(np.float32)
+           for name in ("velocity", "height_error", "temporal_coherence")}
     names, _ = candidates(model, choice)
-    chosen = np.zeros(n, np.int8)
-    ratio = np.zeros(n, np.float32)
     # the phase with its atmosphere is relative to the reference point, whose screen and noise
     # (about 1 rad) are in every series: taken relative to the reference area's mean series,
     # the datum of the result, each point's tests see its own errors only
@@ -583,28 +645,53 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
     if "in_reference_area" in out:
         area = np.flatnonzero(out["in_reference_area"].values)
         if area.size:
-            common = np.nanmean(unwrapped_all[area].astype(np.float64) + aps_all[area], axis=0)
-    for start in range(0, n, REFIT_BLOCK):
-        rows = np.arange(start, min(start + REFIT_BLOCK, n))
-        unwrapped = unwrapped_all[rows].astype(np.float64)
-        y = (unwrapped + aps_all[rows] - common) / m2ph
-        ok = np.isfinite(y).all(axis=1)
-        if not ok.any():
-            continue
-        h2ph = h2ph_rows(h2ph_all, rows[ok], T)
-        fit = fit_models(y[ok], h2ph, years, model, choice=choice, alpha=alpha)
-        v, h = fit.coefficients["velocity"], fit.coefficients["height_error"]
-        motion = v[:, None] * years[None, :] + h2ph * h[:, None]
-        for name in model.columns:
-            # every term's estimate of the full model (its test says whether it is kept);
-            # the motion is the kept model's
-            columns[name][rows[ok]] = fit.full[name]
-            motion = motion + fit.coefficients[name][:, None] * model.regressors[name][None, :]
-        shifted = unwrapped[ok] / m2ph - h2ph * h[:, None]
-        displacement[rows[ok]] = shifted - shifted[:, :1]
-        velocity[rows[ok]], height[rows[ok]] = v, h
-        coherence[rows[ok]] = result_coherence(unwrapped[ok] - m2ph * motion)
-        chosen[rows[ok]], ratio[rows[ok]] = fit.choice, fit.statistics
+            common = np.nanmean(
+                np.asarray(out["unwrapped_phase"].transpose("space", "time").isel(space=area)
+                           .values).astype(np.float64)
+                + np.asarray(out["aps"].transpose("space", "time").isel(space=area).values),
+                axis=0)
+    options = {"years": years, "m2ph": m2ph, "common": common, "model": model,
+               "choice": choice, "alpha": alpha}
+    if isinstance(unwrapped_all, da.Array):
+        # on the workers, chunk by chunk: the per-point figures come back, the series stay
+        rows = unwrapped_all.chunks[0]
+        aps_all = aps_all.rechunk((rows, -1))
+        h2ph_all = h2ph_all.rechunk((rows,) + ((-1,) if h2ph_all.ndim == 2 else ()))
+        bounds = np.cumsum((0,) + rows)
+        parts = list(dask.compute(*[dask.delayed(_terms_chunk)(
+            unwrapped_all.blocks[i], aps_all.blocks[i], h2ph_all.blocks[i],
+            {name: values[bounds[i]:bounds[i + 1]] for name, values in old.items()}, options)
+            for i in range(len(rows))]))
+    else:
+        parts = [_terms_block(unwrapped_all[rows], aps_all[rows], h2ph_all[rows],
+                              {name: values[rows] for name, values in old.items()}, **options)
+                 for rows in (slice(start, min(start + REFIT_BLOCK, n))
+                              for start in range(0, n, REFIT_BLOCK))]
+    figures = {name: (np.concatenate([part[name] for part in parts]) if parts
+                      else np.zeros(0, np.float32))
+               for name in _TERMS_FIGURES}
+    columns = {name: (np.concatenate([part["columns"][name] for part in parts]) if parts
+                      else np.zeros(0, np.float32)) for name in model.columns}
+    velocity, height, coherence = figures["velocity"], figures["height"], figures["coherence"]
+    chosen, ratio = figures["chosen"].astype(np.int8), figures["ratio"].astype(np.float32)
+    old_displacement = out["displacement"].transpose("space", "time").data
+    if isinstance(unwrapped_all, da.Array):
+        rows = unwrapped_all.chunks[0]
+        old_displacement = (old_displacement if isinstance(old_displacement, da.Array)
+                            else da.from_array(np.asarray(old_displacement))).rechunk((rows, -1))
+        displacement = da.blockwise(
+            _terms_displacement, "st", unwrapped_all, "st", h2ph_all, "st"[:h2ph_all.ndim],
+            da.from_array(figures["height64"], chunks=(rows,)), "s",
+            da.from_array(figures["ok"], chunks=(rows,)), "s", old_displacement, "st",
+            m2ph=m2ph, dtype=np.float32)
+    else:
+        displacement = np.asarray(old_displacement).astype(np.float32)
+        for start in range(0, n, REFIT_BLOCK):
+            rows = slice(start, min(start + REFIT_BLOCK, n))
+            displacement[rows] = _terms_displacement(
+                unwrapped_all[rows], h2ph_all[rows], figures["height64"][rows],
+                figures["ok"][rows],
+                displacement[rows], m2ph=m2ph)
     flags = {"flag_values": np.arange(len(names), dtype=np.int8),
              "flag_meanings": " ".join(name.replace("+", "_and_") for name in names),
              "long_name": "temporal model kept by the point's tests"}

@@ -16,6 +16,7 @@ from enum import IntEnum
 from typing import Literal
 
 import dask
+import dask.array as da
 import numpy as np
 import xarray as xr
 from pydantic import Field, field_validator
@@ -53,8 +54,8 @@ SCATTERER_ATTRS = {
     "units": "1",
 }
 
-#: Phase linking of the DS points: EMI, whose linked phase reaches the Cramér-Rao bound on the
-#: simulated DS stacks (docs/benchmarks.md), where EVD's is biased by the coherence magnitudes.
+#: Phase linking of the DS points: EMI, 1.04-1.30x the Cramér-Rao bound on the simulated DS
+#: stacks where EVD is at 1.15-1.34x (docs/steps/distributed.md).
 DEFAULT_DS_METHOD = "emi"
 
 #: A DS candidate becomes a DS point when the temporal coherence of its linked phase (against
@@ -113,7 +114,7 @@ def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence) -
                          f"{min_temporal_coherence!r}")
 
 
-def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *timed,
+def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *extra,
                     min_coherence, offset):
     """The accepted DS pixels of one block: positions and values (one block's task)."""
     keep = candidate & (coherence >= min_coherence) & np.isfinite(coherence)
@@ -121,7 +122,8 @@ def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *t
     values = {"azimuth": ia + offset[0], "range": ir + offset[1], "phase": phase[ia, ir],
               "linked_coherence": coherence[ia, ir], "shp_count": count[ia, ir],
               "shp_intensity": intensity[ia, ir], "linked_phase_std": phase_std[ia, ir]}
-    values |= {f"timed_{k}": values_[ia, ir] for k, values_ in enumerate(timed)}
+    # the stack's time series (h2ph) and (azimuth, range) coordinates at the accepted pixels
+    values |= {f"extra_{k}": values_[ia, ir] for k, values_ in enumerate(extra)}
     return values, int(candidate.sum())
 
 
@@ -227,8 +229,6 @@ def ds_selection(
 
 
 def _dask(array):
-    import dask.array as da
-
     return array if isinstance(array, da.Array) else da.from_array(array)
 
 
@@ -245,7 +245,7 @@ def _ds_points(stack: xr.Dataset, parts: dict, timed_names: list, coord_names: l
     data = {"complex": (dims, slc),
             "amplitude": (dims, np.broadcast_to(amplitude[:, None], slc.shape).copy()),
             "phase": (dims, phase)}
-    data |= {name: (dims, parts[f"timed_{k}"]) for k, name in enumerate(timed_names)}
+    data |= {name: (dims, parts[f"extra_{k}"]) for k, name in enumerate(timed_names)}
     n = slc.shape[0]
     data |= {
         "amplitude_dispersion": ("space", np.full(n, np.nan, np.float32)),
@@ -260,7 +260,7 @@ def _ds_points(stack: xr.Dataset, parts: dict, timed_names: list, coord_names: l
                  if c.dims == ("time",) and name != "time"},
               "azimuth": ("space", stack["azimuth"].values[parts["azimuth"]]),
               "range": ("space", stack["range"].values[parts["range"]])}
-    coords |= {name: ("space", parts[f"timed_{len(timed_names) + k}"])
+    coords |= {name: ("space", parts[f"extra_{len(timed_names) + k}"])
                for k, name in enumerate(coord_names)}
     return xr.Dataset(data, coords=coords, attrs=dict(stack.attrs))
 

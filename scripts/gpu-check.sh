@@ -17,6 +17,8 @@
 #                           own share below and never more than what is left
 #   DEPSI_GPU_CHECK_WORK    scratch folder (scene, chain results); default $TMPDIR/depsi-gpu-check
 #   DEPSI_GPU_CHECK_COMMIT  the commit to record where the tree has no .git (a device copy)
+#   DEPSI_GPU_CHECK_TESTS   the CuPy test modules to run (space-separated paths); default every
+#                           module of tests/ that touches CuPy or CUDA
 #   DEPSI_WHEELHOUSE        wheels of missing dependencies (default .whl in the repository)
 #   PYTHON                  the interpreter (default python3)
 #
@@ -156,7 +158,11 @@ FAILED=0
 
 # ---- 1. the CuPy tests ----------------------------------------------------------------------
 # every test module that touches CuPy or a CUDA device, but not this script's own test
-mapfile -t TESTS < <(grep -l -E "cupy|cuda" tests/test_*.py | grep -v test_gpu_check.py)
+if [[ -n ${DEPSI_GPU_CHECK_TESTS:-} ]]; then
+    read -r -a TESTS <<<"$DEPSI_GPU_CHECK_TESTS"
+else
+    mapfile -t TESTS < <(grep -l -E "cupy|cuda" tests/test_*.py | grep -v test_gpu_check.py)
+fi
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts="" -ra --strict-markers)
 PYTEST_RE="[0-9]+ (passed|failed|skipped|errors?|tests? collected)|no tests ran"
 if ((GPU)); then

@@ -67,7 +67,11 @@ def test_gpu_check_takes_its_gpu_branch_where_cupy_works(tmp_path):
     package.mkdir(parents=True)
     shutil.copy(REPO / "tests" / "cupy_stand_in.py", package / "__init__.py")
     path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
-    summary = _run_check(tmp_path, PYTHONPATH=path)
+    # one module's CuPy tests on the stand-in: the script's GPU branch is what this test is
+    # about (all four modules on the stand-in took 130 s of the suite's time; the suite runs
+    # them itself, skipping CuPy, and tests/test_phase_linking.py its kernels on the stand-in)
+    summary = _run_check(tmp_path, PYTHONPATH=path,
+                         DEPSI_GPU_CHECK_TESTS="tests/test_kernels_backend.py")
     status = {p["part"]: p["status"] for p in summary["parts"]}
     assert status == dict.fromkeys(["dependencies", "CuPy tests", "kernels", "chain: scene",
                                     "chain: cuda:0", "chain: cpu", "chain: compare"], "ok")

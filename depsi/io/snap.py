@@ -4,6 +4,7 @@ their writer is :mod:`depsi.io.znap`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -87,6 +88,26 @@ def _snap_attributes(element: dict) -> dict[str, Any]:
     return {a["name"]: a.get("data", {}).get("elems") for a in element.get("attributes", [])}
 
 
+#: Parsed ``product_metadata.json`` documents kept, by the digest of their bytes: the products of
+#: one SNAP stack carry the same stack metadata (every secondary's timing and orbit), which grows
+#: as epochs times epochs (12 MB a product at 36 epochs, 0.5 s to parse), so it is parsed once.
+_PARSED: dict[bytes, dict[str, Any]] = {}
+_PARSED_KEPT = 2
+
+
+def _metadata_elements(file: Path) -> dict[str, Any]:
+    """The metadata elements of a ``product_metadata.json`` by name (parsed once per content;
+    read-only: shared by every product with the same bytes)."""
+    content = file.read_bytes()
+    digest = hashlib.blake2b(content, digest_size=16).digest()
+    if digest not in _PARSED:
+        elements = {e.get("name"): e for e in json.loads(content)}
+        while len(_PARSED) >= _PARSED_KEPT:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[digest] = elements
+    return _PARSED[digest]
+
+
 def _snap_metadata(path: Path) -> dict[str, Any]:
     """Wavelength, mother date, subset offsets from ``SNAP/product_metadata.json``."""
     file = path / "SNAP" / "product_metadata.json"
@@ -94,7 +115,7 @@ def _snap_metadata(path: Path) -> dict[str, Any]:
         raise MetadataError(f"SNAP product '{path}': expected SNAP/product_metadata.json (for "
                             "the radar frequency), found no such file", paths=[str(file)])
     try:
-        elements = {e.get("name"): e for e in json.loads(file.read_text())}
+        elements = _metadata_elements(file)
     except (ValueError, AttributeError) as err:
         raise MetadataError(f"SNAP metadata '{file}': expected a JSON list of metadata "
                             f"elements, found unreadable content ({err})",
@@ -201,7 +222,7 @@ def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
     """The stack's geometry from a SNAP product's metadata: the mother's timing and orbit
     (``Abstracted_Metadata``) and each secondary's orbit (``Slave_Metadata``)."""
     file = path / "SNAP" / "product_metadata.json"
-    elements = {e.get("name"): e for e in json.loads(file.read_text())}
+    elements = _metadata_elements(file)
     abstracted = elements.get("Abstracted_Metadata", {})
     fields = _snap_attributes(abstracted)
     what = f"SNAP metadata '{file}': Abstracted_Metadata"

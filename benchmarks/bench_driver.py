@@ -8,7 +8,8 @@ For each size, a child process opens ``bench_scale.py``'s scene (``_scale_scene.
 1 thread (``--memory-limit`` each, default 2 GB). A psutil thread samples the driver's (the
 child's own) resident memory every ``--sample-s`` seconds; per step it reports the RSS at the
 step's start, its peak during the step, and that peak less the RSS at the start of the chain
-(what the step adds to the driver), with the workers' peak memory (the scheduler's metric).
+(``added``); the table gives each step's peak with what it added to the RSS it started from
+(the live lines also the largest worker's RSS after each step).
 
 The figures scale with N where a step materialises whole-scene arrays in the driver; they stay
 at the size of the first-order network where the step's O(N) work runs in the workers' tasks.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -77,6 +79,7 @@ class _StepRecorder:
         self.base = sampler.now()
 
     def _workers(self) -> int:
+        """The largest worker RSS now (-1 when the workers cannot be asked)."""
         try:
             return max(self.client.run(_worker_rss).values())
         except Exception:  # noqa: BLE001 - reported as missing, never fatal
@@ -130,17 +133,21 @@ def child(folder: Path, out: Path, memory_limit: str, every: float) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: per step and size, the driver's peak RSS (GB) and what the step added."""
+    """Markdown: per step and size, the driver's peak RSS (GB), what the step added to the RSS
+    it started from, and its wall time."""
     steps = [s["step"] for s in rows[0]["steps"]]
-    head = "| step | " + " | ".join(f"{r['n_points']:,}: driver peak GB (+ over start)"
+    head = "| step | " + " | ".join(f"{r['n_points']:,}: driver peak GB (+ in the step)"
                                      for r in rows) + " |"
     lines = [head, "|---|" + "---|" * len(rows)]
     for name in steps:
         cells = []
         for r in rows:
             s = next((s for s in r["steps"] if s["step"] == name), None)
-            cells.append("-" if s is None else
-                         f"{s['peak_rss'] / GB:.2f} (+{s['added'] / GB:.2f}), {s['wall_s']:.0f} s")
+            if s is None:
+                cells.append("-")
+                continue
+            grown = (s["peak_rss"] - s["start_rss"]) / GB
+            cells.append(f"{s['peak_rss'] / GB:.2f} (+{grown:.2f}), {s['wall_s']:.0f} s")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| chain wall s | " + " | ".join(f"{r['chain_wall_s']:.0f}" for r in rows)
                  + " |")
@@ -171,8 +178,6 @@ def main(argv: list[str] | None = None) -> None:
         out = args.cache / f"{folder.name}.driver.json"
         out.unlink(missing_ok=True)
         print(f"{n:,} points", flush=True)
-        import subprocess
-
         subprocess.run([sys.executable, __file__, "--child", str(folder), str(out),
                         "--memory-limit", args.memory_limit, "--sample-s", str(args.sample_s)],
                        check=True)

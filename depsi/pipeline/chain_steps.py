@@ -165,6 +165,8 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     if reference is not None and not np.isin(int(reference), chosen):
         raise _not_first_order(reference)
     _terms(config, points)  # the model's terms at the points' epochs, before any arc
+    if config.atmosphere.method != "none":  # a stratified part on: the points' heights
+        terrain_heights(points, config.atmosphere.stratified)
     return chosen
 
 
@@ -172,8 +174,6 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
 def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     """The first-order points (computed) and the arcs between them.
 
-    if config.atmosphere.method != "none":  # a stratified part on: the points' heights
-        terrain_heights(points, config.atmosphere.stratified)
     Returns
     -------
     xarray.Dataset

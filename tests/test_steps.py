@@ -271,8 +271,12 @@ def test_a_step_sees_only_its_declared_sections():
     view = config_for("network", config)
     assert view.network == config.network
     assert view.integration.reference == config.integration.reference
-    with pytest.raises(AttributeError, match="step 'network' reads config section 'atmosphere'"):
-        _ = view.atmosphere
+    with pytest.raises(AttributeError,
+                       match="step 'network' reads config section 'densification'"):
+        _ = view.densification
+    assert view.atmosphere.stratified == config.atmosphere.stratified  # checked before work
+    with pytest.raises(AttributeError, match="atmosphere.temporal_window"):
+        _ = view.atmosphere.temporal_window
     with pytest.raises(AttributeError, match="integration.min_coherence"):
         _ = view.integration.min_coherence
     for step in STEPS:  # every declared section exists in the config

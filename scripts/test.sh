@@ -21,4 +21,8 @@ bash scripts/slurm-up.sh || echo "test.sh: SLURM not started; tests/test_slurm.p
 trap '[[ $slurm_was_up == 1 ]] || bash scripts/slurm-down.sh || true' EXIT
 
 # GPU tests skip by themselves where no CUDA device works; real-data tests read tests/data.
-python -m pytest -p no:cacheprovider --timeout=600 "$@"
+# On DEPSI_TEST_WORKERS processes (pytest-xdist, default 2: the suite waits on subprocesses,
+# clusters and files much of its time); the modules of tests/conftest.py's SERIAL_MODULES run
+# one test at a time in one of them. DEPSI_TEST_WORKERS=0 runs everything in this process.
+workers=${DEPSI_TEST_WORKERS:-2}
+python -m pytest -p no:cacheprovider --timeout=600 -n "$workers" --dist loadgroup "$@"

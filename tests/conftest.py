@@ -20,6 +20,25 @@ REALDATA = Path(os.environ.get("DEPSI_REALDATA", REPO / "tests" / "data"))
 SLURM_STATE = Path(os.environ.get("DEPSI_SLURM_DIR", "/tmp/depsi-slurm"))
 
 
+#: Test modules that run one test at a time, all in one worker, when the suite runs on several
+#: (pytest-xdist's ``--dist loadgroup``, as scripts/test.sh runs it): clusters, SLURM jobs,
+#: processes killed at chosen moments, small memory limits and locks with timeouts, whose
+#: timing another module's load beside them would move. Tests marked ``slurm`` join them.
+SERIAL_MODULES = frozenset({
+    "test_cluster.py", "test_dask_tools.py", "test_driver_memory.py", "test_faults.py",
+    "test_kernels_periodogram_fused.py", "test_runner.py", "test_slurm.py",
+    "test_store_safety.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.path.name in SERIAL_MODULES or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 @pytest.fixture(scope="session")
 def realdata() -> Path:
     """Path to the real data (``tests/data``); fails, never skips, when it is not there."""

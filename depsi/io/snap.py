@@ -88,34 +88,26 @@ def _snap_attributes(element: dict) -> dict[str, Any]:
     return {a["name"]: a.get("data", {}).get("elems") for a in element.get("attributes", [])}
 
 
-#: Parsed ``product_metadata.json`` documents kept, by the digest of their bytes: the products of
-#: one SNAP stack carry the same stack metadata (every secondary's timing and orbit), which grows
-#: as epochs times epochs (12 MB a product at 36 epochs, 0.5 s to parse), so it is parsed once.
-_PARSED: dict[bytes, dict[str, Any]] = {}
-_PARSED_KEPT = 2
-
-
-def _metadata_elements(file: Path) -> dict[str, Any]:
-    """The metadata elements of a ``product_metadata.json`` by name (parsed once per content;
-    read-only: shared by every product with the same bytes)."""
+def _metadata_elements(file: Path, parsed: dict[bytes, dict[str, Any]]) -> dict[str, Any]:
+    """The metadata elements of a ``product_metadata.json`` by name, parsed once per content
+    into ``parsed`` (one reading of a stack: its products carry the same stack metadata, every
+    secondary's timing and orbit, which grows as epochs times epochs: 12 MB a product at 36
+    epochs, 0.5 s to parse). Read-only: shared by every product with the same bytes."""
     content = file.read_bytes()
     digest = hashlib.blake2b(content, digest_size=16).digest()
-    if digest not in _PARSED:
-        elements = {e.get("name"): e for e in json.loads(content)}
-        while len(_PARSED) >= _PARSED_KEPT:
-            _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[digest] = elements
-    return _PARSED[digest]
+    if digest not in parsed:
+        parsed[digest] = {e.get("name"): e for e in json.loads(content)}
+    return parsed[digest]
 
 
-def _snap_metadata(path: Path) -> dict[str, Any]:
+def _snap_metadata(path: Path, parsed: dict[bytes, dict[str, Any]]) -> dict[str, Any]:
     """Wavelength, mother date, subset offsets from ``SNAP/product_metadata.json``."""
     file = path / "SNAP" / "product_metadata.json"
     if not file.is_file():
         raise MetadataError(f"SNAP product '{path}': expected SNAP/product_metadata.json (for "
                             "the radar frequency), found no such file", paths=[str(file)])
     try:
-        elements = _metadata_elements(file)
+        elements = _metadata_elements(file, parsed)
     except (ValueError, AttributeError) as err:
         raise MetadataError(f"SNAP metadata '{file}': expected a JSON list of metadata "
                             f"elements, found unreadable content ({err})",
@@ -218,11 +210,11 @@ def _snap_line_time(abstracted: dict, fields: dict[str, Any], what: str) -> np.d
 
 
 def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
-                   wavelength: float) -> StackGeometry:
+                   wavelength: float, parsed: dict[bytes, dict[str, Any]]) -> StackGeometry:
     """The stack's geometry from a SNAP product's metadata: the mother's timing and orbit
     (``Abstracted_Metadata``) and each secondary's orbit (``Slave_Metadata``)."""
     file = path / "SNAP" / "product_metadata.json"
-    elements = _metadata_elements(file)
+    elements = _metadata_elements(file, parsed)
     abstracted = elements.get("Abstracted_Metadata", {})
     fields = _snap_attributes(abstracted)
     what = f"SNAP metadata '{file}': Abstracted_Metadata"
@@ -409,7 +401,8 @@ def from_snap(
     products = _path_list(paths, "paths")
     _check_exist(products, "SNAP products", kind="product")
     opened = {p: _open_znap(p) for p in products}
-    meta = {p: _snap_metadata(p) for p in products}
+    parsed: dict[bytes, dict[str, Any]] = {}  # this reading's metadata documents, by content
+    meta = {p: _snap_metadata(p, parsed) for p in products}
 
     wavelengths = {p: m["wavelength"] for p, m in meta.items()}
     first = next(iter(wavelengths.values()))
@@ -473,7 +466,7 @@ def from_snap(
         logger.warning("SNAP product %s has no latitude/longitude tie-point grids: no lat/lon",
                        products[0])
     try:
-        stack_geometry = _snap_geometry(products[0], dates, mother, first)
+        stack_geometry = _snap_geometry(products[0], dates, mother, first, parsed)
     except GeometryError:
         if geometry == "orbits" or "h2ph" not in out.data_vars:
             raise

@@ -128,8 +128,12 @@ def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *e
 
 
 def _blocks(array, chunks):
-    """``array`` (Dask) rechunked to ``chunks`` in azimuth and range, as a grid of delayed."""
-    return array.rechunk(chunks[:array.ndim]).to_delayed()
+    """``array`` (Dask) rechunked to ``chunks`` in azimuth and range, as a grid of delayed.
+
+    Not optimised one by one: an optimised graph gets new key names, so the outputs of one
+    phase-linking task, delayed separately, each ran their own copy of it (every block was
+    linked four times)."""
+    return array.rechunk(chunks[:array.ndim]).to_delayed(optimize_graph=False)
 
 
 @single_threaded_blas()

@@ -206,6 +206,37 @@ def test_prediction_is_the_same_on_one_thread_or_several(monkeypatch):
         assert np.isfinite(one).all() and one.std() > 0
 
 
+@pytest.mark.slow  # a LocalCluster
+def test_on_a_cluster_the_kriging_batches_are_tasks_with_the_threads_numbers(monkeypatch):
+    """On a distributed scheduler the kriging's batches of cells are tasks on the workers
+    (issue 34: the model step's kriging no longer takes the driver's cores); the prediction
+    and its variance are the threads', bit for bit, with some batches still waiting in the
+    driver while others run."""
+    from depsi.cluster import scheduler
+    from depsi.processing import correlated_height as module
+    from depsi.processing.correlated_height import _predict
+
+    monkeypatch.setattr(module, "_BATCH_ELEMENTS", 60 * 120 * 10)
+    monkeypatch.setattr(module, "_IN_FLIGHT_PER_THREAD", 1)
+    rng = np.random.default_rng(6)
+    positions = rng.uniform(0, 4000, (6000, 2))
+    values = rng.standard_normal(6000)
+    noise = {"nugget": 1.0, "extra_sill": 0.3, "extra_range": 200.0}
+    signal = {"sill": 1.0, "range": 300.0, "shape": 1.5, "offset": 0.1}
+    kwargs = {"signal": signal, "noise": noise, "k": 60}
+    with scheduler(scheduler="threads", threads=2):
+        expected = _predict(positions, values, positions[::2], **kwargs)
+    with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
+        got = _predict(positions, values, positions[::2], **kwargs)
+        ran = running.client.run_on_scheduler(
+            lambda dask_scheduler: sum(prefix.startswith("depsi-kriging")
+                                       for prefix in dask_scheduler.task_prefixes))
+    assert ran > 0
+    for one, other in zip(expected, got):
+        np.testing.assert_array_equal(other, one)
+        assert np.isfinite(one).all() and one.std() > 0
+
+
 @pytest.mark.slow
 def test_the_chain_places_points_at_the_scenes_pixel_spacing(monkeypatch):
     """The model step hands the correlated-height step the scene's ``azimuth_spacing`` and

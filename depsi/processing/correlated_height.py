@@ -32,6 +32,7 @@ deviation carries (:func:`~depsi.processing.model.point_uncertainty`).
 from __future__ import annotations
 
 import logging
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import dask.array as da
@@ -45,6 +46,7 @@ from scipy.stats import f as f_distribution
 from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import single_threaded_blas
 from depsi.processing.network import cell_keys, point_positions, worker_threads
+from depsi.stm.dask_tools import workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,9 @@ TARGETS_PER_CELL = 32
 BLOCK = 65536
 #: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
 _BATCH_ELEMENTS = 4_000_000
+#: Kriging batches submitted at once per worker thread of a cluster (the rest wait in the
+#: driver as start indices).
+_IN_FLIGHT_PER_THREAD = 3
 
 
 def height_leak_gain(h2ph: np.ndarray, years: np.ndarray, m2ph: float) -> np.ndarray:
@@ -308,7 +313,6 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
     """
     k = min(k, len(src_pos))
     tree = cKDTree(src_pos)
-    nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
     low = dst_pos.min(axis=0)
     extent = np.maximum(np.ptp(dst_pos, axis=0), 1.0)
     cell = np.sqrt(TARGETS_PER_CELL * extent[0] * extent[1] / max(len(dst_pos), 1))
@@ -329,48 +333,42 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
     variance = np.empty(len(dst_pos))
     prior = signal["sill"] - signal["offset"]
     batch = max(1, _BATCH_ELEMENTS // (k * (k + 2 * width)))
+    options = {"signal": signal, "noise": noise, "prior": prior}
 
-    def predict_cells(start: int) -> None:  # one batch of cells; batches write disjoint rows
+    def inputs(start: int) -> tuple:
+        """One batch of cells' systems: positions relative to each cell's centre, in
+        float32 (distances to 1e-3 m and covariances to 1e-7 relative, 4-6x faster than
+        float64, whose exp has no SIMD loop), the sources' values, the targets."""
         stop = min(start + batch, n_cells)
-        # positions relative to each cell's centre, in float32: distances to 1e-3 m and
-        # covariances to 1e-7 relative, 4-6x faster than float64 (whose exp has no SIMD loop)
         centre = centres[start:stop, None, :]
-        nb = (src_pos[idx[start:stop]] - centre).astype(np.float32)    # (B, k, 2)
-        d_nn = _distances(nb, nb)                                        # (B, k, k)
-        if extra_sill > 0:
-            cov = extra_sill * np.exp(d_nn * np.float32(-1.0 / extra_range))
-            cov += _signal_covariance(d_nn, signal)
-        else:
-            cov = _signal_covariance(d_nn, signal)
-        del d_nn
-        cov[:, np.arange(k), np.arange(k)] += nugget
+        neighbours = idx[start:stop]
         targets = table[start:stop]                                      # (B, width)
-        tp = (dst_pos[np.maximum(targets, 0)] - centre).astype(np.float32)  # (B, width, 2)
-        c_nt = _signal_covariance(_distances(nb, tp), signal)            # (B, k, width)
-        # one factorisation per cell, K = L L^T, for the data and every target's covariances:
-        # the prediction (L^-1 v) . (L^-1 c) and its error variance C(0) - |L^-1 c|^2, in
-        # float64 (a Cholesky and one triangular solve cost what an LU solve for the data
-        # alone did)
-        rhs = np.concatenate([src_values[idx[start:stop], None], c_nt], axis=2)
-        try:
-            lower = np.linalg.cholesky(cov)
-            whitened = np.stack([solve_triangular(lower[b], rhs[b], lower=True,
-                                                  check_finite=False)
-                                 for b in range(len(lower))])          # (B, k, 1 + width)
-            values = np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:])
-            explained = np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:])
-        except np.linalg.LinAlgError:  # not positive definite to round-off: LU
-            solved = np.linalg.solve(cov, rhs)
-            values = np.einsum("bk,bkw->bw", solved[..., 0], c_nt)
-            explained = np.einsum("bkw,bkw->bw", solved[..., 1:], c_nt)
-        valid = targets >= 0
-        out[targets[valid]] = values[valid]
-        variance[targets[valid]] = np.maximum(prior - explained[valid], 0.0)
+        return ((src_pos[neighbours] - centre).astype(np.float32),      # (B, k, 2)
+                src_values[neighbours],                                  # (B, k)
+                (dst_pos[np.maximum(targets, 0)] - centre).astype(np.float32),  # (B, w, 2)
+                targets)
+
+    def write(targets: np.ndarray, predicted: tuple[np.ndarray, np.ndarray]) -> None:
+        valid = targets >= 0  # batches write disjoint rows
+        out[targets[valid]] = predicted[0][valid]
+        variance[targets[valid]] = predicted[1][valid]
+
+    batches = range(0, n_cells, batch)
+    client = workers_client()
+    if client is not None and len(batches) > 1:
+        # on a cluster's workers, a task a batch (the driver cuts each batch's inputs, a few
+        # MB, and writes the results; the arithmetic below, bit for bit)
+        _predict_on_workers(client, batches, inputs, write, options)
+        return out, variance
+
+    def predict_cells(start: int) -> None:
+        *arrays, targets = inputs(start)
+        write(targets, _krige_batch(*arrays, targets >= 0, **options))
 
     # batches of cells (bounded memory) on this process's threads, BLAS at one thread each
     # (the chain's steps set it): NumPy releases the GIL in the solves and the large products
     with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
-        list(pool.map(predict_cells, range(0, n_cells, batch)))
+        list(pool.map(predict_cells, batches))
     return out, variance
 
 
@@ -399,6 +397,78 @@ def _moved_on_chunks(series: da.Array, h2ph: da.Array | np.ndarray, field: np.nd
     return da.blockwise(_moved_block, "st", series, "st", h2ph, "st"[:h2ph.ndim],
                         da.from_array(field, chunks=(rows,)), "s", scale, None,
                         dtype=np.float32)
+
+
+def _krige_batch(nb, values, tp, valid, *, signal, noise, prior):
+    """The kriging systems of a batch of ``B`` cells: ``nb`` ``(B, k, 2)`` float32 source
+    positions and ``tp`` ``(B, width, 2)`` float32 target positions, each relative to its
+    cell's centre, ``values`` ``(B, k)`` the sources' values, ``valid`` ``(B, width)`` the
+    cells' filled target slots. Returns the predictions and their error variances
+    ``(B, width)`` (unfilled slots: whatever the padding gave)."""
+    k = nb.shape[1]
+    nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
+    d_nn = _distances(nb, nb)                                            # (B, k, k)
+    if extra_sill > 0:
+        cov = extra_sill * np.exp(d_nn * np.float32(-1.0 / extra_range))
+        cov += _signal_covariance(d_nn, signal)
+    else:
+        cov = _signal_covariance(d_nn, signal)
+    del d_nn
+    cov[:, np.arange(k), np.arange(k)] += nugget
+    c_nt = _signal_covariance(_distances(nb, tp), signal)                # (B, k, width)
+    # one factorisation per cell, K = L L^T, for the data and every target's covariances: the
+    # prediction (L^-1 v) . (L^-1 c) and its error variance C(0) - |L^-1 c|^2, in float64 (a
+    # Cholesky and one triangular solve cost what an LU solve for the data alone did)
+    rhs = np.concatenate([values[..., None], c_nt], axis=2)
+    try:
+        lower = np.linalg.cholesky(cov)
+        whitened = np.stack([solve_triangular(lower[b], rhs[b], lower=True, check_finite=False)
+                             for b in range(len(lower))])              # (B, k, 1 + width)
+        predicted = np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:])
+        explained = np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:])
+    except np.linalg.LinAlgError:  # not positive definite to round-off: LU
+        solved = np.linalg.solve(cov, rhs)
+        predicted = np.einsum("bk,bkw->bw", solved[..., 0], c_nt)
+        explained = np.einsum("bkw,bkw->bw", solved[..., 1:], c_nt)
+    return predicted, np.where(valid, np.maximum(prior - explained, 0.0), 0.0)
+
+
+def _krige_batch_task(nb, values, tp, valid, options):
+    """:func:`_krige_batch` as a worker's task (one BLAS thread, as the driver's threads)."""
+    with single_threaded_blas():
+        return _krige_batch(nb, values, tp, valid, **options)
+
+
+def _predict_on_workers(client, batches, inputs, write, options) -> None:
+    """The kriging's batches of cells as tasks of ``client``'s workers: at most
+    :data:`_IN_FLIGHT_PER_THREAD` batches a worker thread submitted at once (the driver holds
+    their inputs, a few MB each, never the whole scene's systems); each result written as it
+    comes back."""
+    from distributed import as_completed
+
+    threads = max(1, sum(client.nthreads().values()))
+    pending = iter(batches)
+    running = as_completed()
+    targets_of = {}
+    call = uuid.uuid4().hex
+
+    def submit(start: int) -> None:
+        *arrays, targets = inputs(start)
+        future = client.submit(_krige_batch_task, *arrays, targets >= 0, options, pure=False,
+                               key=f"depsi-kriging-{call}-{start}")
+        targets_of[future.key] = targets
+        running.add(future)
+
+    for start in pending:
+        submit(start)
+        if running.count() >= _IN_FLIGHT_PER_THREAD * threads:
+            break
+    for future in running:
+        write(targets_of.pop(future.key), future.result())
+        future.release()
+        start = next(pending, None)
+        if start is not None:
+            submit(start)
 
 
 def _blocks(n: int) -> list[slice]:

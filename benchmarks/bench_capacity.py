@@ -203,11 +203,11 @@ def main(argv: list[str] | None = None) -> None:
                         "--workers", str(args.workers), "--memory-limit", args.memory_limit,
                         "--sample-s", str(args.sample_s)], check=True)
         rows.append({"n_points": n, **json.loads(out.read_text())})
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
     print(f"\nCapacity per step (LocalCluster {args.workers} workers x 1 thread, "
           f"{args.memory_limit} each)\n")
     print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

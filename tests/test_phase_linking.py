@@ -28,10 +28,13 @@ from depsi.kernels.backend import cupy_available, to_host
 from depsi.kernels.phase_linking import (
     cramer_rao_bound,
     effective_samples,
+    gather_neighbours,
     glrt_threshold,
     link_phases,
     sample_coherence,
     sequential_phase_linking,
+    short_lag_coherence,
+    short_lag_noise_threshold,
     temporal_coherence,
     window_offsets,
 )
@@ -249,6 +252,39 @@ def test_sequential_estimator_keeps_memory_flat_and_emi_accuracy_from_30_to_120_
     assert long_[2] < 2.0 * short[2]
 
 
+# ------------------------------------------------------------------------ the pre-screen
+def test_short_lag_coherence_is_the_superdiagonal_of_the_sample_coherence():
+    """The pre-screen's proxy, summed cell by cell over a block, is the mean of the
+    consecutive-epoch magnitudes of each pixel's sample coherence over its SHP."""
+    rng = np.random.default_rng(3)
+    window, n_epochs = (3, 5), 9
+    coherence = exponential_coherence(np.arange(n_epochs) * 12.0)
+    slc = circular_gaussian_looks(coherence, rng.uniform(-3, 3, n_epochs), (8, 10), rng)
+    weights = rng.random((6, 6, 15)) < 0.7
+    proxy = short_lag_coherence(slc, weights, window)
+    rows, cols = np.nonzero(np.ones((6, 6), bool))
+    gamma, _ = sample_coherence(gather_neighbours(slc, rows, cols, window), weights[rows, cols])
+    expected = np.abs(np.diagonal(gamma, offset=1, axis1=1, axis2=2)).mean(axis=1)
+    np.testing.assert_allclose(proxy[rows, cols], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("n_looks", "n_epochs"), [(20, 30), (121, 60)])
+def test_prescreen_bound_passes_few_pixels_without_coherence(n_looks, n_epochs):
+    """Pure noise: the proxy's mean is the Beta(1, L - 1) model's ``E|g|`` within its standard
+    error, and at 3 standard deviations at most 1 % of the pixels pass (0.13 % for a normal
+    tail; the mean of magnitudes is skewed a little, measured 0.1-0.35 %)."""
+    rng = np.random.default_rng(11)
+    n_pixels = 3000
+    looks = circular_gaussian_looks(np.eye(n_epochs), np.zeros(n_epochs), (n_pixels, n_looks),
+                                    rng)
+    gamma, _ = sample_coherence(looks)
+    proxy = np.abs(np.diagonal(gamma, offset=1, axis1=1, axis2=2)).mean(axis=1)
+    mean = short_lag_noise_threshold(n_looks, n_epochs, 0.0)
+    std = (short_lag_noise_threshold(n_looks, n_epochs, 1.0) - mean)
+    assert abs(proxy.mean() - mean) < 4 * std / np.sqrt(n_pixels)
+    assert (proxy > short_lag_noise_threshold(n_looks, n_epochs, 3.0)).mean() < 0.01
+
+
 # ----------------------------------------------------------------------------- NumPy / CuPy
 def _kernel_outputs(xp, n_epochs=12):
     """Every kernel on one batch, inputs moved to ``xp``; outputs on the host."""
@@ -264,6 +300,8 @@ def _kernel_outputs(xp, n_epochs=12):
     out["crb"] = cramer_rao_bound(gamma, n_looks)
     out["sequential"], out["compressed"] = sequential_phase_linking(
         looks[..., k:k + 4] for k in range(0, n_epochs, 4))
+    out["short_lag_coherence"] = short_lag_coherence(
+        looks.reshape(8, 8, 30, n_epochs)[:, :, 0], xp.ones((6, 6, 9), dtype=bool), (3, 3))
     return out
 
 
@@ -311,7 +349,8 @@ def test_kernels_take_one_code_path_on_the_cupy_stand_in(tmp_path):
     (helper / "kernel_outputs.py").write_text(
         "import numpy as np\n"
         "from depsi.kernels.phase_linking import (cramer_rao_bound, link_phases,\n"
-        "    sample_coherence, sequential_phase_linking, temporal_coherence)\n"
+        "    sample_coherence, sequential_phase_linking, short_lag_coherence,\n"
+        "    temporal_coherence)\n"
         "from depsi.simulate.ds import circular_gaussian_looks, exponential_coherence\n\n"
         + source[start:end].replace("def _kernel_outputs", "def outputs"))
     path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))

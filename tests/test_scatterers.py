@@ -12,6 +12,7 @@ from depsi.conventions import phase_per_metre
 from depsi.io.export import point_table
 from depsi.processing.scatterers import (
     DEFAULT_MIN_TEMPORAL_COHERENCE,
+    DEFAULT_PRESCREEN_SIGMAS,
     SCATTERER_DTYPE,
     DSConfig,
     Scatterer,
@@ -172,11 +173,45 @@ def test_merge_refuses_points_of_another_stack_or_twice(small, small_ds):
     ({"min_looks": 50}, "min_looks: expected 2 .. 49"),
     ({"method": "mle"}, "method"),
     ({"min_temporal_coherence": 1.0}, "min_temporal_coherence"),
+    ({"prescreen_sigmas": -1.0}, "prescreen_sigmas: expected >= 0"),
 ])
 def test_ds_selection_refuses_bad_arguments_before_work(small, kwargs, match):
     stack, _ = small
     with pytest.raises(ValueError, match=match):
         ds_selection(stack, **{"window": SMALL_WINDOW, **kwargs})
+
+
+def test_prescreen_keeps_the_ds_the_full_linking_accepts(small, small_ds):
+    """The pre-screen only leaves out pixels: the DS it keeps are the full linking's, every DS
+    of the patch the full linking accepts is among them (same phases), and most of the
+    decorrelated background is never linked."""
+    stack, truth = small
+    full = ds_selection(stack, window=SMALL_WINDOW, prescreen_sigmas=None)
+    screened = small_ds  # the default pre-screen
+    keys = [set(zip(d["azimuth"].values.tolist(), d["range"].values.tolist()))
+            for d in (full, screened)]
+    assert keys[1] <= keys[0]
+    in_patch = {key for key in keys[0] if truth["ds_mask"].values[key]}
+    assert in_patch <= keys[1]
+    assert len(keys[0] - keys[1]) <= 0.01 * len(keys[0])
+    rows = [{key: i for i, key in enumerate(zip(d["azimuth"].values.tolist(),
+                                                d["range"].values.tolist()))}
+            for d in (full, screened)]
+    common = sorted(keys[1])
+    np.testing.assert_array_equal(screened["phase"].values[[rows[1][k] for k in common]],
+                                  full["phase"].values[[rows[0][k] for k in common]])
+    background = (~truth["ds_mask"].values).sum()
+    assert full.attrs["n_ds_linked"] == full.attrs["n_ds_candidates"]
+    assert screened.attrs["n_ds_linked"] < truth["ds_mask"].values.sum() + 0.05 * background
+
+
+def test_prescreen_sigmas_is_validated_by_the_config():
+    from pydantic import ValidationError
+
+    assert DSConfig().prescreen_sigmas == DEFAULT_PRESCREEN_SIGMAS
+    assert DSConfig(prescreen_sigmas=None).prescreen_sigmas is None
+    with pytest.raises(ValidationError, match="prescreen_sigmas"):
+        DSConfig(prescreen_sigmas=-0.5)
 
 
 def test_a_merged_store_is_not_updated_by_epochs(small, small_ds, tmp_path):

@@ -334,6 +334,7 @@ DS_ALTERNATES = {
     "selection.ds.min_looks": 60,
     "selection.ds.method": "evd",
     "selection.ds.min_temporal_coherence": 0.9,
+    "selection.ds.prescreen_sigmas": 30.0,
 }
 
 

@@ -29,6 +29,8 @@ from depsi.kernels.phase_linking import (
     link_phases,
     phase_linking_bytes_per_pixel,
     sample_coherence,
+    short_lag_coherence,
+    short_lag_noise_threshold,
     shp_glrt,
     shrink,
     temporal_coherence,
@@ -264,16 +266,35 @@ def select_shp(
                "min_looks": int(min_looks), "calibration": str(calibration)})
 
 
+def _screened(slc, shp, *, window, min_looks, prescreen_sigmas):
+    """The pre-screen of a padded block: which pixels are worth linking (enough SHP, and, with
+    ``prescreen_sigmas``, a short-lag coherence above the noise's), and that coherence."""
+    half_az, half_rg = _half(window)
+    n_az, n_rg, n_epochs = slc.shape
+    inner = (slice(half_az, n_az - half_az), slice(half_rg, n_rg - half_rg))
+    looks = shp[inner].sum(axis=-1)
+    keep = np.zeros((n_az, n_rg), bool)
+    proxy = np.full((n_az, n_rg), np.nan, np.float32)
+    keep[inner] = looks >= min_looks
+    if prescreen_sigmas is not None and keep.any():
+        proxy[inner] = np.where(keep[inner], short_lag_coherence(slc, shp[inner], window), np.nan)
+        bound = short_lag_noise_threshold(looks, n_epochs, prescreen_sigmas)
+        keep[inner] &= proxy[inner] > bound
+    return keep, proxy
+
+
 def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, weight_shrinkage,
-                bias_correction, device):
-    """Phase linking of every DS candidate of a padded block; NumPy in, NumPy out."""
+                bias_correction, device, prescreen_sigmas):
+    """Phase linking of every DS candidate of a padded block that passes the pre-screen; NumPy
+    in, NumPy out."""
     half_az, half_rg = _half(window)
     n_az, n_rg, n_epochs = slc.shape
     phase = np.full(slc.shape, np.nan, np.float32)
     outputs = [np.full((n_az, n_rg), np.nan, np.float32) for _ in range(4)]
-    inner = np.zeros((n_az, n_rg), bool)
-    inner[half_az:n_az - half_az, half_rg:n_rg - half_rg] = True
-    rows, cols = np.nonzero(inner & (shp.sum(axis=-1) >= min_looks))
+    keep, proxy = _screened(slc, shp, window=window, min_looks=min_looks,
+                            prescreen_sigmas=prescreen_sigmas)
+    outputs.append(proxy)
+    rows, cols = np.nonzero(keep)
     if rows.size == 0:
         return (phase, *outputs)
     per_pixel = phase_linking_bytes_per_pixel(n_epochs, shp.shape[-1])
@@ -310,10 +331,22 @@ def phase_linking(
     shrinkage: float = 0.0,
     weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
     bias_correction: bool = False,
+    prescreen_sigmas: float | None = None,
     device: str | None = None,
     variable: str = "complex",
 ) -> xr.Dataset:
     """Phase history of every DS candidate from its coherence matrix over its SHP.
+
+    With ``prescreen_sigmas``, a candidate is linked only when its short-lag coherence (the mean
+    magnitude of its SHP-averaged interferograms of consecutive epochs,
+    :func:`depsi.kernels.phase_linking.short_lag_coherence`, ``O(T looks)``) is above what
+    pixels with no coherence at all reach (their mean plus ``prescreen_sigmas`` standard
+    deviations, :func:`depsi.kernels.phase_linking.short_lag_noise_threshold`): the
+    ``O(T^2 looks + T^3)`` coherence matrix, eigenproblem and bound are spent on the pixels that
+    can be DS. It assumes that coherence does not grow with the time between epochs (a pixel
+    incoherent between consecutive epochs is incoherent over longer ones), so what it can lose
+    is a DS incoherent over 12 days yet coherent over longer spans; see
+    docs/steps/distributed.md for the measured relation to the temporal coherence.
 
     Parameters
     ----------
@@ -335,6 +368,9 @@ def phase_linking(
     bias_correction
         Correct the coherence magnitudes for the sample coherence's bias
         (:func:`depsi.kernels.phase_linking.sample_coherence`).
+    prescreen_sigmas
+        The pre-screen's margin over the noise, in standard deviations of the short-lag
+        coherence at zero coherence; None (default): every candidate is linked.
     device
         Where the kernels run (``"cpu"``, ``"cuda:0"``, ...); default the CPU. Blocks move to
         the device and back once each.
@@ -351,7 +387,9 @@ def phase_linking(
         estimated coherence magnitudes and SHP count, root mean over the epochs other than the
         reference: the pixel's quality figure, optimistic where the magnitudes are biased
         high), ``shp_intensity`` (the mean intensity ``|z|^2`` of the SHP over every epoch:
-        a DS point's power), ``shp_count`` and ``ds_candidate`` from ``shp``.
+        a DS point's power), ``short_lag_coherence`` (the pre-screen's proxy; NaN off the
+        candidates and without a pre-screen), ``shp_count`` and ``ds_candidate`` from ``shp``.
+        A candidate the pre-screen leaves out has NaN ``phase`` and ``temporal_coherence``.
 
     Examples
     --------
@@ -364,6 +402,9 @@ def phase_linking(
     """
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, found {method!r}")
+    if prescreen_sigmas is not None and not float(prescreen_sigmas) >= 0:
+        raise ValueError(f"prescreen_sigmas: expected >= 0 standard deviations or None, found "
+                         f"{prescreen_sigmas!r}")
     window = tuple(int(w) for w in shp.attrs["window"])
     half = _half(window)
     data = stack[variable].transpose("azimuth", "range", "time").data
@@ -377,14 +418,16 @@ def phase_linking(
     padded_slc = _padded(data, half, 0)
     padded_mask = _padded(mask, half, False)
     results = da.apply_gufunc(
-        _link_block, "(t),(c)->(t),(),(),(),()", padded_slc, padded_mask,
+        _link_block, "(t),(c)->(t),(),(),(),(),()", padded_slc, padded_mask,
         window=window, min_looks=int(shp.attrs["min_looks"]), method=method,
         reference=int(reference), shrinkage=float(shrinkage),
         weight_shrinkage=float(weight_shrinkage),
         bias_correction=bool(bias_correction), device=parse_device(device or "cpu"),
+        prescreen_sigmas=None if prescreen_sigmas is None else float(prescreen_sigmas),
         vectorize=False,
-        meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 4)
-    phase, coherence, eigenvalue, phase_std, intensity = (_trimmed(r, half) for r in results)
+        meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 5)
+    phase, coherence, eigenvalue, phase_std, intensity, proxy = (_trimmed(r, half)
+                                                                 for r in results)
     dims2 = ("azimuth", "range")
     coords = {name: stack[name] for name in ("azimuth", "range", "time") if name in stack.coords}
     return xr.Dataset(
@@ -394,9 +437,11 @@ def phase_linking(
          "phase_std": (dims2, phase_std, {"units": "rad"}),
          "shp_intensity": (dims2, intensity, {
              "units": "1", "long_name": "mean intensity of the SHP over the epochs"}),
+         "short_lag_coherence": (dims2, proxy, {
+             "units": "1", "long_name": "mean SHP coherence of consecutive epochs"}),
          "shp_count": shp["shp_count"], "ds_candidate": shp["ds_candidate"]},
         coords=coords,
         attrs={"phase_linking": method, "reference_time": str(stack["time"].values[reference]),
                "shrinkage": float(shrinkage), "weight_shrinkage": float(weight_shrinkage),
-               "bias_correction": int(bias_correction),
-               "window": list(window)})
+               "bias_correction": int(bias_correction), "window": list(window)}
+        | ({} if prescreen_sigmas is None else {"prescreen_sigmas": float(prescreen_sigmas)}))

@@ -64,6 +64,14 @@ DEFAULT_DS_METHOD = "emi"
 #: epochs; DS of the default coherence model (0.7 short-term, 0.2 long-term) reach 0.86-0.99.
 DEFAULT_MIN_TEMPORAL_COHERENCE = 0.6
 
+#: The pre-screen before phase linking: a candidate is linked only when the mean magnitude of its
+#: SHP-averaged interferograms of consecutive epochs is above the mean that pixels with no
+#: coherence reach by this many of its standard deviations
+#: (:func:`depsi.kernels.phase_linking.short_lag_noise_threshold`): 0.26 at 20 looks and 30
+#: epochs, 0.10 at 121 looks. DS accepted at temporal coherence 0.6, over coherence models from
+#: ``g0`` 0.4 to 0.9 and ``g_inf`` 0.1 to 0.4, had 0.26-0.76 (docs/steps/distributed.md).
+DEFAULT_PRESCREEN_SIGMAS = 3.0
+
 #: Point variables of the selection that the chain's result carries to the exports.
 SCATTERER_VARIABLES = ("scatterer", "shp_count", "linked_coherence")
 
@@ -92,6 +100,13 @@ class DSConfig(Section):
         DEFAULT_MIN_TEMPORAL_COHERENCE, ge=0, lt=1,
         description="A DS candidate is kept when the temporal coherence of its linked phase "
                     "reaches this (decorrelated pixels stay below 0.5).")
+    prescreen_sigmas: float | None = Field(
+        DEFAULT_PRESCREEN_SIGMAS, ge=0,
+        description="Pre-screen before phase linking: a candidate is linked only when the mean "
+                    "coherence of its SHP between consecutive epochs is this many standard "
+                    "deviations above that of pixels with no coherence at all; null: link "
+                    "every candidate. Assumes coherence does not grow with the time between "
+                    "epochs.")
 
     @field_validator("window")
     @classmethod
@@ -100,7 +115,8 @@ class DSConfig(Section):
         return window
 
 
-def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence) -> None:
+def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence,
+                     prescreen_sigmas) -> None:
     window_offsets(window)  # odd positive sizes, or a ValueError naming the window
     if not 0 < float(alpha) < 1:
         raise ValueError(f"alpha: expected a false-alarm rate in (0, 1), found {alpha!r}")
@@ -112,6 +128,9 @@ def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence) -
     if not 0 <= float(min_temporal_coherence) < 1:
         raise ValueError(f"min_temporal_coherence: expected a value in [0, 1), found "
                          f"{min_temporal_coherence!r}")
+    if prescreen_sigmas is not None and not float(prescreen_sigmas) >= 0:
+        raise ValueError(f"prescreen_sigmas: expected >= 0 standard deviations or None, found "
+                         f"{prescreen_sigmas!r}")
 
 
 def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *extra,
@@ -124,7 +143,7 @@ def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *e
               "shp_intensity": intensity[ia, ir], "linked_phase_std": phase_std[ia, ir]}
     # the stack's time series (h2ph) and (azimuth, range) coordinates at the accepted pixels
     values |= {f"extra_{k}": values_[ia, ir] for k, values_ in enumerate(extra)}
-    return values, int(candidate.sum())
+    return values, int(candidate.sum()), int((candidate & np.isfinite(coherence)).sum())
 
 
 def _blocks(array, chunks):
@@ -145,6 +164,7 @@ def ds_selection(
     min_looks: int = DEFAULT_MIN_LOOKS,
     method: str = DEFAULT_DS_METHOD,
     min_temporal_coherence: float = DEFAULT_MIN_TEMPORAL_COHERENCE,
+    prescreen_sigmas: float | None = DEFAULT_PRESCREEN_SIGMAS,
     device: str | None = None,
 ) -> xr.Dataset:
     """Distributed scatterers of a raster stack, as a point STM beside :func:`ps_selection`'s.
@@ -155,6 +175,20 @@ def ds_selection(
     (:func:`~depsi.processing.distributed.phase_linking`), and it becomes a DS point when its
     linked phase's temporal coherence reaches ``min_temporal_coherence``. One pass over the
     stack, block by block with halos; each block's task keeps only its accepted pixels.
+
+    Before linking, a candidate is pre-screened (``prescreen_sigmas``): it is linked only when
+    the mean magnitude of its SHP-averaged interferograms of consecutive epochs (``O(T looks)``)
+    is above what pixels with no coherence at all reach, by ``prescreen_sigmas`` of its
+    standard deviation. On a decorrelated background this leaves out nearly every background
+    pixel before its ``O(T^2 looks + T^3)`` coherence matrix, eigenproblem and bound. It assumes
+    that coherence does not grow with the time between epochs, so a pixel incoherent between
+    consecutive epochs is incoherent over every span and its linked phase would be rejected
+    anyway (decorrelated pixels reach a temporal coherence of 0.48 at most). What it can lose:
+    DS that decorrelate between consecutive epochs but stay coherent over longer spans
+    (seasonal or alternating decorrelation), and, at 3 standard deviations, about one pixel in
+    a thousand of the DS whose short-lag coherence is at the noise's edge; DS accepted at 0.6
+    in the measured coherence models had short-lag coherences well above the bound
+    (docs/steps/distributed.md).
 
     Parameters
     ----------
@@ -167,6 +201,9 @@ def ds_selection(
         ``"emi"`` or ``"evd"``.
     min_temporal_coherence
         Acceptance threshold on the linked phase's temporal coherence.
+    prescreen_sigmas
+        The pre-screen's margin over the noise, in standard deviations; None: every candidate
+        is linked.
     device
         Where phase linking runs (``"cpu"``, ``"cuda:0"``); default the CPU.
 
@@ -179,8 +216,9 @@ def ds_selection(
         per point ``scatterer`` (all DS), ``shp_count`` (looks), ``linked_coherence`` (the
         temporal coherence of the linked phase), ``linked_phase_std`` (rad, the Cramér-Rao
         bound at the estimated coherence) and ``amplitude_dispersion`` (NaN: a DS is never a
-        first-order point). Attributes: the stack's, ``n_ds``, ``n_ds_candidates`` and the
-        parameters (``ds_window``, ...).
+        first-order point). Attributes: the stack's, ``n_ds``, ``n_ds_candidates``,
+        ``n_ds_linked`` (the candidates the pre-screen passed) and the parameters
+        (``ds_window``, ...).
 
     Examples
     --------
@@ -193,11 +231,12 @@ def ds_selection(
     """
     validate(stack, kind="raster", require=("complex",))
     window = tuple(int(w) for w in window)
-    _check_arguments(window, alpha, min_looks, method, min_temporal_coherence)
+    _check_arguments(window, alpha, min_looks, method, min_temporal_coherence, prescreen_sigmas)
     if stack.attrs.get(POSITIONS_ATTR) == "orbits":  # geocoded at the points, as the PS are
         stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     shp = select_shp(stack, window=window, alpha=alpha, min_looks=min_looks)
-    linked = phase_linking(stack, shp, method=method, device=device)
+    linked = phase_linking(stack, shp, method=method, prescreen_sigmas=prescreen_sigmas,
+                           device=device)
     phase = linked["phase"].data
     chunks = phase.chunks
     timed_names = [name for name in ("h2ph",) if name in stack.data_vars]
@@ -217,18 +256,24 @@ def ds_selection(
     results = dask.compute(*tasks)
     parts = {key: np.concatenate([r[0][key] for r in results]) for key in results[0][0]}
     n_candidates = sum(r[1] for r in results)
+    n_linked = sum(r[2] for r in results)
     points = _ds_points(stack, parts, timed_names, coord_names)
     step = (f"ds_selection(window={list(window)}, alpha={alpha}, min_looks={min_looks}, "
-            f"method={method!r}, min_temporal_coherence={min_temporal_coherence})")
+            f"method={method!r}, min_temporal_coherence={min_temporal_coherence}, "
+            f"prescreen_sigmas={prescreen_sigmas})")
     points.attrs |= {"history": f"{stack.attrs.get('history', '')}\n{step}".strip(),
                      "n_ds": int(points.sizes["space"]), "n_ds_candidates": int(n_candidates),
+                     "n_ds_linked": int(n_linked),
                      "ds_window": list(window), "ds_alpha": float(alpha),
                      "ds_min_looks": int(min_looks), "ds_method": method,
                      "ds_min_temporal_coherence": float(min_temporal_coherence),
                      "shp_effective_epochs": float(shp["shp_effective_epochs"].values)}
-    logger.info("ds_selection: %d DS of %d candidates (%d looks or more of a %d x %d window) "
-                "with linked-phase coherence >= %g", points.sizes["space"], n_candidates,
-                min_looks, *window, min_temporal_coherence)
+    if prescreen_sigmas is not None:  # no attribute when off (attributes hold no None)
+        points.attrs["ds_prescreen_sigmas"] = float(prescreen_sigmas)
+    logger.info("ds_selection: %d DS of %d candidates (%d looks or more of a %d x %d window; "
+                "%d linked after the pre-screen) with linked-phase coherence >= %g",
+                points.sizes["space"], n_candidates, min_looks, *window, n_linked,
+                min_temporal_coherence)
     return with_cf_attributes(geocode_points(points))
 
 

@@ -1,0 +1,128 @@
+"""``ds_selection``'s pre-screen and mini-stacks, against linking every candidate of all epochs.
+
+Run: ``python benchmarks/bench_ds_selection.py [prescreen] [relation] [ministack]``.
+
+- ``prescreen``: ms a pixel of ``ds_selection`` with the pre-screen (``prescreen_sigmas`` 3) and
+  without (None), best of two rounds each, and the DS found / false against the truth, on the
+  tests' mixed scene (``tests/scenes.py::MIXED_SCENE``) and on a scene of mostly decorrelated
+  background (128 x 128 pixels, one 20 x 20 DS patch, 30 epochs).
+- ``relation``: the pre-screen's proxy (short-lag coherence) against the temporal coherence of
+  the EMI-linked phase, on simulated pixels of exponential coherence models (the default
+  ``g0`` 0.7, ``g_inf`` 0.2 and weaker ones) and on pure noise: the smallest proxy among the
+  pixels accepted at temporal coherence 0.6, the noise's largest, and the bound.
+- ``ministack``: peak memory (``ru_maxrss`` above the start, a fresh child process per case)
+  and linked-phase RMSE against the Cramér-Rao bound of ``ds_selection`` with and without
+  mini-stacks, at 30, 60 and 120 epochs.
+
+Nothing is asserted; figures go to docs/steps/distributed.md and docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+NOISE_SCENE = {"shape": (128, 128), "n_epochs": 30, "seed": 7, "ps_fraction": 0.01,
+               "ds_regions": 1, "ds_region_size": 20}
+
+
+def _counts(ds, truth) -> tuple[int, int, int]:
+    true = truth["ds_mask"].values
+    found = true[ds["azimuth"].values, ds["range"].values]
+    return int(true.sum()), int(found.sum()), int((~found).sum())
+
+
+def prescreen() -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    from depsi.processing.scatterers import DEFAULT_PRESCREEN_SIGMAS, ds_selection
+    from depsi.simulate import simulate_stack
+    from scenes import MIXED_SCENE, mixed_scene
+
+    noise = simulate_stack(**NOISE_SCENE)
+    scenes = {"mixed (tests/scenes.py)": mixed_scene(),
+              "mostly noise": tuple(x.compute() for x in noise)}
+    print(f"scene | pixels | prescreen | ms/pixel | linked of candidates | true | found | false"
+          f"  (mixed scene: {MIXED_SCENE})")
+    for name, (stack, truth) in scenes.items():
+        pixels = stack.sizes["azimuth"] * stack.sizes["range"]
+        times = {}
+        for sigmas in (None, DEFAULT_PRESCREEN_SIGMAS):
+            best = np.inf
+            for _ in range(2):
+                start = time.perf_counter()
+                ds = ds_selection(stack, prescreen_sigmas=sigmas)
+                best = min(best, time.perf_counter() - start)
+            times[sigmas] = best
+            true, found, false = _counts(ds, truth)
+            print(f"{name} | {pixels} | {sigmas} | {best / pixels * 1e3:.3f} | "
+                  f"{ds.attrs['n_ds_linked']} of {ds.attrs['n_ds_candidates']} | {true} | "
+                  f"{found} | {false}")
+        print(f"  {name}: pre-screen speed-up {times[None] / times[DEFAULT_PRESCREEN_SIGMAS]:.1f}x")
+
+
+def _proxy(looks) -> np.ndarray:
+    power = (np.abs(looks) ** 2).sum(axis=1)
+    cross = np.abs((looks[:, :, :-1] * np.conj(looks[:, :, 1:])).sum(axis=1))
+    return (cross / np.sqrt(power[:, :-1] * power[:, 1:])).mean(axis=1)
+
+
+def relation(n_pixels: int = 2000) -> None:
+    from depsi.kernels.backend import single_threaded_blas
+    from depsi.kernels.phase_linking import (
+        link_phases,
+        sample_coherence,
+        short_lag_noise_threshold,
+        temporal_coherence,
+    )
+    from depsi.processing.scatterers import (
+        DEFAULT_MIN_TEMPORAL_COHERENCE,
+        DEFAULT_PRESCREEN_SIGMAS,
+    )
+    from depsi.simulate.ds import circular_gaussian_looks, exponential_coherence
+
+    rng = np.random.default_rng(1)
+    models = [(0.0, 0.0), (0.4, 0.0), (0.5, 0.0), (0.4, 0.1), (0.5, 0.1), (0.6, 0.1),
+              (0.5, 0.2), (0.7, 0.2), (0.9, 0.4)]
+    print("epochs | looks | g0 | g_inf | accepted | proxy median | min proxy accepted | "
+          "max proxy | bound | accepted lost | noise passed")
+    with single_threaded_blas():
+        for n_epochs in (30, 60):
+            for looks in (20, 50, 121):
+                bound = float(short_lag_noise_threshold(looks, n_epochs,
+                                                        DEFAULT_PRESCREEN_SIGMAS))
+                for gamma0, gamma_inf in models:
+                    coherence = (np.eye(n_epochs) if gamma0 == 0 else exponential_coherence(
+                        np.arange(n_epochs) * 12.0, gamma0=gamma0, gamma_inf=gamma_inf))
+                    phase = rng.uniform(-np.pi, np.pi, n_epochs)
+                    samples = circular_gaussian_looks(coherence, phase, (n_pixels, looks), rng)
+                    gamma, _ = sample_coherence(samples)
+                    linked, _ = link_phases(gamma)
+                    accepted = temporal_coherence(gamma, linked) >= DEFAULT_MIN_TEMPORAL_COHERENCE
+                    proxy = _proxy(samples)
+                    lowest = proxy[accepted].min() if accepted.any() else np.nan
+                    print(f"{n_epochs} | {looks} | {gamma0} | {gamma_inf} | "
+                          f"{accepted.mean():.3f} | {np.median(proxy):.3f} | {lowest:.3f} | "
+                          f"{proxy.max():.3f} | {bound:.3f} | "
+                          f"{int((accepted & (proxy <= bound)).sum())} | "
+                          f"{(proxy > bound).mean():.4f}")
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv: list[str]) -> None:
+    parts = argv or ["prescreen", "relation"]
+    for part in parts:
+        print(f"## {part}")
+        {"prescreen": prescreen, "relation": relation}[part]()
+
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn", force=True)
+    main(sys.argv[1:])

@@ -14,6 +14,8 @@ records:
   how many cores the run had;
 - ``driver_peak`` and ``worker_peak``: the driver's RSS peak during the step, sampled every
   ``--sample-s`` s, and the largest worker's, sampled by a thread in each worker;
+- ``held_bytes``: the data the workers hold at the step's end, all workers together (their
+  managed memory: the persisted chunks the next steps read);
 - ``out_bytes``: what the workers sent during the step (``Worker.transfer_outgoing_bytes_total``:
   every ``get_data`` answer, to another worker or to the driver's gather), the traffic that
   crosses the network between nodes on a real cluster.
@@ -84,7 +86,8 @@ def _worker_figures(dask_worker) -> dict:
     """The worker's peak RSS since the last call, its CPU seconds and bytes sent so far."""
     peak = getattr(dask_worker, "_capacity_peak", None)
     return {"peak": peak.mark() if peak is not None else -1, "cpu": _cpu_seconds(),
-            "out": int(dask_worker.transfer_outgoing_bytes_total)}
+            "out": int(dask_worker.transfer_outgoing_bytes_total),
+            "held": int(dask_worker.state.nbytes)}
 
 
 class _Steps:
@@ -113,12 +116,14 @@ class _Steps:
         entry = {"step": name, "wall_s": wall, "driver_cpu_s": driver_cpu,
                  "workers_cpu_s": workers_cpu, "driver_peak": self.sampler.mark(),
                  "worker_peak": max(f["peak"] for f in now.values()),
-                 "out_bytes": out_bytes, "workers": len(now)}
+                 "out_bytes": out_bytes, "held_bytes": sum(f["held"] for f in now.values()),
+                 "workers": len(now)}
         self.last = now
         self.steps.append(entry)
         print(f"  {name:14s} {wall:7.1f} s  cpu {driver_cpu:7.1f} + {workers_cpu:7.1f} s  "
               f"driver {entry['driver_peak'] / GB:5.2f} GB  worker "
-              f"{entry['worker_peak'] / GB:5.2f} GB  out {out_bytes / 1e6:8.1f} MB", flush=True)
+              f"{entry['worker_peak'] / GB:5.2f} GB  held {entry['held_bytes'] / GB:5.2f} GB  "
+              f"out {out_bytes / 1e6:8.1f} MB", flush=True)
         return out
 
 
@@ -151,8 +156,9 @@ def table(rows: list[dict]) -> str:
     """Markdown: per step and size, CPU-seconds per point (driver + workers), the driver's and
     the busiest worker's peak, and the bytes out of the workers per point."""
     head = ("| step | points | CPU us/point (driver + workers) | driver peak GB "
-            "(B/point above its start) | worker peak GB | out of workers B/point | wall s |")
-    lines = [head, "|---|---|---|---|---|---|---|"]
+            "(B/point above its start) | worker peak GB | held on workers B/point "
+            "| out of workers B/point | wall s |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         n = row["n_points"]
         for s in row["steps"]:
@@ -161,13 +167,15 @@ def table(rows: list[dict]) -> str:
                 f"| {s['step']} | {n:,} | {cpu:.1f} ({s['driver_cpu_s'] / n * 1e6:.1f} + "
                 f"{s['workers_cpu_s'] / n * 1e6:.1f}) | {s['driver_peak'] / GB:.2f} "
                 f"({(s['driver_peak'] - row['driver_base']) / n:,.0f}) | "
-                f"{s['worker_peak'] / GB:.2f} | {s['out_bytes'] / n:,.0f} | "
+                f"{s['worker_peak'] / GB:.2f} | {s['held_bytes'] / n:,.0f} | "
+                f"{s['out_bytes'] / n:,.0f} | "
                 f"{s['wall_s']:.1f} |")
         total = sum(s["driver_cpu_s"] + s["workers_cpu_s"] for s in row["steps"])
         peak = max(s["driver_peak"] for s in row["steps"])
         lines.append(f"| **chain** | {n:,} | {total / n * 1e6:.1f} | {peak / GB:.2f} "
                      f"({(peak - row['driver_base']) / n:,.0f}) | "
                      f"{max(s['worker_peak'] for s in row['steps']) / GB:.2f} | "
+                     f"{max(s['held_bytes'] for s in row['steps']) / n:,.0f} | "
                      f"{sum(s['out_bytes'] for s in row['steps']) / n:,.0f} | "
                      f"{row['chain_wall_s']:.1f} |")
     return "\n".join(lines)

@@ -146,3 +146,50 @@ def test_a_stage_on_dask_series_stays_lazy_and_gives_the_in_memory_numbers(stage
                                        err_msg=name)
         else:
             np.testing.assert_array_equal(got[name].values, var.values, err_msg=name)
+
+
+# ------------------------------------------------------- integration: the tiles as tasks
+def _tiled_network(monkeypatch):
+    """Points, arcs with planted cycle slips, and TILE_POINTS lowered so the network is tested
+    in 4 tiles (the whole-network solve follows)."""
+    from depsi.processing import arc_testing
+    from depsi.processing.arcs import estimate_arcs
+    from depsi.processing.network import form_network
+    from scenes import simulated_points
+
+    points, _ = simulated_points(aps_std=0.0)
+    arcs = estimate_arcs(form_network(points, method="redundant")).compute()
+    bad = np.random.default_rng(5).choice(arcs.sizes["arc"], 12, replace=False)
+    ambiguity = arcs["ambiguity"].values.copy()
+    ambiguity[bad, -8:] += 1
+    arcs = arcs.assign(ambiguity=(arcs["ambiguity"].dims, ambiguity))
+    monkeypatch.setattr(arc_testing, "TILE_POINTS", points.sizes["space"] // 4)
+    return points, arcs, bad
+
+
+@pytest.mark.slow  # a LocalCluster
+def test_the_tiles_w_tests_run_as_tasks_on_a_cluster_and_decide_as_the_threads_do(
+        monkeypatch, caplog):
+    """On a distributed scheduler each tile's w-test is a task on the workers (the driver
+    cuts the tile's sub-network and receives its decisions); the arcs it rejects, their
+    redundancy numbers and the network's solution are those of the threads, bit for bit."""
+    import logging
+
+    from depsi.processing.integration import integrate_network
+
+    points, arcs, bad = _tiled_network(monkeypatch)
+    with scheduler(scheduler="threads", threads=2):
+        expected, expected_arcs = integrate_network(points, arcs, return_arcs=True)
+    with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
+        with caplog.at_level(logging.INFO, logger="depsi.processing.arc_testing"):
+            got, got_arcs = integrate_network(points, arcs, return_arcs=True)
+        assert "tiles as tasks" in caplog.text
+        assert running.client.run_on_scheduler(
+            lambda dask_scheduler: sum(1 for key in dask_scheduler.task_prefixes
+                                       if "depsi-tile" in key)) > 0
+    assert (got_arcs.arc_removal_reason.values[bad] == 2).all()
+    np.testing.assert_array_equal(got_arcs.arc_removal_reason.values,
+                                  expected_arcs.arc_removal_reason.values)
+    np.testing.assert_array_equal(got_arcs.w_statistic.values, expected_arcs.w_statistic.values)
+    for name, var in expected.variables.items():
+        np.testing.assert_array_equal(got[name].values, var.values, err_msg=name)

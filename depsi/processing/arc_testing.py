@@ -9,6 +9,7 @@ iteration is chosen by :mod:`depsi.processing.datum`.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -17,6 +18,7 @@ from scipy.sparse.csgraph import connected_components
 from depsi.processing.datum import _choose_reference, _point_quality
 from depsi.processing.network import cell_keys, worker_threads
 from depsi.processing.network_solver import ARC_BLOCK, _NetworkSolve
+from depsi.stm.dask_tools import workers_client
 
 logger = logging.getLogger(__name__)
 
@@ -204,11 +206,28 @@ def _tile_waves(tiles: np.ndarray, cell: float, margin: float) -> list[np.ndarra
     return [wave for wave in waves if len(wave)]
 
 
-def _test_tile(tile, *, low, cell, margin, positions, source, target, arc_ok, weights, rhs,
-               coherence, sd, critical, max_iterations, tile_of_arc):
-    """One tile's w-test on its sub-network (its points and the margin around it). Returns
-    ``(own arcs, their redundancy numbers, own arcs rejected)`` or None when the tile is too
-    weak to test on its own; reads ``arc_ok`` and writes nothing shared."""
+class _SubNetwork(NamedTuple):
+    """One tile's sub-network (its points and the margin around it), in its own numbering:
+    what :func:`_test_subnetwork` needs, and nothing of the whole network (a task's payload
+    on a cluster)."""
+
+    source: np.ndarray
+    target: np.ndarray
+    weights: np.ndarray
+    rhs: np.ndarray
+    positions: np.ndarray
+    coherence: np.ndarray
+    sd: tuple
+    own: np.ndarray  # which of its arcs the tile decides on (midpoint in the tile)
+    critical: float
+    max_iterations: int
+
+
+def _tile_subnetwork(tile, *, low, cell, margin, positions, source, target, arc_ok, weights,
+                     rhs, coherence, sd, critical, max_iterations, tile_of_arc):
+    """``(members, sub-network)`` of one tile: the arcs still kept with both ends in the tile
+    and its margin (indices into the network's arcs) and their :class:`_SubNetwork`; None
+    where fewer than 3 arcs are."""
     n = len(positions)
     lo, hi = low + tile * cell - margin, low + (tile + 1) * cell + margin
     inside = np.all((positions >= lo) & (positions < hi), axis=1)
@@ -218,19 +237,83 @@ def _test_tile(tile, *, low, cell, margin, positions, source, target, arc_ok, we
     points = np.unique(np.concatenate([source[members], target[members]]))
     local = np.full(n, -1, dtype=np.int64)
     local[points] = np.arange(points.size)
-    reason = np.zeros(members.size, dtype=np.int8)
+    return members, _SubNetwork(
+        local[source[members]], local[target[members]], weights[members], rhs[members],
+        positions[points], coherence[members],
+        tuple(np.broadcast_to(v, source.shape)[members] for v in sd),
+        np.all(tile_of_arc[members] == tile, axis=1), critical, max_iterations)
+
+
+def _test_subnetwork(sub: _SubNetwork):
+    """The w-test of one tile's sub-network: ``(redundancy numbers of its own arcs, which of
+    its own arcs were rejected)``, or None when the tile is too weak to test on its own. A
+    pure function of ``sub``: on a thread or on a worker it gives the same numbers."""
+    n_arcs = len(sub.source)
+    reason = np.zeros(n_arcs, dtype=np.int8)
     try:
         *_, tile_redundancy, _, _ = _test_arcs(
-            local[source[members]], local[target[members]],
-            np.ones(members.size, dtype=bool), reason, weights[members], rhs[members],
-            points.size, None, positions[points], coherence[members],
-            tuple(np.broadcast_to(v, source.shape)[members] for v in sd), critical,
-            max_iterations)
+            sub.source, sub.target, np.ones(n_arcs, dtype=bool), reason, sub.weights,
+            sub.rhs, len(sub.positions), None, sub.positions, sub.coherence, sub.sd,
+            sub.critical, sub.max_iterations)
     except ValueError as err:  # a tile too weak to test on its own
-        logger.debug("tile %s not tested: %s", tile.tolist(), err)
+        logger.debug("tile not tested: %s", err)
         return None
-    own = np.all(tile_of_arc[members] == tile, axis=1)
-    return members[own], tile_redundancy[own], members[(reason == 2) & own]
+    return tile_redundancy[sub.own], (reason == 2)[sub.own]
+
+
+def _test_tile(tile, **network):
+    """One tile's w-test on its sub-network (:func:`_tile_subnetwork`). Returns
+    ``(own arcs, their redundancy numbers, own arcs rejected)`` or None when the tile is too
+    weak to test on its own; reads ``arc_ok`` and writes nothing shared."""
+    selected = _tile_subnetwork(tile, **network)
+    if selected is None:
+        return None
+    members, sub = selected
+    return _tile_outcome(members[sub.own], _test_subnetwork(sub))
+
+
+def _tile_outcome(own, tested):
+    """:func:`_test_subnetwork`'s answer in the network's arc numbers (``own``: the tile's
+    own arcs)."""
+    if tested is None:
+        return None
+    redundancy, rejected = tested
+    return own, redundancy, own[rejected]
+
+
+#: On a cluster, at most this many tiles a worker thread are on their way or running at once
+#: (each a payload of its arcs' right-hand sides, about 20 MB at 60 epochs): the driver's
+#: memory follows the cluster's size, not the wave's.
+TILES_IN_FLIGHT = 2
+
+
+def _tiles_on_workers(client, wave, test_kwargs):
+    """A wave's tiles as tasks on ``client``'s workers (:func:`_test_subnetwork`), at most
+    :data:`TILES_IN_FLIGHT` a worker thread submitted at a time; the outcomes in the wave's
+    order, as :func:`_test_tile` gives them. The driver cuts each sub-network and receives
+    only the tile's decisions."""
+    from distributed import wait
+
+    threads = max(1, sum(client.nthreads().values()))
+    limit = TILES_IN_FLIGHT * threads
+    outcomes = [None] * len(wave)
+    running = {}  # future -> (index in the wave, the tile's own arcs)
+    for index, tile in enumerate(wave):
+        selected = _tile_subnetwork(tile, **test_kwargs)
+        if selected is not None:
+            members, sub = selected
+            [payload] = client.scatter([sub], hash=False)
+            future = client.submit(_test_subnetwork, payload, pure=False,
+                                   key=f"depsi-tile-{tile[0]}-{tile[1]}-{payload.key}")
+            running[future] = (index, members[sub.own])
+            del payload, sub  # the worker holds it now
+        while len(running) >= limit or (running and index == len(wave) - 1):
+            done = wait(list(running), return_when="FIRST_COMPLETED").done
+            for future in done:
+                index_done, own = running.pop(future)
+                outcomes[index_done] = _tile_outcome(own, future.result())
+                future.release()
+    return outcomes
 
 
 def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence,
@@ -244,7 +327,9 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     arcs the waves before it rejected; the result does not depend on the number of threads.
     (A tile's factorisation and solves are QDLDL's,
     :class:`~depsi.processing.network_solver._LDL`, which releases the GIL: they run on every
-    core.)
+    core.) On a distributed scheduler (:func:`~depsi.stm.dask_tools.workers_client`) the
+    wave's tiles are tasks on the workers instead (:func:`_tiles_on_workers`): the same
+    numbers, and the driver holds no tile's factorisation or temporaries.
     Returns the updated ``arc_ok``, the number of arcs the tiles rejected, and each arc's
     redundancy number in its own tile (0 where its tile could not be tested)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -261,18 +346,21 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     used = tile_of_arc[arc_ok]
     tiles = used[np.unique(cell_keys(used), return_index=True)[1]]
     waves = _tile_waves(tiles, cell, margin)
-    workers = worker_threads()
+    client = workers_client()
+    workers = worker_threads() if client is None else sum(client.nthreads().values())
     rejected = 0
     redundancy = np.zeros(len(source))
-    test = partial(_test_tile, low=low, cell=cell, margin=margin, positions=positions,
-                   source=source, target=target, arc_ok=arc_ok, weights=weights, rhs=rhs,
-                   coherence=coherence, sd=sd, critical=critical,
-                   max_iterations=max_iterations, tile_of_arc=tile_of_arc)
+    network = {"low": low, "cell": cell, "margin": margin, "positions": positions,
+               "source": source, "target": target, "arc_ok": arc_ok, "weights": weights,
+               "rhs": rhs, "coherence": coherence, "sd": sd, "critical": critical,
+               "max_iterations": max_iterations, "tile_of_arc": tile_of_arc}
     with ThreadPoolExecutor(max(1, min(workers, max(map(len, waves), default=1)))) as pool:
         for wave in waves:  # a few dozen tiles, each a network of about TILE_POINTS points
             # the wave's tiles share no arc: they read arc_ok while the others run, and their
             # decisions are applied when the whole wave is done
-            for outcome in list(pool.map(test, wave)):
+            outcomes = (list(pool.map(partial(_test_tile, **network), wave)) if client is None
+                        else _tiles_on_workers(client, wave, network))
+            for outcome in outcomes:
                 if outcome is None:
                     continue
                 own, own_redundancy, removed = outcome
@@ -281,7 +369,8 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
                 arc_reason[removed] = 2
                 rejected += removed.size
     logger.info("integration: %d arcs rejected by the w-test in %d tiles of %.0f m (%d waves, "
-                "%d threads)", rejected, len(tiles), cell, len(waves), workers)
+                "%d %s)", rejected, len(tiles), cell, len(waves), workers,
+                "threads" if client is None else "worker threads, tiles as tasks")
     return arc_ok, rejected, redundancy
 
 

@@ -148,6 +148,7 @@ def child(folder: Path, out: Path, workers: int, memory_limit: str, every: float
         del result
     sampler.stop()
     out.write_text(json.dumps({"steps": record.steps, "chain_wall_s": chain_s,
+                               "driver_base": record.base,
                                "n_result": n_result, "workers": workers,
                                "memory_limit": memory_limit}))
 

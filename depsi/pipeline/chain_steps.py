@@ -446,8 +446,11 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
 def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                devices: Devices) -> xr.Dataset:
     release_memory()
-    others = np.setdiff1d(np.arange(points.sizes["space"]),
-                          first["point_index"].values[first["in_network"].values])
+    # the points outside the network, by a mask (np.setdiff1d's hash-based unique took 4 s of
+    # the driver at 10^6 points with NumPy 2.4; this takes milliseconds)
+    outside = np.ones(points.sizes["space"], dtype=bool)
+    outside[first["point_index"].values[first["in_network"].values]] = False
+    others = np.flatnonzero(outside)
     if not others.size:
         return with_cf_attributes(result_view(first.isel(space=slice(0, 0)), order=2))
     terms = _terms(config, first)

@@ -36,6 +36,7 @@ from depsi.kernels.phase_linking import (
     short_lag_coherence,
     short_lag_noise_threshold,
     temporal_coherence,
+    temporal_coherence_tile,
     window_offsets,
 )
 from depsi.processing.distributed import phase_linking, select_shp
@@ -268,21 +269,80 @@ def test_short_lag_coherence_is_the_superdiagonal_of_the_sample_coherence():
     np.testing.assert_allclose(proxy[rows, cols], expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("n_looks", "n_epochs"), [(20, 30), (121, 60)])
+@pytest.mark.parametrize(("n_looks", "n_epochs"), [(20, 30), (121, 30)])
 def test_prescreen_bound_passes_few_pixels_without_coherence(n_looks, n_epochs):
     """Pure noise: the proxy's mean is the Beta(1, L - 1) model's ``E|g|`` within its standard
     error, and at 3 standard deviations at most 1 % of the pixels pass (0.13 % for a normal
     tail; the mean of magnitudes is skewed a little, measured 0.1-0.35 %)."""
     rng = np.random.default_rng(11)
-    n_pixels = 3000
-    looks = circular_gaussian_looks(np.eye(n_epochs), np.zeros(n_epochs), (n_pixels, n_looks),
-                                    rng)
-    gamma, _ = sample_coherence(looks)
-    proxy = np.abs(np.diagonal(gamma, offset=1, axis1=1, axis2=2)).mean(axis=1)
+    n_pixels = 2000
+    looks = ((rng.standard_normal((n_pixels, n_looks, n_epochs))
+              + 1j * rng.standard_normal((n_pixels, n_looks, n_epochs))) / np.sqrt(2.0))
+    power = (np.abs(looks) ** 2).sum(axis=1)
+    cross = np.abs((looks[..., :-1] * np.conj(looks[..., 1:])).sum(axis=1))
+    proxy = (cross / np.sqrt(power[:, :-1] * power[:, 1:])).mean(axis=1)
     mean = short_lag_noise_threshold(n_looks, n_epochs, 0.0)
     std = (short_lag_noise_threshold(n_looks, n_epochs, 1.0) - mean)
     assert abs(proxy.mean() - mean) < 4 * std / np.sqrt(n_pixels)
     assert (proxy > short_lag_noise_threshold(n_looks, n_epochs, 3.0)).mean() < 0.01
+
+
+def test_temporal_coherence_in_tiles_is_the_full_one():
+    """Summed over every pair of epoch groups, less the diagonal, the tiles give
+    temporal_coherence of the whole T x T sample coherence (the mini-stack path's acceptance is
+    the full linking's)."""
+    rng = np.random.default_rng(8)
+    n_epochs = 13
+    coherence = exponential_coherence(np.arange(n_epochs) * 12.0)
+    looks = circular_gaussian_looks(coherence, rng.uniform(-3, 3, n_epochs), (20, 30), rng)
+    weights = rng.random((20, 30)) < 0.8
+    phase = rng.uniform(-np.pi, np.pi, (20, n_epochs)).astype(np.float32)
+    gamma, _ = sample_coherence(looks, weights)
+    groups = [(0, 5), (5, 10), (10, 13)]
+    total = sum(temporal_coherence_tile(looks[..., a0:a1], looks[..., b0:b1], phase[:, a0:a1],
+                                        phase[:, b0:b1], weights)
+                for a0, a1 in groups for b0, b1 in groups)
+    np.testing.assert_allclose((total - n_epochs) / (n_epochs * (n_epochs - 1)),
+                               temporal_coherence(gamma, phase), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_ministack_linking_of_a_stack_is_the_full_one_within_the_bound():
+    """Mini-stacks of 10 of 40 epochs against all at once, same SHP: the two estimates of one
+    truth differ by at most what two estimators each within 1.2x the Cramér-Rao bound (at the
+    true coherence and the SHP count) can, sqrt(2) 1.2 CRB in RMS; and each is within 1.2x of
+    the other's error to the truth."""
+    stack, truth = simulate_ds_stack(shape=(24, 36), n_epochs=40, seed=4)
+    stack = stack.compute()
+    shp = select_shp(stack, window=(7, 7), min_looks=10).compute()
+    with threadpool_limits(1):  # small eigenproblems: BLAS threads only spin
+        full = phase_linking(stack, shp).compute()
+        sequential = phase_linking(stack, shp, ministack=10).compute()
+    assert sequential.attrs["ministack"] == 10
+    linked = np.isfinite(full["temporal_coherence"].values)
+    np.testing.assert_array_equal(np.isfinite(sequential["temporal_coherence"].values), linked)
+    looks = shp["shp_count"].values[linked].astype(float)
+    variance = cramer_rao_bound(np.broadcast_to(truth["coherence"].values,
+                                                (looks.size, 40, 40)), looks)
+    crb = np.sqrt(np.mean(variance[:, 1:]))
+    difference = wrap_phase(sequential["phase"].values[linked] - full["phase"].values[linked])
+    assert (difference[:, 0] == 0).all()  # one datum: the first epoch
+    assert np.sqrt(np.mean(difference[:, 1:] ** 2)) <= np.sqrt(2.0) * CRB_FACTOR * crb
+    errors = [np.sqrt(np.mean(wrap_phase(d["phase"].values[linked]
+                                         - truth["phase"].values[linked])[:, 1:] ** 2))
+              for d in (full, sequential)]
+    assert errors[1] <= CRB_FACTOR * errors[0] and errors[0] <= CRB_FACTOR * errors[1]
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"ministack": 1}, "ministack: expected at least 2"),
+    ({"ministack": 10, "reference": 3}, "expected reference 0"),
+])
+def test_ministack_linking_refuses_what_it_cannot_do(kwargs, match):
+    stack, _ = simulate_ds_stack(shape=(12, 12), n_epochs=6)
+    shp = select_shp(stack, window=(3, 3), min_looks=3)
+    with pytest.raises(ValueError, match=match):
+        phase_linking(stack, shp, **kwargs)
 
 
 # ----------------------------------------------------------------------------- NumPy / CuPy

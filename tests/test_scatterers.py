@@ -174,6 +174,7 @@ def test_merge_refuses_points_of_another_stack_or_twice(small, small_ds):
     ({"method": "mle"}, "method"),
     ({"min_temporal_coherence": 1.0}, "min_temporal_coherence"),
     ({"prescreen_sigmas": -1.0}, "prescreen_sigmas: expected >= 0"),
+    ({"ministack": 1}, "ministack: expected at least 2"),
 ])
 def test_ds_selection_refuses_bad_arguments_before_work(small, kwargs, match):
     stack, _ = small
@@ -212,6 +213,27 @@ def test_prescreen_sigmas_is_validated_by_the_config():
     assert DSConfig(prescreen_sigmas=None).prescreen_sigmas is None
     with pytest.raises(ValidationError, match="prescreen_sigmas"):
         DSConfig(prescreen_sigmas=-0.5)
+
+
+def test_ministack_is_validated_by_the_config():
+    from pydantic import ValidationError
+
+    assert DSConfig().ministack is None  # all epochs at once unless asked
+    assert DSConfig(ministack=15).ministack == 15
+    with pytest.raises(ValidationError, match="ministack"):
+        DSConfig(ministack=1)
+
+
+def test_ds_selection_by_ministacks_finds_the_same_ds(small, small_ds):
+    """Mini-stacks of 8 of the 20 epochs: the DS found are the full linking's but for pixels at
+    the acceptance's edge (within 2 %), at the same datum."""
+    stack, truth = small
+    sequential = ds_selection(stack, window=SMALL_WINDOW, ministack=8)
+    keys = [set(zip(d["azimuth"].values.tolist(), d["range"].values.tolist()))
+            for d in (small_ds, sequential)]
+    assert len(keys[0] ^ keys[1]) <= 0.02 * len(keys[0])
+    assert sequential.attrs["ds_ministack"] == 8
+    assert (sequential["phase"].values[:, 0] == 0).all()
 
 
 def test_a_merged_store_is_not_updated_by_epochs(small, small_ds, tmp_path):

@@ -335,6 +335,7 @@ DS_ALTERNATES = {
     "selection.ds.method": "evd",
     "selection.ds.min_temporal_coherence": 0.9,
     "selection.ds.prescreen_sigmas": 30.0,
+    "selection.ds.ministack": 5,
 }
 
 

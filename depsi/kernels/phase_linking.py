@@ -467,7 +467,7 @@ def phase_linking_bytes_per_pixel(n_epochs: int, n_cells: int) -> int:
 
 def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
                    weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
-                   bias_correction: bool = False):
+                   bias_correction: bool = False, return_coherence: bool = False):
     """One step of the sequential estimator (Ansari, De Zan and Bamler 2017, IEEE TGRS 55(10),
     5637-5652): link a mini-stack of new epochs beside the compressed SLCs of the earlier ones,
     and compress it.
@@ -488,6 +488,9 @@ def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
         ``(n_pixels, n_looks)`` SHP mask, as in :func:`sample_coherence`.
     method, weight_shrinkage, bias_correction
         As in :func:`link_phases` and :func:`sample_coherence`.
+    return_coherence
+        Also return the mini-stack's coherence matrices, its looks and the linking's
+        eigenvalues (for a bound or a quality figure of the step).
 
     Returns
     -------
@@ -495,6 +498,9 @@ def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
         ``(n_pixels, M)`` linked phase of the new epochs on the datum.
     compressed
         ``(n_pixels, n_looks, K + 1)``: the earlier compressed SLCs and this mini-stack's.
+    coherence, looks, eigenvalue
+        With ``return_coherence``: ``(n_pixels, K + M, K + M)`` over ``[compressed, new]``,
+        ``(n_pixels,)`` looks and ``(n_pixels,)`` as :func:`link_phases` gives them.
 
     Examples
     --------
@@ -509,13 +515,52 @@ def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
     looks = xp.asarray(looks)
     n_old = 0 if compressed is None else compressed.shape[-1]
     stack = looks if compressed is None else xp.concatenate([compressed, looks], axis=-1)
-    gamma, _ = sample_coherence(stack, weights, bias_correction=bias_correction)
-    phase, _ = link_phases(gamma, method=method, reference=0, weight_shrinkage=weight_shrinkage)
+    gamma, n_looks = sample_coherence(stack, weights, bias_correction=bias_correction)
+    phase, eigenvalue = link_phases(gamma, method=method, reference=0,
+                                    weight_shrinkage=weight_shrinkage)
     new = phase[:, n_old:]
     projector = xp.exp(-1j * new).astype(looks.dtype) / np.sqrt(looks.shape[-1])
     summary = xp.einsum("plm,pm->pl", looks, projector)[:, :, None]
     compressed = summary if compressed is None else xp.concatenate([compressed, summary], axis=-1)
+    if return_coherence:
+        return new, compressed, gamma, n_looks, eigenvalue
     return new, compressed
+
+
+def temporal_coherence_tile(looks_a, looks_b, phase_a, phase_b, weights=None):
+    """One tile of the temporal coherence of linked phases, summed: ``sum_ij Re exp(j arg
+    C_ij) exp(-j (theta_i - theta_j))`` over epochs ``i`` of ``looks_a`` and ``j`` of
+    ``looks_b``, ``C = sum_k w_k z_k z_k^H`` (only phases count, so no normalisation).
+
+    :func:`temporal_coherence` of a ``T``-epoch history is the sum over all tiles of pairs of
+    epoch groups, less the ``T`` diagonal terms, over ``T (T - 1)``: the mini-stack path forms
+    it in ``(n_pixels, M, M)`` pieces instead of one ``(n_pixels, T, T)`` matrix.
+
+    Parameters
+    ----------
+    looks_a, looks_b
+        ``(n_pixels, n_looks, M_a)`` and ``(n_pixels, n_looks, M_b)`` complex.
+    phase_a, phase_b
+        ``(n_pixels, M_a)`` and ``(n_pixels, M_b)`` linked phases on one datum.
+    weights
+        ``(n_pixels, n_looks)`` SHP mask; default all looks.
+
+    Examples
+    --------
+    >>> theta = np.array([[0.0, 0.4, -1.2]])
+    >>> z = np.exp(1j * theta)[:, None, :] * np.ones((1, 5, 1))
+    >>> float(temporal_coherence_tile(z, z, theta, theta)[0])  # 9 terms of 1
+    9.0
+    """
+    xp = array_namespace(looks_a, looks_b)
+    if weights is not None:
+        looks_a = looks_a * xp.asarray(weights).astype(looks_a.real.dtype)[..., None]
+    cross = xp.matmul(xp.swapaxes(looks_a, 1, 2), xp.conj(looks_b))
+    magnitude = xp.abs(cross)
+    unit = cross / xp.where(magnitude > 0, magnitude, 1.0)
+    rotor_a = xp.exp(1j * xp.asarray(phase_a)).astype(unit.dtype)
+    rotor_b = xp.exp(1j * xp.asarray(phase_b)).astype(unit.dtype)
+    return xp.real(xp.einsum("pi,pij,pj->p", xp.conj(rotor_a), unit, rotor_b))
 
 
 def sequential_phase_linking(ministacks, weights=None, *, method: str = "emi",

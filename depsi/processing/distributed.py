@@ -18,7 +18,14 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from depsi.kernels.backend import batch_size, parse_device, to_device, to_host, use_device
+from depsi.kernels.backend import (
+    array_namespace,
+    batch_size,
+    parse_device,
+    to_device,
+    to_host,
+    use_device,
+)
 from depsi.kernels.phase_linking import (
     DEFAULT_ALPHA,
     DEFAULT_WEIGHT_SHRINKAGE,
@@ -26,6 +33,7 @@ from depsi.kernels.phase_linking import (
     cramer_rao_bound,
     gather_neighbours,
     glrt_threshold,
+    link_ministack,
     link_phases,
     phase_linking_bytes_per_pixel,
     sample_coherence,
@@ -34,6 +42,7 @@ from depsi.kernels.phase_linking import (
     shp_glrt,
     shrink,
     temporal_coherence,
+    temporal_coherence_tile,
     window_offsets,
 )
 
@@ -283,10 +292,61 @@ def _screened(slc, shp, *, window, min_looks, prescreen_sigmas):
     return keep, proxy
 
 
+def _ministack_edges(n_epochs: int, ministack: int) -> list[tuple[int, int]]:
+    """The epochs ``[start, stop)`` of each mini-stack: ``ministack`` each, the last the rest."""
+    return [(k, min(k + ministack, n_epochs)) for k in range(0, n_epochs, ministack)]
+
+
+def _link_sequential(slc, rows, cols, weights, *, window, ministack, method, weight_shrinkage,
+                     bias_correction):
+    """Sequential phase linking of a batch of pixels, mini-stack by mini-stack: the looks of
+    one mini-stack (two for the temporal coherence's tiles) and ``(K + M)^2`` matrices at a
+    time, never ``T`` epochs of looks or a ``T x T`` matrix. Returns the linked phase, its
+    temporal coherence over every pair of epochs, the mean eigenvalue, the phase std and the
+    SHP intensity."""
+    xp = array_namespace(slc)
+    n_epochs = slc.shape[-1]
+    edges = _ministack_edges(n_epochs, ministack)
+
+    weights = xp.asarray(weights).astype(slc.real.dtype)
+
+    def looks_of(start, stop):
+        return gather_neighbours(slc[..., start:stop], rows, cols, window)
+
+    compressed, pieces = None, []
+    eigenvalues, variance, power, n_looks, diagonal = 0.0, 0.0, 0.0, None, 0
+    for start, stop in edges:
+        looks = looks_of(start, stop)
+        n_old = 0 if compressed is None else compressed.shape[-1]
+        new, compressed, gamma, n_looks, eigenvalue = link_ministack(
+            looks, compressed, weights, method=method, weight_shrinkage=weight_shrinkage,
+            bias_correction=bias_correction, return_coherence=True)
+        pieces.append(new)
+        eigenvalues = eigenvalues + eigenvalue / len(edges)
+        # the bound of the mini-stack's problem (its first compressed SLC fixed): the quality
+        # figure of its new epochs
+        variance = variance + cramer_rao_bound(gamma, n_looks, reference=0)[:, n_old:].sum(-1)
+        intensity = ((abs(looks) ** 2) * weights[..., None]).sum(axis=1)  # (pixels, M)
+        power = power + intensity.sum(axis=-1)
+        diagonal = diagonal + (intensity > 0).sum(axis=-1)  # the epochs with a phase
+    phase = xp.concatenate(pieces, axis=-1)
+    total = 0.0
+    for a, (start_a, stop_a) in enumerate(edges):
+        looks_a = looks_of(start_a, stop_a)
+        for start_b, stop_b in edges[a:]:
+            looks_b = looks_a if start_b == start_a else looks_of(start_b, stop_b)
+            tile = temporal_coherence_tile(looks_a, looks_b, phase[:, start_a:stop_a],
+                                           phase[:, start_b:stop_b], weights)
+            total = total + (tile if start_b == start_a else 2.0 * tile)
+    coherence = (total - diagonal) / (n_epochs * (n_epochs - 1))
+    return (phase, coherence.astype(phase.dtype), eigenvalues, variance / (n_epochs - 1),
+            power / (n_looks * n_epochs))
+
+
 def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, weight_shrinkage,
-                bias_correction, device, prescreen_sigmas):
-    """Phase linking of every DS candidate of a padded block that passes the pre-screen; NumPy
-    in, NumPy out."""
+                bias_correction, device, prescreen_sigmas, ministack):
+    """Phase linking of every DS candidate of a padded block that passes the pre-screen, all
+    epochs at once or mini-stack by mini-stack; NumPy in, NumPy out."""
     half_az, half_rg = _half(window)
     n_az, n_rg, n_epochs = slc.shape
     phase = np.full(slc.shape, np.nan, np.float32)
@@ -297,12 +357,28 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
     rows, cols = np.nonzero(keep)
     if rows.size == 0:
         return (phase, *outputs)
-    per_pixel = phase_linking_bytes_per_pixel(n_epochs, shp.shape[-1])
+    sequential = ministack is not None and ministack < n_epochs
+    if sequential:  # two mini-stacks of looks, the compressed SLCs, a (K + M)^2 problem
+        width = ministack + len(_ministack_edges(n_epochs, ministack))
+        per_pixel = phase_linking_bytes_per_pixel(width, shp.shape[-1]) + 16 * n_epochs
+    else:
+        per_pixel = phase_linking_bytes_per_pixel(n_epochs, shp.shape[-1])
     step = batch_size(per_pixel, device, max_items=rows.size)
     with use_device(device):
         slc_device = to_device(np.ascontiguousarray(slc), device)
         for start in range(0, rows.size, step):
             r, c = rows[start:start + step], cols[start:start + step]
+            if sequential:
+                results = _link_sequential(
+                    slc_device, r - half_az, c - half_rg, to_device(shp[r, c], device),
+                    window=window, ministack=ministack, method=method,
+                    weight_shrinkage=weight_shrinkage, bias_correction=bias_correction)
+                phase[r, c] = to_host(results[0])
+                for index, value in zip((0, 1, 2, 3), results[1:]):
+                    value = to_host(value)
+                    outputs[index][r, c] = np.sqrt(np.where(value > 0, value, np.nan)) \
+                        if index == 2 else value
+                continue
             looks = gather_neighbours(slc_device, r - half_az, c - half_rg, window)
             weights = to_device(shp[r, c], device)
             gamma, n_looks = sample_coherence(looks, weights, bias_correction=bias_correction)
@@ -322,6 +398,20 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
     return (phase, *outputs)
 
 
+def check_ministack(ministack, *, reference: int = 0, shrinkage: float = 0.0) -> None:
+    """A ValueError unless ``ministack`` is None or at least 2 epochs, with the sequential
+    estimator's datum (``reference`` 0) and no ``shrinkage``."""
+    if ministack is None:
+        return
+    if isinstance(ministack, bool) or int(ministack) != ministack or int(ministack) < 2:
+        raise ValueError(f"ministack: expected at least 2 epochs a mini-stack or None, found "
+                         f"{ministack!r}")
+    if reference != 0 or shrinkage:
+        raise ValueError(f"ministack: expected reference 0 and no shrinkage (the sequential "
+                         f"estimator's datum is the first epoch), found reference {reference!r},"
+                         f" shrinkage {shrinkage!r}")
+
+
 def phase_linking(
     stack: xr.Dataset,
     shp: xr.Dataset,
@@ -332,10 +422,19 @@ def phase_linking(
     weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
     bias_correction: bool = False,
     prescreen_sigmas: float | None = None,
+    ministack: int | None = None,
     device: str | None = None,
     variable: str = "complex",
 ) -> xr.Dataset:
     """Phase history of every DS candidate from its coherence matrix over its SHP.
+
+    With ``ministack``, each batch of pixels is linked mini-stack by mini-stack
+    (:func:`depsi.kernels.phase_linking.link_ministack`, the sequential estimator of Ansari,
+    De Zan and Bamler 2017): ``ministack`` epochs beside the compressed SLCs of the earlier
+    ones, so the looks held and the matrices solved are those of one mini-stack, not of every
+    epoch. The temporal coherence is the full one (every pair of epochs, against the sample
+    coherence phases), summed tile by tile; ``phase_std`` is each mini-stack's bound with its
+    first compressed SLC fixed, and ``eigenvalue`` the mean over the mini-stacks.
 
     With ``prescreen_sigmas``, a candidate is linked only when its short-lag coherence (the mean
     magnitude of its SHP-averaged interferograms of consecutive epochs,
@@ -371,6 +470,9 @@ def phase_linking(
     prescreen_sigmas
         The pre-screen's margin over the noise, in standard deviations of the short-lag
         coherence at zero coherence; None (default): every candidate is linked.
+    ministack
+        Epochs a mini-stack; None (default): all epochs at once. Only with ``reference`` 0
+        and no ``shrinkage``.
     device
         Where the kernels run (``"cpu"``, ``"cuda:0"``, ...); default the CPU. Blocks move to
         the device and back once each.
@@ -405,6 +507,7 @@ def phase_linking(
     if prescreen_sigmas is not None and not float(prescreen_sigmas) >= 0:
         raise ValueError(f"prescreen_sigmas: expected >= 0 standard deviations or None, found "
                          f"{prescreen_sigmas!r}")
+    check_ministack(ministack, reference=reference, shrinkage=shrinkage)
     window = tuple(int(w) for w in shp.attrs["window"])
     half = _half(window)
     data = stack[variable].transpose("azimuth", "range", "time").data
@@ -424,7 +527,7 @@ def phase_linking(
         weight_shrinkage=float(weight_shrinkage),
         bias_correction=bool(bias_correction), device=parse_device(device or "cpu"),
         prescreen_sigmas=None if prescreen_sigmas is None else float(prescreen_sigmas),
-        vectorize=False,
+        ministack=None if ministack is None else int(ministack), vectorize=False,
         meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 5)
     phase, coherence, eigenvalue, phase_std, intensity, proxy = (_trimmed(r, half)
                                                                  for r in results)
@@ -444,4 +547,5 @@ def phase_linking(
         attrs={"phase_linking": method, "reference_time": str(stack["time"].values[reference]),
                "shrinkage": float(shrinkage), "weight_shrinkage": float(weight_shrinkage),
                "bias_correction": int(bias_correction), "window": list(window)}
-        | ({} if prescreen_sigmas is None else {"prescreen_sigmas": float(prescreen_sigmas)}))
+        | ({} if prescreen_sigmas is None else {"prescreen_sigmas": float(prescreen_sigmas)})
+        | ({} if ministack is None else {"ministack": int(ministack)}))

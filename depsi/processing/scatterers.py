@@ -28,6 +28,7 @@ from depsi.kernels.phase_linking import DEFAULT_ALPHA, METHODS, window_offsets
 from depsi.processing.distributed import (
     DEFAULT_MIN_LOOKS,
     DEFAULT_WINDOW,
+    check_ministack,
     phase_linking,
     select_shp,
 )
@@ -72,6 +73,12 @@ DEFAULT_MIN_TEMPORAL_COHERENCE = 0.6
 #: ``g0`` 0.4 to 0.9 and ``g_inf`` 0.1 to 0.4, had 0.26-0.76 (docs/steps/distributed.md).
 DEFAULT_PRESCREEN_SIGMAS = 3.0
 
+#: Phase linking all epochs at once (None) or mini-stack by mini-stack: the sequential estimator
+#: keeps a task's matrices at ``(K + M)^2`` instead of ``T^2``, at an accuracy measured equal
+#: within the noise (docs/steps/distributed.md); all at once stays the default, the result
+#: every earlier run gave.
+DEFAULT_MINISTACK = None
+
 #: Point variables of the selection that the chain's result carries to the exports.
 SCATTERER_VARIABLES = ("scatterer", "shp_count", "linked_coherence")
 
@@ -107,6 +114,11 @@ class DSConfig(Section):
                     "deviations above that of pixels with no coherence at all; null: link "
                     "every candidate. Assumes coherence does not grow with the time between "
                     "epochs.")
+    ministack: int | None = Field(
+        DEFAULT_MINISTACK, ge=2,
+        description="Link the phases mini-stack by mini-stack of this many epochs (the "
+                    "sequential estimator with compressed SLCs: memory of one mini-stack, not "
+                    "of every epoch); null: all epochs at once.")
 
     @field_validator("window")
     @classmethod
@@ -116,7 +128,7 @@ class DSConfig(Section):
 
 
 def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence,
-                     prescreen_sigmas) -> None:
+                     prescreen_sigmas, ministack) -> None:
     window_offsets(window)  # odd positive sizes, or a ValueError naming the window
     if not 0 < float(alpha) < 1:
         raise ValueError(f"alpha: expected a false-alarm rate in (0, 1), found {alpha!r}")
@@ -131,6 +143,7 @@ def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence,
     if prescreen_sigmas is not None and not float(prescreen_sigmas) >= 0:
         raise ValueError(f"prescreen_sigmas: expected >= 0 standard deviations or None, found "
                          f"{prescreen_sigmas!r}")
+    check_ministack(ministack)
 
 
 def _accepted_block(phase, coherence, count, intensity, phase_std, candidate, *extra,
@@ -165,6 +178,7 @@ def ds_selection(
     method: str = DEFAULT_DS_METHOD,
     min_temporal_coherence: float = DEFAULT_MIN_TEMPORAL_COHERENCE,
     prescreen_sigmas: float | None = DEFAULT_PRESCREEN_SIGMAS,
+    ministack: int | None = DEFAULT_MINISTACK,
     device: str | None = None,
 ) -> xr.Dataset:
     """Distributed scatterers of a raster stack, as a point STM beside :func:`ps_selection`'s.
@@ -204,6 +218,12 @@ def ds_selection(
     prescreen_sigmas
         The pre-screen's margin over the noise, in standard deviations; None: every candidate
         is linked.
+    ministack
+        Epochs a mini-stack of the sequential estimator; None: all epochs at once. With it a
+        block's batch holds the looks of one or two mini-stacks and ``(K + M)^2`` matrices
+        (``K`` mini-stacks so far, ``M`` epochs each) instead of every epoch's looks and a
+        ``T x T`` matrix; the acceptance is the same temporal coherence over every pair of
+        epochs, formed tile by tile.
     device
         Where phase linking runs (``"cpu"``, ``"cuda:0"``); default the CPU.
 
@@ -231,12 +251,13 @@ def ds_selection(
     """
     validate(stack, kind="raster", require=("complex",))
     window = tuple(int(w) for w in window)
-    _check_arguments(window, alpha, min_looks, method, min_temporal_coherence, prescreen_sigmas)
+    _check_arguments(window, alpha, min_looks, method, min_temporal_coherence, prescreen_sigmas,
+                     ministack)
     if stack.attrs.get(POSITIONS_ATTR) == "orbits":  # geocoded at the points, as the PS are
         stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     shp = select_shp(stack, window=window, alpha=alpha, min_looks=min_looks)
     linked = phase_linking(stack, shp, method=method, prescreen_sigmas=prescreen_sigmas,
-                           device=device)
+                           ministack=ministack, device=device)
     phase = linked["phase"].data
     chunks = phase.chunks
     timed_names = [name for name in ("h2ph",) if name in stack.data_vars]
@@ -260,7 +281,7 @@ def ds_selection(
     points = _ds_points(stack, parts, timed_names, coord_names)
     step = (f"ds_selection(window={list(window)}, alpha={alpha}, min_looks={min_looks}, "
             f"method={method!r}, min_temporal_coherence={min_temporal_coherence}, "
-            f"prescreen_sigmas={prescreen_sigmas})")
+            f"prescreen_sigmas={prescreen_sigmas}, ministack={ministack})")
     points.attrs |= {"history": f"{stack.attrs.get('history', '')}\n{step}".strip(),
                      "n_ds": int(points.sizes["space"]), "n_ds_candidates": int(n_candidates),
                      "n_ds_linked": int(n_linked),
@@ -270,6 +291,8 @@ def ds_selection(
                      "shp_effective_epochs": float(shp["shp_effective_epochs"].values)}
     if prescreen_sigmas is not None:  # no attribute when off (attributes hold no None)
         points.attrs["ds_prescreen_sigmas"] = float(prescreen_sigmas)
+    if ministack is not None:
+        points.attrs["ds_ministack"] = int(ministack)
     logger.info("ds_selection: %d DS of %d candidates (%d looks or more of a %d x %d window; "
                 "%d linked after the pre-screen) with linked-phase coherence >= %g",
                 points.sizes["space"], n_candidates, min_looks, *window, n_linked,

@@ -10,8 +10,9 @@ Run: ``python benchmarks/bench_ds_selection.py [prescreen] [relation] [ministack
   the EMI-linked phase, on simulated pixels of exponential coherence models (the default
   ``g0`` 0.7, ``g_inf`` 0.2 and weaker ones) and on pure noise: the smallest proxy among the
   pixels accepted at temporal coherence 0.6, the noise's largest, and the bound.
-- ``ministack``: peak memory (``ru_maxrss`` above the start, a fresh child process per case)
-  and linked-phase RMSE against the Cramér-Rao bound of ``ds_selection`` with and without
+- ``ministack``: peak memory (``ru_maxrss`` above the start, a fresh child process per case,
+  and the peak of the allocations ``tracemalloc`` traces, NumPy's arrays among them) and
+  linked-phase RMSE against the Cramér-Rao bound of ``ds_selection`` with and without
   mini-stacks, at 30, 60 and 120 epochs.
 
 Nothing is asserted; figures go to docs/steps/distributed.md and docs/benchmarks.md.
@@ -23,6 +24,7 @@ import multiprocessing as mp
 import resource
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +141,12 @@ def _ministack_case(n_epochs: int, ministack: int | None) -> dict:
     with dask.config.set(scheduler="synchronous"):
         ds_selection(small, window=MINISTACK_WINDOW, min_looks=10, ministack=ministack and 2)
         before = _peak_mb()
+        tracemalloc.start()
         start = time.perf_counter()
         ds = ds_selection(stack, window=MINISTACK_WINDOW, ministack=ministack)
         seconds = time.perf_counter() - start
+        traced = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
     peak = _peak_mb() - before
     azimuth, range_ = ds["azimuth"].values, ds["range"].values
     region = truth["region"].values
@@ -156,21 +161,23 @@ def _ministack_case(n_epochs: int, ministack: int | None) -> dict:
     return {"epochs": n_epochs, "ministack": ministack, "points": int(ds.sizes["space"]),
             "pure": int(pure.sum()), "rmse": float(np.sqrt(np.mean(error[:, 1:] ** 2))),
             "crb": float(np.sqrt(np.mean(variance[:, 1:]))), "peak_mb": peak,
-            "seconds": seconds, "coherence": float(np.median(ds["linked_coherence"].values))}
+            "traced_mb": traced, "seconds": seconds,
+            "coherence": float(np.median(ds["linked_coherence"].values))}
 
 
 def ministack(epochs=(30, 60, 120)) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
     print("epochs | ministack | DS | pure | RMSE (rad) | CRB (rad) | RMSE / CRB | "
-          "median linked coherence | peak MB above start | s")
+          "median linked coherence | peak RSS MB above start | peak traced MB | s")
     for n_epochs in epochs:
         for size in (None, MINISTACK):
             with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
                 row = pool.submit(_ministack_case, n_epochs, size).result()
             print(f"{row['epochs']} | {row['ministack']} | {row['points']} | {row['pure']} | "
                   f"{row['rmse']:.3f} | {row['crb']:.3f} | {row['rmse'] / row['crb']:.3f} | "
-                  f"{row['coherence']:.3f} | {row['peak_mb']:.0f} | {row['seconds']:.1f}",
+                  f"{row['coherence']:.3f} | {row['peak_mb']:.0f} | {row['traced_mb']:.0f} | "
+                  f"{row['seconds']:.1f}",
                   flush=True)
 
 

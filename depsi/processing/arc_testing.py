@@ -234,7 +234,10 @@ def _tile_subnetwork(tile, *, low, cell, margin, positions, source, target, arc_
     members = np.flatnonzero(arc_ok & inside[source] & inside[target])
     if members.size < 3:
         return None
-    points = np.unique(np.concatenate([source[members], target[members]]))
+    # the sub-network's points, sorted and unique (by a sort: np.unique's hash-based path is
+    # ten times slower on these integers with NumPy 2.4, 2.8 s of the driver at 10^6 points)
+    ends = np.sort(np.concatenate([source[members], target[members]]))
+    points = ends[np.concatenate([[True], ends[1:] != ends[:-1]])]
     local = np.full(n, -1, dtype=np.int64)
     local[points] = np.arange(points.size)
     return members, _SubNetwork(

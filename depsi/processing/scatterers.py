@@ -199,9 +199,10 @@ def ds_selection(
     consecutive epochs is incoherent over every span and its linked phase would be rejected
     anyway (decorrelated pixels reach a temporal coherence of 0.48 at most). What it can lose:
     DS that decorrelate between consecutive epochs but stay coherent over longer spans
-    (seasonal or alternating decorrelation), and, at 3 standard deviations, about one pixel in
-    a thousand of the DS whose short-lag coherence is at the noise's edge; DS accepted at 0.6
-    in the measured coherence models had short-lag coherences well above the bound
+    (seasonal or alternating decorrelation), and, with ``min_temporal_coherence`` lowered to
+    the noise's level, the noise pixels the full linking would then accept. The bound is set on
+    the noise (3 standard deviations pass 0.1-0.35 % of pure-noise pixels); no DS accepted at
+    0.6 in nine measured coherence models, 20-121 looks, fell under it
     (docs/steps/distributed.md).
 
     Parameters

@@ -69,8 +69,9 @@ DEFAULT_MIN_TEMPORAL_COHERENCE = 0.6
 #: SHP-averaged interferograms of consecutive epochs is above the mean that pixels with no
 #: coherence reach by this many of its standard deviations
 #: (:func:`depsi.kernels.phase_linking.short_lag_noise_threshold`): 0.26 at 20 looks and 30
-#: epochs, 0.10 at 121 looks. DS accepted at temporal coherence 0.6, over coherence models from
-#: ``g0`` 0.4 to 0.9 and ``g_inf`` 0.1 to 0.4, had 0.26-0.76 (docs/steps/distributed.md).
+#: epochs, 0.10 at 121 looks. DS accepted at temporal coherence 0.6, in nine coherence models
+#: (``g0`` 0.4-0.9, ``g_inf`` 0-0.4) and 20-121 looks, had 0.27 or more
+#: (docs/steps/distributed.md).
 DEFAULT_PRESCREEN_SIGMAS = 3.0
 
 #: Phase linking all epochs at once (None) or mini-stack by mini-stack: the sequential estimator

@@ -145,6 +145,31 @@ def test_first_order_points_are_the_best_count_on_a_small_scene_ties_in_space_or
     assert first_order_indices(flat, first_order=5, cell_size=None).tolist() == [0, 1, 2, 3, 4]
 
 
+def test_ds_are_first_order_only_when_asked_ranked_by_their_phase_std():
+    """DS carry no amplitude dispersion (NaN) and a linked phase std (rad): off by default they
+    are never first order; with ``ds_first_order`` they rank by that std among the PS' dispersions
+    (one scale: a PS's phase std is about D_A), cell by cell, under max_dispersion too."""
+    points = _scatter(4_000, 300)
+    rng = np.random.default_rng(3)
+    ds = rng.random(4_000) < 0.5
+    nad = np.where(ds, np.nan, points.amplitude_dispersion.values)
+    phase_std = np.where(ds, rng.uniform(0.02, 0.4, 4_000), np.nan)
+    points = points.assign(amplitude_dispersion=("space", nad),
+                           linked_phase_std=("space", phase_std))
+    off = first_order_indices(points, first_order=100, cell_size=150.0)
+    assert not ds[off].any()
+    on = first_order_indices(points, first_order=100, cell_size=150.0, ds_first_order=True)
+    rank = np.where(ds, phase_std, nad)
+    cell = (point_positions(points) // 150.0).astype(int)
+    key = cell[:, 0] * 1000 + cell[:, 1]
+    assert len(on) == len(np.unique(key))
+    assert all(rank[i] == rank[key == key[i]].min() for i in on)
+    assert 0.3 < ds[on].mean() < 0.8  # both kinds win cells
+    capped = first_order_indices(points, first_order=100, cell_size=150.0, max_dispersion=0.1,
+                                 ds_first_order=True)
+    assert (rank[capped] <= 0.1).all() and ds[capped].any()
+
+
 def test_first_order_points_respect_max_dispersion_and_refuse_fewer_than_three():
     points = _scatter(500, 60)
     chosen = first_order_indices(points, max_dispersion=0.1)

@@ -41,6 +41,7 @@ ALTERNATES = {
     "network.second_pass_k": 2,
     "network.n_sectors": 4,
     "network.max_length": 150.0,
+    "network.ds_first_order": True,
     "arcs.height_range": (-30.0, 30.0),
     "arcs.velocity_range": (-0.03, 0.03),
     "arcs.height_step": 2.0,
@@ -188,9 +189,15 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
 
 @pytest.mark.parametrize("field", sorted(ALTERNATES))
 @pytest.mark.slow
-def test_every_chain_field_changes_the_products(points, base, temperatures, field):
+def test_every_chain_field_changes_the_products(points, base, temperatures, field, request):
     section, name = field.split(".")
     value = ALTERNATES[field]
+    if field == "network.ds_first_order":  # only where DS are among the points
+        ds_points = prepare_points(request.getfixturevalue("ds_base").compute())
+        before = network_step(ds_points, chain_config(BASE))
+        after = network_step(ds_points, chain_config(BASE, network={name: value}))
+        assert not after.identical(before), f"{field}={value!r} changed no product"
+        return
     if field in MODEL_CONTEXTS:
         context = _in_folder(MODEL_CONTEXTS[field], temperatures)
         changed = _in_folder({**context, name: value}, temperatures)

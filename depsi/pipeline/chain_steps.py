@@ -160,7 +160,8 @@ def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
     section = config.network
     chosen = first_order_indices(points, first_order=section.first_order,
                                  max_dispersion=section.max_dispersion,
-                                 cell_size=section.cell_size)
+                                 cell_size=section.cell_size,
+                                 ds_first_order=section.ds_first_order)
     reference = config.integration.reference
     if reference is not None and not np.isin(int(reference), chosen):
         raise _not_first_order(reference)

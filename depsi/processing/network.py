@@ -43,6 +43,9 @@ ARC_CHUNK = 65536
 DEFAULT_FIRST_ORDER = 2000
 DEFAULT_CELL_SIZE = 150.0
 
+#: Default: distributed scatterers are densified, never first-order points.
+DEFAULT_DS_FIRST_ORDER = False
+
 #: Default network: the redundant scheme, whose many closed loops let integration test arcs.
 DEFAULT_METHOD = "redundant"
 #: Default neighbours per direction sector, and sectors, of the redundant scheme.
@@ -81,6 +84,13 @@ class NetworkConfig(Section):
     n_sectors: int = Field(DEFAULT_N_SECTORS, ge=1, description="Direction sectors (redundant).")
     max_length: float | None = Field(
         None, gt=0, description="Longest arc kept, metres; null keeps every arc.")
+    ds_first_order: bool = Field(
+        DEFAULT_DS_FIRST_ORDER,
+        description="Distributed scatterers (selection.ds) may be first-order points, ranked "
+                    "by their linked phase's standard deviation (linked_phase_std, rad) beside "
+                    "the PS' amplitude dispersion (for a PS the two agree: sigma_phase ~ D_A); "
+                    "for scenes with too few PS to carry the network. false: DS are densified "
+                    "only.")
 
 
 def point_positions(
@@ -178,6 +188,7 @@ def first_order_indices(
     max_dispersion: float | None = None,
     cell_size: float | None = DEFAULT_CELL_SIZE,
     min_distance: float | None = None,
+    ds_first_order: bool = DEFAULT_DS_FIRST_ORDER,
 ) -> np.ndarray:
     """Indices (into ``points.space``, ascending) of the first-order points, by amplitude
     dispersion (lowest first).
@@ -204,6 +215,12 @@ def first_order_indices(
         Candidates closer than this (m) to a better candidate are dropped first, best first
         (the greedy "take the best, drop its neighbours"); ``None``: no minimum. With
         ``cell_size=None`` and a large ``first_order``: every point at least this far apart.
+    ds_first_order
+        Distributed scatterers (points with no amplitude dispersion and a finite
+        ``linked_phase_std``, :func:`~depsi.processing.scatterers.ds_selection`) rank by that
+        standard deviation (rad) among the PS' dispersions: a PS's phase noise has the
+        standard deviation ``D_A`` for small ``D_A`` (Ferretti, Prati and Rocca 2001, IEEE
+        TGRS 39(1), eq. 13), so the two rank on one scale. ``False``: DS are never chosen.
 
     Examples
     --------
@@ -220,6 +237,12 @@ def first_order_indices(
     else:
         logger.info("no amplitude_dispersion: first-order points are taken in space order")
         nad = np.zeros(n)
+    if ds_first_order and "linked_phase_std" in points:
+        phase_std = np.asarray(points["linked_phase_std"].values, dtype=np.float64)
+        ds = ~np.isfinite(nad) & np.isfinite(phase_std)
+        nad = np.where(ds, phase_std, nad)
+        logger.info("first order: %d distributed scatterers ranked by their linked phase's "
+                    "standard deviation among the PS", int(ds.sum()))
     eligible = np.isfinite(nad)
     if max_dispersion is not None:
         eligible &= nad <= max_dispersion

@@ -362,6 +362,9 @@ def _kernel_outputs(xp, n_epochs=12):
         looks[..., k:k + 4] for k in range(0, n_epochs, 4))
     out["short_lag_coherence"] = short_lag_coherence(
         looks.reshape(8, 8, 30, n_epochs)[:, :, 0], xp.ones((6, 6, 9), dtype=bool), (3, 3))
+    out["temporal_coherence_tile"] = temporal_coherence_tile(
+        looks[..., :4], looks[..., 4:], out["phase_emi"][:, :4], out["phase_emi"][:, 4:],
+        xp.ones(looks.shape[:2], dtype=bool))
     return out
 
 
@@ -410,7 +413,7 @@ def test_kernels_take_one_code_path_on_the_cupy_stand_in(tmp_path):
         "import numpy as np\n"
         "from depsi.kernels.phase_linking import (cramer_rao_bound, link_phases,\n"
         "    sample_coherence, sequential_phase_linking, short_lag_coherence,\n"
-        "    temporal_coherence)\n"
+        "    temporal_coherence, temporal_coherence_tile)\n"
         "from depsi.simulate.ds import circular_gaussian_looks, exponential_coherence\n\n"
         + source[start:end].replace("def _kernel_outputs", "def outputs"))
     path = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))

@@ -223,25 +223,58 @@ class _SubNetwork(NamedTuple):
     max_iterations: int
 
 
+class _ArcsByTile(NamedTuple):
+    """The arcs grouped by the tile of their midpoint, to find a tile's sub-network among the
+    arcs of the tiles around it, not among all arcs (:func:`_arcs_by_tile`)."""
+
+    order: np.ndarray  # arc indices, by tile key
+    keys: np.ndarray  # their tile keys, sorted
+    columns: int  # tile key = row * columns + column
+    reach: int  # tiles a sub-network's margin reaches beyond its own, each way
+
+
+def _arcs_by_tile(tile_of_arc: np.ndarray, cell: float, margin: float) -> _ArcsByTile:
+    """Every arc with both ends in a tile's box (the tile and ``margin`` around it) has its
+    midpoint in the box, so in a tile at most ``floor(margin / cell) + 1`` away (one more
+    than the margin needs: no rounding of the midpoint can put it beyond)."""
+    columns = int(tile_of_arc[:, 1].max()) + 1 if len(tile_of_arc) else 1
+    keys = tile_of_arc[:, 0] * columns + tile_of_arc[:, 1]
+    order = np.argsort(keys, kind="stable")
+    return _ArcsByTile(order, keys[order], columns, int(margin // cell) + 1)
+
+
+def _arcs_near(tile, by_tile: _ArcsByTile) -> np.ndarray:
+    """The arcs whose midpoint lies within ``by_tile.reach`` tiles of ``tile``, ascending."""
+    row, column = (int(v) for v in tile)
+    first = max(column - by_tile.reach, 0)
+    last = min(column + by_tile.reach, by_tile.columns - 1)
+    rows = np.arange(max(row - by_tile.reach, 0), row + by_tile.reach + 1)
+    starts = np.searchsorted(by_tile.keys, rows * by_tile.columns + first, side="left")
+    stops = np.searchsorted(by_tile.keys, rows * by_tile.columns + last, side="right")
+    return np.sort(np.concatenate([by_tile.order[a:b] for a, b in zip(starts, stops)]))
+
+
 def _tile_subnetwork(tile, *, low, cell, margin, positions, source, target, arc_ok, weights,
-                     rhs, coherence, sd, critical, max_iterations, tile_of_arc):
+                     rhs, coherence, sd, critical, max_iterations, tile_of_arc, by_tile):
     """``(members, sub-network)`` of one tile: the arcs still kept with both ends in the tile
-    and its margin (indices into the network's arcs) and their :class:`_SubNetwork`; None
-    where fewer than 3 arcs are."""
-    n = len(positions)
+    and its margin (indices into the network's arcs, ascending) and their
+    :class:`_SubNetwork`; None where fewer than 3 arcs are. Only the arcs of the tiles around
+    it are looked at (``by_tile``, :func:`_arcs_by_tile`): the cost of cutting a tile does not
+    grow with the network."""
     lo, hi = low + tile * cell - margin, low + (tile + 1) * cell + margin
-    inside = np.all((positions >= lo) & (positions < hi), axis=1)
-    members = np.flatnonzero(arc_ok & inside[source] & inside[target])
+    near = _arcs_near(tile, by_tile)
+    ends_inside = [np.all((positions[ends[near]] >= lo) & (positions[ends[near]] < hi), axis=1)
+                   for ends in (source, target)]
+    members = near[arc_ok[near] & ends_inside[0] & ends_inside[1]]
     if members.size < 3:
         return None
     # the sub-network's points, sorted and unique (by a sort: np.unique's hash-based path is
     # ten times slower on these integers with NumPy 2.4, 2.8 s of the driver at 10^6 points)
     ends = np.sort(np.concatenate([source[members], target[members]]))
     points = ends[np.concatenate([[True], ends[1:] != ends[:-1]])]
-    local = np.full(n, -1, dtype=np.int64)
-    local[points] = np.arange(points.size)
     return members, _SubNetwork(
-        local[source[members]], local[target[members]], weights[members], rhs[members],
+        np.searchsorted(points, source[members]), np.searchsorted(points, target[members]),
+        weights[members], rhs[members],
         positions[points], coherence[members],
         tuple(np.broadcast_to(v, source.shape)[members] for v in sd),
         np.all(tile_of_arc[members] == tile, axis=1), critical, max_iterations)
@@ -294,26 +327,36 @@ def _tiles_on_workers(client, wave, test_kwargs):
     """A wave's tiles as tasks on ``client``'s workers (:func:`_test_subnetwork`), at most
     :data:`TILES_IN_FLIGHT` a worker thread submitted at a time; the outcomes in the wave's
     order, as :func:`_test_tile` gives them. The driver cuts each sub-network and receives
-    only the tile's decisions."""
+    only the tile's decisions.
+
+    Each tile goes to the worker with the fewest tiles a thread at that moment: its payload is
+    scattered there and its task asked to run there. (Scattered without a worker, the payloads
+    gathered on one worker and its tasks followed them: half the cluster idle, the tiles twice
+    as long at 10^6 points.)"""
     from distributed import wait
 
-    threads = max(1, sum(client.nthreads().values()))
-    limit = TILES_IN_FLIGHT * threads
+    threads = {worker: max(1, count) for worker, count in client.nthreads().items()}
+    load = dict.fromkeys(threads, 0)
+    limit = TILES_IN_FLIGHT * sum(threads.values())
     outcomes = [None] * len(wave)
-    running = {}  # future -> (index in the wave, the tile's own arcs)
+    running = {}  # future -> (index in the wave, the tile's own arcs, its worker)
     for index, tile in enumerate(wave):
         selected = _tile_subnetwork(tile, **test_kwargs)
         if selected is not None:
             members, sub = selected
-            [payload] = client.scatter([sub], hash=False)
-            future = client.submit(_test_subnetwork, payload, pure=False,
+            worker = min(load, key=lambda w: load[w] / threads[w])
+            [payload] = client.scatter([sub], workers=[worker], hash=False)
+            future = client.submit(_test_subnetwork, payload, workers=[worker],
+                                   allow_other_workers=True, pure=False,
                                    key=f"depsi-tile-{tile[0]}-{tile[1]}-{payload.key}")
-            running[future] = (index, members[sub.own])
+            running[future] = (index, members[sub.own], worker)
+            load[worker] += 1
             del payload, sub  # the worker holds it now
         while len(running) >= limit or (running and index == len(wave) - 1):
             done = wait(list(running), return_when="FIRST_COMPLETED").done
             for future in done:
-                index_done, own = running.pop(future)
+                index_done, own, worker = running.pop(future)
+                load[worker] = load.get(worker, 1) - 1
                 outcomes[index_done] = _tile_outcome(own, future.result())
                 future.release()
     return outcomes
@@ -356,7 +399,8 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     network = {"low": low, "cell": cell, "margin": margin, "positions": positions,
                "source": source, "target": target, "arc_ok": arc_ok, "weights": weights,
                "rhs": rhs, "coherence": coherence, "sd": sd, "critical": critical,
-               "max_iterations": max_iterations, "tile_of_arc": tile_of_arc}
+               "max_iterations": max_iterations, "tile_of_arc": tile_of_arc,
+               "by_tile": _arcs_by_tile(tile_of_arc, cell, margin)}
     with ThreadPoolExecutor(max(1, min(workers, max(map(len, waves), default=1)))) as pool:
         for wave in waves:  # a few dozen tiles, each a network of about TILE_POINTS points
             # the wave's tiles share no arc: they read arc_ok while the others run, and their

@@ -392,6 +392,46 @@ def test_tiles_of_one_wave_share_no_arc():
         assert seen.max() == 1
 
 
+@pytest.mark.parametrize("margin", [12.0, 49.0, 130.0])
+def test_a_tiles_sub_network_is_cut_from_its_neighbours_as_from_every_arc(margin):
+    """A tile's sub-network is cut from the arcs of the tiles around it (their midpoints lie in
+    its box): the same arcs, in the same order, as a pass over every arc, for margins below
+    half a tile, below a tile and beyond it."""
+    from scipy.spatial import cKDTree
+
+    from depsi.processing.arc_testing import _arcs_by_tile, _tile_subnetwork
+
+    rng = np.random.default_rng(3)
+    positions = rng.uniform(0, 1000, (3000, 2))
+    source = rng.integers(0, 3000, 20000)
+    _, near = cKDTree(positions).query(positions[source], k=9)
+    target = near[np.arange(source.size), rng.integers(1, 9, source.size)]
+    arc_ok = rng.random(source.size) > 0.1
+    cell, low = 100.0, positions.min(axis=0)
+    tile_of_arc = np.floor((0.5 * (positions[source] + positions[target]) - low) / cell
+                           ).astype(np.int64)
+    by_tile = _arcs_by_tile(tile_of_arc, cell, margin)
+    ones = np.ones(source.size)
+    for tile in np.unique(tile_of_arc, axis=0):
+        lo, hi = low + tile * cell - margin, low + (tile + 1) * cell + margin
+        inside = np.all((positions >= lo) & (positions < hi), axis=1)
+        expected = np.flatnonzero(arc_ok & inside[source] & inside[target])
+        cut = _tile_subnetwork(tile, low=low, cell=cell, margin=margin, positions=positions,
+                               source=source, target=target, arc_ok=arc_ok, weights=ones,
+                               rhs=ones[:, None], coherence=ones, sd=(1.0, 1.0, 1.0),
+                               critical=4.0, max_iterations=1, tile_of_arc=tile_of_arc,
+                               by_tile=by_tile)
+        if expected.size < 3:
+            assert cut is None
+            continue
+        members, sub = cut
+        np.testing.assert_array_equal(members, expected)
+        points = np.unique(np.concatenate([source[expected], target[expected]]))
+        np.testing.assert_array_equal(points[sub.source], source[expected])
+        np.testing.assert_array_equal(points[sub.target], target[expected])
+        np.testing.assert_array_equal(sub.positions, positions[points])
+
+
 @pytest.mark.slow
 def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatch, caplog):
     import logging

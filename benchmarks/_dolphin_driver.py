@@ -7,10 +7,20 @@ runs ``dolphin.shp.estimate_neighbors`` (GLRT on the amplitudes' mean and varian
 run includes JAX's compilation), and writes the linked phase ``(azimuth, range, time)``, the SHP
 counts and the wall times to an ``.npz``.
 
-The scene goes through in tiles of ``tile`` x ``tile`` pixels with a halo of half a window (NaN
-outside the scene, which dolphin masks as no data), all of one shape so that JAX compiles once:
-on this 2-core machine a single call on 32 x 32 pixels of 30 epochs never returned (every
-thread waiting on a lock, 10 % of a core busy) while 16 x 16 took 0.3 s.
+The scene goes through in one call (``tile`` 0, the default) or in tiles of ``tile`` x ``tile``
+pixels with a halo of half a window (NaN outside the scene, which dolphin masks as no data), all
+of one shape so that JAX compiles once.
+
+The benchmark starts this driver with ``PJRT_NPROC`` set (more XLA intra-op threads than
+cores): with jaxlib 0.10.2's default pool of one thread per core, a call on more than about
+700 pixels never returned on a 2-core machine. gdb showed why: both ``tf_XLAEigen`` pool
+threads were inside a LAPACK custom call (``lapack_sgetrf_ffi`` and ``lapack_cgetrf_ffi``, LU
+decompositions that XLA's thunk executor runs concurrently), each in
+``jax::ParallelBatchMap`` waiting (``absl::BlockingCounter::Wait``) for the batch slices it had
+queued on the same pool, which had no free thread left to run them; the main thread waited in
+``tsl::BlockUntilReady``. Small batches are not split, hence tiles of 16 x 16 ran. A pool with
+more threads than concurrent LAPACK calls cannot lock that way. ``watchdog_s`` in the
+parameters dumps the Python stacks and exits if a run takes longer (native stacks need gdb).
 
 dolphin imports GDAL (``osgeo``) at import time for its raster IO, which has no wheel on PyPI;
 the SHP and phase-linking functions run on arrays and never call it, so an inert stand-in
@@ -21,7 +31,9 @@ Usage: ``dolphin-venv/bin/python _dolphin_driver.py STACK.npy OUT.npz PARAMS_JSO
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import resource
 import sys
 import time
 import types
@@ -60,21 +72,25 @@ def main(stack_path: str, out_path: str, params_json: str) -> None:
     params = json.loads(params_json)
     slc = np.load(stack_path)  # (azimuth, range, time)
     half = HalfWindow(y=params["half_window"][0], x=params["half_window"][1])
-    tile = int(params.get("tile", 16))
     n_az, n_rg, n_epochs = slc.shape
-    tiles_az, tiles_rg = -(-n_az // tile), -(-n_rg // tile)
-    padded = np.full((n_epochs, tiles_az * tile + 2 * half.y, tiles_rg * tile + 2 * half.x),
+    tile = int(params.get("tile", 0))
+    tile_az, tile_rg = (tile, tile) if tile else (n_az, n_rg)
+    tiles_az, tiles_rg = -(-n_az // tile_az), -(-n_rg // tile_rg)
+    padded = np.full((n_epochs, tiles_az * tile_az + 2 * half.y,
+                      tiles_rg * tile_rg + 2 * half.x),
                      np.nan + 0j, np.complex64)  # dolphin: (time, rows, cols)
     padded[:, half.y:half.y + n_az, half.x:half.x + n_rg] = np.moveaxis(slc, -1, 0)
-    phase = np.full((n_epochs, tiles_az * tile, tiles_rg * tile), np.nan, np.float32)
-    count = np.zeros((tiles_az * tile, tiles_rg * tile), np.int32)
+    phase = np.full((n_epochs, tiles_az * tile_az, tiles_rg * tile_rg), np.nan, np.float32)
+    count = np.zeros((tiles_az * tile_az, tiles_rg * tile_rg), np.int32)
+    if params.get("watchdog_s"):
+        faulthandler.dump_traceback_later(float(params["watchdog_s"]), exit=True)
     times = []
     for _ in range(2):
         start = time.perf_counter()
         for i in range(tiles_az):
             for j in range(tiles_rg):
-                block = padded[:, i * tile:(i + 1) * tile + 2 * half.y,
-                               j * tile:(j + 1) * tile + 2 * half.x]
+                block = padded[:, i * tile_az:(i + 1) * tile_az + 2 * half.y,
+                               j * tile_rg:(j + 1) * tile_rg + 2 * half.x]
                 amplitude = np.abs(block)
                 neighbours = shp.estimate_neighbors(
                     halfwin_rowcol=(half.y, half.x), alpha=params["alpha"],
@@ -83,13 +99,15 @@ def main(stack_path: str, out_path: str, params_json: str) -> None:
                 out = run_phase_linking(block, half_window=half,
                                         use_evd=params["method"] == "evd",
                                         neighbor_arrays=neighbours, reference_idx=0)
-                core = (slice(half.y, half.y + tile), slice(half.x, half.x + tile))
-                rows, cols = slice(i * tile, (i + 1) * tile), slice(j * tile, (j + 1) * tile)
+                core = (slice(half.y, half.y + tile_az), slice(half.x, half.x + tile_rg))
+                rows = slice(i * tile_az, (i + 1) * tile_az)
+                cols = slice(j * tile_rg, (j + 1) * tile_rg)
                 phase[:, rows, cols] = np.angle(np.asarray(out.cpx_phase))[:, core[0], core[1]]
                 count[rows, cols] = np.asarray(out.shp_counts)[core]
         times.append(time.perf_counter() - start)
     np.savez(out_path, phase=np.moveaxis(phase, 0, -1)[:n_az, :n_rg],
-             shp_count=count[:n_az, :n_rg], seconds=np.array(times), version=version("dolphin"))
+             shp_count=count[:n_az, :n_rg], seconds=np.array(times), version=version("dolphin"),
+             peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 if __name__ == "__main__":

@@ -12,25 +12,35 @@ raster IO only, and it has no wheel).
    apart with their own phase histories), saved once as ``.npy`` for both sides.
 2. dolphin: ``shp.estimate_neighbors`` (GLRT, alpha as ours) and ``run_phase_linking`` (EMI or
    EVD, its defaults otherwise: no regularisation, ``beta=0``), same 11 x 11 window.
+   The whole scene in one call, with ``PJRT_NPROC`` set to more XLA threads than cores:
+   jaxlib's default pool of one thread per core deadlocks on 2 cores (``_dolphin_driver.py``
+   says where).
 3. Ours: ``select_shp`` then ``phase_linking`` (defaults), Dask threads, BLAS at one thread per
-   task.
-4. Figures: phase RMSE (rad) over the pixels both sides linked and every epoch but the first,
+   task; with ``--ministack K`` also the sequential estimator (``phase_linking(...,
+   ministack=K)``) on stacks of more than K epochs. Each run of ours goes in a fresh (spawned)
+   process, so its peak RSS is its own.
+4. Figures: phase RMSE (rad) over the pixels every side linked and every epoch but the first,
    against the truth; the Cramér-Rao bound at each side's own SHP counts and the true
    coherence; wall time of a first run (dolphin's includes JAX's compilation) and a second;
-   ratios dolphin / ours.
+   peak RSS of each side's process; ratios dolphin / ours.
 
-Run: ``python benchmarks/bench_phase_linking.py [--epochs 30 60] [--shape 64 64]
-[--method emi] [--skip-dolphin] [--venv PATH]``. Not part of the test suite.
+Run: ``python benchmarks/bench_phase_linking.py [--epochs 30 60 120] [--shape 64 96]
+[--method emi] [--ministack 15] [--skip-dolphin] [--venv PATH] [--dolphin-tile 0]
+[--dolphin-timeout 1800]``. Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import dask
@@ -45,9 +55,10 @@ from depsi.simulate.ds import simulate_ds_stack
 DOLPHIN_VERSION = "0.42.9"
 DEFAULT_VENV = Path.home() / ".cache" / "depsi-bench" / "dolphin"
 DRIVER = Path(__file__).with_name("_dolphin_driver.py")
-#: dolphin's tiles (pixels a side, plus a halo of half a window): one call on the whole scene
-#: never returned here (see ``_dolphin_driver.py``).
-DOLPHIN_TILE = 16
+#: XLA's intra-op threads for dolphin (``PJRT_NPROC``): jaxlib's LAPACK calls split their batch
+#: over the pool they run on and wait for it, so a pool of one thread a core (2 here) locks when
+#: two such calls run at once (``_dolphin_driver.py``); 8 leaves threads free to do the work.
+DOLPHIN_XLA_THREADS = 8
 
 
 def ensure_venv(venv: Path) -> Path:
@@ -81,39 +92,56 @@ def score(phase: np.ndarray, truth, shp_count: np.ndarray, linked: np.ndarray) -
     return {"pixels": int(linked.sum()), "rmse": rmse, "crb": crb, "ratio": rmse / crb}
 
 
-def run_ours(stack, method: str) -> tuple[dict, np.ndarray, np.ndarray]:
+def _ours_twice(stack, method: str, ministack: int | None):
+    """Ours, twice, in the spawned process: times, phase, SHP counts, peak RSS (MB)."""
     times = []
     for _ in range(2):
         start = time.perf_counter()
         with single_threaded_blas(), dask.config.set(scheduler="threads"):
             shp = select_shp(stack, alpha=DEFAULT_ALPHA).persist()
-            linked = phase_linking(stack, shp, method=method).compute()
+            linked = phase_linking(stack, shp, method=method, ministack=ministack).compute()
         times.append(time.perf_counter() - start)
-    return ({"first_s": times[0], "second_s": times[1]}, linked["phase"].values,
-            linked["shp_count"].values)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return times, linked["phase"].values, linked["shp_count"].values, peak_mb
 
 
-def run_dolphin(python: Path, slc: np.ndarray, method: str, workdir: Path):
+def run_ours(stack, method: str, ministack: int | None = None):
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        times, phase, count, peak_mb = pool.submit(_ours_twice, stack, method,
+                                                   ministack).result()
+    return ({"first_s": times[0], "second_s": times[1], "peak_rss_mb": peak_mb}, phase, count)
+
+
+def run_dolphin(python: Path, slc: np.ndarray, method: str, workdir: Path, *, tile: int,
+                timeout_s: float):
     stack_path, out_path = workdir / "stack.npy", workdir / "dolphin.npz"
     np.save(stack_path, slc)
     params = {"half_window": [w // 2 for w in DEFAULT_WINDOW], "alpha": DEFAULT_ALPHA,
-              "method": method, "tile": DOLPHIN_TILE}
+              "method": method, "tile": tile, "watchdog_s": timeout_s}
+    env = os.environ | {"PJRT_NPROC": str(DOLPHIN_XLA_THREADS)}
     done = subprocess.run([str(python), str(DRIVER), str(stack_path), str(out_path),
-                           json.dumps(params)], capture_output=True, text=True)
+                           json.dumps(params)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"dolphin driver failed:\n{done.stderr[-3000:]}")
     out = np.load(out_path)
-    return ({"first_s": float(out["seconds"][0]), "second_s": float(out["seconds"][1])},
-            out["phase"], out["shp_count"])
+    return ({"first_s": float(out["seconds"][0]), "second_s": float(out["seconds"][1]),
+             "peak_rss_mb": float(out["peak_rss_mb"])}, out["phase"], out["shp_count"])
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, nargs="+", default=[30, 60])
+    parser.add_argument("--epochs", type=int, nargs="+", default=[30, 60, 120])
     parser.add_argument("--shape", type=int, nargs=2, default=[64, 96])
     parser.add_argument("--method", choices=["emi", "evd"], default="emi")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument("--ministack", type=int, default=None,
+                        help="also ours with the sequential estimator, K epochs a mini-stack")
     parser.add_argument("--skip-dolphin", action="store_true")
+    parser.add_argument("--dolphin-tile", type=int, default=0,
+                        help="dolphin in tiles of this many pixels a side (0: one call)")
+    parser.add_argument("--dolphin-timeout", type=float, default=1800.0,
+                        help="seconds before dolphin's driver dumps its stacks and exits")
     args = parser.parse_args(argv)
     python = None if args.skip_dolphin else ensure_venv(args.venv)
     records = []
@@ -123,28 +151,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
         stack = stack.persist()
         record = {"epochs": n_epochs, "shape": args.shape, "method": args.method}
         results = {"ours": run_ours(stack, args.method)}
+        sequential = f"ours ministack {args.ministack}"
+        if args.ministack is not None and args.ministack < n_epochs:
+            results[sequential] = run_ours(stack, args.method, args.ministack)
         if python is not None:
             with tempfile.TemporaryDirectory() as workdir:
-                results["dolphin"] = run_dolphin(python, stack["complex"].values, args.method,
-                                                 Path(workdir))
+                results["dolphin"] = run_dolphin(
+                    python, stack["complex"].values, args.method, Path(workdir),
+                    tile=args.dolphin_tile, timeout_s=args.dolphin_timeout)
         common = np.logical_and.reduce([linked_pixels(phase, count)
                                         for _, phase, count in results.values()])
         for side, (times, phase, count) in results.items():
             record[side] = times | score(phase, truth, count, common)
         if python is not None:
-            record["time_ratio_dolphin_over_ours"] = (record["dolphin"]["second_s"]
-                                                      / record["ours"]["second_s"])
+            for side in results.keys() - {"dolphin"}:
+                record[f"time_ratio_dolphin_over_{side.replace(' ', '_')}"] = (
+                    record["dolphin"]["second_s"] / record[side]["second_s"])
         records.append(record)
         print(json.dumps(record), flush=True)
     print("\n| epochs | side | pixels | RMSE (rad) | CRB (rad) | RMSE / CRB | first run (s) "
-          "| second run (s) |\n|---|---|---|---|---|---|---|---|")
+          "| second run (s) | peak RSS (MB) |\n|---|---|---|---|---|---|---|---|---|")
     for record in records:
-        for side in ("ours", "dolphin"):
-            if side in record:
-                r = record[side]
+        for side, r in record.items():
+            if isinstance(r, dict):
                 print(f"| {record['epochs']} | {side} | {r['pixels']} | {r['rmse']:.4f} | "
                       f"{r['crb']:.4f} | {r['ratio']:.3f} | {r['first_s']:.2f} | "
-                      f"{r['second_s']:.2f} |")
+                      f"{r['second_s']:.2f} | {r['peak_rss_mb']:.0f} |")
     return records
 
 

@@ -3,7 +3,8 @@ step leave every (space, time) series of their products on the workers, one pers
 per space chunk of the input, and give the numbers of the threads run bit for bit.
 
 Before, both steps gathered every densified point's series into NumPy arrays in the client
-(about 1 kB a point at 60 epochs: 15 GB of a 16.4 GB driver at 10^7 points)."""
+(about 1 kB a point at 60 epochs: 15 GB of a 16.4 GB driver at 10^7 points). Integration's
+w-test runs its tiles as tasks on the workers, with the threads' decisions bit for bit."""
 
 from __future__ import annotations
 

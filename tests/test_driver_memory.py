@@ -196,17 +196,18 @@ def test_the_tiles_w_tests_run_as_tasks_on_a_cluster_and_decide_as_the_threads_d
         np.testing.assert_array_equal(got[name].values, var.values, err_msg=name)
 
 
-def test_tiles_in_flight_are_bounded_and_spread_over_the_workers(monkeypatch):
+@pytest.mark.parametrize("sizes", [{"tcp://a": 1, "tcp://b": 2}, {}])
+def test_tiles_in_flight_are_bounded_and_spread_over_the_workers(monkeypatch, sizes):
     """The driver holds at most TILES_IN_FLIGHT tiles a worker thread at once, sends each to
     the worker with the fewest tiles a thread, and gives the outcomes in the wave's order
-    (a stand-in client: no cluster)."""
+    (a stand-in client: no cluster); with no worker at the moment (adaptive scaling), the tiles
+    go to the scheduler with their tasks, one worker thread's share at a time."""
     from types import SimpleNamespace
 
     import distributed
 
     from depsi.processing import arc_testing
 
-    sizes = {"tcp://a": 1, "tcp://b": 2}
     in_flight, peak, placed = set(), [0], []
 
     class Future:
@@ -226,8 +227,9 @@ def test_tiles_in_flight_are_bounded_and_spread_over_the_workers(monkeypatch):
         def scatter(self, data, workers, hash):
             return [Future(data[0], workers[0])]
 
-        def submit(self, function, payload, workers, **_):
-            future = Future(function(payload.value), workers[0])
+        def submit(self, function, payload, workers=(None,), **_):
+            value = payload.value if isinstance(payload, Future) else payload
+            future = Future(function(value), workers[0])
             placed.append(workers[0])
             in_flight.add(future)
             peak[0] = max(peak[0], len(in_flight))
@@ -244,7 +246,10 @@ def test_tiles_in_flight_are_bounded_and_spread_over_the_workers(monkeypatch):
                         lambda sub: (np.array([0.5]), np.array([int(sub.tile[0]) % 2 == 0])))
     wave = np.array([[i, 0] for i in range(20)])
     outcomes = arc_testing._tiles_on_workers(Client(), wave, {})
-    assert peak[0] <= arc_testing.TILES_IN_FLIGHT * sum(sizes.values())
+    assert peak[0] <= arc_testing.TILES_IN_FLIGHT * max(1, sum(sizes.values()))
     assert [int(own[0]) for own, _, _ in outcomes] == list(range(20))
     assert [removed.size for _, _, removed in outcomes] == [1 - i % 2 for i in range(20)]
-    assert placed.count("tcp://b") > placed.count("tcp://a") > 0
+    if sizes:
+        assert placed.count("tcp://b") > placed.count("tcp://a") > 0
+    else:
+        assert placed == [None] * 20

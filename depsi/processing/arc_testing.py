@@ -334,31 +334,39 @@ def _tiles_on_workers(client, wave, test_kwargs):
     Each tile goes to the worker with the fewest tiles a thread at that moment: its payload is
     scattered there and its task asked to run there. (Scattered without a worker, the payloads
     gathered on one worker and its tasks followed them: half the cluster idle, the tiles twice
-    as long at 10^6 points.)"""
+    as long at 10^6 points.) The workers are asked for at every tile (adaptive scaling adds
+    and removes them); with none at the moment, the tile goes with its task to the scheduler,
+    which holds it until a worker comes (adaptive scaling starts one for it)."""
     from distributed import wait
 
-    threads = {worker: max(1, count) for worker, count in client.nthreads().items()}
-    load = dict.fromkeys(threads, 0)
-    limit = TILES_IN_FLIGHT * sum(threads.values())
+    load = {}  # tiles in flight, by worker
     outcomes = [None] * len(wave)
-    running = {}  # future -> (index in the wave, the tile's own arcs, its worker)
+    running = {}  # future -> (index in the wave, the tile's own arcs, its worker or None)
     for index, tile in enumerate(wave):
+        threads = {worker: max(1, count) for worker, count in client.nthreads().items()}
         selected = _tile_subnetwork(tile, **test_kwargs)
         if selected is not None:
             members, sub = selected
-            worker = min(load, key=lambda w: load[w] / threads[w])
-            [payload] = client.scatter([sub], workers=[worker], hash=False)
-            future = client.submit(_test_subnetwork, payload, workers=[worker],
-                                   allow_other_workers=True, pure=False,
-                                   key=f"depsi-tile-{tile[0]}-{tile[1]}-{payload.key}")
+            key = f"depsi-tile-{tile[0]}-{tile[1]}"
+            if threads:
+                worker = min(threads, key=lambda w: load.get(w, 0) / threads[w])
+                [payload] = client.scatter([sub], workers=[worker], hash=False)
+                future = client.submit(_test_subnetwork, payload, workers=[worker],
+                                       allow_other_workers=True, pure=False,
+                                       key=f"{key}-{payload.key}")
+                del payload  # the worker holds it now
+            else:
+                worker = None
+                future = client.submit(_test_subnetwork, sub, pure=False)
             running[future] = (index, members[sub.own], worker)
-            load[worker] += 1
-            del payload, sub  # the worker holds it now
+            load[worker] = load.get(worker, 0) + 1
+            del sub
+        limit = TILES_IN_FLIGHT * max(1, sum(threads.values()))
         while len(running) >= limit or (running and index == len(wave) - 1):
             done = wait(list(running), return_when="FIRST_COMPLETED").done
             for future in done:
                 index_done, own, worker = running.pop(future)
-                load[worker] = load.get(worker, 1) - 1
+                load[worker] -= 1
                 outcomes[index_done] = _tile_outcome(own, future.result())
                 future.release()
     return outcomes

@@ -190,3 +190,30 @@ def test_tasks_run_blas_on_one_thread_and_the_block_restores_it(compute: dict) -
                 lambda block: np.array([_blas_threads()[-1]] * len(block))).compute()
         assert set(seen.tolist()) == {1}
         assert _blas_threads() == [3]
+
+
+def _malloc_settings() -> tuple[str | None, str | None]:
+    import os
+
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_THRESHOLD_")
+
+
+def test_local_workers_reuse_their_heap_for_temporaries() -> None:
+    """A LocalCluster's workers run with glibc's trim and mmap thresholds at WORKER_MALLOC
+    (distributed's 64 kB trim threshold alone pins the mmap threshold at 128 kB: every larger
+    temporary is mapped and unmapped page by page), the nannies' other settings kept; after the
+    block the configuration is as before."""
+    import dask
+    import distributed  # noqa: F401 - its configuration defaults
+
+    from depsi.cluster import WORKER_MALLOC
+
+    before = dask.config.get("distributed.nanny.pre-spawn-environ")
+    with scheduler(scheduler="local", workers=1, threads=1, memory_limit=None) as running:
+        (settings,) = running.client.run(_malloc_settings).values()
+        (blas,) = running.client.run(lambda: __import__("os").environ.get(
+            "OPENBLAS_NUM_THREADS")).values()
+    assert settings == tuple(str(WORKER_MALLOC[name]) for name in (
+        "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
+    assert blas == "1"
+    assert dask.config.get("distributed.nanny.pre-spawn-environ") == before

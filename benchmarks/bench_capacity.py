@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import _scale_scene as scene_module
 import bench_scale
-from bench_driver import _DriverSampler
+from bench_driver import _DriverSampler, add_arguments, rows_of_children
 
 GB = 2**30
 
@@ -184,36 +181,16 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=float, default=[1e5, 1e6])
-    parser.add_argument("--cache", type=Path,
-                        default=Path(tempfile.gettempdir()) / "depsi-bench-scale")
-    parser.add_argument("--seed", type=int, default=0)
+    add_arguments(parser, [1e5, 1e6])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--memory-limit", default="2GB", help="each worker's memory limit")
-    parser.add_argument("--sample-s", type=float, default=0.05,
-                        help="seconds between samples of each process's RSS")
-    parser.add_argument("--json", type=Path, help="write the rows here too")
-    parser.add_argument("--child", nargs=2, metavar=("SCENE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(Path(args.child[0]), Path(args.child[1]), args.workers, args.memory_limit,
               args.sample_s)
         return
-    args.cache.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for size in args.sizes:
-        n = int(size)
-        bench_scale.ensure_scene(args.cache, n, args.seed, None)
-        folder = bench_scale.scene_folder(args.cache, n, args.seed)
-        out = args.cache / f"{folder.name}.capacity.json"
-        out.unlink(missing_ok=True)
-        print(f"{n:,} points", flush=True)
-        subprocess.run([sys.executable, __file__, "--child", str(folder), str(out),
-                        "--workers", str(args.workers), "--memory-limit", args.memory_limit,
-                        "--sample-s", str(args.sample_s)], check=True)
-        rows.append({"n_points": n, **json.loads(out.read_text())})
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    rows = rows_of_children(__file__, args, "capacity", [
+        "--workers", str(args.workers), "--memory-limit", args.memory_limit,
+        "--sample-s", str(args.sample_s)])
     print(f"\nCapacity per step (LocalCluster {args.workers} workers x 1 thread, "
           f"{args.memory_limit} each)\n")
     print(table(rows))

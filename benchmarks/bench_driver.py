@@ -154,39 +154,53 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=float, default=[1e5, 2e5])
+def add_arguments(parser: argparse.ArgumentParser, sizes: list[float]) -> None:
+    """The options this script and ``bench_capacity.py`` share."""
+    parser.add_argument("--sizes", nargs="+", type=float, default=sizes)
     parser.add_argument("--cache", type=Path,
                         default=Path(tempfile.gettempdir()) / "depsi-bench-scale")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-limit", default="2GB", help="each worker's memory limit")
     parser.add_argument("--sample-s", type=float, default=0.05,
-                        help="seconds between samples of the driver's RSS")
+                        help="seconds between samples of the processes' RSS")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     parser.add_argument("--child", nargs=2, metavar=("SCENE", "OUT"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        child(Path(args.child[0]), Path(args.child[1]), args.memory_limit, args.sample_s)
-        return
+
+
+def rows_of_children(script: str, args: argparse.Namespace, suffix: str,
+                     child_args: list[str]) -> list[dict]:
+    """For each of ``args.sizes``: the scale scene (generated when missing), run by ``script
+    --child SCENE OUT *child_args`` in a process of its own; the rows, with its JSON (also
+    written to ``args.json``)."""
     args.cache.mkdir(parents=True, exist_ok=True)
     rows = []
     for size in args.sizes:
         n = int(size)
         bench_scale.ensure_scene(args.cache, n, args.seed, None)
         folder = bench_scale.scene_folder(args.cache, n, args.seed)
-        out = args.cache / f"{folder.name}.driver.json"
+        out = args.cache / f"{folder.name}.{suffix}.json"
         out.unlink(missing_ok=True)
         print(f"{n:,} points", flush=True)
-        subprocess.run([sys.executable, __file__, "--child", str(folder), str(out),
-                        "--memory-limit", args.memory_limit, "--sample-s", str(args.sample_s)],
+        subprocess.run([sys.executable, script, "--child", str(folder), str(out), *child_args],
                        check=True)
         rows.append({"n_points": n, **json.loads(out.read_text())})
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, [1e5, 2e5])
+    args = parser.parse_args(argv)
+    if args.child:
+        child(Path(args.child[0]), Path(args.child[1]), args.memory_limit, args.sample_s)
+        return
+    rows = rows_of_children(__file__, args, "driver", [
+        "--memory-limit", args.memory_limit, "--sample-s", str(args.sample_s)])
     print("\nDriver RSS per step (LocalCluster 2 workers x 1 thread, "
           f"{args.memory_limit} each)\n")
     print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -217,3 +217,15 @@ def test_local_workers_reuse_their_heap_for_temporaries() -> None:
         "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
     assert blas == "1"
     assert dask.config.get("distributed.nanny.pre-spawn-environ") == before
+
+
+def test_this_module_runs_in_the_serial_group(request) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh) the modules of
+    tests/conftest.py's SERIAL_MODULES carry the group in their node ids, so they run one at a
+    time in one worker (two SLURM tests at once wait on each other's jobs and time out). pytest
+    9.2 with pytest-xdist 3.8 lost the group silently; this fails instead."""
+    import os
+
+    if "PYTEST_XDIST_WORKER" not in os.environ or not request.config.getvalue("loadgroup"):
+        pytest.skip("not under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@serial"), request.node.nodeid

@@ -13,7 +13,8 @@ Run: ``python benchmarks/bench_ds_selection.py [prescreen] [relation] [ministack
 - ``ministack``: peak memory (``ru_maxrss`` above the start, a fresh child process per case,
   and the peak of the allocations ``tracemalloc`` traces, NumPy's arrays among them) and
   linked-phase RMSE against the Cramér-Rao bound of ``ds_selection`` with and without
-  mini-stacks, at 30, 60 and 120 epochs.
+  mini-stacks (beside every compressed SLC, and beside ``max_compressed`` of them), at 30, 60,
+  120 and 240 epochs.
 
 Nothing is asserted; figures go to docs/steps/distributed.md and docs/benchmarks.md.
 """
@@ -28,6 +29,8 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+
+from depsi.processing.scatterers import DEFAULT_MAX_COMPRESSED
 
 NOISE_SCENE = {"shape": (128, 128), "n_epochs": 30, "seed": 7, "ps_fraction": 0.01,
                "ds_regions": 1, "ds_region_size": 20}
@@ -119,11 +122,13 @@ def _peak_mb() -> float:
 
 
 #: The mini-stack case: one DS stack of three regions (``simulate_ds_stack``, default coherence
-#: model), 9 x 9 windows, mini-stacks of 15 epochs.
+#: model), 9 x 9 windows, mini-stacks of 15 epochs: all epochs at once, then mini-stacks beside
+#: every compressed SLC and beside the default ``max_compressed``.
 MINISTACK_SHAPE, MINISTACK_WINDOW, MINISTACK = (48, 96), (9, 9), 15
+MAX_COMPRESSED = DEFAULT_MAX_COMPRESSED
 
 
-def _ministack_case(n_epochs: int, ministack: int | None) -> dict:
+def _ministack_case(n_epochs: int, ministack: int | None, max_compressed: int | None) -> dict:
     """In a fresh process: ds_selection on the synchronous scheduler (one task at a time), its
     peak resident memory above what the process held with the stack loaded, and the accepted
     DS's phase RMSE against the truth and the Cramér-Rao bound at the true coherence (pixels
@@ -139,11 +144,13 @@ def _ministack_case(n_epochs: int, ministack: int | None) -> dict:
     stack, truth = stack.compute(), truth.compute()
     small = stack.isel(azimuth=slice(0, 16), range=slice(0, 16), time=slice(0, 4))
     with dask.config.set(scheduler="synchronous"):
-        ds_selection(small, window=MINISTACK_WINDOW, min_looks=10, ministack=ministack and 2)
+        ds_selection(small, window=MINISTACK_WINDOW, min_looks=10, ministack=ministack and 2,
+                     max_compressed=max_compressed)
         before = _peak_mb()
         tracemalloc.start()
         start = time.perf_counter()
-        ds = ds_selection(stack, window=MINISTACK_WINDOW, ministack=ministack)
+        ds = ds_selection(stack, window=MINISTACK_WINDOW, ministack=ministack,
+                          max_compressed=max_compressed)
         seconds = time.perf_counter() - start
         traced = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
@@ -158,23 +165,27 @@ def _ministack_case(n_epochs: int, ministack: int | None) -> dict:
     variance = cramer_rao_bound(np.broadcast_to(truth["coherence"].values,
                                                 (int(pure.sum()), n_epochs, n_epochs)),
                                 ds["shp_count"].values[pure].astype(float))
-    return {"epochs": n_epochs, "ministack": ministack, "points": int(ds.sizes["space"]),
+    return {"epochs": n_epochs, "ministack": ministack, "max_compressed": max_compressed,
+            "points": int(ds.sizes["space"]),
             "pure": int(pure.sum()), "rmse": float(np.sqrt(np.mean(error[:, 1:] ** 2))),
             "crb": float(np.sqrt(np.mean(variance[:, 1:]))), "peak_mb": peak,
             "traced_mb": traced, "seconds": seconds,
             "coherence": float(np.median(ds["linked_coherence"].values))}
 
 
-def ministack(epochs=(30, 60, 120)) -> None:
+def ministack(epochs=(30, 60, 120, 240)) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    print("epochs | ministack | DS | pure | RMSE (rad) | CRB (rad) | RMSE / CRB | "
-          "median linked coherence | peak RSS MB above start | peak traced MB | s")
+    print("epochs | ministack | max_compressed | DS | pure | RMSE (rad) | CRB (rad) | "
+          "RMSE / CRB | median linked coherence | peak RSS MB above start | peak traced MB | s")
     for n_epochs in epochs:
-        for size in (None, MINISTACK):
+        for size, cap in ((None, None), (MINISTACK, None), (MINISTACK, MAX_COMPRESSED)):
+            if size is None and n_epochs > 120:  # 240^2 matrices for every pixel: 12 GB
+                continue
             with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-                row = pool.submit(_ministack_case, n_epochs, size).result()
-            print(f"{row['epochs']} | {row['ministack']} | {row['points']} | {row['pure']} | "
+                row = pool.submit(_ministack_case, n_epochs, size, cap).result()
+            print(f"{row['epochs']} | {row['ministack']} | {row['max_compressed']} | "
+                  f"{row['points']} | {row['pure']} | "
                   f"{row['rmse']:.3f} | {row['crb']:.3f} | {row['rmse'] / row['crb']:.3f} | "
                   f"{row['coherence']:.3f} | {row['peak_mb']:.0f} | {row['traced_mb']:.0f} | "
                   f"{row['seconds']:.1f}",

@@ -223,7 +223,7 @@ def test_phase_linking_of_a_stack_matches_its_truth_where_the_shp_are_pure():
 
 
 # ------------------------------------------------------------------- sequential estimator
-def _sequential_case(n_epochs, n_looks=100, n_pixels=300, ministack=15):
+def _sequential_case(n_epochs, n_looks=100, n_pixels=300, ministack=15, max_compressed=None):
     coherence = exponential_coherence(np.arange(n_epochs) * 12.0)
     rng = np.random.default_rng(n_epochs)
     theta = wrap_phase(rng.uniform(-np.pi, np.pi, n_epochs))
@@ -233,24 +233,55 @@ def _sequential_case(n_epochs, n_looks=100, n_pixels=300, ministack=15):
     tracemalloc.start()
     try:
         with threadpool_limits(1):
-            phase, _ = sequential_phase_linking(
-                looks[..., k:k + ministack] for k in range(0, n_epochs, ministack))
+            phase, compressed = sequential_phase_linking(
+                (looks[..., k:k + ministack] for k in range(0, n_epochs, ministack)),
+                max_compressed=max_compressed)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     rmse = float(np.sqrt(np.mean(wrap_phase(phase - theta)[:, 1:] ** 2)))
-    return rmse, crb, peak
+    return rmse, crb, peak, compressed.shape[-1]
 
 
 @pytest.mark.slow
 def test_sequential_estimator_keeps_memory_flat_and_emi_accuracy_from_30_to_120_epochs():
     """Mini-stacks of 15 with their compressed SLCs: memory grows with the number of
     mini-stacks only (1 to 8 here), far below the 16x of a 4x longer full coherence matrix, and
-    the phase stays within 1.2x the Cramér-Rao bound."""
+    the phase stays within 1.2x the Cramér-Rao bound. With ``max_compressed`` 3 it stops
+    growing once three compressed SLCs are carried (measured 1.19x from 30 to 120 epochs, 1.02x
+    from 120 to 240, against 1.54x and 1.5x with all of them), at most 2 % above the
+    unbounded estimator's RMSE (measured 0.9 % at 120 epochs)."""
     short, long_ = _sequential_case(30), _sequential_case(120)
-    for rmse, crb, _ in (short, long_):
+    for rmse, crb, _, _ in (short, long_):
         assert rmse <= CRB_FACTOR * crb
     assert long_[2] < 2.0 * short[2]
+    capped = {n: _sequential_case(n, max_compressed=3) for n in (30, 120, 180)}
+    assert [capped[n][3] for n in capped] == [2, 3, 3]
+    assert capped[30][:2] == short[:2]  # two mini-stacks: nothing dropped, the same estimator
+    assert capped[120][2] < 1.3 * capped[30][2] and capped[180][2] < 1.05 * capped[120][2]
+    assert capped[120][0] <= CRB_FACTOR * capped[120][1]
+    assert capped[120][0] <= 1.02 * long_[0]
+
+
+def test_a_cap_the_stack_never_reaches_changes_nothing():
+    """``max_compressed`` at or above the mini-stacks a stack has: the unbounded estimator, to
+    the bit; below it, the first compressed SLC is kept (the datum stays the first epoch)."""
+    rng = np.random.default_rng(5)
+    n_epochs = 20
+    coherence = exponential_coherence(np.arange(n_epochs) * 12.0)
+    theta = wrap_phase(rng.uniform(-np.pi, np.pi, n_epochs))
+    looks = circular_gaussian_looks(coherence, theta, (30, 40), rng)
+    runs = {cap: sequential_phase_linking(
+        (looks[..., k:k + 5] for k in range(0, n_epochs, 5)), max_compressed=cap)
+        for cap in (None, 4, 9, 2)}
+    for cap in (4, 9):
+        np.testing.assert_array_equal(runs[cap][0], runs[None][0])
+        np.testing.assert_array_equal(runs[cap][1], runs[None][1])
+    phase, compressed = runs[2]
+    assert compressed.shape[-1] == 2 and (phase[:, 0] == 0).all()
+    np.testing.assert_array_equal(compressed[..., 0], runs[None][1][..., 0])
+    np.testing.assert_array_equal(phase[:, :10], runs[None][0][:, :10])  # nothing dropped yet
+    assert not np.array_equal(phase[:, 15:], runs[None][0][:, 15:])
 
 
 # ------------------------------------------------------------------------ the pre-screen
@@ -337,6 +368,7 @@ def test_ministack_linking_of_a_stack_is_the_full_one_within_the_bound():
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"ministack": 1}, "ministack: expected at least 2"),
     ({"ministack": 10, "reference": 3}, "expected reference 0"),
+    ({"ministack": 10, "max_compressed": 0}, "max_compressed: expected at least 1"),
 ])
 def test_ministack_linking_refuses_what_it_cannot_do(kwargs, match):
     stack, _ = simulate_ds_stack(shape=(12, 12), n_epochs=6)
@@ -360,6 +392,8 @@ def _kernel_outputs(xp, n_epochs=12):
     out["crb"] = cramer_rao_bound(gamma, n_looks)
     out["sequential"], out["compressed"] = sequential_phase_linking(
         looks[..., k:k + 4] for k in range(0, n_epochs, 4))
+    out["sequential_capped"], out["compressed_capped"] = sequential_phase_linking(
+        (looks[..., k:k + 2] for k in range(0, n_epochs, 2)), max_compressed=2)
     out["short_lag_coherence"] = short_lag_coherence(
         looks.reshape(8, 8, 30, n_epochs)[:, :, 0], xp.ones((6, 6, 9), dtype=bool), (3, 3))
     out["temporal_coherence_tile"] = temporal_coherence_tile(
@@ -376,7 +410,7 @@ def test_kernels_on_cupy_match_numpy_to_float32_round_off():
     cpu, gpu = _kernel_outputs(np), _kernel_outputs(cupy)
     for name, value in cpu.items():
         got = to_host(gpu[name])
-        if name.startswith("phase") or name == "sequential":
+        if name.startswith(("phase", "sequential")):
             got, value = wrap_phase(got - value), np.zeros_like(value)
         scale = np.sqrt(np.mean(np.abs(value) ** 2)) or 1.0
         assert np.sqrt(np.mean(np.abs(got - value) ** 2)) / scale < 1e-5, name

@@ -343,7 +343,11 @@ DS_ALTERNATES = {
     "selection.ds.min_temporal_coherence": 0.9,
     "selection.ds.prescreen_sigmas": 30.0,
     "selection.ds.ministack": 5,
+    "selection.ds.max_compressed": 1,
 }
+
+#: Fields that act only beside another setting: the settings both sides of the comparison share.
+DS_CONTEXT = {"selection.ds.max_compressed": {"ministack": 5}}  # 20 epochs: 4 mini-stacks
 
 
 @pytest.fixture(scope="module")
@@ -383,6 +387,9 @@ def test_every_selection_ds_field_changes_the_selection(ds_stack, ds_base, field
     assert (ds_base["scatterer"].values == 1).sum() > 100
     if name == "enabled":  # the default, DS off, against DS on
         base, changed = _selected(ds_stack, {}), ds_base
+    elif field in DS_CONTEXT:
+        context = {"enabled": True, **DS_CONTEXT[field]}
+        base, changed = _selected(ds_stack, context), _selected(ds_stack, context | {name: value})
     else:
         base, changed = ds_base, _selected(ds_stack, {"enabled": True, name: value})
     assert not changed.identical(base), f"{field}={value!r} changed no product"

@@ -465,9 +465,34 @@ def phase_linking_bytes_per_pixel(n_epochs: int, n_cells: int) -> int:
     return 16 * n_cells * n_epochs + 5 * 8 * n_epochs * n_epochs
 
 
+def kept_compressed(compressed, max_compressed: int | None):
+    """The compressed SLCs a mini-stack carries on: all of them (``max_compressed`` None), or
+    the first (the datum's, referenced to the first epoch) and the latest
+    ``max_compressed - 1``, so that a long stack's problems stay ``(max_compressed + M)^2``.
+
+    Every compressed SLC carries the datum's phase (its mini-stack's looks projected on phases
+    on that datum), so any subset keeps the datum; the most recent ones are the most coherent
+    with new epochs, the first the best tie to the first epoch.
+
+    Examples
+    --------
+    >>> c = np.arange(6).reshape(1, 1, 6)
+    >>> kept_compressed(c, 3).ravel().tolist(), kept_compressed(c, 1).ravel().tolist()
+    ([0, 4, 5], [0])
+    """
+    if max_compressed is None or compressed.shape[-1] <= max_compressed:
+        return compressed
+    xp = array_namespace(compressed)
+    latest = int(max_compressed) - 1
+    if latest == 0:
+        return compressed[..., :1]
+    return xp.concatenate([compressed[..., :1], compressed[..., -latest:]], axis=-1)
+
+
 def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
                    weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
-                   bias_correction: bool = False, return_coherence: bool = False):
+                   bias_correction: bool = False, return_coherence: bool = False,
+                   max_compressed: int | None = None):
     """One step of the sequential estimator (Ansari, De Zan and Bamler 2017, IEEE TGRS 55(10),
     5637-5652): link a mini-stack of new epochs beside the compressed SLCs of the earlier ones,
     and compress it.
@@ -491,13 +516,17 @@ def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
     return_coherence
         Also return the mini-stack's coherence matrices, its looks and the linking's
         eigenvalues (for a bound or a quality figure of the step).
+    max_compressed
+        Carry at most this many compressed SLCs on to the next mini-stack
+        (:func:`kept_compressed`); None: every one.
 
     Returns
     -------
     phase
         ``(n_pixels, M)`` linked phase of the new epochs on the datum.
     compressed
-        ``(n_pixels, n_looks, K + 1)``: the earlier compressed SLCs and this mini-stack's.
+        ``(n_pixels, n_looks, K + 1)``: the earlier compressed SLCs and this mini-stack's
+        (at most ``max_compressed`` of them).
     coherence, looks, eigenvalue
         With ``return_coherence``: ``(n_pixels, K + M, K + M)`` over ``[compressed, new]``,
         ``(n_pixels,)`` looks and ``(n_pixels,)`` as :func:`link_phases` gives them.
@@ -522,6 +551,7 @@ def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
     projector = xp.exp(-1j * new).astype(looks.dtype) / np.sqrt(looks.shape[-1])
     summary = xp.einsum("plm,pm->pl", looks, projector)[:, :, None]
     compressed = summary if compressed is None else xp.concatenate([compressed, summary], axis=-1)
+    compressed = kept_compressed(compressed, max_compressed)
     if return_coherence:
         return new, compressed, gamma, n_looks, eigenvalue
     return new, compressed
@@ -564,7 +594,8 @@ def temporal_coherence_tile(looks_a, looks_b, phase_a, phase_b, weights=None):
 
 
 def sequential_phase_linking(ministacks, weights=None, *, method: str = "emi",
-                             weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE):
+                             weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
+                             max_compressed: int | None = None):
     """Phase histories from mini-stacks of epochs given one after the other, in memory that
     grows with the number of mini-stacks, not of epochs (:func:`link_ministack`).
 
@@ -573,15 +604,17 @@ def sequential_phase_linking(ministacks, weights=None, *, method: str = "emi",
     ministacks
         Iterable of ``(n_pixels, n_looks, M_k)`` complex looks, in time order; read one at a
         time (a generator reading a stack chunk by chunk keeps one mini-stack in memory).
-    weights, method, weight_shrinkage
-        As in :func:`link_ministack`.
+    weights, method, weight_shrinkage, max_compressed
+        As in :func:`link_ministack`; with ``max_compressed`` the memory does not grow with
+        the mini-stacks either.
 
     Returns
     -------
     phase
         ``(n_pixels, sum M_k)``, zero at the first epoch, wrapped.
     compressed
-        ``(n_pixels, n_looks, n_ministacks)``: what a later mini-stack needs to continue.
+        ``(n_pixels, n_looks, n_ministacks)`` (at most ``max_compressed``): what a later
+        mini-stack needs to continue.
 
     Examples
     --------
@@ -595,7 +628,8 @@ def sequential_phase_linking(ministacks, weights=None, *, method: str = "emi",
     for looks in ministacks:
         xp = array_namespace(looks)
         phase, compressed = link_ministack(looks, compressed, weights, method=method,
-                                           weight_shrinkage=weight_shrinkage)
+                                           weight_shrinkage=weight_shrinkage,
+                                           max_compressed=max_compressed)
         pieces.append(phase)
     if xp is None:
         raise ValueError("ministacks: expected at least one mini-stack, found none")

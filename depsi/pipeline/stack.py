@@ -217,7 +217,8 @@ def selection_step(stack: xr.Dataset, config: Any, *, progress: bool = False) ->
         ps = merge_scatterers(ps, ds_selection(
             stack, window=tuple(ds.window), alpha=ds.alpha, min_looks=ds.min_looks,
             method=ds.method, min_temporal_coherence=ds.min_temporal_coherence,
-            prescreen_sigmas=ds.prescreen_sigmas, ministack=ds.ministack))
+            prescreen_sigmas=ds.prescreen_sigmas, ministack=ds.ministack,
+            max_compressed=ds.max_compressed))
     if config.input.dem is not None:
         from depsi.io.geometry import geocode_with_dem, open_dem
 

@@ -297,8 +297,8 @@ def _ministack_edges(n_epochs: int, ministack: int) -> list[tuple[int, int]]:
     return [(k, min(k + ministack, n_epochs)) for k in range(0, n_epochs, ministack)]
 
 
-def _link_sequential(slc, rows, cols, weights, *, window, ministack, method, weight_shrinkage,
-                     bias_correction):
+def _link_sequential(slc, rows, cols, weights, *, window, ministack, max_compressed, method,
+                     weight_shrinkage, bias_correction):
     """Sequential phase linking of a batch of pixels, mini-stack by mini-stack: the looks of
     one mini-stack (two for the temporal coherence's tiles) and ``(K + M)^2`` matrices at a
     time, never ``T`` epochs of looks or a ``T x T`` matrix. Returns the linked phase, its
@@ -320,7 +320,8 @@ def _link_sequential(slc, rows, cols, weights, *, window, ministack, method, wei
         n_old = 0 if compressed is None else compressed.shape[-1]
         new, compressed, gamma, n_looks, eigenvalue = link_ministack(
             looks, compressed, weights, method=method, weight_shrinkage=weight_shrinkage,
-            bias_correction=bias_correction, return_coherence=True)
+            bias_correction=bias_correction, return_coherence=True,
+            max_compressed=max_compressed)
         pieces.append(new)
         eigenvalues = eigenvalues + eigenvalue / len(edges)
         # the bound of the mini-stack's problem (its first compressed SLC fixed): the quality
@@ -344,7 +345,7 @@ def _link_sequential(slc, rows, cols, weights, *, window, ministack, method, wei
 
 
 def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, weight_shrinkage,
-                bias_correction, device, prescreen_sigmas, ministack):
+                bias_correction, device, prescreen_sigmas, ministack, max_compressed):
     """Phase linking of every DS candidate of a padded block that passes the pre-screen, all
     epochs at once or mini-stack by mini-stack; NumPy in, NumPy out."""
     half_az, half_rg = _half(window)
@@ -359,7 +360,8 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
         return (phase, *outputs)
     sequential = ministack is not None and ministack < n_epochs
     if sequential:  # two mini-stacks of looks, the compressed SLCs, a (K + M)^2 problem
-        width = ministack + len(_ministack_edges(n_epochs, ministack))
+        n_compressed = len(_ministack_edges(n_epochs, ministack))
+        width = ministack + min(n_compressed, max_compressed or n_compressed)
         per_pixel = phase_linking_bytes_per_pixel(width, shp.shape[-1]) + 16 * n_epochs
     else:
         per_pixel = phase_linking_bytes_per_pixel(n_epochs, shp.shape[-1])
@@ -371,7 +373,8 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
             if sequential:
                 results = _link_sequential(
                     slc_device, r - half_az, c - half_rg, to_device(shp[r, c], device),
-                    window=window, ministack=ministack, method=method,
+                    window=window, ministack=ministack, max_compressed=max_compressed,
+                    method=method,
                     weight_shrinkage=weight_shrinkage, bias_correction=bias_correction)
                 phase[r, c] = to_host(results[0])
                 for index, value in zip((0, 1, 2, 3), results[1:]):
@@ -398,9 +401,16 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
     return (phase, *outputs)
 
 
-def check_ministack(ministack, *, reference: int = 0, shrinkage: float = 0.0) -> None:
+def check_ministack(ministack, *, reference: int = 0, shrinkage: float = 0.0,
+                    max_compressed: int | None = None) -> None:
     """A ValueError unless ``ministack`` is None or at least 2 epochs, with the sequential
-    estimator's datum (``reference`` 0) and no ``shrinkage``."""
+    estimator's datum (``reference`` 0) and no ``shrinkage``, and ``max_compressed`` None or
+    at least 1."""
+    if max_compressed is not None and (isinstance(max_compressed, bool)
+                                       or int(max_compressed) != max_compressed
+                                       or int(max_compressed) < 1):
+        raise ValueError(f"max_compressed: expected at least 1 compressed SLC or None, found "
+                         f"{max_compressed!r}")
     if ministack is None:
         return
     if isinstance(ministack, bool) or int(ministack) != ministack or int(ministack) < 2:
@@ -423,6 +433,7 @@ def phase_linking(
     bias_correction: bool = False,
     prescreen_sigmas: float | None = None,
     ministack: int | None = None,
+    max_compressed: int | None = None,
     device: str | None = None,
     variable: str = "complex",
 ) -> xr.Dataset:
@@ -432,9 +443,12 @@ def phase_linking(
     (:func:`depsi.kernels.phase_linking.link_ministack`, the sequential estimator of Ansari,
     De Zan and Bamler 2017): ``ministack`` epochs beside the compressed SLCs of the earlier
     ones, so the looks held and the matrices solved are those of one mini-stack, not of every
-    epoch. The temporal coherence is the full one (every pair of epochs, against the sample
-    coherence phases), summed tile by tile; ``phase_std`` is each mini-stack's bound with its
-    first compressed SLC fixed, and ``eigenvalue`` the mean over the mini-stacks.
+    epoch. With ``max_compressed`` a mini-stack carries at most that many compressed SLCs
+    (the first and the latest, :func:`depsi.kernels.phase_linking.kept_compressed`), so its
+    matrices stop growing with the epochs. The temporal coherence is the full one (every pair
+    of epochs, against the sample coherence phases), summed tile by tile; ``phase_std`` is
+    each mini-stack's bound with its first compressed SLC fixed, and ``eigenvalue`` the mean
+    over the mini-stacks.
 
     With ``prescreen_sigmas``, a candidate is linked only when its short-lag coherence (the mean
     magnitude of its SHP-averaged interferograms of consecutive epochs,
@@ -473,6 +487,9 @@ def phase_linking(
     ministack
         Epochs a mini-stack; None (default): all epochs at once. Only with ``reference`` 0
         and no ``shrinkage``.
+    max_compressed
+        With ``ministack``: the compressed SLCs a mini-stack is linked beside, at most; None
+        (default): all of the earlier mini-stacks'.
     device
         Where the kernels run (``"cpu"``, ``"cuda:0"``, ...); default the CPU. Blocks move to
         the device and back once each.
@@ -507,7 +524,8 @@ def phase_linking(
     if prescreen_sigmas is not None and not float(prescreen_sigmas) >= 0:
         raise ValueError(f"prescreen_sigmas: expected >= 0 standard deviations or None, found "
                          f"{prescreen_sigmas!r}")
-    check_ministack(ministack, reference=reference, shrinkage=shrinkage)
+    check_ministack(ministack, reference=reference, shrinkage=shrinkage,
+                    max_compressed=max_compressed)
     window = tuple(int(w) for w in shp.attrs["window"])
     half = _half(window)
     data = stack[variable].transpose("azimuth", "range", "time").data
@@ -527,7 +545,8 @@ def phase_linking(
         weight_shrinkage=float(weight_shrinkage),
         bias_correction=bool(bias_correction), device=parse_device(device or "cpu"),
         prescreen_sigmas=None if prescreen_sigmas is None else float(prescreen_sigmas),
-        ministack=None if ministack is None else int(ministack), vectorize=False,
+        ministack=None if ministack is None else int(ministack),
+        max_compressed=None if max_compressed is None else int(max_compressed), vectorize=False,
         meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 5)
     phase, coherence, eigenvalue, phase_std, intensity, proxy = (_trimmed(r, half)
                                                                  for r in results)
@@ -548,4 +567,6 @@ def phase_linking(
                "shrinkage": float(shrinkage), "weight_shrinkage": float(weight_shrinkage),
                "bias_correction": int(bias_correction), "window": list(window)}
         | ({} if prescreen_sigmas is None else {"prescreen_sigmas": float(prescreen_sigmas)})
-        | ({} if ministack is None else {"ministack": int(ministack)}))
+        | ({} if ministack is None else {"ministack": int(ministack)})
+        | ({} if ministack is None or max_compressed is None
+           else {"max_compressed": int(max_compressed)}))

@@ -1,6 +1,6 @@
 """``ds_selection``'s pre-screen and mini-stacks, against linking every candidate of all epochs.
 
-Run: ``python benchmarks/bench_ds_selection.py [prescreen] [relation] [ministack]``.
+Run: ``python benchmarks/bench_ds_selection.py [prescreen] [relation] [ministack] [update]``.
 
 - ``prescreen``: ms a pixel of ``ds_selection`` with the pre-screen (``prescreen_sigmas`` 3) and
   without (None), best of two rounds each, and the DS found / false against the truth, on the
@@ -15,6 +15,9 @@ Run: ``python benchmarks/bench_ds_selection.py [prescreen] [relation] [ministack
   linked-phase RMSE against the Cramér-Rao bound of ``ds_selection`` with and without
   mini-stacks (beside every compressed SLC, and beside ``max_compressed`` of them), at 30, 60,
   120 and 240 epochs.
+- ``update``: what the last mini-stack of 15 epochs costs when added to a stored DS product
+  (``update_ds_selection``) against selecting the whole stack again with mini-stacks: seconds
+  and peak memory of that call, at 30, 60 and 120 epochs.
 
 Nothing is asserted; figures go to docs/steps/distributed.md and docs/benchmarks.md.
 """
@@ -192,11 +195,59 @@ def ministack(epochs=(30, 60, 120, 240)) -> None:
                   flush=True)
 
 
+def _update_case(n_epochs: int, mode: str) -> dict:
+    """In a fresh process: the last mini-stack of ``n_epochs`` added to a stored DS product
+    (``mode`` "update": update_ds_selection on the store of the first ``n_epochs - M``) or the
+    whole stack selected again (``mode`` "rerun": ds_selection with mini-stacks): seconds,
+    peak RSS and traced allocations of that call alone."""
+    import tempfile
+
+    import dask
+
+    from depsi.io.store import save_stm
+    from depsi.processing.scatterers import ds_selection, update_ds_selection
+    from depsi.simulate.ds import simulate_ds_stack
+
+    stack, _ = simulate_ds_stack(shape=MINISTACK_SHAPE, n_epochs=n_epochs, seed=3)
+    stack = stack.compute()
+    first = n_epochs - MINISTACK
+    with dask.config.set(scheduler="synchronous"), tempfile.TemporaryDirectory() as folder:
+        store = save_stm(ds_selection(stack.isel(time=slice(0, first)), window=MINISTACK_WINDOW,
+                                      ministack=MINISTACK), f"{folder}/ds.zarr")
+        before = _peak_mb()
+        tracemalloc.start()
+        start = time.perf_counter()
+        if mode == "update":
+            points = update_ds_selection(store, stack.isel(time=slice(first, n_epochs)))
+        else:
+            points = ds_selection(stack, window=MINISTACK_WINDOW, ministack=MINISTACK)
+        seconds = time.perf_counter() - start
+        traced = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        n_points = int(points.sizes["space"])
+    return {"epochs": n_epochs, "mode": mode, "points": n_points, "seconds": seconds,
+            "peak_mb": _peak_mb() - before, "traced_mb": traced}
+
+
+def update(epochs=(30, 60, 120)) -> None:
+    """What a new mini-stack of epochs costs: update_ds_selection against selecting again."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    print("epochs after | how | DS | s | peak RSS MB above start | peak traced MB")
+    for n_epochs in epochs:
+        for mode in ("update", "rerun"):
+            with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+                row = pool.submit(_update_case, n_epochs, mode).result()
+            print(f"{row['epochs']} | {row['mode']} | {row['points']} | {row['seconds']:.2f} | "
+                  f"{row['peak_mb']:.0f} | {row['traced_mb']:.0f}", flush=True)
+
+
 def main(argv: list[str]) -> None:
-    parts = argv or ["prescreen", "relation", "ministack"]
+    parts = argv or ["prescreen", "relation", "ministack", "update"]
     for part in parts:
         print(f"## {part}")
-        {"prescreen": prescreen, "relation": relation, "ministack": ministack}[part]()
+        {"prescreen": prescreen, "relation": relation, "ministack": ministack,
+         "update": update}[part]()
 
 
 if __name__ == "__main__":

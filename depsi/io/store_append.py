@@ -29,6 +29,7 @@ from depsi.io.store import (
     open_stm,
     recover_interrupted,
 )
+from depsi.kernels.statistics import amplitude_of, phase_of
 from depsi.stm.schema import DIMS, STMValidationError, validate
 
 logger = logging.getLogger(__name__)
@@ -280,4 +281,33 @@ def append_epochs(path: str | os.PathLike, new: xr.Dataset, *,
     return path
 
 
-__all__ = ["append_epochs"]
+def epoch_coords(ds: xr.Dataset) -> list[str]:
+    """Per-epoch coordinates other than ``time`` (``bperp``, ...)."""
+    return [str(n) for n, c in ds.coords.items() if c.dims == ("time",) and n != "time"]
+
+
+def epochs_to_append(old: xr.Dataset, new: xr.Dataset) -> xr.Dataset:
+    """The new epochs of a point store (``complex`` and ``h2ph`` as the store has it, at its
+    points) with exactly the store's per-epoch variables and coordinates, ready for
+    :func:`append_epochs`."""
+    needed = [name for name in ("h2ph", *epoch_coords(old)) if name in old.variables]
+    missing = [name for name in needed if name not in new.variables]
+    if missing:
+        raise STMValidationError(f"new epochs: expected {missing} as the store has them, "
+                                 f"found {sorted(map(str, new.variables))}")
+    slc = new["complex"].transpose("space", "time").values.astype(old["complex"].dtype)
+    dims = ("space", "time")
+    data = {"complex": (dims, slc), "amplitude": (dims, amplitude_of(slc)),
+            "phase": (dims, phase_of(slc))}
+    if "h2ph" in old.data_vars:
+        data["h2ph"] = (dims, new["h2ph"].transpose("space", "time").values
+                        .astype(old["h2ph"].dtype))
+    coords = {"time": new["time"].values,
+              **{name: ("time", new[name].values) for name in epoch_coords(old)}}
+    for name in ("azimuth", "range"):
+        coords[name] = ("space", (new if name in new.coords else old)[name].values)
+    # append_epochs writes these attributes over the store's: carry the stored ones
+    return xr.Dataset(data, coords=coords, attrs=dict(old.attrs))
+
+
+__all__ = ["append_epochs", "epoch_coords", "epochs_to_append"]

@@ -465,6 +465,33 @@ def phase_linking_bytes_per_pixel(n_epochs: int, n_cells: int) -> int:
     return 16 * n_cells * n_epochs + 5 * 8 * n_epochs * n_epochs
 
 
+def compress(looks, phase):
+    """A mini-stack's compressed SLC: its looks projected on its linked phase,
+    ``sum_m z_lm exp(-j theta_m) / sqrt(M)`` (Ansari, De Zan and Bamler 2017), one complex
+    value a look.
+
+    Parameters
+    ----------
+    looks
+        ``(n_pixels, n_looks, M)`` complex.
+    phase
+        ``(n_pixels, M)`` linked phase of those epochs, on the datum.
+
+    Returns
+    -------
+    ``(n_pixels, n_looks)`` complex, of ``looks``' dtype.
+
+    Examples
+    --------
+    >>> looks = np.exp(1j * np.array([0.3, 0.5]))[None, None, :] * np.ones((1, 2, 1))
+    >>> np.round(compress(looks, np.array([[0.3, 0.5]])), 6).tolist()
+    [[(1.414214+0j), (1.414214+0j)]]
+    """
+    xp = array_namespace(looks, phase)
+    projector = xp.exp(-1j * xp.asarray(phase)).astype(looks.dtype) / np.sqrt(looks.shape[-1])
+    return xp.einsum("plm,pm->pl", looks, projector)
+
+
 def kept_compressed(compressed, max_compressed: int | None):
     """The compressed SLCs a mini-stack carries on: all of them (``max_compressed`` None), or
     the first (the datum's, referenced to the first epoch) and the latest
@@ -548,8 +575,7 @@ def link_ministack(looks, compressed=None, weights=None, *, method: str = "emi",
     phase, eigenvalue = link_phases(gamma, method=method, reference=0,
                                     weight_shrinkage=weight_shrinkage)
     new = phase[:, n_old:]
-    projector = xp.exp(-1j * new).astype(looks.dtype) / np.sqrt(looks.shape[-1])
-    summary = xp.einsum("plm,pm->pl", looks, projector)[:, :, None]
+    summary = compress(looks, new)[:, :, None]
     compressed = summary if compressed is None else xp.concatenate([compressed, summary], axis=-1)
     compressed = kept_compressed(compressed, max_compressed)
     if return_coherence:

@@ -30,6 +30,7 @@ from depsi.kernels.phase_linking import (
     DEFAULT_ALPHA,
     DEFAULT_WEIGHT_SHRINKAGE,
     METHODS,
+    compress,
     cramer_rao_bound,
     gather_neighbours,
     glrt_threshold,
@@ -302,8 +303,8 @@ def _link_sequential(slc, rows, cols, weights, *, window, ministack, max_compres
     """Sequential phase linking of a batch of pixels, mini-stack by mini-stack: the looks of
     one mini-stack (two for the temporal coherence's tiles) and ``(K + M)^2`` matrices at a
     time, never ``T`` epochs of looks or a ``T x T`` matrix. Returns the linked phase, its
-    temporal coherence over every pair of epochs, the mean eigenvalue, the phase std and the
-    SHP intensity."""
+    temporal coherence over every pair of epochs, the mean eigenvalue, the phase std, the SHP
+    intensity and the compressed SLCs a later mini-stack continues from."""
     xp = array_namespace(slc)
     n_epochs = slc.shape[-1]
     edges = _ministack_edges(n_epochs, ministack)
@@ -341,30 +342,48 @@ def _link_sequential(slc, rows, cols, weights, *, window, ministack, max_compres
             total = total + (tile if start_b == start_a else 2.0 * tile)
     coherence = (total - diagonal) / (n_epochs * (n_epochs - 1))
     return (phase, coherence.astype(phase.dtype), eigenvalues, variance / (n_epochs - 1),
-            power / (n_looks * n_epochs))
+            power / (n_looks * n_epochs), compressed)
+
+
+def n_compressed(n_epochs: int, ministack: int, max_compressed: int | None) -> int:
+    """How many compressed SLCs a stack of ``n_epochs`` leaves for its next mini-stack.
+
+    Examples
+    --------
+    >>> n_compressed(120, 15, 3), n_compressed(120, 15, None), n_compressed(10, 15, 3)
+    (3, 8, 1)
+    """
+    count = len(_ministack_edges(n_epochs, ministack))
+    return count if max_compressed is None else min(count, int(max_compressed))
 
 
 def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, weight_shrinkage,
                 bias_correction, device, prescreen_sigmas, ministack, max_compressed):
     """Phase linking of every DS candidate of a padded block that passes the pre-screen, all
-    epochs at once or mini-stack by mini-stack; NumPy in, NumPy out."""
+    epochs at once or mini-stack by mini-stack; NumPy in, NumPy out. With ``ministack``, also
+    the compressed SLCs ``(n_az, n_rg, n_cells, K)`` a later mini-stack continues from (zero
+    off the linked pixels)."""
     half_az, half_rg = _half(window)
     n_az, n_rg, n_epochs = slc.shape
+    n_cells = shp.shape[-1]
     phase = np.full(slc.shape, np.nan, np.float32)
     outputs = [np.full((n_az, n_rg), np.nan, np.float32) for _ in range(4)]
     keep, proxy = _screened(slc, shp, window=window, min_looks=min_looks,
                             prescreen_sigmas=prescreen_sigmas)
     outputs.append(proxy)
+    if ministack is not None:
+        outputs.append(np.zeros((n_az, n_rg, n_cells,
+                                 n_compressed(n_epochs, ministack, max_compressed)),
+                                np.result_type(slc.dtype, np.complex64)))
     rows, cols = np.nonzero(keep)
     if rows.size == 0:
         return (phase, *outputs)
     sequential = ministack is not None and ministack < n_epochs
     if sequential:  # two mini-stacks of looks, the compressed SLCs, a (K + M)^2 problem
-        n_compressed = len(_ministack_edges(n_epochs, ministack))
-        width = ministack + min(n_compressed, max_compressed or n_compressed)
-        per_pixel = phase_linking_bytes_per_pixel(width, shp.shape[-1]) + 16 * n_epochs
+        width = ministack + n_compressed(n_epochs, ministack, max_compressed)
+        per_pixel = phase_linking_bytes_per_pixel(width, n_cells) + 16 * n_epochs
     else:
-        per_pixel = phase_linking_bytes_per_pixel(n_epochs, shp.shape[-1])
+        per_pixel = phase_linking_bytes_per_pixel(n_epochs, n_cells)
     step = batch_size(per_pixel, device, max_items=rows.size)
     with use_device(device):
         slc_device = to_device(np.ascontiguousarray(slc), device)
@@ -377,10 +396,11 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
                     method=method,
                     weight_shrinkage=weight_shrinkage, bias_correction=bias_correction)
                 phase[r, c] = to_host(results[0])
-                for index, value in zip((0, 1, 2, 3), results[1:]):
+                for index, value in zip((0, 1, 2, 3), results[1:5]):
                     value = to_host(value)
                     outputs[index][r, c] = np.sqrt(np.where(value > 0, value, np.nan)) \
                         if index == 2 else value
+                outputs[5][r, c] = to_host(results[5])
                 continue
             looks = gather_neighbours(slc_device, r - half_az, c - half_rg, window)
             weights = to_device(shp[r, c], device)
@@ -398,6 +418,8 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
             variance = to_host(crb).mean(axis=-1) * n_epochs / (n_epochs - 1)
             # |G| not positive definite (few looks): no bound, no quality figure
             outputs[2][r, c] = np.sqrt(np.where(variance > 0, variance, np.nan))
+            if ministack is not None:  # one mini-stack (ministack >= T): its compressed SLC
+                outputs[5][r, c, :, 0] = to_host(compress(looks, linked))
     return (phase, *outputs)
 
 
@@ -509,6 +531,9 @@ def phase_linking(
         a DS point's power), ``short_lag_coherence`` (the pre-screen's proxy; NaN off the
         candidates and without a pre-screen), ``shp_count`` and ``ds_candidate`` from ``shp``.
         A candidate the pre-screen leaves out has NaN ``phase`` and ``temporal_coherence``.
+        With ``ministack`` also ``compressed`` (``(azimuth, range, shp_cell, compressed_slc)``,
+        complex, zero off the linked pixels): the compressed SLCs the next mini-stack of new
+        epochs is linked beside (:func:`depsi.processing.scatterers.update_ds_selection`).
 
     Examples
     --------
@@ -538,8 +563,15 @@ def phase_linking(
     mask = mask.rechunk((data.chunks[0], data.chunks[1], -1))
     padded_slc = _padded(data, half, 0)
     padded_mask = _padded(mask, half, False)
+    signature = "(t),(c)->(t),(),(),(),(),()"
+    meta = (np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 5
+    output_sizes = {}
+    if ministack is not None:  # and the compressed SLCs of every linked pixel
+        signature += ",(c,k)"
+        meta += (np.empty((0, 0, 0, 0), np.complex64),)
+        output_sizes = {"k": n_compressed(data.shape[2], int(ministack), max_compressed)}
     results = da.apply_gufunc(
-        _link_block, "(t),(c)->(t),(),(),(),(),()", padded_slc, padded_mask,
+        _link_block, signature, padded_slc, padded_mask, output_sizes=output_sizes,
         window=window, min_looks=int(shp.attrs["min_looks"]), method=method,
         reference=int(reference), shrinkage=float(shrinkage),
         weight_shrinkage=float(weight_shrinkage),
@@ -547,9 +579,9 @@ def phase_linking(
         prescreen_sigmas=None if prescreen_sigmas is None else float(prescreen_sigmas),
         ministack=None if ministack is None else int(ministack),
         max_compressed=None if max_compressed is None else int(max_compressed), vectorize=False,
-        meta=(np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 5)
-    phase, coherence, eigenvalue, phase_std, intensity, proxy = (_trimmed(r, half)
-                                                                 for r in results)
+        meta=meta)
+    phase, coherence, eigenvalue, phase_std, intensity, proxy, *state = (_trimmed(r, half)
+                                                                         for r in results)
     dims2 = ("azimuth", "range")
     coords = {name: stack[name] for name in ("azimuth", "range", "time") if name in stack.coords}
     return xr.Dataset(
@@ -561,7 +593,11 @@ def phase_linking(
              "units": "1", "long_name": "mean intensity of the SHP over the epochs"}),
          "short_lag_coherence": (dims2, proxy, {
              "units": "1", "long_name": "mean SHP coherence of consecutive epochs"}),
-         "shp_count": shp["shp_count"], "ds_candidate": shp["ds_candidate"]},
+         "shp_count": shp["shp_count"], "ds_candidate": shp["ds_candidate"]}
+        | ({} if not state else {"compressed": (
+            ("azimuth", "range", "shp_cell", "compressed_slc"), state[0], {
+                "long_name": "compressed SLCs a later mini-stack continues from: each look "
+                             "projected on the pixel's linked phase of one mini-stack"})}),
         coords=coords,
         attrs={"phase_linking": method, "reference_time": str(stack["time"].values[reference]),
                "shrinkage": float(shrinkage), "weight_shrinkage": float(weight_shrinkage),

@@ -30,14 +30,13 @@ from depsi.io.cf import with_cf_attributes
 from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.prefetch import default_block_shape, iter_processed_blocks
 from depsi.io.store import open_stm, space_chunk_size
-from depsi.io.store_append import append_epochs
+from depsi.io.store_append import append_epochs, epoch_coords, epochs_to_append
 from depsi.kernels.statistics import (
     add_sums,
     amplitude_of,
     amplitude_sums,
     moments_from_sums,
     nad_screen,
-    phase_of,
     statistics_block,
 )
 from depsi.processing.interferogram import with_amplitude_and_phase
@@ -350,7 +349,7 @@ def _points_dataset(stack: xr.Dataset, azimuth_pos: np.ndarray, range_pos: np.nd
     dims = ("space", "time")
     coords = {
         "time": stack["time"].values,
-        **{name: stack[name].variable for name in _epoch_coords(stack)},
+        **{name: stack[name].variable for name in epoch_coords(stack)},
         "azimuth": ("space", stack["azimuth"].values[azimuth_pos]),
         "range": ("space", stack["range"].values[range_pos]),
     } | {name: ("space", values) for name, values in coords2d.items()}
@@ -361,11 +360,6 @@ def _points_dataset(stack: xr.Dataset, azimuth_pos: np.ndarray, range_pos: np.nd
 
 def _morton(stack: xr.Dataset, azimuth_pos: np.ndarray, range_pos: np.ndarray) -> np.ndarray:
     return morton_order(stack["azimuth"].values[azimuth_pos], stack["range"].values[range_pos])
-
-
-def _epoch_coords(ds: xr.Dataset) -> list[str]:
-    """Per-epoch coordinates other than ``time`` (``bperp``, ...)."""
-    return [str(n) for n, c in ds.coords.items() if c.dims == ("time",) and n != "time"]
 
 
 def _coords2d(stack: xr.Dataset) -> list[str]:
@@ -769,7 +763,7 @@ def update_selection(
     nad = moments_from_sums(*sums)[2].astype(np.float32)
     selected = nad < threshold
 
-    append_epochs(path, _epochs_to_append(old, new))
+    append_epochs(path, epochs_to_append(old, new))
 
     _write_point_state(path, old, new, threshold, {
         "amplitude_dispersion": nad, "amp_count": sums[0].astype(np.int32),
@@ -777,28 +771,6 @@ def update_selection(
     logger.info("update_selection: appended %d epoch(s) to %s; %d of %d points still below "
                 "NAD %g", new.sizes["time"], path, int(selected.sum()), selected.size, threshold)
     return open_stm(path, kind="points")
-
-
-def _epochs_to_append(old: xr.Dataset, new: xr.Dataset) -> xr.Dataset:
-    """The new epochs with exactly the store's per-epoch variables and coordinates."""
-    needed = [name for name in ("h2ph", *_epoch_coords(old)) if name in old.variables]
-    missing = [name for name in needed if name not in new.variables]
-    if missing:
-        raise STMValidationError(f"new epochs: expected {missing} as the store has them, "
-                                 f"found {sorted(map(str, new.variables))}")
-    slc = new["complex"].transpose("space", "time").values.astype(old["complex"].dtype)
-    dims = ("space", "time")
-    data = {"complex": (dims, slc), "amplitude": (dims, amplitude_of(slc)),
-            "phase": (dims, phase_of(slc))}
-    if "h2ph" in old.data_vars:
-        data["h2ph"] = (dims, new["h2ph"].transpose("space", "time").values
-                        .astype(old["h2ph"].dtype))
-    coords = {"time": new["time"].values,
-              **{name: ("time", new[name].values) for name in _epoch_coords(old)}}
-    for name in ("azimuth", "range"):
-        coords[name] = ("space", (new if name in new.coords else old)[name].values)
-    # append_epochs writes these attributes over the store's: carry the stored ones
-    return xr.Dataset(data, coords=coords, attrs=dict(old.attrs))
 
 
 def _write_point_state(path: Path, old: xr.Dataset, new: xr.Dataset, threshold: float,

@@ -36,7 +36,7 @@ def stack():
 @pytest.fixture
 def stored(stack, tmp_path):
     ds = ds_selection(stack.isel(time=slice(0, FIRST)), window=WINDOW, min_looks=10,
-                      ministack=MINISTACK)
+                      ministack=MINISTACK, max_compressed=3)  # reached: 8 mini-stacks in all
     return save_stm(ds, tmp_path / "ds.zarr")
 
 

@@ -177,6 +177,7 @@ def test_merge_refuses_points_of_another_stack_or_twice(small, small_ds):
     ({"prescreen_sigmas": -1.0}, "prescreen_sigmas: expected >= 0"),
     ({"ministack": 1}, "ministack: expected at least 2"),
     ({"max_compressed": 0}, "max_compressed: expected at least 1"),
+    ({"max_compressed": "most"}, "max_compressed: expected at least 1"),
 ])
 def test_ds_selection_refuses_bad_arguments_before_work(small, kwargs, match):
     stack, _ = small
@@ -224,10 +225,12 @@ def test_ministack_is_validated_by_the_config():
     assert DSConfig(ministack=15).ministack == 15
     with pytest.raises(ValidationError, match="ministack"):
         DSConfig(ministack=1)
-    assert DSConfig().max_compressed == DEFAULT_MAX_COMPRESSED
+    assert DSConfig().max_compressed == DEFAULT_MAX_COMPRESSED == "auto"
     assert DSConfig(max_compressed=None).max_compressed is None
-    with pytest.raises(ValidationError, match="max_compressed"):
-        DSConfig(max_compressed=0)
+    assert DSConfig(max_compressed=4).max_compressed == 4
+    for bad in (0, "all"):
+        with pytest.raises(ValidationError, match="max_compressed"):
+            DSConfig(max_compressed=bad)
 
 
 def test_ds_selection_by_ministacks_finds_the_same_ds(small, small_ds):

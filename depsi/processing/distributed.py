@@ -345,6 +345,29 @@ def _link_sequential(slc, rows, cols, weights, *, window, ministack, max_compres
             power / (n_looks * n_epochs), compressed)
 
 
+#: ``max_compressed="auto"``: the first compressed SLC and enough of the latest to summarise
+#: about this many epochs. What a cap costs is the history it drops, not the count: at 120
+#: epochs, three compressed SLCs cost 0.9 % of phase RMSE with mini-stacks of 15 and 8 % with
+#: mini-stacks of 5 (400 pixels of 50 looks, docs/steps/distributed.md).
+COMPRESSED_HISTORY = 45
+
+
+def resolve_max_compressed(max_compressed, ministack: int | None) -> int | None:
+    """``max_compressed`` as a count: ``"auto"`` is ``ceil(COMPRESSED_HISTORY / ministack)``,
+    at least 2 (3 for mini-stacks of 15, 9 for 5); None without mini-stacks.
+
+    Examples
+    --------
+    >>> [resolve_max_compressed("auto", m) for m in (5, 10, 15, 50)]
+    [9, 5, 3, 2]
+    >>> resolve_max_compressed(4, 15), resolve_max_compressed("auto", None)
+    (4, None)
+    """
+    if isinstance(max_compressed, str) and max_compressed == "auto":
+        return None if ministack is None else max(2, -(-COMPRESSED_HISTORY // int(ministack)))
+    return max_compressed
+
+
 def n_compressed(n_epochs: int, ministack: int, max_compressed: int | None) -> int:
     """How many compressed SLCs a stack of ``n_epochs`` leaves for its next mini-stack.
 
@@ -426,13 +449,17 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
 def check_ministack(ministack, *, reference: int = 0, shrinkage: float = 0.0,
                     max_compressed: int | None = None) -> None:
     """A ValueError unless ``ministack`` is None or at least 2 epochs, with the sequential
-    estimator's datum (``reference`` 0) and no ``shrinkage``, and ``max_compressed`` None or
-    at least 1."""
-    if max_compressed is not None and (isinstance(max_compressed, bool)
+    estimator's datum (``reference`` 0) and no ``shrinkage``, and ``max_compressed`` None,
+    ``"auto"`` or at least 1."""
+    if isinstance(max_compressed, str):
+        if max_compressed != "auto":
+            raise ValueError(f"max_compressed: expected at least 1 compressed SLC, 'auto' or "
+                             f"None, found {max_compressed!r}")
+    elif max_compressed is not None and (isinstance(max_compressed, bool)
                                        or int(max_compressed) != max_compressed
                                        or int(max_compressed) < 1):
-        raise ValueError(f"max_compressed: expected at least 1 compressed SLC or None, found "
-                         f"{max_compressed!r}")
+        raise ValueError(f"max_compressed: expected at least 1 compressed SLC, 'auto' or "
+                         f"None, found {max_compressed!r}")
     if ministack is None:
         return
     if isinstance(ministack, bool) or int(ministack) != ministack or int(ministack) < 2:
@@ -455,7 +482,7 @@ def phase_linking(
     bias_correction: bool = False,
     prescreen_sigmas: float | None = None,
     ministack: int | None = None,
-    max_compressed: int | None = None,
+    max_compressed: int | str | None = None,
     device: str | None = None,
     variable: str = "complex",
 ) -> xr.Dataset:
@@ -510,8 +537,9 @@ def phase_linking(
         Epochs a mini-stack; None (default): all epochs at once. Only with ``reference`` 0
         and no ``shrinkage``.
     max_compressed
-        With ``ministack``: the compressed SLCs a mini-stack is linked beside, at most; None
-        (default): all of the earlier mini-stacks'.
+        With ``ministack``: the compressed SLCs a mini-stack is linked beside, at most;
+        ``"auto"``: :func:`resolve_max_compressed`; None (default): all of the earlier
+        mini-stacks'.
     device
         Where the kernels run (``"cpu"``, ``"cuda:0"``, ...); default the CPU. Blocks move to
         the device and back once each.
@@ -551,6 +579,7 @@ def phase_linking(
                          f"{prescreen_sigmas!r}")
     check_ministack(ministack, reference=reference, shrinkage=shrinkage,
                     max_compressed=max_compressed)
+    max_compressed = resolve_max_compressed(max_compressed, ministack)
     window = tuple(int(w) for w in shp.attrs["window"])
     half = _half(window)
     data = stack[variable].transpose("azimuth", "range", "time").data

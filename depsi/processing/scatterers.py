@@ -39,6 +39,7 @@ from depsi.processing.distributed import (
     check_ministack,
     n_compressed,
     phase_linking,
+    resolve_max_compressed,
     select_shp,
 )
 from depsi.sections import Section
@@ -91,11 +92,12 @@ DEFAULT_MINISTACK = None
 
 #: With mini-stacks, the compressed SLCs a mini-stack is linked beside, at most: the first (the
 #: datum's) and the latest ones, so that a task's matrices and looks stop growing with the
-#: epochs once the stack is ``DEFAULT_MAX_COMPRESSED`` mini-stacks long (dolphin caps them too,
-#: its ``max_num_compressed``). Measured on 400 pixels of 50 looks, mini-stacks of 15
-#: (docs/steps/distributed.md): at 120 epochs RMSE / CRB 1.158 against 1.148 with every
-#: compressed SLC, traced peak 1.19x the 30-epoch one against 1.54x.
-DEFAULT_MAX_COMPRESSED = 3
+#: epochs (dolphin caps them too, its ``max_num_compressed``). ``"auto"``: enough to summarise
+#: about 45 epochs (:func:`depsi.processing.distributed.resolve_max_compressed`: 3 for
+#: mini-stacks of 15, 9 for 5), about 1 % of phase RMSE at 120 epochs whatever the mini-stack
+#: (docs/steps/distributed.md); with mini-stacks of 15 the traced peak 1.24x from 30 to 120
+#: epochs against 1.54x with every compressed SLC, and 1.09x from 60 to 240.
+DEFAULT_MAX_COMPRESSED = "auto"
 
 #: The DS product's state for :func:`update_ds_selection` (with mini-stacks): the compressed
 #: SLCs per look and the SHP mask, ``(space, shp_cell[, compressed_slc])``; a merged product
@@ -142,17 +144,24 @@ class DSConfig(Section):
         description="Link the phases mini-stack by mini-stack of this many epochs (the "
                     "sequential estimator with compressed SLCs: memory of one mini-stack, not "
                     "of every epoch); null: all epochs at once.")
-    max_compressed: int | None = Field(
-        DEFAULT_MAX_COMPRESSED, ge=1,
+    max_compressed: int | Literal["auto"] | None = Field(
+        DEFAULT_MAX_COMPRESSED,
         description="With ministack: link each mini-stack beside at most this many compressed "
                     "SLCs of the earlier ones (the first and the latest), so memory stops "
-                    "growing with the epochs; null: all of them.")
+                    "growing with the epochs; auto: enough to summarise about 45 epochs (3 "
+                    "for mini-stacks of 15); null: all of them.")
 
     @field_validator("window")
     @classmethod
     def _odd_window(cls, window: tuple[int, int]) -> tuple[int, int]:
         window_offsets(window)  # odd positive sizes, or its ValueError
         return window
+
+    @field_validator("max_compressed")
+    @classmethod
+    def _compressed_count(cls, max_compressed):
+        check_ministack(None, max_compressed=max_compressed)  # >= 1, "auto" or None
+        return max_compressed
 
 
 def _check_arguments(window, alpha, min_looks, method, min_temporal_coherence,
@@ -214,7 +223,7 @@ def ds_selection(
     min_temporal_coherence: float = DEFAULT_MIN_TEMPORAL_COHERENCE,
     prescreen_sigmas: float | None = DEFAULT_PRESCREEN_SIGMAS,
     ministack: int | None = DEFAULT_MINISTACK,
-    max_compressed: int | None = DEFAULT_MAX_COMPRESSED,
+    max_compressed: int | str | None = DEFAULT_MAX_COMPRESSED,
     device: str | None = None,
 ) -> xr.Dataset:
     """Distributed scatterers of a raster stack, as a point STM beside :func:`ps_selection`'s.
@@ -263,7 +272,8 @@ def ds_selection(
         epochs, formed tile by tile.
     max_compressed
         With ``ministack``: the compressed SLCs each mini-stack is linked beside, at most (the
-        first and the latest); None: all of the earlier mini-stacks'.
+        first and the latest); ``"auto"``: enough for about 45 epochs; None: all of the earlier
+        mini-stacks'.
     device
         Where phase linking runs (``"cpu"``, ``"cuda:0"``); default the CPU.
 
@@ -295,6 +305,7 @@ def ds_selection(
                      ministack, max_compressed)
     if stack.attrs.get(POSITIONS_ATTR) == "orbits":  # geocoded at the points, as the PS are
         stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
+    max_compressed = resolve_max_compressed(max_compressed, ministack)
     shp = select_shp(stack, window=window, alpha=alpha, min_looks=min_looks)
     linked = phase_linking(stack, shp, method=method, prescreen_sigmas=prescreen_sigmas,
                            ministack=ministack, max_compressed=max_compressed, device=device)
@@ -555,6 +566,9 @@ def _linked_update(slc, rows, cols, compressed, shp, *, window, ministack, max_c
             looks, compressed, weights, method=method, return_coherence=True,
             max_compressed=max_compressed)
         pieces.append(new)
+        variance = variance + cramer_rao_bound(gamma, n_looks, reference=0)[:, n_old:].sum(-1)
+        if gamma.shape[-1] < 3:  # two SLCs: any linked phase fits them, no figure of fit
+            continue
         # the compressed SLCs are on the datum (phase 0): the pairs with a new epoch
         theta = np.concatenate([np.zeros((new.shape[0], n_old)), new], axis=1)
         term = np.real(np.exp(1j * (np.angle(gamma) - theta[:, :, None] + theta[:, None, :])))
@@ -563,7 +577,6 @@ def _linked_update(slc, rows, cols, compressed, shp, *, window, ministack, max_c
         np.fill_diagonal(new_pairs, False)
         total = total + term[:, new_pairs].sum(axis=1)
         pairs += int(new_pairs.sum())
-        variance = variance + cramer_rao_bound(gamma, n_looks, reference=0)[:, n_old:].sum(-1)
     return np.concatenate(pieces, axis=-1), total, pairs, variance, compressed
 
 
@@ -656,7 +669,7 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
     n_kept = n_kept if max_compressed is None else min(n_kept, max_compressed)
     phase = np.empty((n_points, n_new), np.float32)
     compressed = np.empty((n_points, n_cells, n_kept), np.complex64)
-    total, variance, pairs = np.empty(n_points), np.empty(n_points), 0
+    total, variance, pairs = np.zeros(n_points), np.empty(n_points), 0
     width = ministack + n_kept
     step = batch_size(phase_linking_bytes_per_pixel(width, n_cells), max_items=max(n_points, 1))
     for start in range(0, n_points, step):  # points in Morton order: compact boxes
@@ -672,7 +685,14 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
             block, rows[at] - a0 - half[0], cols[at] - r0 - half[1], compressed_old[at],
             shp[at], window=window, ministack=ministack, max_compressed=max_compressed,
             method=str(old.attrs["ds_method"]))
-    coherence = (total / pairs).astype(np.float32)
+    # NaN where every problem was two SLCs (one new epoch beside one compressed SLC)
+    coherence = (total / pairs if pairs else np.full(n_points, np.nan)).astype(np.float32)
+    short = n_new % ministack  # the update's last mini-stack, when not a whole one
+    if short:
+        logger.warning("update_ds_selection: a mini-stack of %d new epoch(s), not %d: the "
+                       "sequential estimator links short mini-stacks less well (one epoch at "
+                       "a time: 15 %% above the phase RMSE of whole mini-stacks, measured); add "
+                       "epochs a whole mini-stack at a time", short, ministack)
     phase_std = np.sqrt((old["linked_phase_std"].values.astype(np.float64) ** 2
                          * (n_state - 1) + variance) / (n_state + n_new - 1))
 

@@ -139,3 +139,15 @@ def test_a_merged_product_drops_the_state(stack, stored):
     merged = merge_scatterers(ps_selection(first), open_stm(stored).compute())
     assert not set(STATE_VARIABLES) & set(merged.variables)
     assert "shp_cell" not in merged.dims
+
+
+def test_one_epoch_beside_one_compressed_slc_has_no_update_coherence(stack, tmp_path, caplog):
+    """Two SLCs fit any linked phase: the update's figure is NaN there, not a perfect 1, and a
+    mini-stack shorter than the product's is logged."""
+    ds = ds_selection(stack.isel(time=slice(0, FIRST)), window=WINDOW, min_looks=10,
+                      ministack=MINISTACK, max_compressed=1)
+    path = save_stm(ds, tmp_path / "one.zarr")
+    with caplog.at_level("WARNING", logger="depsi.processing.scatterers"):
+        after = update_ds_selection(path, stack.isel(time=slice(FIRST, FIRST + 1))).compute()
+    assert np.isnan(after["ds_update_coherence"].values).all()
+    assert "a mini-stack of 1 new epoch(s), not 5" in caplog.text

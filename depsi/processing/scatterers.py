@@ -598,8 +598,9 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
     stays: the points and their SHP (rerun :func:`ds_selection` to find new DS), their
     amplitude (the SHP's mean intensity of the first run) and ``linked_coherence``, the
     acceptance's figure over the first run's epochs: the temporal coherence over every pair of
-    epochs needs the old epochs' looks, which the update does not keep. What is updated: ``linked_phase_std`` (the bound's
-    root mean square over every epoch), the state, and ``ds_update_coherence``: the temporal
+    epochs needs the old epochs' looks, which the update does not keep. What is updated:
+    ``linked_phase_std`` (the bound's root mean square over every epoch), the state, and
+    ``ds_update_coherence``: the temporal
     coherence over the pairs the update's problems form with a new epoch (the new epochs among
     themselves and with the compressed SLCs), a per-update figure like dolphin's per-mini-stack
     one, which drops where a DS decorrelates in the new epochs (NaN where each problem was

@@ -151,3 +151,22 @@ def test_one_epoch_beside_one_compressed_slc_has_no_update_coherence(stack, tmp_
         after = update_ds_selection(path, stack.isel(time=slice(FIRST, FIRST + 1))).compute()
     assert np.isnan(after["ds_update_coherence"].values).all()
     assert "a mini-stack of 1 new epoch(s), not 5" in caplog.text
+
+
+def test_update_from_a_chunked_lazy_raster_is_the_in_memory_one(stack, tmp_path):
+    """New epochs as a user's stack arrives, lazy and chunked unlike the points' batches, with
+    h2ph: the same product as from the raster in memory, and each point's own h2ph."""
+    rng = np.random.default_rng(2)
+    h2ph = (1e-4 + 1e-5 * rng.standard_normal(stack["complex"].shape)).astype(np.float32)
+    stack = stack.assign(h2ph=(stack["complex"].dims, h2ph))
+    ds = ds_selection(stack.isel(time=slice(0, FIRST)), window=WINDOW, min_looks=10,
+                      ministack=MINISTACK)
+    paths = [save_stm(ds, tmp_path / f"{name}.zarr") for name in ("lazy", "eager")]
+    new = stack.isel(time=slice(FIRST, FIRST + 5))
+    lazy = update_ds_selection(paths[0], new.chunk({"azimuth": 7, "range": 11, "time": 2}))
+    eager = update_ds_selection(paths[1], new)
+    for name in ("phase", "h2ph", "ds_compressed", "linked_phase_std", "ds_update_coherence"):
+        np.testing.assert_array_equal(lazy[name].values, eager[name].values)
+    at = (eager["azimuth"].values, eager["range"].values)
+    np.testing.assert_array_equal(eager["h2ph"].values[:, FIRST:],
+                                  new["h2ph"].transpose("azimuth", "range", "time").values[at])

@@ -711,8 +711,10 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
         if "h2ph" not in new_epochs.data_vars:
             raise STMValidationError("new_epochs: expected h2ph as the store has it, found "
                                      f"{sorted(map(str, new_epochs.data_vars))}")
-        h2ph = new_epochs["h2ph"].transpose("azimuth", "range", "time")
-        new_points["h2ph"] = (("space", "time"), h2ph.values[rows, cols])
+        at = {"azimuth": xr.DataArray(rows, dims="space"),
+              "range": xr.DataArray(cols, dims="space")}  # the points alone, from any chunks
+        h2ph = new_epochs["h2ph"].isel(at).transpose("space", "time")
+        new_points["h2ph"] = (("space", "time"), np.asarray(h2ph.values))
     append_epochs(path, epochs_to_append(old, new_points))  # a no-op when appended already
 
     # not the consolidated view: its shapes would not follow the resize (consolidated after)

@@ -594,8 +594,12 @@ def estimate_correlated_height(
                             m2ph=m2ph, dtype=np.float64, concatenate=True).compute()
     else:
         gain = np.empty(n)
-        for rows in _blocks(n):
+
+        def gain_rows(rows: slice) -> None:
             gain[rows] = _gain_block(h2ph.data[rows], years=years, m2ph=m2ph)
+
+        with ThreadPoolExecutor(max_workers=worker_threads()) as pool:  # as _predict's cells
+            list(pool.map(gain_rows, _blocks(n)))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and

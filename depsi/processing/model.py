@@ -281,16 +281,36 @@ def fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     # on this process's threads under any scheduler: the blocks are views of the result held
     # here, which a cluster would get as a copy of the whole result inside the graph
     fitted = computed_in_place(fit[["velocity", "height_error"]], in_process=True)
-    for start in range(0, n, FIT_BLOCK):
-        rows = slice(start, min(start + FIT_BLOCK, n))
+    old_velocity, old_height, h2ph_values = (out["velocity"].values, out["height_error"].values,
+                                             h2ph_all.values)
+
+    def block(rows: slice) -> None:  # each block writes its own rows
         v, h = _kept_fit(fitted["velocity"][1][rows], fitted["height_error"][1][rows],
-                         out["velocity"].values[rows], out["height_error"].values[rows])
-        unwrapped, h2ph = unwrapped_all[rows], h2ph_all.values[rows]
+                         old_velocity[rows], old_height[rows])
+        unwrapped, h2ph = unwrapped_all[rows], h2ph_values[rows]
         displacement[rows] = _displacement_block(unwrapped, h2ph, h, m2ph=m2ph)
         velocity[rows], height[rows] = v, h
         coherence[rows] = _coherence_block(unwrapped, h2ph, v, h, years=years, m2ph=m2ph)
+
+    _on_threads(n, block)
     return out.assign(velocity=("space", velocity), height_error=("space", height),
                       temporal_coherence=("space", coherence))
+
+
+def _on_threads(n: int, work) -> list:
+    """``work(rows)`` for each block of :data:`FIT_BLOCK` of ``n`` points, on this process's
+    threads (NumPy releases the GIL in a block's arithmetic; BLAS at one thread, as the chain's
+    steps set it); the results in block order, so sums over them do not depend on the threads.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from depsi.processing.network import worker_threads
+
+    blocks = [slice(start, min(start + FIT_BLOCK, n)) for start in range(0, n, FIT_BLOCK)]
+    if len(blocks) < 2:
+        return [work(rows) for rows in blocks]
+    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
+        return list(pool.map(work, blocks))
 
 
 def _kept_fit(velocity, height, old_velocity, old_height):
@@ -483,10 +503,9 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
         parts = _uncertainty_on_chunks(unwrapped_all, aps_all, h2ph_all, dof_all, held,
                                        options)
     else:
-        parts = [_uncertainty_block(unwrapped_all[rows], aps_all[rows],
-                                    h2ph_all[rows], dof_all[rows], held[rows], **options)
-                 for rows in (slice(start, min(start + FIT_BLOCK, n))
-                              for start in range(0, n, FIT_BLOCK))]
+        parts = _on_threads(n, lambda rows: _uncertainty_block(
+            unwrapped_all[rows], aps_all[rows], h2ph_all[rows], dof_all[rows], held[rows],
+            **options))
     figures = {name: np.concatenate([part[name] for part in parts]) if parts
                else np.empty((0, len(terms)) if name == "term_std" else 0)
                for name in _UNCERTAINTY_FIGURES}
@@ -519,11 +538,13 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
             new_axes={} if h2ph_all.ndim == 2 else {"t": n_epochs})
     else:
         displacement_std = np.empty((n, n_epochs), np.float32)
-        for start in range(0, n, FIT_BLOCK):
-            rows = slice(start, min(start + FIT_BLOCK, n))
+
+        def block(rows: slice) -> None:
             displacement_std[rows] = _displacement_std_block(
                 h2ph_all[rows], corrected_var[rows], uncorrected_height_std[rows],
                 epoch_share=epoch_share, n_epochs=n_epochs)
+
+        _on_threads(n, block)
     return out.assign(velocity_std=("space", velocity_std.astype(np.float32)),
                       height_error_std=("space", height_std.astype(np.float32)),
                       displacement_std=(("space", "time"), displacement_std),

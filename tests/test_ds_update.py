@@ -10,6 +10,8 @@ import shutil
 import numpy as np
 import pytest
 import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from depsi.conventions import wrap_phase
 from depsi.io.store import open_stm, save_stm
@@ -170,3 +172,32 @@ def test_update_from_a_chunked_lazy_raster_is_the_in_memory_one(stack, tmp_path)
     at = (eager["azimuth"].values, eager["range"].values)
     np.testing.assert_array_equal(eager["h2ph"].values[:, FIRST:],
                                   new["h2ph"].transpose("azimuth", "range", "time").values[at])
+
+
+@pytest.mark.slow  # 8 examples, 9 s
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.integers(1, 4), added=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+       ministack=st.sampled_from([3, 4]), cap=st.sampled_from([1, 2, None]))
+def test_updates_of_whole_mini_stacks_are_the_whole_stacks_estimator(
+        stack, tmp_path_factory, first, added, ministack, cap):
+    """Any first run of whole mini-stacks, then any updates of whole mini-stacks, any cap:
+    the new epochs' phases are the sequential estimator's on the whole stack with the first
+    run's SHP (one datum, the first epoch), to float32 round-off."""
+    n_first, n_all = first * ministack, (first + sum(added)) * ministack
+    small = stack.isel(azimuth=slice(0, 20), range=slice(0, 24), time=slice(0, n_all))
+    ds = ds_selection(small.isel(time=slice(0, n_first)), window=(5, 5), min_looks=8,
+                      ministack=ministack, max_compressed=cap)
+    path = save_stm(ds, tmp_path_factory.mktemp("property") / "ds.zarr")
+    start = n_first
+    for count in added:
+        update_ds_selection(path, small.isel(time=slice(start, start + count * ministack)))
+        start += count * ministack
+    after = open_stm(path).compute()
+    assert after.sizes["space"] > 20 and after.sizes["time"] == n_all
+    shp = select_shp(small.isel(time=slice(0, n_first)), window=(5, 5), min_looks=8).compute()
+    whole = phase_linking(small, shp, ministack=ministack, max_compressed=cap).compute()
+    at = (after["azimuth"].values, after["range"].values)
+    difference = wrap_phase(after["phase"].values - whole["phase"].values[at])
+    assert np.abs(difference).max() < 1e-4
+    assert after.sizes["compressed_slc"] == whole.sizes["compressed_slc"]

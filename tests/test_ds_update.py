@@ -165,6 +165,9 @@ def test_update_from_a_chunked_lazy_raster_is_the_in_memory_one(stack, tmp_path)
                       ministack=MINISTACK)
     paths = [save_stm(ds, tmp_path / f"{name}.zarr") for name in ("lazy", "eager")]
     new = stack.isel(time=slice(FIRST, FIRST + 5))
+    with pytest.raises(STMValidationError, match=r"expected \['h2ph'\] as the store has"):
+        update_ds_selection(paths[0], new.drop_vars("h2ph"))  # refused before any work
+    assert open_stm(paths[0]).sizes["time"] == FIRST
     lazy = update_ds_selection(paths[0], new.chunk({"azimuth": 7, "range": 11, "time": 2}))
     eager = update_ds_selection(paths[1], new)
     for name in ("phase", "h2ph", "ds_compressed", "linked_phase_std", "ds_update_coherence"):

@@ -286,15 +286,21 @@ def epoch_coords(ds: xr.Dataset) -> list[str]:
     return [str(n) for n, c in ds.coords.items() if c.dims == ("time",) and n != "time"]
 
 
-def epochs_to_append(old: xr.Dataset, new: xr.Dataset) -> xr.Dataset:
-    """The new epochs of a point store (``complex`` and ``h2ph`` as the store has it, at its
-    points) with exactly the store's per-epoch variables and coordinates, ready for
-    :func:`append_epochs`."""
+def check_epoch_variables(old: xr.Dataset, new: xr.Dataset) -> None:
+    """An STMValidationError unless ``new`` has the store's per-epoch ``h2ph`` and
+    coordinates (when ``old`` has them)."""
     needed = [name for name in ("h2ph", *epoch_coords(old)) if name in old.variables]
     missing = [name for name in needed if name not in new.variables]
     if missing:
         raise STMValidationError(f"new epochs: expected {missing} as the store has them, "
                                  f"found {sorted(map(str, new.variables))}")
+
+
+def epochs_to_append(old: xr.Dataset, new: xr.Dataset) -> xr.Dataset:
+    """The new epochs of a point store (``complex`` and ``h2ph`` as the store has it, at its
+    points) with exactly the store's per-epoch variables and coordinates, ready for
+    :func:`append_epochs`."""
+    check_epoch_variables(old, new)
     slc = new["complex"].transpose("space", "time").values.astype(old["complex"].dtype)
     dims = ("space", "time")
     data = {"complex": (dims, slc), "amplitude": (dims, amplitude_of(slc)),
@@ -310,4 +316,4 @@ def epochs_to_append(old: xr.Dataset, new: xr.Dataset) -> xr.Dataset:
     return xr.Dataset(data, coords=coords, attrs=dict(old.attrs))
 
 
-__all__ = ["append_epochs", "epoch_coords", "epochs_to_append"]
+__all__ = ["append_epochs", "check_epoch_variables", "epoch_coords", "epochs_to_append"]

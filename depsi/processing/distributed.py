@@ -363,7 +363,7 @@ def resolve_max_compressed(max_compressed, ministack: int | None) -> int | None:
     >>> resolve_max_compressed(4, 15), resolve_max_compressed("auto", None)
     (4, None)
     """
-    if isinstance(max_compressed, str) and max_compressed == "auto":
+    if max_compressed == "auto":
         return None if ministack is None else max(2, -(-COMPRESSED_HISTORY // int(ministack)))
     return max_compressed
 

@@ -514,10 +514,11 @@ def _ds_state(old: xr.Dataset, path) -> int:
                                  "(scatterer DS on every point; a merged product drops the "
                                  "state: update the DS product, then merge)")
     if missing or "ds_ministack" not in old.attrs:
+        absent = missing + ([] if "ds_ministack" in old.attrs else ["ds_ministack"])
         raise STMValidationError(
-            f"store {str(path)!r}: expected the sequential estimator's state {missing or ''} "
-            "and ds_ministack, found none: select with ds_selection(..., ministack=M) to "
-            "update a DS product later")
+            f"store {str(path)!r}: expected the sequential estimator's state (variables "
+            f"{list(STATE_VARIABLES)}, attribute ds_ministack), found {absent} missing: select "
+            "with ds_selection(..., ministack=M) to update a DS product later")
     end = str(old.attrs.get("ds_state_end"))
     if end == _STATE_WRITING:
         raise ValueError(f"store {str(path)!r}: an earlier update was killed while it wrote the "
@@ -642,12 +643,18 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
     import zarr
 
     from depsi.io.store import consolidate_metadata, open_stm
-    from depsi.io.store_append import append_epochs, epoch_coords, epochs_to_append
+    from depsi.io.store_append import (
+        append_epochs,
+        check_epoch_variables,
+        epoch_coords,
+        epochs_to_append,
+    )
 
     path = Path(ds_store)
     old = open_stm(path, kind="points")
     n_state = _ds_state(old, path)
     validate(new_epochs, kind="raster", require=("complex",))
+    check_epoch_variables(old, new_epochs)  # h2ph and per-epoch coordinates, before any work
     stored_after = old["time"].values[n_state:]
     if stored_after.size and not np.array_equal(
             stored_after, new_epochs["time"].values[:stored_after.size]):
@@ -705,12 +712,8 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
         {"complex": (("space", "time"),
                      (amplitude[:, None] * np.exp(1j * phase)).astype(np.complex64))},
         coords={"time": new_epochs["time"].values,
-                **{name: ("time", new_epochs[name].values) for name in epoch_coords(old)
-                   if name in new_epochs.coords}})
+                **{name: ("time", new_epochs[name].values) for name in epoch_coords(old)}})
     if "h2ph" in old.data_vars:
-        if "h2ph" not in new_epochs.data_vars:
-            raise STMValidationError("new_epochs: expected h2ph as the store has it, found "
-                                     f"{sorted(map(str, new_epochs.data_vars))}")
         at = {"azimuth": xr.DataArray(rows, dims="space"),
               "range": xr.DataArray(cols, dims="space")}  # the points alone, from any chunks
         h2ph = new_epochs["h2ph"].isel(at).transpose("space", "time")

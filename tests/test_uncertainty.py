@@ -92,3 +92,52 @@ def test_the_chain_carries_the_stds_with_their_units():
     assert result["displacement_std"].dtype == np.float32
     for name in ("velocity_std", "height_error_std", "displacement_std"):
         assert np.isfinite(result[name].values).all() and (result[name].values >= 0).all()
+
+
+@pytest.mark.parametrize("case", ["linear", "terms held by some points", "constant h2ph"])
+def test_uncertainty_block_is_each_points_own_least_squares(case):
+    """The block's matrix products (shared columns, one per-point column) and its direct
+    inverses give what each point's own least squares gives: ``numpy.linalg.lstsq`` of its
+    design, the residual variance and ``sigma0^2 (A^T A)^+`` (``pinv``) per point, in a loop."""
+    from depsi.processing.model import _uncertainty_block
+
+    rng = np.random.default_rng(7)
+    n, n_epochs = 40, 30
+    years = np.arange(n_epochs) * 12 / 365.25
+    m2ph = -4 * np.pi / 0.0555
+    unwrapped = rng.normal(0, 1, (n, n_epochs)).astype(np.float32)
+    aps = rng.normal(0, 1, (n, n_epochs)).astype(np.float32)
+    h2ph = (rng.normal(0, 2e-4, n) if case == "constant h2ph"
+            else rng.normal(0, 2e-4, (n, n_epochs))).astype(np.float32)
+    regressors = ((np.sin(2 * np.pi * years), np.cos(2 * np.pi * years))
+                  if case == "terms held by some points" else ())
+    held = rng.random((n, len(regressors))) < 0.5
+    dof = np.maximum(n_epochs - 3 - held.sum(axis=1), 1).astype(np.float64)
+    common, common_corrected = rng.normal(size=n_epochs), rng.normal(size=n_epochs)
+    got = _uncertainty_block(unwrapped, aps, h2ph, dof, held, years=years, m2ph=m2ph,
+                             common=common, common_corrected=common_corrected,
+                             regressors=regressors)
+    for i in range(n):
+        h = np.broadcast_to(np.asarray(h2ph[i], np.float64), (n_epochs,))
+        design = np.column_stack([m2ph * years, m2ph * h, np.ones(n_epochs)]
+                                 + [m2ph * g * held[i, j] for j, g in enumerate(regressors)])
+        inverse = np.linalg.pinv(design.T @ design)
+        for y, key in ((unwrapped[i] + aps[i].astype(np.float64) - common, "with"),
+                       (unwrapped[i].astype(np.float64) - common_corrected, "corrected")):
+            fit = np.linalg.lstsq(design, y, rcond=None)[0]
+            variance = np.sum((y - design @ fit) ** 2) / dof[i]
+            if key == "with":
+                np.testing.assert_allclose(got["velocity_std"][i],
+                                           np.sqrt(variance * inverse[0, 0]), rtol=1e-7)
+                np.testing.assert_allclose(got["height_std"][i],
+                                           np.sqrt(variance * inverse[1, 1]), rtol=1e-7)
+            else:
+                np.testing.assert_allclose(got["corrected_var"][i], variance, rtol=1e-9)
+        if regressors:
+            full = np.column_stack([design[:, :3]] + [m2ph * g for g in regressors])
+            y = unwrapped[i] + aps[i].astype(np.float64) - common
+            fit = np.linalg.lstsq(full, y, rcond=None)[0]
+            variance = np.sum((y - full @ fit) ** 2) / (n_epochs - 3 - len(regressors))
+            np.testing.assert_allclose(
+                got["term_std"][i],
+                np.sqrt(variance * np.diag(np.linalg.pinv(full.T @ full))[3:]), rtol=1e-7)

@@ -206,6 +206,29 @@ def test_prediction_is_the_same_on_one_thread_or_several(monkeypatch):
         assert np.isfinite(one).all() and one.std() > 0
 
 
+def test_batches_as_wide_as_their_own_fullest_cell_predict_every_target(monkeypatch):
+    """Cells are batched fullest first and each batch's systems are as wide as its own
+    fullest cell: on a scene of a dense town in a sparse countryside (cells of 1 to about 60
+    targets), one cell a batch (each its own width) and one batch of every cell (the widest
+    cell's width for all) give the same prediction and variance at every target."""
+    from depsi.processing import correlated_height as module
+    from depsi.processing.correlated_height import _predict
+
+    rng = np.random.default_rng(8)
+    positions = np.concatenate([rng.uniform(0, 4000, (3000, 2)),
+                                rng.normal(2000, 150, (3000, 2))])
+    values = rng.standard_normal(len(positions))
+    kwargs = {"signal": {"sill": 1.0, "range": 300.0, "shape": 1.0, "offset": 0.1},
+              "noise": {"nugget": 1.0, "extra_sill": 0.0, "extra_range": 1.0}, "k": 50}
+    runs = []
+    for elements in (1, 10**9):
+        monkeypatch.setattr(module, "_BATCH_ELEMENTS", elements)
+        runs.append(_predict(positions, values, positions, **kwargs))
+    for own, widest in zip(*runs):
+        assert np.isfinite(own).all()
+        np.testing.assert_allclose(own, widest, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.slow  # a LocalCluster
 def test_on_a_cluster_the_kriging_batches_are_tasks_with_the_threads_numbers(monkeypatch):
     """On a distributed scheduler the kriging's batches of cells are tasks on the workers

@@ -138,3 +138,34 @@ def test_cuda_device_without_gpu_raises_before_work():
     stm, _ = _stm(n_space=12)
     with pytest.raises(RuntimeError, match="cupy|CuPy"):
         estimate_model(stm, devices=["cuda:0"])
+
+
+def test_direct_fit_is_estimate_models_fit():
+    """The model step's block fit (matrix products over the shared columns, normal equations
+    solved directly) is :func:`estimate_model` with an offset, velocity and height error, on
+    points with a missing epoch and a constant ``h2ph`` (collinear with the offset: no fit)
+    too."""
+    from depsi.conventions import phase_per_metre
+    from depsi.processing.model import _direct_fit
+    from depsi.stm.schema import years_since_mother
+
+    rng = np.random.default_rng(4)
+    n, n_epochs = 300, 40
+    time = np.datetime64("2021-01-01", "ns") + np.arange(n_epochs) * np.timedelta64(12, "D")
+    unwrapped = rng.normal(0, 1, (n, n_epochs)).astype(np.float32)
+    unwrapped[3, 5] = np.nan
+    aps = rng.normal(0, 1, (n, n_epochs)).astype(np.float32)
+    h2ph = rng.normal(0, 2e-4, (n, n_epochs)).astype(np.float32)
+    h2ph[7] = 1e-4
+    m2ph = phase_per_metre(0.0555)
+    stm = xr.Dataset({"observed": (("space", "time"), (unwrapped.astype(np.float64) + aps)
+                                   / m2ph),
+                      "h2ph": (("space", "time"), h2ph)},
+                     coords={"time": time}, attrs={"mother_time": str(time[4])})
+    expected = estimate_model(stm, terms=("offset", "velocity", "height_error"),
+                              variable="observed", devices=["cpu"]).compute()
+    velocity, height = _direct_fit(unwrapped, aps, h2ph, years=years_since_mother(stm),
+                                   m2ph=m2ph)
+    assert np.isfinite(velocity[3]) and np.isnan(velocity[7]) and np.isnan(height[7])
+    np.testing.assert_allclose(velocity, expected["velocity"].values, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(height, expected["height_error"].values, rtol=1e-9, atol=1e-9)

@@ -269,25 +269,34 @@ def fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     unwrapped_all = out["unwrapped_phase"].transpose("space", "time").values
     aps_all = out["aps"].transpose("space", "time").values
     h2ph_all = out["h2ph"].transpose("space", ...)
-    # one lazy fit over blocks of points (views of the result, the float64 observations formed
-    # per block): memory follows FIT_BLOCK, and the blocks run on every thread
-    observed = da.map_blocks(_metres_with_atmosphere, chunked_view(unwrapped_all, FIT_BLOCK),
-                             chunked_view(aps_all, FIT_BLOCK), m2ph=m2ph, dtype=np.float64)
-    stm = xr.Dataset({"observed": (("space", "time"), observed),
-                      "h2ph": (h2ph_all.dims, chunked_view(h2ph_all.values, FIT_BLOCK))},
-                     coords=out.coords, attrs=out.attrs)
-    fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
-                         variable="observed", devices=devices)
-    # on this process's threads under any scheduler: the blocks are views of the result held
-    # here, which a cluster would get as a copy of the whole result inside the graph
-    fitted = computed_in_place(fit[["velocity", "height_error"]], in_process=True)
     old_velocity, old_height, h2ph_values = (out["velocity"].values, out["height_error"].values,
                                              h2ph_all.values)
+    if all(device.kind == "cpu" for device in resolve_devices(devices)):
+        fitted = None  # each block fits its own rows (_direct_fit), below
+    else:
+        # one lazy fit over blocks of points (views of the result, the float64 observations
+        # formed per block) on the devices: memory follows FIT_BLOCK
+        observed = da.map_blocks(_metres_with_atmosphere,
+                                 chunked_view(unwrapped_all, FIT_BLOCK),
+                                 chunked_view(aps_all, FIT_BLOCK), m2ph=m2ph, dtype=np.float64)
+        stm = xr.Dataset({"observed": (("space", "time"), observed),
+                          "h2ph": (h2ph_all.dims, chunked_view(h2ph_values, FIT_BLOCK))},
+                         coords=out.coords, attrs=out.attrs)
+        fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
+                             variable="observed", devices=devices)
+        # on this process's threads under any scheduler: the blocks are views of the result
+        # held here, which a cluster would get as a copy of the whole result inside the graph
+        fitted = computed_in_place(fit[["velocity", "height_error"]], in_process=True)
 
     def block(rows: slice) -> None:  # each block writes its own rows
-        v, h = _kept_fit(fitted["velocity"][1][rows], fitted["height_error"][1][rows],
-                         old_velocity[rows], old_height[rows])
         unwrapped, h2ph = unwrapped_all[rows], h2ph_values[rows]
+        if fitted is None:
+            new_velocity, new_height = _direct_fit(unwrapped, aps_all[rows], h2ph,
+                                                   years=years, m2ph=m2ph)
+        else:
+            new_velocity = fitted["velocity"][1][rows]
+            new_height = fitted["height_error"][1][rows]
+        v, h = _kept_fit(new_velocity, new_height, old_velocity[rows], old_height[rows])
         displacement[rows] = _displacement_block(unwrapped, h2ph, h, m2ph=m2ph)
         velocity[rows], height[rows] = v, h
         coherence[rows] = _coherence_block(unwrapped, h2ph, v, h, years=years, m2ph=m2ph)
@@ -295,6 +304,44 @@ def fit_with_atmosphere(out: xr.Dataset, *, devices) -> xr.Dataset:
     _on_threads(n, block)
     return out.assign(velocity=("space", velocity), height_error=("space", height),
                       temporal_coherence=("space", coherence))
+
+
+#: :func:`_direct_fit` solves a point's normal equations directly where, scaled to a unit
+#: diagonal, their determinant is above this (its reciprocal condition is then far above
+#: :data:`~depsi.kernels.lstsq.DEFAULT_RCOND`); the other points, and those with a missing
+#: observation, go through :func:`~depsi.kernels.lstsq.lstsq_batched`, which flags them.
+_DIRECT_FIT_DET = 1e-6
+
+
+def _direct_fit(unwrapped, aps, h2ph, *, years, m2ph) -> tuple[np.ndarray, np.ndarray]:
+    """Velocity (m/yr) and height error (m) of a block's points, fitted by least squares to
+    their phase with its atmosphere in metres, with an offset: what
+    :func:`estimate_model` with terms offset, velocity and height error gives, by matrix
+    products over the design's shared columns (:func:`_design_columns`) instead of a
+    per-point design; NaN where that has none (rank deficient, too few observations)."""
+    observed = _metres_with_atmosphere(unwrapped, aps, m2ph=m2ph)
+    h2ph = _rows_float64(h2ph, len(years))
+    shared, scale, own = _design_columns(h2ph, years, 1.0, (), None)
+    normal = _normal_matrix(shared, scale, own)
+    diagonal = np.sqrt(np.einsum("npp->np", normal))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scaled = normal / (diagonal[:, :, None] * diagonal[:, None, :])
+    direct = (np.isfinite(observed).all(axis=1) & np.isfinite(scaled).all(axis=(1, 2)))
+    direct[direct] = np.linalg.det(scaled[direct]) > _DIRECT_FIT_DET
+    coefficients = np.full((len(observed), 3), np.nan)
+    rows = np.flatnonzero(direct)
+    if rows.size:
+        inverse = np.linalg.inv(normal[rows])
+        rhs = np.empty((rows.size, 3))
+        rhs[:, [0, 2]] = observed[rows] @ shared
+        rhs[:, 1] = np.einsum("nt,nt->n", own[rows], observed[rows])
+        coefficients[rows] = np.einsum("npq,nq->np", inverse, rhs)
+    others = np.flatnonzero(~direct)
+    if others.size:  # missing observations or nearly collinear columns: the general solver
+        design = np.stack([np.broadcast_to(years, (others.size, len(years))), h2ph[others],
+                           np.ones((others.size, len(years)))], axis=2)
+        coefficients[others] = lstsq_batched(design, observed[others]).x  # NaN where flagged
+    return coefficients[:, 0], coefficients[:, 1]
 
 
 def _on_threads(n: int, work) -> list:

@@ -472,25 +472,21 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         logger.info("densification: %d of %d candidates accepted (on the workers)",
                     accepted.sizes["space"], others.size)
         return with_cf_attributes(accepted)
-    # a few chunks at a time, each chunk's accepted points written into arrays sized for every
-    # candidate (pages the rejected ones would take are never touched): memory follows the
-    # chunk size and the result, with no list of parts concatenated at the end
+    # a chunk a task on this process's threads (each chunk's graph run by its own thread, no
+    # barrier between batches of chunks), each chunk's accepted points written, in chunk
+    # order, into arrays sized for every candidate (pages the rejected ones would take are
+    # never touched): memory follows the chunk size and the result, with no list of parts
+    # concatenated at the end
     template = result_view(dense.isel(space=slice(0, 0)), order=2)
     out = {name: (var.dims, np.empty((others.size,) + var.shape[1:], var.dtype))
            for name, var in template.variables.items() if "space" in var.dims}
     bounds = np.cumsum((0,) + dense.chunks["space"])
-    batch = max(2, worker_threads())
     count = 0
-    for first_chunk in range(0, len(bounds) - 1, batch):
-        rows = slice(int(bounds[first_chunk]), int(bounds[min(first_chunk + batch,
-                                                                len(bounds) - 1)]))
-        # the batch's own tasks only: a cluster would get every chunk's
-        part = result_view(culled_rows(dense, rows).compute(), order=2,
-                            keep=("accepted",))
-        keep = np.flatnonzero(part["accepted"].values)
+    for part in _accepted_by_chunk(dense, bounds):
+        size = part.sizes["space"]
         for name, (dims, values) in out.items():
-            values[count:count + keep.size] = part[name].transpose(*dims).values[keep]
-        count += keep.size
+            values[count:count + size] = part[name].transpose(*dims).values
+        count += size
     space = {name: (dims, values[:count]) for name, (dims, values) in out.items()}
     accepted = xr.Dataset({name: space[name] for name in template.data_vars},
                           coords={name: space.get(name, template[name].variable)
@@ -498,6 +494,39 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     logger.info("densification: %d of %d candidates accepted", count, others.size)
     return with_cf_attributes(accepted)
 
+
+def _accepted_by_chunk(dense: xr.Dataset, bounds: np.ndarray):
+    """The accepted rows of each space chunk of ``dense`` (``bounds``: the chunks' edges), in
+    chunk order. Under the threaded scheduler each chunk is a task of this process's threads,
+    its own graph only (:func:`culled_rows`) run by the synchronous scheduler in its thread,
+    at most two chunks a thread ahead of the one being read (no barrier between batches of
+    chunks, whose slowest chunk held the others' threads idle); under another scheduler, one
+    chunk at a time through it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import dask.threaded
+    from dask.base import get_scheduler
+
+    threaded = get_scheduler(collections=[dense]) is dask.threaded.get
+
+    def accepted(chunk: int) -> xr.Dataset:
+        rows = slice(int(bounds[chunk]), int(bounds[chunk + 1]))
+        part = result_view(culled_rows(dense, rows).compute(
+            **({"scheduler": "sync"} if threaded else {})), order=2, keep=("accepted",))
+        return part.isel(space=np.flatnonzero(part["accepted"].values))
+
+    chunks = range(len(bounds) - 1)
+    if not threaded:
+        yield from map(accepted, chunks)
+        return
+    ahead = 2 * max(1, worker_threads())
+    with ThreadPoolExecutor(max_workers=max(1, worker_threads())) as pool:
+        pending = [pool.submit(accepted, chunk) for chunk in chunks[:ahead]]
+        for chunk in chunks:
+            part = pending.pop(0).result()
+            if chunk + ahead < len(chunks):
+                pending.append(pool.submit(accepted, chunk + ahead))
+            yield part
 
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
                *, devices: Devices = None) -> xr.Dataset:

@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 
 import dask
 import dask.array as da
+import dask.local
+import dask.threaded
 import numpy as np
 import xarray as xr
+from dask.base import get_scheduler
 from pydantic import Field
 from scipy.spatial import cKDTree
 
@@ -104,7 +107,8 @@ class _Shared:
 
 
 def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTree, k: int,
-                   screen: ScreenInterpolator | None) -> dict[str, np.ndarray]:
+                   screen: ScreenInterpolator | None, c_height: np.ndarray | None = None
+                   ) -> dict[str, np.ndarray]:
     """What one chunk of candidates reads of the first-order points: their ``k`` nearest (and,
     for a Gaussian screen, its nearest sources), found in the client on the whole network,
     as local indices into the rows of the table (and sources) the chunk uses, those rows only.
@@ -123,6 +127,8 @@ def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTre
         used, local = np.unique(idx.reshape(n, ks), return_inverse=True)
         payload.update({"screen_idx": local.reshape(n, ks).astype(np.int32),
                         "screen_pos": screen.src_pos[used], "screen_values": screen.values[used]})
+    if c_height is not None:  # the candidates' terrain heights, for the stratified part
+        payload["c_height"] = c_height
     return payload
 
 
@@ -436,11 +442,17 @@ def densify(
                    height_step=height_step, velocity_step=velocity_step,
                    extra_regressors=extra or None)
     pieces = {name: [] for name in _OUTPUTS}
+    # in this process's memory (threads, or synchronous), each chunk's neighbours are found in
+    # its own task, on the cores the chunks run on; elsewhere here, so that a worker's task
+    # gets the rows it reads and not the whole network's tree and table
+    in_memory = get_scheduler(collections=[phase]) in (dask.threaded.get, dask.local.get_sync)
+    network = (dask.delayed(arrays, pure=True), dask.delayed(tree, pure=True),
+               dask.delayed(screen, pure=True)) if in_memory else (arrays, tree, screen)
     for i, (start, size) in enumerate(zip(chunk_starts(space_chunks), space_chunks)):
-        # the chunk's task gets its neighbours' rows only (found here, on the whole network)
-        payload = _chunk_payload(c_pos[start:start + size], arrays, tree, k_eff, screen)
-        if c_height is not None:
-            payload["c_height"] = c_height[start:start + size]
+        # the chunk's task gets its neighbours' rows only (found on the whole network)
+        payload = (dask.delayed(_chunk_payload, pure=True) if in_memory else _chunk_payload)(
+            c_pos[start:start + size], network[0], network[1], k_eff, network[2],
+            None if c_height is None else c_height[start:start + size])
         part = dask.delayed(_densify_chunk, pure=True, nout=None)(
             phase.blocks[i], h2ph.blocks[i], payload, shared_key, max_distance=max_distance,
             min_coherence=min_coherence, periodogram_options=options,

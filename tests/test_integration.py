@@ -450,6 +450,14 @@ def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatc
         with caplog.at_level(logging.INFO, logger="depsi.processing.arc_testing"):
             runs.append(integrate_network(points, arcs, return_arcs=True))
         assert "(4 waves," in caplog.text  # tiles did run side by side
+
+    def wave_by_wave(pool, test, waves, *, neighbours_only):
+        for wave in waves:  # every tile of a wave reads arc_ok before any of them is applied
+            yield from [test(tile) for tile in wave]
+
+    # the tiles started as their neighbours of earlier waves finish decide as wave by wave
+    monkeypatch.setattr(arc_testing, "_tiles_by_dependency", wave_by_wave)
+    runs.append(integrate_network(points, arcs, return_arcs=True))
     for result, result_arcs in runs[1:]:
         np.testing.assert_array_equal(result_arcs.arc_removal_reason.values,
                                       runs[0][1].arc_removal_reason.values)
@@ -521,3 +529,48 @@ def test_tile_and_network_factorisations_agree():
         assert isinstance(_factorise(normal), _Cholesky)
     finally:
         network_solver.LDL_MAX_UNKNOWNS = small
+
+
+def test_a_tile_starts_after_its_earlier_neighbours_and_before_its_later_ones():
+    """The claim the dependency scheduling rests on: on any number of threads, a tile starts
+    only once every adjacent tile of an earlier wave was applied, and before any adjacent
+    tile of a later wave starts; tiles that are not adjacent run side by side."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from depsi.processing.arc_testing import _tile_waves, _tiles_by_dependency
+
+    tiles = np.array([[i, j] for i in range(6) for j in range(5)])
+    waves = _tile_waves(tiles, cell=100.0, margin=10.0)
+    wave_of = {tuple(t): w for w, wave in enumerate(waves) for t in wave.tolist()}
+    clock, lock = iter(range(10**6)), threading.Lock()
+    started, applied, running, most = {}, {}, set(), [0]
+    rng = np.random.default_rng(0)
+    pauses = {key: rng.uniform(0, 0.01) for key in wave_of}
+
+    def test(tile):
+        key = tuple(tile.tolist())
+        with lock:
+            started[key] = next(clock)
+            running.add(key)
+            most[0] = max(most[0], len(running))
+        time.sleep(pauses[key])
+        with lock:
+            running.discard(key)
+        return key
+
+    for threads in (1, 3):
+        started.clear(), applied.clear()
+        with ThreadPoolExecutor(threads) as pool:
+            for key in _tiles_by_dependency(pool, test, waves, neighbours_only=True):
+                with lock:
+                    applied[key] = next(clock)
+        assert set(applied) == set(wave_of)
+        for (i, j), wave in wave_of.items():
+            for a in (-1, 0, 1):
+                for b in (-1, 0, 1):
+                    other = (i + a, j + b)
+                    if other in wave_of and wave_of[other] < wave:
+                        assert applied[other] < started[(i, j)], (other, (i, j))
+    assert most[0] >= 2

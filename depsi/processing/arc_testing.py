@@ -372,6 +372,54 @@ def _tiles_on_workers(client, wave, test_kwargs):
     return outcomes
 
 
+def _tiles_by_dependency(pool, test, waves: list[np.ndarray], *, neighbours_only: bool):
+    """``test(tile)`` of every tile of ``waves`` on ``pool``'s threads, each outcome yielded
+    (to be applied) as its tile finishes; a tile starts once every tile it depends on was
+    yielded and applied: those of earlier waves next to it (``neighbours_only``, the parity
+    waves of :func:`_tile_waves`, whose margins reach only the adjacent tiles), else the tile
+    before it. A tile then reads ``arc_ok`` as wave-by-wave testing has it (the tiles of
+    earlier waves that could change its arcs have decided, none of later waves that could
+    has started), so the outcomes are the waves' whatever the threads; only the order in
+    which they come differs, and their arcs are disjoint.
+
+    Examples
+    --------
+    >>> from concurrent.futures import ThreadPoolExecutor
+    >>> waves = _tile_waves(np.array([[0, 0], [0, 1], [2, 0]]), cell=100.0, margin=10.0)
+    >>> with ThreadPoolExecutor(2) as pool:
+    ...     sorted(_tiles_by_dependency(pool, lambda t: t.tolist(), waves, neighbours_only=True))
+    [[0, 0], [0, 1], [2, 0]]
+    """
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    tiles = [tile for wave in waves for tile in wave]
+    wave_of = [w for w, wave in enumerate(waves) for _ in wave]
+    index_of = {tuple(int(v) for v in tile): i for i, tile in enumerate(tiles)}
+    dependents: list[list[int]] = [[] for _ in tiles]
+    waiting = [0] * len(tiles)
+    for i, tile in enumerate(tiles):  # a loop over tiles (a few hundred at 10^7 points)
+        if neighbours_only:
+            row, column = int(tile[0]), int(tile[1])
+            earlier = [index_of[(row + a, column + b)] for a in (-1, 0, 1) for b in (-1, 0, 1)
+                       if (row + a, column + b) in index_of]
+            earlier = [j for j in earlier if wave_of[j] < wave_of[i]]
+        else:
+            earlier = [i - 1] if i else []
+        for j in earlier:
+            dependents[j].append(i)
+        waiting[i] = len(earlier)
+    running = {pool.submit(test, tiles[i]): i for i in range(len(tiles)) if not waiting[i]}
+    while running:
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in sorted(done, key=running.get):
+            i = running.pop(future)
+            yield future.result()
+            for j in dependents[i]:
+                waiting[j] -= 1
+                if not waiting[j]:
+                    running[pool.submit(test, tiles[j])] = j
+
+
 def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence,
                    sd, critical, max_iterations):
     """The w-test of a large network, tile by tile: each tile of about :data:`TILE_POINTS`
@@ -411,20 +459,30 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
                "rhs": rhs, "coherence": coherence, "sd": sd, "critical": critical,
                "max_iterations": max_iterations, "tile_of_arc": tile_of_arc,
                "by_tile": _arcs_by_tile(tile_of_arc, cell, margin)}
-    with ThreadPoolExecutor(max(1, min(workers, max(map(len, waves), default=1)))) as pool:
+
+    def apply(outcome) -> None:
+        nonlocal rejected
+        if outcome is None:
+            return
+        own, own_redundancy, removed = outcome
+        redundancy[own] = own_redundancy
+        arc_ok[removed] = False
+        arc_reason[removed] = 2
+        rejected += removed.size
+
+    if client is None:
+        # on this process's threads, each tile as soon as the tiles of earlier waves next to
+        # it are done (no barrier between waves; the same decisions as wave by wave)
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            for outcome in _tiles_by_dependency(pool, partial(_test_tile, **network), waves,
+                                                neighbours_only=2 * margin < cell):
+                apply(outcome)
+    else:
         for wave in waves:  # a few dozen tiles, each a network of about TILE_POINTS points
             # the wave's tiles share no arc: they read arc_ok while the others run, and their
             # decisions are applied when the whole wave is done
-            outcomes = (list(pool.map(partial(_test_tile, **network), wave)) if client is None
-                        else _tiles_on_workers(client, wave, network))
-            for outcome in outcomes:
-                if outcome is None:
-                    continue
-                own, own_redundancy, removed = outcome
-                redundancy[own] = own_redundancy
-                arc_ok[removed] = False
-                arc_reason[removed] = 2
-                rejected += removed.size
+            for outcome in _tiles_on_workers(client, wave, network):
+                apply(outcome)
     logger.info("integration: %d arcs rejected by the w-test in %d tiles of %.0f m (%d waves, "
                 "%d %s)", rejected, len(tiles), cell, len(waves), workers,
                 "threads" if client is None else "worker threads, tiles as tasks")

@@ -331,7 +331,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
     # own fullest cell, not the scene's (1.8x the mean on a uniform scene, more on a city's)
     fullest = np.argsort(-counts, kind="stable")
     table, centres, counts = table[fullest], centres[fullest], counts[fullest]
-    _, idx = tree.query(centres, k=k)
+    _, idx = tree.query(centres, k=k, workers=-1)  # the same neighbours on every core
     idx = idx.reshape(n_cells, k)
     out = np.empty(len(dst_pos))
     variance = np.empty(len(dst_pos))
@@ -668,9 +668,14 @@ def estimate_correlated_height(
         moved = (own if isinstance(own, np.ndarray) and own.dtype == np.float32
                  and own.flags.writeable and series.dims == result[name].dims
                  else np.empty(series.shape, np.float32))
-        for rows in _blocks(n):  # each block read before it is written, in place or not
+
+        def move(rows: slice, series=series, moved=moved, sign=sign) -> None:
+            # each block read before it is written, in place or not; blocks are disjoint
             moved[rows] = _moved_block(series.isel(space=rows).values, h2ph.data[rows],
                                        field[rows], sign * m2ph)
+
+        with ThreadPoolExecutor(max_workers=worker_threads()) as pool:  # as the gain's rows
+            list(pool.map(move, _blocks(n)))
         out[name] = (series.dims, moved)
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
                       "correlated_height_signal_scale": noise["signal_scale"],

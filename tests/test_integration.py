@@ -574,3 +574,38 @@ def test_a_tile_starts_after_its_earlier_neighbours_and_before_its_later_ones():
                     if other in wave_of and wave_of[other] < wave:
                         assert applied[other] < started[(i, j)], (other, (i, j))
     assert most[0] >= 2
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["tile", "whole network"])
+def test_network_solve_is_the_weighted_least_squares_solution(monkeypatch, whole):
+    """``_NetworkSolve`` on a grid network with random weights, factorised as a tile (QDLDL)
+    or as the whole network (CHOLMOD on a thread of its own while the right-hand sides are
+    formed): the dense weighted least-squares solution with the reference fixed at 0."""
+    pytest.importorskip("cholespy")
+    from depsi.processing import network_solver
+
+    rng = np.random.default_rng(11)
+    side = 30
+    grid = np.arange(side * side).reshape(side, side)
+    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
+                       np.c_[grid[:-1].ravel(), grid[1:].ravel()],
+                       np.c_[grid[:-1, :-1].ravel(), grid[1:, 1:].ravel()]])
+    source, target = pairs[:, 0], pairs[:, 1]
+    weights = rng.uniform(0.5, 4.0, len(pairs))
+    rhs = rng.normal(size=(len(pairs), 7)).astype(np.float32)
+    kept = np.flatnonzero(rng.random(len(pairs)) < 0.9)
+    n, reference = side * side, 17
+    monkeypatch.setattr(network_solver, "LDL_MAX_UNKNOWNS", 10 if whole else 10**6)
+    solved = network_solver._NetworkSolve(source, target, weights, rhs, kept, n,
+                                          np.ones(n, bool), reference)
+    assert isinstance(solved.lu, network_solver._Cholesky if whole else network_solver._LDL)
+    A = np.zeros((kept.size, n))
+    A[np.arange(kept.size), source[kept]] = -1.0
+    A[np.arange(kept.size), target[kept]] = 1.0
+    A = np.delete(A, reference, axis=1)
+    sqrt_w = np.sqrt(weights[kept])[:, None]
+    expected = np.linalg.lstsq(A * sqrt_w, rhs[kept].astype(np.float64) * sqrt_w,
+                               rcond=None)[0]
+    values = solved.values()
+    assert np.all(values[reference] == 0.0)
+    np.testing.assert_allclose(np.delete(values, reference, axis=0), expected, atol=1e-9)

@@ -227,7 +227,8 @@ def test_cache_dir_is_none_where_nothing_can_be_written(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_unwritable_cache_compiles_without_writing_next_to_the_package(tmp_path):
     """A read-only install: the cache directories cannot be written, the fused kernels (this
-    one and ldl_numba's) still run and nothing lands beside the package's sources."""
+    one, ldl_numba's and normal_rhs_numba's) still run and nothing lands beside the
+    package's sources."""
     package = os.path.dirname(numba_kernel.__file__)
     before = set(_cache_files(package))
     blocker = tmp_path / "a-file"
@@ -238,12 +239,15 @@ def test_unwritable_cache_compiles_without_writing_next_to_the_package(tmp_path)
         import numpy as np
         import qdldl
         import scipy.sparse as sp
-        from depsi.kernels import ldl_numba, numba_support
+        from depsi.kernels import ldl_numba, normal_rhs_numba, numba_support
         from depsi.kernels.periodogram import periodogram
         assert numba_support.cache_dir() is None
         matrix = sp.csc_matrix(np.array([[4.0, 1.0], [1.0, 3.0]]))
         factors = ldl_numba.LDLFactors(qdldl.Solver(sp.triu(matrix, format="csc")))
         assert np.allclose(matrix @ factors.solve(np.eye(2)), np.eye(2))
+        rhs = normal_rhs_numba.normal_rhs(np.array([0]), np.array([1]), np.array([2.0]),
+                                          np.array([0]), np.ones((1, 1), np.float32), 2)
+        assert rhs.ravel().tolist() == [-2.0, 2.0]
         t = np.linspace(0, 3, 20)
         h2ph = 3e-4 * np.sin(7.0 * np.arange(20))[None].repeat(3, 0)
         phase = np.angle(np.exp(1j * (-4 * np.pi / 0.0555) * (0.01 * t + h2ph * 12.0)))

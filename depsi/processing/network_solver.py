@@ -96,22 +96,24 @@ class _NetworkSolve:
         w = weights[kept]
         AtW = A.T.multiply(w[None, :]).tocsr()
         normal = (AtW @ A).tocsc()
-        # A^T W over every arc, zero columns for the others: the product reads only kept rows
-        AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
-                                shape=(n_unknown, len(source)))
-        if normal.shape[0] > LDL_MAX_UNKNOWNS:
-            # the whole network: CHOLMOD factorises (without the GIL) on a thread of its own
-            # while this one forms the right-hand sides (a tile's factorisation runs beside
-            # the other tiles' instead)
-            from concurrent.futures import ThreadPoolExecutor
+        self.lu = _factorise(normal)
+        from depsi.kernels import normal_rhs_numba  # Numba on first use, not on import
 
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                factorised = pool.submit(_factorise, normal)
-                normal_rhs = _normal_rhs(AtW_all, rhs)
-                self.lu = factorised.result()
+        if normal_rhs_numba.AVAILABLE and rhs.ndim == 2:
+            # each arc's float32 row read once, in the sparse product's order: its result to
+            # the bit, without the float64 copies (docs/benchmarks.md)
+            normal_rhs = normal_rhs_numba.normal_rhs(col[source], col[target], weights,
+                                                     kept, rhs, n_unknown)
         else:
-            self.lu = _factorise(normal)
-            normal_rhs = _normal_rhs(AtW_all, rhs)
+            # A^T W over every arc, zero columns for the others: the product reads only kept
+            # rows; a few columns at a time, as the sparse product would otherwise first copy
+            # the whole float32 (arcs, nrhs) right-hand sides to float64
+            AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
+                                    shape=(n_unknown, len(source)))
+            normal_rhs = np.empty((n_unknown, rhs.shape[1]))
+            for first in range(0, rhs.shape[1], RHS_COLUMNS):
+                columns = slice(first, first + RHS_COLUMNS)
+                normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
         self._x0 = self.x = self.lu.solve(normal_rhs)
         self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
         self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
@@ -258,16 +260,6 @@ class _LDL:
         for j in range(b.shape[1]):  # the right-hand sides (epochs, probes): a few dozen
             x[:, j] = self._solver.solve(columns[:, j])
         return x
-
-
-def _normal_rhs(AtW_all: sp.csr_matrix, rhs: np.ndarray) -> np.ndarray:
-    """``A^T W y`` (float64), a few columns of ``rhs`` at a time: the sparse product would
-    otherwise first copy the whole float32 (arcs, nrhs) right-hand sides to float64."""
-    normal_rhs = np.empty((AtW_all.shape[0], rhs.shape[1]))
-    for first in range(0, rhs.shape[1], RHS_COLUMNS):
-        columns = slice(first, first + RHS_COLUMNS)
-        normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
-    return normal_rhs
 
 
 def _factorise(normal: sp.spmatrix):

@@ -1,0 +1,38 @@
+"""The compiled ``A^T W y`` of the network solve against SciPy's sparse product."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+normal_rhs_numba = pytest.importorskip("depsi.kernels.normal_rhs_numba")
+
+
+@pytest.mark.parametrize("order", ["increasing", "shuffled"])
+def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
+    """Each point's sum over its arcs in the sparse product's order: SciPy's float64 result
+    exactly, with points off the network and the reference (their rows dropped), and the kept
+    arcs in any order (the product's columns follow ``kept``'s order, as the kernel does)."""
+    from depsi.processing.network_solver import incidence_matrix
+
+    rng = np.random.default_rng(3)
+    n, m, n_rhs = 500, 4000, 9
+    source = rng.integers(0, n, m)
+    target = (source + rng.integers(1, 40, m)) % n
+    weights = rng.uniform(0.5, 4.0, m)
+    rhs = rng.normal(size=(m, n_rhs)).astype(np.float32)
+    kept = np.flatnonzero(rng.random(m) < 0.7)
+    if order == "shuffled":
+        kept = rng.permutation(kept)
+    unknown = rng.random(n) < 0.95
+    unknown[11] = False  # the reference
+    n_unknown = int(unknown.sum())
+    col = np.full(n, n_unknown, dtype=np.int64)
+    col[unknown] = np.arange(n_unknown)
+    A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
+    AtW = A[:, :-1].tocsc().T.multiply(weights[kept][None, :]).tocsr()
+    AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr), shape=(n_unknown, m))
+    expected = AtW_all @ rhs.astype(np.float64)
+    got = normal_rhs_numba.normal_rhs(col[source], col[target], weights, kept, rhs, n_unknown)
+    np.testing.assert_array_equal(got, expected)

@@ -579,8 +579,8 @@ def test_a_tile_starts_after_its_earlier_neighbours_and_before_its_later_ones():
 @pytest.mark.parametrize("whole", [False, True], ids=["tile", "whole network"])
 def test_network_solve_is_the_weighted_least_squares_solution(monkeypatch, whole):
     """``_NetworkSolve`` on a grid network with random weights, factorised as a tile (QDLDL)
-    or as the whole network (CHOLMOD on a thread of its own while the right-hand sides are
-    formed): the dense weighted least-squares solution with the reference fixed at 0."""
+    or as the whole network (CHOLMOD), its right-hand sides by the compiled scatter: the
+    dense weighted least-squares solution with the reference fixed at 0."""
     pytest.importorskip("cholespy")
     from depsi.processing import network_solver
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import xarray as xr
 
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.periodogram import result_coherence
-from depsi.processing.network import point_positions
+from depsi.processing.network import point_positions, worker_threads
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     displacement_out = np.empty((n, n_epochs), np.float32)
     ambiguity_out = np.empty((n, n_epochs), np.int32)
     coherence_out = np.empty(n, np.float32)
-    for start in range(0, n, POINT_BLOCK):
+    def block(start: int) -> None:  # each block writes its own rows
         rows = slice(start, min(start + POINT_BLOCK, n))
         unwrapped = values[rows, 2:]
         phase = np.asarray(phase_all[rows], dtype=np.float64)
@@ -90,6 +91,14 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
         displacement = unwrapped / m2ph - h2ph * height[rows, None]
         displacement_out[rows] = displacement - displacement[:, :1]
         unwrapped_out[rows] = unwrapped
+
+    starts = range(0, n, POINT_BLOCK)
+    if len(starts) > 1:  # on this process's threads: NumPy releases the GIL in a block's work
+        with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
+            list(pool.map(block, starts))
+    else:
+        for start in starts:
+            block(start)
     out = points.copy()
     out = out.assign(
         velocity=("space", velocity.astype(np.float32)),

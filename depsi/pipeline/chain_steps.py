@@ -473,19 +473,20 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                     accepted.sizes["space"], others.size)
         return with_cf_attributes(accepted)
     # a chunk a task on this process's threads (each chunk's graph run by its own thread, no
-    # barrier between batches of chunks), each chunk's accepted points written, in chunk
-    # order, into arrays sized for every candidate (pages the rejected ones would take are
-    # never touched): memory follows the chunk size and the result, with no list of parts
+    # barrier between batches of chunks), each chunk's accepted points written by that thread
+    # into arrays sized for every candidate, at the chunk's own rows, then moved down to the
+    # accepted rows before them, in chunk order: memory follows the chunk size and the
+    # result (at most twice the accepted rows' pages touched), with no list of parts
     # concatenated at the end
     template = result_view(dense.isel(space=slice(0, 0)), order=2)
     out = {name: (var.dims, np.empty((others.size,) + var.shape[1:], var.dtype))
            for name, var in template.variables.items() if "space" in var.dims}
     bounds = np.cumsum((0,) + dense.chunks["space"])
     count = 0
-    for part in _accepted_by_chunk(dense, bounds):
-        size = part.sizes["space"]
-        for name, (dims, values) in out.items():
-            values[count:count + size] = part[name].transpose(*dims).values
+    for start, size in _accepted_by_chunk(dense, bounds, out):
+        if start != count:  # the rows before are written: no other thread writes here
+            for dims, values in out.values():
+                values[count:count + size] = values[start:start + size]
         count += size
     space = {name: (dims, values[:count]) for name, (dims, values) in out.items()}
     accepted = xr.Dataset({name: space[name] for name in template.data_vars},
@@ -495,13 +496,16 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     return with_cf_attributes(accepted)
 
 
-def _accepted_by_chunk(dense: xr.Dataset, bounds: np.ndarray):
-    """The accepted rows of each space chunk of ``dense`` (``bounds``: the chunks' edges), in
-    chunk order. Under the threaded scheduler each chunk is a task of this process's threads,
-    its own graph only (:func:`culled_rows`) run by the synchronous scheduler in its thread,
-    at most two chunks a thread ahead of the one being read (no barrier between batches of
-    chunks, whose slowest chunk held the others' threads idle); under another scheduler, one
-    chunk at a time through it."""
+def _accepted_by_chunk(dense: xr.Dataset, bounds: np.ndarray, out: dict):
+    """Each space chunk of ``dense`` (``bounds``: the chunks' edges) computed, and its
+    accepted rows written into ``out`` (name to ``(dims, array)`` over every row of
+    ``dense``) from the chunk's first row on; yields ``(first row, accepted rows)`` per chunk
+    in chunk order, each once its rows are written. Under the threaded scheduler each chunk is
+    a task of this process's threads, its own graph only (:func:`culled_rows`) run by the
+    synchronous scheduler in its thread, at most two chunks a thread ahead of the one yielded
+    (no barrier between batches of chunks, whose slowest chunk held the others' threads idle;
+    the rows are written, their pages first touched, on every thread); under another
+    scheduler, one chunk at a time through it."""
     from concurrent.futures import ThreadPoolExecutor
 
     import dask.threaded
@@ -509,24 +513,27 @@ def _accepted_by_chunk(dense: xr.Dataset, bounds: np.ndarray):
 
     threaded = get_scheduler(collections=[dense]) is dask.threaded.get
 
-    def accepted(chunk: int) -> xr.Dataset:
+    def written(chunk: int) -> tuple[int, int]:
         rows = slice(int(bounds[chunk]), int(bounds[chunk + 1]))
         part = result_view(culled_rows(dense, rows).compute(
             **({"scheduler": "sync"} if threaded else {})), order=2, keep=("accepted",))
-        return part.isel(space=np.flatnonzero(part["accepted"].values))
+        keep = np.flatnonzero(part["accepted"].values)
+        for name, (dims, values) in out.items():
+            values[rows.start:rows.start + keep.size] = part[name].transpose(*dims).values[keep]
+        return rows.start, keep.size
 
     chunks = range(len(bounds) - 1)
     if not threaded:
-        yield from map(accepted, chunks)
+        yield from map(written, chunks)
         return
     ahead = 2 * max(1, worker_threads())
     with ThreadPoolExecutor(max_workers=max(1, worker_threads())) as pool:
-        pending = [pool.submit(accepted, chunk) for chunk in chunks[:ahead]]
+        pending = [pool.submit(written, chunk) for chunk in chunks[:ahead]]
         for chunk in chunks:
-            part = pending.pop(0).result()
+            done = pending.pop(0).result()
             if chunk + ahead < len(chunks):
-                pending.append(pool.submit(accepted, chunk + ahead))
-            yield part
+                pending.append(pool.submit(written, chunk + ahead))
+            yield done
 
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
                *, devices: Devices = None) -> xr.Dataset:

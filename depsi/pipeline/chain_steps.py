@@ -485,7 +485,7 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     count = 0
     for start, size in _accepted_by_chunk(dense, bounds, out):
         if start != count:  # the rows before are written: no other thread writes here
-            for dims, values in out.values():
+            for _, values in out.values():
                 values[count:count + size] = values[start:start + size]
         count += size
     space = {name: (dims, values[:count]) for name, (dims, values) in out.items()}

@@ -268,7 +268,8 @@ def _cache_files(folder):
 def test_small_dask_workers_run_the_reference_without_loading_numba():
     """Numba holds about 100 MB in a process: a worker under MIN_WORKER_MEMORY (450 MB here, as
     tests/test_faults.py's) would pass distributed's pause threshold and stall the run, so it
-    runs the reference and never imports Numba; a roomy worker runs the fused kernel."""
+    runs the references (the periodogram's, and the network solve's for a w-test tile) and
+    never imports Numba; a roomy worker runs the fused kernels."""
     from distributed import Client, LocalCluster
 
     def probe():  # defined here, so it travels by value (the module would import Numba)
@@ -282,6 +283,17 @@ def test_small_dask_workers_run_the_reference_without_loading_numba():
         rng = numpy.random.default_rng(0)
         periodogram(rng.uniform(-3, 3, (8, 12)), rng.normal(0, 1e-4, (8, 12)),
                     numpy.arange(12) / 12, wavelength=0.0555, fused=fused_kernels())
+        # a w-test tile's solve on a worker: several right-hand sides (the compiled A^T W y
+        # and LDL sweeps where roomy)
+        from depsi.processing.network_solver import _NetworkSolve
+
+        grid = numpy.arange(100).reshape(10, 10)
+        pairs = numpy.vstack([numpy.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
+                              numpy.c_[grid[:-1].ravel(), grid[1:].ravel()]])
+        solved = _NetworkSolve(pairs[:, 0], pairs[:, 1], numpy.ones(len(pairs)),
+                               rng.normal(size=(len(pairs), 4)).astype(numpy.float32),
+                               numpy.arange(len(pairs)), 100, numpy.ones(100, bool), 0)
+        assert numpy.isfinite(solved.values()).all()
         return _fused_wanted(numpy, fused_kernels()), "numba" in sys.modules
 
     for limit, expected in (("450MB", (False, False)), ("2GB", (True, True))):

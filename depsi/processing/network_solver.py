@@ -3,8 +3,10 @@ one factorisation of the normal matrix ``A^T W A`` for every right-hand side (QD
 SuperLU), that solution with arcs removed by Woodbury updates, and the arcs' leverage (one
 minus their redundancy numbers).
 
-NumPy and SciPy on host arrays only (and :mod:`depsi.kernels.ldl_numba` for QDLDL's many
-right-hand sides); :mod:`depsi.processing.arc_testing` tests the arcs with it.
+NumPy and SciPy on host arrays only (and, outside small Dask workers,
+:mod:`depsi.kernels.ldl_numba` for QDLDL's many right-hand sides and
+:mod:`depsi.kernels.normal_rhs_numba` for ``A^T W y``); :mod:`depsi.processing.arc_testing`
+tests the arcs with it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
+
+from depsi.stm.dask_tools import roomy_process
 
 #: Arcs per block of the redundancy probes, the misclosure statistics and the observations:
 #: bounds the temporaries of a network of millions of arcs.
@@ -97,11 +101,11 @@ class _NetworkSolve:
         AtW = A.T.multiply(w[None, :]).tocsr()
         normal = (AtW @ A).tocsc()
         self.lu = _factorise(normal)
-        from depsi.kernels import normal_rhs_numba  # Numba on first use, not on import
-
-        if normal_rhs_numba.AVAILABLE and rhs.ndim == 2:
+        if rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba"):
             # each arc's float32 row read once, in the sparse product's order: its result to
             # the bit, without the float64 copies (docs/benchmarks.md)
+            from depsi.kernels import normal_rhs_numba
+
             normal_rhs = normal_rhs_numba.normal_rhs(col[source], col[target], weights,
                                                      kept, rhs, n_unknown)
         else:
@@ -247,9 +251,9 @@ class _LDL:
     def solve(self, b: np.ndarray) -> np.ndarray:
         if b.ndim == 1:
             return self._solver.solve(np.ascontiguousarray(b, dtype=np.float64))
-        from depsi.kernels import ldl_numba  # Numba on first use, not on import
+        if b.shape[1] > 1 and _compiled_kernels("ldl_numba"):
+            from depsi.kernels import ldl_numba
 
-        if b.shape[1] > 1 and ldl_numba.AVAILABLE:
             # every column in one compiled pass over the factors, QDLDL's result to the bit
             # (3x faster at 64 columns; docs/benchmarks.md)
             if self._factors is None:
@@ -260,6 +264,18 @@ class _LDL:
         for j in range(b.shape[1]):  # the right-hand sides (epochs, probes): a few dozen
             x[:, j] = self._solver.solve(columns[:, j])
         return x
+
+
+def _compiled_kernels(module: str) -> bool:
+    """Whether the compiled kernel ``depsi.kernels.<module>`` runs here: Numba importable, and
+    this process not a small Dask worker (a tile's task), where Numba's memory and a first
+    compilation would not fit (:func:`~depsi.stm.dask_tools.roomy_process`); there the
+    reference runs, the same result to the bit, and Numba is never imported."""
+    if not roomy_process():
+        return False
+    import importlib
+
+    return bool(importlib.import_module(f"depsi.kernels.{module}").AVAILABLE)
 
 
 def _factorise(normal: sp.spmatrix):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -22,7 +23,7 @@ from scipy.optimize import curve_fit
 from scipy.spatial import cKDTree
 
 from depsi.conventions import phase_per_metre
-from depsi.processing.network import point_positions
+from depsi.processing.network import point_positions, worker_threads
 from depsi.sections import Section
 from depsi.stm.schema import validate, years_since_mother
 
@@ -329,11 +330,16 @@ def _gaussian(tree, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> np.
     of :data:`GAUSSIAN_BLOCK` targets."""
     k = min(k, tree.n)
     out = np.empty((len(dst_pos),) + values.shape[1:], dtype=values.dtype)
-    for start in range(0, len(dst_pos), GAUSSIAN_BLOCK):
-        block = dst_pos[start:start + GAUSSIAN_BLOCK]
-        dist, idx = tree.query(block, k=k)
+
+    def block(start: int) -> None:  # each block writes its own rows
+        targets = dst_pos[start:start + GAUSSIAN_BLOCK]
+        dist, idx = tree.query(targets, k=k)
         out[start:start + GAUSSIAN_BLOCK] = gaussian_mean(
-            dist.reshape(len(block), k), idx.reshape(len(block), k), values, length_scale)
+            dist.reshape(len(targets), k), idx.reshape(len(targets), k), values, length_scale)
+
+    # the blocks on this process's threads (the tree's queries and NumPy release the GIL)
+    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
+        list(pool.map(block, range(0, len(dst_pos), GAUSSIAN_BLOCK)))
     return out
 
 

@@ -344,6 +344,17 @@ def _direct_fit(unwrapped, aps, h2ph, *, years, m2ph) -> tuple[np.ndarray, np.nd
     return coefficients[:, 0], coefficients[:, 1]
 
 
+def _direct_fit_chunk(unwrapped, aps, h2ph, *, years, m2ph) -> np.ndarray:
+    """:func:`_direct_fit` of a space chunk (a worker's task), in blocks of
+    :data:`FIT_BLOCK` points: ``(n, 2)`` velocity and height error."""
+    out = np.empty((len(unwrapped), 2))
+    for start in range(0, len(unwrapped), FIT_BLOCK):
+        rows = slice(start, min(start + FIT_BLOCK, len(unwrapped)))
+        out[rows, 0], out[rows, 1] = _direct_fit(unwrapped[rows], aps[rows], h2ph[rows],
+                                                 years=years, m2ph=m2ph)
+    return out
+
+
 def _on_threads(n: int, work) -> list:
     """``work(rows)`` for each block of :data:`FIT_BLOCK` of ``n`` points, on this process's
     threads (NumPy releases the GIL in a block's arithmetic; BLAS at one thread, as the chain's
@@ -392,12 +403,21 @@ def _fit_with_atmosphere_on_chunks(out: xr.Dataset, *, devices, m2ph, years) -> 
     h2ph = out["h2ph"].transpose("space", ...)
     h2ph_data = h2ph.data if isinstance(h2ph.data, da.Array) else da.from_array(h2ph.values)
     h2ph_data = h2ph_data.rechunk((rows,) + ((-1,) if h2ph_data.ndim == 2 else ()))
-    observed = da.map_blocks(_metres_with_atmosphere, unwrapped, aps, m2ph=m2ph,
-                             dtype=np.float64)
-    stm = xr.Dataset({"observed": (("space", "time"), observed),
-                      "h2ph": (h2ph.dims, h2ph_data)}, coords=out.coords, attrs=out.attrs)
-    fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
-                         variable="observed", devices=devices)
+    index = "st"[:h2ph_data.ndim]
+    if all(device.kind == "cpu" for device in resolve_devices(devices)):
+        # each chunk's rows fitted by its task (_direct_fit, as the in-memory blocks are)
+        fitted = da.blockwise(_direct_fit_chunk, "sp", unwrapped, "st", aps, "st", h2ph_data,
+                              index, new_axes={"p": 2}, years=years, m2ph=m2ph,
+                              dtype=np.float64, concatenate=True)
+        fit_velocity, fit_height = fitted[:, 0], fitted[:, 1]
+    else:
+        observed = da.map_blocks(_metres_with_atmosphere, unwrapped, aps, m2ph=m2ph,
+                                 dtype=np.float64)
+        stm = xr.Dataset({"observed": (("space", "time"), observed),
+                          "h2ph": (h2ph.dims, h2ph_data)}, coords=out.coords, attrs=out.attrs)
+        fit = estimate_model(stm, terms=("offset", "velocity", "height_error"),
+                             variable="observed", devices=devices)
+        fit_velocity, fit_height = fit["velocity"].data, fit["height_error"].data
 
     def space_data(name):
         data = out[name].data
@@ -405,10 +425,9 @@ def _fit_with_atmosphere_on_chunks(out: xr.Dataset, *, devices, m2ph, years) -> 
                 ).rechunk((rows,))
 
     old_v, old_h = space_data("velocity"), space_data("height_error")
-    ok = da.isfinite(fit["velocity"].data) & da.isfinite(fit["height_error"].data)
-    v = da.where(ok, fit["velocity"].data, old_v)
-    h = da.where(ok, fit["height_error"].data, old_h)
-    index = "st"[:h2ph_data.ndim]
+    ok = da.isfinite(fit_velocity) & da.isfinite(fit_height)
+    v = da.where(ok, fit_velocity, old_v)
+    h = da.where(ok, fit_height, old_h)
     displacement = da.blockwise(_displacement_block, "st", unwrapped, "st", h2ph_data, index,
                                 h, "s", m2ph=m2ph, dtype=np.float32)
     coherence = da.blockwise(_coherence_block, "s", unwrapped, "st", h2ph_data, index, v, "s",

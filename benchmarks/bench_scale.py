@@ -146,6 +146,11 @@ def _rms_about_median(values: np.ndarray) -> float:
     return float(np.sqrt(np.mean((values - np.median(values)) ** 2)))
 
 
+#: The result's variables :func:`accuracy` reads (a LocalCluster run brings only these back).
+SCORED = ("point_index", "azimuth", "range", "temporal_coherence", "velocity", "height_error",
+          "order")
+
+
 def accuracy(result, truth_path: Path) -> dict:
     """The result against the truth: RMSEs on coherent points and the floors on the same."""
     import xarray as xr
@@ -297,6 +302,9 @@ def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster:
             if workers is not None:
                 out["workers"] = workers.stop()
                 workers = None
+                # the result's series stay on the workers (persisted): the per-point figures
+                # the scoring reads come here before the cluster closes
+                result = result[[n for n in SCORED if n in result.variables]].compute()
         out["steps"] = record.steps
         out["accuracy"] = accuracy(result, scene_folder / scene_module.TRUTH_STORE)
         del result

@@ -535,6 +535,7 @@ def _accepted_by_chunk(dense: xr.Dataset, bounds: np.ndarray, out: dict):
                 pending.append(pool.submit(written, chunk + ahead))
             yield done
 
+
 def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config: ChainConfig,
                *, devices: Devices = None) -> xr.Dataset:
     """The result STM: first-order and densified points in the input's order, velocity and

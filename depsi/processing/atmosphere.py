@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import numpy as np
@@ -23,7 +22,7 @@ from scipy.optimize import curve_fit
 from scipy.spatial import cKDTree
 
 from depsi.conventions import phase_per_metre
-from depsi.processing.network import point_positions, worker_threads
+from depsi.processing.network import on_threads, point_positions
 from depsi.sections import Section
 from depsi.stm.schema import validate, years_since_mother
 
@@ -337,9 +336,7 @@ def _gaussian(tree, values, dst_pos, length_scale, k=GAUSSIAN_NEIGHBOURS) -> np.
         out[start:start + GAUSSIAN_BLOCK] = gaussian_mean(
             dist.reshape(len(targets), k), idx.reshape(len(targets), k), values, length_scale)
 
-    # the blocks on this process's threads (the tree's queries and NumPy release the GIL)
-    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
-        list(pool.map(block, range(0, len(dst_pos), GAUSSIAN_BLOCK)))
+    on_threads(block, range(0, len(dst_pos), GAUSSIAN_BLOCK))
     return out
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import dask.array as da
 import numpy as np
@@ -45,7 +44,7 @@ from scipy.stats import f as f_distribution
 
 from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import single_threaded_blas
-from depsi.processing.network import cell_keys, point_positions, worker_threads
+from depsi.processing.network import cell_keys, on_threads, point_positions
 from depsi.stm.dask_tools import workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
@@ -375,8 +374,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
 
     # batches of cells (bounded memory) on this process's threads, BLAS at one thread each
     # (the chain's steps set it): NumPy releases the GIL in the solves and the large products
-    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
-        list(pool.map(predict_cells, batches))
+    on_threads(predict_cells, batches)
     return out, variance
 
 
@@ -606,8 +604,7 @@ def estimate_correlated_height(
         def gain_rows(rows: slice) -> None:
             gain[rows] = _gain_block(h2ph.data[rows], years=years, m2ph=m2ph)
 
-        with ThreadPoolExecutor(max_workers=worker_threads()) as pool:  # as _predict's cells
-            list(pool.map(gain_rows, _blocks(n)))
+        on_threads(gain_rows, _blocks(n))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
@@ -674,8 +671,7 @@ def estimate_correlated_height(
             moved[rows] = _moved_block(series.isel(space=rows).values, h2ph.data[rows],
                                        field[rows], sign * m2ph)
 
-        with ThreadPoolExecutor(max_workers=worker_threads()) as pool:  # as the gain's rows
-            list(pool.map(move, _blocks(n)))
+        on_threads(move, _blocks(n))
         out[name] = (series.dims, moved)
     out.attrs.update({"correlated_height_nugget": noise["nugget"],
                       "correlated_height_signal_scale": noise["signal_scale"],

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import xarray as xr
 
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.periodogram import result_coherence
-from depsi.processing.network import point_positions, worker_threads
+from depsi.processing.network import on_threads, point_positions
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -73,6 +72,7 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     displacement_out = np.empty((n, n_epochs), np.float32)
     ambiguity_out = np.empty((n, n_epochs), np.int32)
     coherence_out = np.empty(n, np.float32)
+
     def block(start: int) -> None:  # each block writes its own rows
         rows = slice(start, min(start + POINT_BLOCK, n))
         unwrapped = values[rows, 2:]
@@ -92,13 +92,7 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
         displacement_out[rows] = displacement - displacement[:, :1]
         unwrapped_out[rows] = unwrapped
 
-    starts = range(0, n, POINT_BLOCK)
-    if len(starts) > 1:  # on this process's threads: NumPy releases the GIL in a block's work
-        with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
-            list(pool.map(block, starts))
-    else:
-        for start in starts:
-            block(start)
+    on_threads(block, range(0, n, POINT_BLOCK))
     out = points.copy()
     out = out.assign(
         velocity=("space", velocity.astype(np.float32)),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -35,7 +34,7 @@ from depsi.processing.datum import (
 from depsi.processing.datum import (  # moved: re-exported until the lead's files switch
     remove_reference_noise as remove_reference_noise,
 )
-from depsi.processing.network import point_positions, worker_threads
+from depsi.processing.network import on_threads, point_positions
 from depsi.processing.network_solver import ARC_BLOCK
 from depsi.sections import Section
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
@@ -530,9 +529,7 @@ def refit_points(points: xr.Dataset, unwrapped: np.ndarray, reference: int) -> x
         values[rows, 0], values[rows, 1] = fit.x[:, 1], fit.x[:, 2]
         values[rows, 2:] = y
 
-    # the blocks on this process's threads (NumPy releases the GIL in their arithmetic)
-    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
-        list(pool.map(block, range(0, n, POINT_BLOCK)))
+    on_threads(block, range(0, n, POINT_BLOCK))
     values[reference, :2] = 0.0  # its own phases are zero: no round-off left
     out = _point_results(points, values, np.ones(n, bool), np.zeros(n, np.int8), int(reference),
                          years)

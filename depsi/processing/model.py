@@ -360,15 +360,10 @@ def _on_threads(n: int, work) -> list:
     threads (NumPy releases the GIL in a block's arithmetic; BLAS at one thread, as the chain's
     steps set it); the results in block order, so sums over them do not depend on the threads.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from depsi.processing.network import on_threads
 
-    from depsi.processing.network import worker_threads
-
-    blocks = [slice(start, min(start + FIT_BLOCK, n)) for start in range(0, n, FIT_BLOCK)]
-    if len(blocks) < 2:
-        return [work(rows) for rows in blocks]
-    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
-        return list(pool.map(work, blocks))
+    return on_threads(work, [slice(start, min(start + FIT_BLOCK, n))
+                             for start in range(0, n, FIT_BLOCK)])
 
 
 def _kept_fit(velocity, height, old_velocity, old_height):

@@ -368,6 +368,24 @@ def worker_threads() -> int:
         return os.cpu_count() or 1
 
 
+def on_threads(work, items) -> list:
+    """``work(item)`` for each of ``items`` on this process's threads
+    (:func:`worker_threads`), the results in the items' order; in this thread when there is at
+    most one. For blocks whose work releases the GIL (NumPy, BLAS at one thread as the chain's
+    steps set it, SciPy's KD-tree queries) and writes only its own rows.
+
+    Examples
+    --------
+    >>> on_threads(lambda start: start * 2, range(0, 30, 10))
+    [0, 20, 40]
+    """
+    items = list(items)
+    if len(items) < 2:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(max_workers=worker_threads()) as pool:
+        return list(pool.map(work, items))
+
+
 def _arc_values(values, source, target, name):
     """The arcs' wrapped phase difference (``phase``) or mean (``h2ph``) of two points."""
     if name == "phase":
@@ -411,8 +429,7 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
                 rows = slice(start, start + ARC_CHUNK)
                 diff[rows] = _arc_values(arr, source[rows], target[rows], name)
 
-            with ThreadPoolExecutor(worker_threads()) as pool:
-                list(pool.map(fill, range(0, len(source), ARC_CHUNK)))
+            on_threads(fill, range(0, len(source), ARC_CHUNK))
         data_vars[name] = (("arc",) + var.dims[1:], diff)
     length = np.hypot(*(positions[target] - positions[source]).T).astype(np.float32)
     data_vars["length"] = ("arc", length)

@@ -393,9 +393,46 @@ def _cgroup_free_bytes() -> int | None:
     return None
 
 
+#: Share of a Dask worker's memory limit its tasks may fill: distributed pauses a worker at
+#: 80 % (``distributed.worker.memory.pause``) and its nanny kills it at 95 %.
+WORKER_MEMORY_TARGET = 0.8
+#: Least room a worker's task is told it has (of its limit, per thread): past the target a
+#: batch of one item per kernel call would crawl, and a batch this size still fits under the
+#: nanny's 95 %.
+WORKER_MEMORY_FLOOR = 1 / 16
+
+
+def _worker_free_bytes() -> int | None:
+    """Room for one task's temporaries under this Dask worker's memory limit, if this is a
+    worker with one: the limit's :data:`WORKER_MEMORY_TARGET` less what the process holds,
+    shared by the worker's threads (each runs a task at once), at least
+    :data:`WORKER_MEMORY_FLOOR` of the limit per thread.
+
+    Without it a kernel sizes its batches from the machine's free memory, and a worker with a
+    450 MB limit on a 24 GB machine ran a periodogram of 65,536 arcs in one batch, past the
+    nanny's 95 % (``tests/test_faults.py``, the small-worker chain, failed so in CI).
+    """
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    if not limit:
+        return None
+    import psutil
+
+    threads = max(int(getattr(worker.state, "nthreads", 1) or 1), 1)
+    held = psutil.Process().memory_info().rss
+    room = max(WORKER_MEMORY_TARGET * limit - held, WORKER_MEMORY_FLOOR * limit * threads)
+    return int(room / threads)
+
+
 def available_host_memory() -> int:
     """Bytes of RAM available now (psutil, else ``/proc/meminfo``, else ``os.sysconf``), capped by
-    a container memory limit when there is one.
+    a container memory limit when there is one, and in a Dask worker with a memory limit by the
+    room left under it (:func:`_worker_free_bytes`).
 
     Examples
     --------
@@ -405,8 +442,8 @@ def available_host_memory() -> int:
     import psutil  # a dependency of distributed, so always there
 
     available = int(psutil.virtual_memory().available)
-    cgroup = _cgroup_free_bytes()
-    return min(available, cgroup) if cgroup is not None else available
+    caps = [cap for cap in (_cgroup_free_bytes(), _worker_free_bytes()) if cap is not None]
+    return min([available, *caps])
 
 
 def free_memory(device: Device | str | None = None) -> int:

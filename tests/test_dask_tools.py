@@ -183,3 +183,25 @@ def test_culled_rows_is_culled_isel_without_copying_the_graphs_layers(monkeypatc
                 expected[name].data.__dask_graph__())
             np.testing.assert_array_equal(cut[name].values, expected[name].values)
     assert len(ds["sum"].data.__dask_graph__().layers) > 40 and max(sizes) <= 2
+
+
+def test_a_dask_workers_memory_limit_caps_the_free_host_memory_its_batches_see():
+    # the small-worker chain in CI ran a periodogram of 65,536 arcs in one batch sized from the
+    # machine's 24 GB, past its 450 MB worker's limit (the nanny killed it four times)
+    from dask.utils import parse_bytes
+    from distributed import Client, LocalCluster
+
+    from depsi.kernels import backend
+    from depsi.stm import dask_tools
+
+    limit = parse_bytes("450MB")
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit=limit,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        in_worker = client.submit(backend.available_host_memory, pure=False).result()
+        items = client.submit(backend.batch_size, 1e6, "cpu", pure=False).result()
+    assert dask_tools.WORKER_MEMORY_FLOOR * limit <= in_worker
+    assert in_worker <= dask_tools.WORKER_MEMORY_TARGET * limit / 2  # two threads share it
+    assert items <= backend.DEFAULT_SAFETY * in_worker / 1e6 + 1
+    # outside a worker: no cap of this kind, the machine's (or container's) free memory
+    assert dask_tools.worker_free_bytes() is None
+    assert dask_tools.worker_free_bytes in backend._HOST_MEMORY_CAPS

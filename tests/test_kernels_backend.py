@@ -177,19 +177,15 @@ def test_single_threaded_blas_holds_in_other_threads_and_they_leave_it(three_bla
         assert pool.submit(_blas_threads).result() == {3}
 
 
-def test_a_dask_workers_memory_limit_caps_the_free_host_memory_its_batches_see():
-    # the small-worker chain in CI ran a periodogram of 65,536 arcs in one batch sized from the
-    # machine's 24 GB, past its 450 MB worker's limit (the nanny killed it four times)
-    from dask.utils import parse_bytes
-    from distributed import Client, LocalCluster
 
-    limit = parse_bytes("450MB")
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit=limit,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
-        in_worker = client.submit(backend.available_host_memory, pure=False).result()
-        items = client.submit(batch_size, 1e6, "cpu", pure=False).result()
-    assert backend.WORKER_MEMORY_FLOOR * limit <= in_worker
-    assert in_worker <= backend.WORKER_MEMORY_TARGET * limit / 2  # two threads share the room
-    assert items <= backend.DEFAULT_SAFETY * in_worker / 1e6 + 1
-    # outside a worker the machine's (or container's) free memory, not the worker's
-    assert backend._worker_free_bytes() is None
+def test_registered_caps_bound_the_available_host_memory(monkeypatch):
+    monkeypatch.setattr(backend, "_HOST_MEMORY_CAPS", [])
+    backend.register_host_memory_cap(lambda: None)
+    uncapped = backend.available_host_memory()
+    assert uncapped > 10**6
+    cap = lambda: 12345  # noqa: E731
+    backend.register_host_memory_cap(cap)
+    backend.register_host_memory_cap(cap)  # once
+    assert backend._HOST_MEMORY_CAPS.count(cap) == 1
+    assert backend.available_host_memory() == 12345
+    assert batch_size(1000, "cpu") == 6  # half of 12345 bytes

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -393,46 +393,31 @@ def _cgroup_free_bytes() -> int | None:
     return None
 
 
-#: Share of a Dask worker's memory limit its tasks may fill: distributed pauses a worker at
-#: 80 % (``distributed.worker.memory.pause``) and its nanny kills it at 95 %.
-WORKER_MEMORY_TARGET = 0.8
-#: Least room a worker's task is told it has (of its limit, per thread): past the target a
-#: batch of one item per kernel call would crawl, and a batch this size still fits under the
-#: nanny's 95 %.
-WORKER_MEMORY_FLOOR = 1 / 16
+#: Further caps on the host memory a batch may use, each a callable returning bytes or None
+#: (no cap here); the layers above register theirs (:func:`register_host_memory_cap`).
+_HOST_MEMORY_CAPS: list[Callable[[], int | None]] = []
 
 
-def _worker_free_bytes() -> int | None:
-    """Room for one task's temporaries under this Dask worker's memory limit, if this is a
-    worker with one: the limit's :data:`WORKER_MEMORY_TARGET` less what the process holds,
-    shared by the worker's threads (each runs a task at once), at least
-    :data:`WORKER_MEMORY_FLOOR` of the limit per thread.
+def register_host_memory_cap(cap: Callable[[], int | None]) -> None:
+    """Have :func:`available_host_memory` also take ``cap()`` into account (once, however often
+    registered). This layer knows no scheduler: :mod:`depsi.stm.dask_tools` registers the room
+    left under a Dask worker's memory limit, which a batch sized from the machine's free memory
+    would overrun.
 
-    Without it a kernel sizes its batches from the machine's free memory, and a worker with a
-    450 MB limit on a 24 GB machine ran a periodogram of 65,536 arcs in one batch, past the
-    nanny's 95 % (``tests/test_faults.py``, the small-worker chain, failed so in CI).
+    Examples
+    --------
+    >>> register_host_memory_cap(lambda: None)  # never a cap: the machine's memory as before
+    >>> available_host_memory() > 0
+    True
     """
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return None
-    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-    if not limit:
-        return None
-    import psutil
-
-    threads = max(int(getattr(worker.state, "nthreads", 1) or 1), 1)
-    held = psutil.Process().memory_info().rss
-    room = max(WORKER_MEMORY_TARGET * limit - held, WORKER_MEMORY_FLOOR * limit * threads)
-    return int(room / threads)
+    if cap not in _HOST_MEMORY_CAPS:
+        _HOST_MEMORY_CAPS.append(cap)
 
 
 def available_host_memory() -> int:
     """Bytes of RAM available now (psutil, else ``/proc/meminfo``, else ``os.sysconf``), capped by
-    a container memory limit when there is one, and in a Dask worker with a memory limit by the
-    room left under it (:func:`_worker_free_bytes`).
+    a container memory limit when there is one and by the registered caps
+    (:func:`register_host_memory_cap`: in a Dask worker, the room under its memory limit).
 
     Examples
     --------
@@ -442,7 +427,8 @@ def available_host_memory() -> int:
     import psutil  # a dependency of distributed, so always there
 
     available = int(psutil.virtual_memory().available)
-    caps = [cap for cap in (_cgroup_free_bytes(), _worker_free_bytes()) if cap is not None]
+    caps = [cap for cap in (_cgroup_free_bytes(), *(cap() for cap in _HOST_MEMORY_CAPS))
+            if cap is not None]
     return min([available, *caps])
 
 

@@ -16,6 +16,8 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from depsi.kernels.backend import register_host_memory_cap
+
 
 def _shares_memory_with_workers(arrays: list) -> bool:
     """Whether the current Dask scheduler runs tasks in this process (threads, synchronous)."""
@@ -273,6 +275,22 @@ def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:
 MIN_WORKER_MEMORY = 768 << 20
 
 
+def _this_worker():
+    """The Dask worker this code runs in, or None."""
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except (ImportError, ValueError):
+        return None
+
+
+def _memory_limit(worker) -> int | None:
+    """A worker's memory limit in bytes, None when it has none."""
+    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    return int(limit) if limit else None
+
+
 def roomy_process() -> bool:
     """Whether this process can afford Numba's memory: outside a Dask worker, or in a worker
     whose memory limit is none or at least :data:`MIN_WORKER_MEMORY`.
@@ -282,14 +300,49 @@ def roomy_process() -> bool:
     >>> roomy_process()  # not a Dask worker
     True
     """
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return True
-    limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    worker = _this_worker()
+    limit = _memory_limit(worker) if worker is not None else None
     return not limit or limit >= MIN_WORKER_MEMORY
+
+
+#: Share of a Dask worker's memory limit its tasks may fill: distributed pauses a worker at
+#: 80 % (``distributed.worker.memory.pause``) and its nanny kills it at 95 %.
+WORKER_MEMORY_TARGET = 0.8
+#: Least room a worker's task is told it has (of its limit, per thread): past the target a
+#: batch of one item per kernel call would crawl, and a batch this size still fits under the
+#: nanny's 95 %.
+WORKER_MEMORY_FLOOR = 1 / 16
+
+
+def worker_free_bytes() -> int | None:
+    """Room for one task's temporaries under this Dask worker's memory limit, if this is a
+    worker with one: the limit's :data:`WORKER_MEMORY_TARGET` less what the process holds,
+    shared by the worker's threads (each runs a task at once), at least
+    :data:`WORKER_MEMORY_FLOOR` of the limit a thread. Registered with
+    :func:`depsi.kernels.backend.register_host_memory_cap`, so the kernels' batches fit it.
+
+    Without it a kernel sized its batches from the machine's free memory, and a worker with a
+    450 MB limit on a 24 GB machine ran a periodogram of 65,536 arcs in one batch, past the
+    nanny's 95 % (``tests/test_faults.py``, the small-worker chain, failed so in CI).
+
+    Examples
+    --------
+    >>> worker_free_bytes() is None  # not a Dask worker
+    True
+    """
+    worker = _this_worker()
+    limit = _memory_limit(worker) if worker is not None else None
+    if limit is None:
+        return None
+    import psutil
+
+    threads = max(int(getattr(worker.state, "nthreads", 1) or 1), 1)
+    held = psutil.Process().memory_info().rss
+    room = max(WORKER_MEMORY_TARGET * limit - held, WORKER_MEMORY_FLOOR * limit * threads)
+    return int(room / threads)
+
+
+register_host_memory_cap(worker_free_bytes)
 
 
 def fused_kernels() -> bool | None:

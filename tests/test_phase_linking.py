@@ -26,10 +26,12 @@ from threadpoolctl import threadpool_limits
 from depsi.conventions import wrap_phase
 from depsi.kernels.backend import cupy_available, to_host
 from depsi.kernels.phase_linking import (
+    MAGNITUDES,
     cramer_rao_bound,
     effective_samples,
     gather_neighbours,
     glrt_threshold,
+    lag_averaged,
     link_phases,
     sample_coherence,
     sequential_phase_linking,
@@ -160,28 +162,78 @@ def _linked_rmse(n_epochs, n_looks, method, seed, n_pixels=1000, **kwargs):
     return rmse, standard_error, crb
 
 
-_BELOW_ASYMPTOTE = ("20 looks: EMI at 1.26x the bound; even EMI with the true magnitudes is at "
-                    "1.19x (the bound is asymptotic in the looks)")
-
-
-@pytest.mark.parametrize("n_epochs, n_looks", [
-    pytest.param(30, 20, marks=pytest.mark.xfail(strict=True, reason=_BELOW_ASYMPTOTE)),
-    (30, 50),
-    pytest.param(30, 200, marks=pytest.mark.slow),
-    pytest.param(60, 100, marks=pytest.mark.slow),
-    pytest.param(120, 200, marks=pytest.mark.slow),
+@pytest.mark.parametrize("n_epochs, n_looks, n_pixels", [
+    # at 20 looks the lag-averaged EMI sits at 1.19x (10 seeds x 1000 pixels: 1.15-1.22, mean
+    # 1.191; the sample magnitudes' EMI 1.29): 5000 pixels put the standard error at 0.011
+    (30, 20, 5000),
+    (30, 50, 1000),
+    pytest.param(30, 200, 1000, marks=pytest.mark.slow),
+    pytest.param(60, 100, 1000, marks=pytest.mark.slow),
+    pytest.param(120, 200, 1000, marks=pytest.mark.slow),
 ])
-def test_emi_phase_rmse_is_within_1_2_of_the_cramer_rao_bound(n_epochs, n_looks):
-    rmse, standard_error, crb = _linked_rmse(n_epochs, n_looks, "emi", seed=n_epochs + n_looks)
+def test_emi_phase_rmse_is_within_1_2_of_the_cramer_rao_bound(n_epochs, n_looks, n_pixels):
+    rmse, standard_error, crb = _linked_rmse(n_epochs, n_looks, "emi", seed=n_epochs + n_looks,
+                                             n_pixels=n_pixels)
     assert standard_error < 0.05 * crb  # enough pixels for the verdict to mean something
     assert rmse <= CRB_FACTOR * crb, f"EMI RMSE {rmse:.4f} rad = {rmse / crb:.3f} x CRB"
+
+
+def _coherence_case(n_epochs, *, seasonal=False, irregular=False, seed=0):
+    """A coherence model unlike the default one: revisits of 6-48 days (``irregular``), and
+    each epoch's coherence varying with the season between 0.5 and 1 (``seasonal``, so that
+    decorrelation no longer depends on the epochs' separation alone)."""
+    rng = np.random.default_rng(seed)
+    days = np.arange(n_epochs) * 12.0
+    if irregular:
+        days = np.cumsum(rng.choice([6, 12, 24, 48], n_epochs)).astype(np.float64)
+    coherence = exponential_coherence(days)
+    if seasonal:
+        season = np.diag(0.75 + 0.25 * np.cos(2 * np.pi * days / 365.25))
+        coherence = season @ coherence @ season + np.eye(n_epochs) - season**2
+    return coherence, rng
+
+
+@pytest.mark.parametrize("seasonal, irregular", [(True, False), (False, True), (True, True)])
+def test_lag_averaged_magnitudes_help_where_decorrelation_is_not_a_function_of_the_lag(
+        seasonal, irregular):
+    """The lag-averaged weights assume decorrelation depends on the epochs' separation; where
+    it does not (a seasonal coherence, irregular revisits: measured 4-7 % lower RMSE at 60
+    epochs and 50 looks) their steadiness still beats the sample magnitudes' exactness."""
+    coherence, rng = _coherence_case(60, seasonal=seasonal, irregular=irregular, seed=3)
+    theta = wrap_phase(rng.uniform(-np.pi, np.pi, 60))
+    theta[0] = 0.0
+    looks = circular_gaussian_looks(coherence, theta, (800, 50), rng)
+    with threadpool_limits(1):
+        gamma, _ = sample_coherence(looks)
+        rmse = {m: float(np.sqrt(np.mean(wrap_phase(
+            link_phases(gamma, magnitudes=m)[0] - theta)[:, 1:] ** 2))) for m in MAGNITUDES}
+    crb = float(np.sqrt(cramer_rao_bound(coherence, 50)[1:].mean()))
+    assert rmse["lag"] < 0.98 * rmse["sample"], (rmse, crb)
+
+
+def test_lag_averaged_equals_the_mean_of_each_diagonal():
+    rng = np.random.default_rng(4)
+    raw = rng.uniform(0.1, 0.9, (5, 7, 7))
+    magnitude = (raw + np.swapaxes(raw, 1, 2)) / 2
+    for start in (0, 2):
+        averaged = lag_averaged(magnitude, start)
+        block = magnitude[:, start:, start:]
+        for i in range(block.shape[1]):
+            for j in range(block.shape[2]):
+                expected = np.diagonal(block, offset=abs(i - j), axis1=1, axis2=2).mean(-1)
+                np.testing.assert_allclose(averaged[:, start + i, start + j], expected)
+        np.testing.assert_array_equal(averaged[:, :start], magnitude[:, :start])
+        np.testing.assert_array_equal(averaged[:, :, :start], magnitude[:, :, :start])
+    with pytest.raises(ValueError, match="magnitudes"):
+        link_phases(np.eye(3)[None].astype(np.complex128), magnitudes="median")
 
 
 @pytest.mark.slow
 def test_emi_beats_evd_and_unshrunk_emi_with_few_looks():
     emi, _, crb = _linked_rmse(60, 50, "emi", seed=7, n_pixels=300)
     evd, _, _ = _linked_rmse(60, 50, "evd", seed=7, n_pixels=300)
-    published, _, _ = _linked_rmse(60, 50, "emi", seed=7, n_pixels=300, weight_shrinkage=0.0)
+    published, _, _ = _linked_rmse(60, 50, "emi", seed=7, n_pixels=300, weight_shrinkage=0.0,
+                                   magnitudes="sample")
     assert emi < evd < published
 
 

@@ -28,7 +28,9 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.phase_linking import (
     DEFAULT_ALPHA,
+    DEFAULT_MAGNITUDES,
     DEFAULT_WEIGHT_SHRINKAGE,
+    MAGNITUDES,
     METHODS,
     compress,
     cramer_rao_bound,
@@ -299,7 +301,7 @@ def _ministack_edges(n_epochs: int, ministack: int) -> list[tuple[int, int]]:
 
 
 def _link_sequential(slc, rows, cols, weights, *, window, ministack, max_compressed, method,
-                     weight_shrinkage, bias_correction):
+                     weight_shrinkage, magnitudes, bias_correction):
     """Sequential phase linking of a batch of pixels, mini-stack by mini-stack: the looks of
     one mini-stack (two for the temporal coherence's tiles) and ``(K + M)^2`` matrices at a
     time, never ``T`` epochs of looks or a ``T x T`` matrix. Returns the linked phase, its
@@ -321,7 +323,7 @@ def _link_sequential(slc, rows, cols, weights, *, window, ministack, max_compres
         n_old = 0 if compressed is None else compressed.shape[-1]
         new, compressed, gamma, n_looks, eigenvalue = link_ministack(
             looks, compressed, weights, method=method, weight_shrinkage=weight_shrinkage,
-            bias_correction=bias_correction, return_coherence=True,
+            magnitudes=magnitudes, bias_correction=bias_correction, return_coherence=True,
             max_compressed=max_compressed)
         pieces.append(new)
         eigenvalues = eigenvalues + eigenvalue / len(edges)
@@ -381,7 +383,8 @@ def n_compressed(n_epochs: int, ministack: int, max_compressed: int | None) -> i
 
 
 def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, weight_shrinkage,
-                bias_correction, device, prescreen_sigmas, ministack, max_compressed):
+                magnitudes, bias_correction, device, prescreen_sigmas, ministack,
+                max_compressed):
     """Phase linking of every DS candidate of a padded block that passes the pre-screen, all
     epochs at once or mini-stack by mini-stack; NumPy in, NumPy out. With ``ministack``, also
     the compressed SLCs ``(n_az, n_rg, n_cells, K)`` a later mini-stack continues from (zero
@@ -416,8 +419,8 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
                 results = _link_sequential(
                     slc_device, r - half_az, c - half_rg, to_device(shp[r, c], device),
                     window=window, ministack=ministack, max_compressed=max_compressed,
-                    method=method,
-                    weight_shrinkage=weight_shrinkage, bias_correction=bias_correction)
+                    method=method, weight_shrinkage=weight_shrinkage,
+                    magnitudes=magnitudes, bias_correction=bias_correction)
                 phase[r, c] = to_host(results[0])
                 for index, value in zip((0, 1, 2, 3), results[1:5]):
                     value = to_host(value)
@@ -433,7 +436,8 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
             if shrinkage:
                 gamma = shrink(gamma, shrinkage)
             linked, eigenvalue = link_phases(gamma, method=method, reference=reference,
-                                             weight_shrinkage=weight_shrinkage)
+                                             weight_shrinkage=weight_shrinkage,
+                                             magnitudes=magnitudes)
             crb = cramer_rao_bound(gamma, n_looks, reference=reference)
             phase[r, c] = to_host(linked)
             outputs[0][r, c] = to_host(temporal_coherence(gamma, linked))
@@ -479,6 +483,7 @@ def phase_linking(
     reference: int = 0,
     shrinkage: float = 0.0,
     weight_shrinkage: float = DEFAULT_WEIGHT_SHRINKAGE,
+    magnitudes: str = DEFAULT_MAGNITUDES,
     bias_correction: bool = False,
     prescreen_sigmas: float | None = None,
     ministack: int | None = None,
@@ -527,6 +532,9 @@ def phase_linking(
     weight_shrinkage
         EMI's shrinkage of the magnitudes it inverts
         (:data:`depsi.kernels.phase_linking.DEFAULT_WEIGHT_SHRINKAGE`).
+    magnitudes
+        EMI's magnitudes: ``"lag"`` (default), the sample magnitudes averaged over each lag,
+        or ``"sample"`` (:data:`depsi.kernels.phase_linking.MAGNITUDES`).
     bias_correction
         Correct the coherence magnitudes for the sample coherence's bias
         (:func:`depsi.kernels.phase_linking.sample_coherence`).
@@ -574,6 +582,8 @@ def phase_linking(
     """
     if method not in METHODS:
         raise ValueError(f"method: expected one of {METHODS}, found {method!r}")
+    if magnitudes not in MAGNITUDES:
+        raise ValueError(f"magnitudes: expected one of {MAGNITUDES}, found {magnitudes!r}")
     if prescreen_sigmas is not None and not float(prescreen_sigmas) >= 0:
         raise ValueError(f"prescreen_sigmas: expected >= 0 standard deviations or None, found "
                          f"{prescreen_sigmas!r}")
@@ -603,7 +613,7 @@ def phase_linking(
         _link_block, signature, padded_slc, padded_mask, output_sizes=output_sizes,
         window=window, min_looks=int(shp.attrs["min_looks"]), method=method,
         reference=int(reference), shrinkage=float(shrinkage),
-        weight_shrinkage=float(weight_shrinkage),
+        weight_shrinkage=float(weight_shrinkage), magnitudes=str(magnitudes),
         bias_correction=bool(bias_correction), device=parse_device(device or "cpu"),
         prescreen_sigmas=None if prescreen_sigmas is None else float(prescreen_sigmas),
         ministack=None if ministack is None else int(ministack),
@@ -630,6 +640,7 @@ def phase_linking(
         coords=coords,
         attrs={"phase_linking": method, "reference_time": str(stack["time"].values[reference]),
                "shrinkage": float(shrinkage), "weight_shrinkage": float(weight_shrinkage),
+               "magnitudes": str(magnitudes),
                "bias_correction": int(bias_correction), "window": list(window)}
         | ({} if prescreen_sigmas is None else {"prescreen_sigmas": float(prescreen_sigmas)})
         | ({} if ministack is None else {"ministack": int(ministack)})

@@ -286,7 +286,7 @@ def _this_worker():
 
 
 def _memory_limit(worker) -> int | None:
-    """A worker's memory limit in bytes, None when it has none."""
+    """A worker's memory limit in bytes, None when it has none (or for no worker)."""
     limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
     return int(limit) if limit else None
 
@@ -300,8 +300,7 @@ def roomy_process() -> bool:
     >>> roomy_process()  # not a Dask worker
     True
     """
-    worker = _this_worker()
-    limit = _memory_limit(worker) if worker is not None else None
+    limit = _memory_limit(_this_worker())
     return not limit or limit >= MIN_WORKER_MEMORY
 
 
@@ -331,7 +330,7 @@ def worker_free_bytes() -> int | None:
     True
     """
     worker = _this_worker()
-    limit = _memory_limit(worker) if worker is not None else None
+    limit = _memory_limit(worker)
     if limit is None:
         return None
     import psutil

@@ -53,8 +53,17 @@ logger = logging.getLogger(__name__)
 #: Nearest points whose height errors predict the correlated part at each point: enough to
 #: cover a disc of the atmosphere's correlation length, within these bounds.
 NEIGHBOURS = (48, 192)
-#: Points sampled for the empirical variogram of the height errors.
+#: Points sampled for the empirical variograms: every pair of them where the points are no
+#: more, else as many centres, each with :data:`VARIOGRAM_PARTNERS` partners near it.
 VARIOGRAM_POINTS = 3000
+#: Partners of each sampled centre above :data:`VARIOGRAM_POINTS` points: the point nearest to
+#: the centre moved by a random lag, so the pairs at short lags do not thin out as the scene
+#: grows (a fixed sample of 3,000 points over a 183 km scene held about one pair within the
+#: screen's range in ten; docs/benchmarks.md, "twenty-first session").
+VARIOGRAM_PARTNERS = 16
+#: Centres of the screen's variogram sample above :data:`VARIOGRAM_POINTS` points, each with
+#: its own partners at log-spaced random lags (the rows read stay at VARIOGRAM_POINTS).
+SCREEN_CENTRES = 200
 #: Distance bins of that variogram, out to this many atmosphere correlation lengths.
 VARIOGRAM_REACH = 3.0
 #: Correlation models of the screen, ``exp(-(d / range)^shape)``: exponential (shape 1),
@@ -110,18 +119,42 @@ def height_leak_gain(h2ph: np.ndarray, years: np.ndarray, m2ph: float) -> np.nda
         return np.where(unexplained > 1e-12 * scale, 1.0 / (m2ph ** 2 * unexplained), np.nan)
 
 
+def _partners(tree: cKDTree, positions: np.ndarray, centres: np.ndarray, lags: np.ndarray,
+              rng: np.random.Generator) -> np.ndarray:
+    """``(C, P)`` indices of the points nearest to each of ``centres`` moved by ``lags``
+    ``(C, P)`` (m) in random directions: pairs at chosen lags, whatever the scene's extent."""
+    angle = rng.uniform(0.0, 2.0 * np.pi, lags.shape)
+    moved = positions[centres][:, None, :] + lags[..., None] * np.stack(
+        [np.cos(angle), np.sin(angle)], axis=-1)
+    _, nearest = tree.query(moved.reshape(-1, 2))
+    return nearest.reshape(lags.shape)
+
+
+def _pairs_within(positions, max_distance, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Point pairs closer than ``max_distance``: every one up to :data:`VARIOGRAM_POINTS`
+    points, else :data:`VARIOGRAM_POINTS` random centres each with
+    :data:`VARIOGRAM_PARTNERS` partners at lags uniform over the disc of ``max_distance``
+    (the lags' distribution of all pairs in a dense sample)."""
+    n = len(positions)
+    if n <= VARIOGRAM_POINTS:
+        pairs = cKDTree(positions).query_pairs(max_distance, output_type="ndarray")
+        return pairs[:, 0], pairs[:, 1]
+    centres = rng.choice(n, VARIOGRAM_POINTS, replace=False)
+    lags = max_distance * np.sqrt(rng.uniform(size=(VARIOGRAM_POINTS, VARIOGRAM_PARTNERS)))
+    j = _partners(cKDTree(positions), positions, centres, lags, rng).ravel()
+    i = np.repeat(centres, VARIOGRAM_PARTNERS)
+    keep = (i != j) & (np.hypot(*(positions[i] - positions[j]).T) < max_distance)
+    return i[keep], j[keep]
+
+
 def _semivariance(positions, values, max_distance, seed=0):
     """Binned empirical semivariance of ``values`` over point pairs closer than
-    ``max_distance`` (a sample of at most :data:`VARIOGRAM_POINTS` points)."""
-    rng = np.random.default_rng(seed)
-    n = len(positions)
-    sample = np.sort(rng.choice(n, min(n, VARIOGRAM_POINTS), replace=False))
-    pos, val = positions[sample], values[sample]
-    pairs = cKDTree(pos).query_pairs(max_distance, output_type="ndarray")
-    if len(pairs) == 0:
+    ``max_distance`` (:func:`_pairs_within`)."""
+    i, j = _pairs_within(positions, max_distance, np.random.default_rng(seed))
+    if len(i) == 0:
         return np.zeros(0), np.zeros(0), np.zeros(0)
-    dist = np.hypot(*(pos[pairs[:, 0]] - pos[pairs[:, 1]]).T)
-    semi = 0.5 * (val[pairs[:, 0]] - val[pairs[:, 1]]) ** 2
+    dist = np.hypot(*(positions[i] - positions[j]).T)
+    semi = 0.5 * (values[i] - values[j]) ** 2
     edges = np.linspace(0.0, max_distance, _BINS + 1)
     which = np.clip(np.digitize(dist, edges) - 1, 0, _BINS - 1)
     counts = np.bincount(which, minlength=_BINS)
@@ -482,20 +515,37 @@ def _blocks(n: int) -> list[slice]:
     return [slice(start, min(start + BLOCK, n)) for start in range(0, n, BLOCK)]
 
 
+def _screen_sample(positions: np.ndarray, used: np.ndarray, rng: np.random.Generator
+                   ) -> np.ndarray:
+    """The rows of ``used`` whose residual phases give the screen's variogram: all of them up
+    to :data:`VARIOGRAM_POINTS`, else :data:`SCREEN_CENTRES` random ones, each with partners
+    at lags log-uniform from the points' spacing to half the scene's extent (a uniform sample
+    of a large scene holds no pairs at the screen's range)."""
+    if used.size <= VARIOGRAM_POINTS:
+        return used
+    own = positions[used]
+    extent = np.ptp(own, axis=0)
+    spacing = np.sqrt(max(float(extent[0] * extent[1]), 1.0) / used.size)
+    half = max(0.5 * float(np.hypot(*extent)), 2.0 * spacing)
+    partners = VARIOGRAM_POINTS // SCREEN_CENTRES - 1
+    centres = rng.choice(used.size, SCREEN_CENTRES, replace=False)
+    lags = np.exp(rng.uniform(np.log(spacing), np.log(half), (SCREEN_CENTRES, partners)))
+    found = _partners(cKDTree(own), own, centres, lags, rng)
+    return used[np.unique(np.concatenate([centres, found.ravel()]))]
+
+
 def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
     """Variogram (:func:`fit_screen_variogram`) of the residual phases (atmosphere included)
     of the used points, each point's temporal mean removed and the slow part (unmodelled
-    deformation) low-passed out, on at most :data:`VARIOGRAM_POINTS` points."""
+    deformation) low-passed out, on at most :data:`VARIOGRAM_POINTS` points
+    (:func:`_screen_sample`)."""
     from depsi.processing.atmosphere import (
         DEFAULT_TEMPORAL_WINDOW,
         empirical_variogram,
         lowpass,
     )
 
-    chosen = np.flatnonzero(use)
-    if chosen.size > VARIOGRAM_POINTS:
-        chosen = np.sort(np.random.default_rng(1).choice(chosen, VARIOGRAM_POINTS,
-                                                         replace=False))
+    chosen = _screen_sample(positions, np.flatnonzero(use), np.random.default_rng(1))
     sample = result.isel(space=chosen)  # the sampled rows only, never every point's series
     full = sample["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
     if "aps" in result:

@@ -51,8 +51,10 @@ from depsi.stm.schema import h2ph_rows, years_since_mother
 logger = logging.getLogger(__name__)
 
 #: Nearest points whose height errors predict the correlated part at each point: enough to
-#: cover a disc of the atmosphere's correlation length, within these bounds.
-NEIGHBOURS = (48, 192)
+#: cover a disc of the atmosphere's correlation length, within these bounds. At 10^6 points
+#: (465 m screen, 200 points in its disc) 128 against 192 changed the height RMSE by 0.03 %
+#: (1.3282 m against 1.3278 m; 96: 1.3302 m) and took the kriging from 14 s to 8 s.
+NEIGHBOURS = (48, 128)
 #: Points sampled for the empirical variograms: every pair of them where the points are no
 #: more, else as many centres, each with :data:`VARIOGRAM_PARTNERS` partners near it.
 VARIOGRAM_POINTS = 3000

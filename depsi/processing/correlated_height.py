@@ -132,27 +132,30 @@ def _partners(tree: cKDTree, positions: np.ndarray, centres: np.ndarray, lags: n
     return nearest.reshape(lags.shape)
 
 
-def _pairs_within(positions, max_distance, rng) -> tuple[np.ndarray, np.ndarray]:
+def _pairs_within(positions, max_distance, rng, tree: cKDTree | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Point pairs closer than ``max_distance``: every one up to :data:`VARIOGRAM_POINTS`
     points, else :data:`VARIOGRAM_POINTS` random centres each with
     :data:`VARIOGRAM_PARTNERS` partners at lags uniform over the disc of ``max_distance``
-    (the lags' distribution of all pairs in a dense sample)."""
+    (the lags' distribution of all pairs in a dense sample). ``tree``: one already built on
+    ``positions``."""
     n = len(positions)
+    tree = cKDTree(positions) if tree is None else tree
     if n <= VARIOGRAM_POINTS:
-        pairs = cKDTree(positions).query_pairs(max_distance, output_type="ndarray")
+        pairs = tree.query_pairs(max_distance, output_type="ndarray")
         return pairs[:, 0], pairs[:, 1]
     centres = rng.choice(n, VARIOGRAM_POINTS, replace=False)
     lags = max_distance * np.sqrt(rng.uniform(size=(VARIOGRAM_POINTS, VARIOGRAM_PARTNERS)))
-    j = _partners(cKDTree(positions), positions, centres, lags, rng).ravel()
+    j = _partners(tree, positions, centres, lags, rng).ravel()
     i = np.repeat(centres, VARIOGRAM_PARTNERS)
     keep = (i != j) & (np.hypot(*(positions[i] - positions[j]).T) < max_distance)
     return i[keep], j[keep]
 
 
-def _semivariance(positions, values, max_distance, seed=0):
+def _semivariance(positions, values, max_distance, seed=0, tree=None):
     """Binned empirical semivariance of ``values`` over point pairs closer than
     ``max_distance`` (:func:`_pairs_within`)."""
-    i, j = _pairs_within(positions, max_distance, np.random.default_rng(seed))
+    i, j = _pairs_within(positions, max_distance, np.random.default_rng(seed), tree)
     if len(i) == 0:
         return np.zeros(0), np.zeros(0), np.zeros(0)
     dist = np.hypot(*(positions[i] - positions[j]).T)
@@ -225,7 +228,8 @@ def fit_screen_variogram(distance, semivariance, counts) -> dict:
     return best
 
 
-def fit_height_covariance(positions, normalised, signal: dict) -> dict:
+def fit_height_covariance(positions, normalised, signal: dict, *,
+                          tree: cKDTree | None = None) -> dict:
     """Covariance of the normalised heights besides the atmosphere's projection.
 
     The empirical semivariance of ``normalised`` heights (``height / sqrt(s)``) is fitted with
@@ -242,14 +246,15 @@ def fit_height_covariance(positions, normalised, signal: dict) -> dict:
     screen's ensemble range, and the bins' errors, correlated within one scene, make the test
     pass on that alone (a Gaussian 600 m screen's leak with structure at 1.1 km was kept as DEM
     errors, heights 1.48x the kriging floor). Otherwise the heights are taken as white besides
-    the signal (``extra_sill`` 0), whose range the kriging keeps at the screen's.
+    the signal (``extra_sill`` 0), whose range the kriging keeps at the screen's. ``tree``:
+    a k-d tree already built on ``positions``.
     """
     centred = normalised - normalised.mean()
     total = float(np.var(centred))
     reach = VARIOGRAM_REACH * signal["range"]
     white = {"nugget": max(total - (signal["sill"] - signal["offset"]), 1e-3 * total + 1e-12),
              "extra_sill": 0.0, "extra_range": signal["range"], "signal_scale": 1.0}
-    h, gamma, counts = _semivariance(positions, centred, reach)
+    h, gamma, counts = _semivariance(positions, centred, reach, tree=tree)
     if len(h) < 5:
         return white
     def stretched(d, nugget, scale, stretch):
@@ -335,7 +340,7 @@ def _signal_covariance(distance: np.ndarray, signal: dict) -> np.ndarray:
     return cov
 
 
-def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
+def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
     """Local simple kriging of the signal at ``dst_pos`` from its noisy samples: the
     prediction and its error variance (``C(0) - c^T K^-1 c``) at each target.
 
@@ -346,7 +351,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k):
     in one batched call.
     """
     k = min(k, len(src_pos))
-    tree = cKDTree(src_pos)
+    tree = cKDTree(src_pos) if tree is None else tree
     low = dst_pos.min(axis=0)
     extent = np.maximum(np.ptp(dst_pos, axis=0), 1.0)
     cell = np.sqrt(TARGETS_PER_CELL * extent[0] * extent[1] / max(len(dst_pos), 1))
@@ -517,8 +522,8 @@ def _blocks(n: int) -> list[slice]:
     return [slice(start, min(start + BLOCK, n)) for start in range(0, n, BLOCK)]
 
 
-def _screen_sample(positions: np.ndarray, used: np.ndarray, rng: np.random.Generator
-                   ) -> np.ndarray:
+def _screen_sample(positions: np.ndarray, used: np.ndarray, rng: np.random.Generator,
+                   tree: cKDTree | None = None) -> np.ndarray:
     """The rows of ``used`` whose residual phases give the screen's variogram: all of them up
     to :data:`VARIOGRAM_POINTS`, else :data:`SCREEN_CENTRES` random ones, each with partners
     at lags log-uniform from the points' spacing to half the scene's extent (a uniform sample
@@ -532,11 +537,11 @@ def _screen_sample(positions: np.ndarray, used: np.ndarray, rng: np.random.Gener
     partners = VARIOGRAM_POINTS // SCREEN_CENTRES - 1
     centres = rng.choice(used.size, SCREEN_CENTRES, replace=False)
     lags = np.exp(rng.uniform(np.log(spacing), np.log(half), (SCREEN_CENTRES, partners)))
-    found = _partners(cKDTree(own), own, centres, lags, rng)
+    found = _partners(cKDTree(own) if tree is None else tree, own, centres, lags, rng)
     return used[np.unique(np.concatenate([centres, found.ravel()]))]
 
 
-def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
+def _screen_variogram(result, use, positions, years, m2ph, h2ph, tree=None) -> dict:
     """Variogram (:func:`fit_screen_variogram`) of the residual phases (atmosphere included)
     of the used points, each point's temporal mean removed and the slow part (unmodelled
     deformation) low-passed out, on at most :data:`VARIOGRAM_POINTS` points
@@ -547,7 +552,7 @@ def _screen_variogram(result, use, positions, years, m2ph, h2ph) -> dict:
         lowpass,
     )
 
-    chosen = _screen_sample(positions, np.flatnonzero(use), np.random.default_rng(1))
+    chosen = _screen_sample(positions, np.flatnonzero(use), np.random.default_rng(1), tree)
     sample = result.isel(space=chosen)  # the sampled rows only, never every point's series
     full = sample["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
     if "aps" in result:
@@ -659,6 +664,9 @@ def estimate_correlated_height(
         on_threads(gain_rows, _blocks(n))
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
+    # one k-d tree of the used points for the variograms' samples and the kriging's neighbours
+    # (each 5 s at 10^7 points)
+    tree = cKDTree(positions[use])
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
     # range unidentified (only their ratio is seen), and the datum removes the scene's mean
     screen = {"model": "exponential", "shape": 1.0}
@@ -667,7 +675,7 @@ def estimate_correlated_height(
             raise ValueError("result: expected 'unwrapped_phase' and 'velocity' to fit the "
                              "screen's variogram, or screen_variance and screen_range given; "
                              f"found {sorted(result.data_vars)}")
-        screen = _screen_variogram(result, use, positions, years, m2ph, h2ph)
+        screen = _screen_variogram(result, use, positions, years, m2ph, h2ph, tree)
     screen["sill"] = float(screen["sill"] if screen_variance is None else screen_variance)
     screen["range"] = float(screen["range"] if screen_range is None else screen_range)
     # the screen about the scene's mean (the datum removes the mean): its covariance less the
@@ -681,7 +689,7 @@ def estimate_correlated_height(
               "offset": offset}
     normalised = height[use] / gain[use]
     mean = normalised.mean()
-    noise = fit_height_covariance(positions[use], normalised, signal)
+    noise = fit_height_covariance(positions[use], normalised, signal, tree=tree)
     signal["sill"] *= noise["signal_scale"]
     signal["offset"] *= noise["signal_scale"]
     signal_sill = signal["sill"] - signal["offset"]
@@ -689,7 +697,7 @@ def estimate_correlated_height(
         extent = np.ptp(positions[use], axis=0)
         density = use.sum() / max(float(extent[0] * extent[1]), 1.0)
         k = int(np.clip(density * np.pi * screen["range"] ** 2, *NEIGHBOURS))
-    predicted, variance = _predict(positions[use], normalised - mean, positions,
+    predicted, variance = _predict(positions[use], normalised - mean, positions, tree=tree,
                                    signal=signal, noise=noise, k=k)
     field = np.where(np.isfinite(gain), predicted * gain, 0.0)
     left = np.where(use, np.sqrt(variance) * gain, 0.0)

@@ -51,7 +51,7 @@ from depsi.processing.atmosphere import (
 )
 from depsi.processing.network import point_positions
 from depsi.sections import Section
-from depsi.stm.dask_tools import fused_kernels
+from depsi.stm.dask_tools import fused_kernels, workers_client
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -448,11 +448,19 @@ def densify(
     in_memory = get_scheduler(collections=[phase]) in (dask.threaded.get, dask.local.get_sync)
     network = (dask.delayed(arrays, pure=True), dask.delayed(tree, pure=True),
                dask.delayed(screen, pure=True)) if in_memory else (arrays, tree, screen)
+    # on a cluster each chunk's payload goes to the workers as data (a future), not inside the
+    # graph: a task's specification is held by its worker from assignment to run, outside the
+    # managed memory that spills, and at 10^7 points the payloads (18 MB a chunk) paused 2 GB
+    # workers for good (docs/hpc.md, "Capacity")
+    client = None if in_memory else workers_client()
     for i, (start, size) in enumerate(zip(chunk_starts(space_chunks), space_chunks)):
         # the chunk's task gets its neighbours' rows only (found on the whole network)
         payload = (dask.delayed(_chunk_payload, pure=True) if in_memory else _chunk_payload)(
             c_pos[start:start + size], network[0], network[1], k_eff, network[2],
             None if c_height is None else c_height[start:start + size])
+        if client is not None:
+            # in a list: a dict would be scattered value by value, under its own keys
+            payload = client.scatter([payload], hash=False)[0]
         part = dask.delayed(_densify_chunk, pure=True, nout=None)(
             phase.blocks[i], h2ph.blocks[i], payload, shared_key, max_distance=max_distance,
             min_coherence=min_coherence, periodogram_options=options,

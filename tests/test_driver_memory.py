@@ -80,6 +80,29 @@ def test_series_of_a_step_stay_on_the_workers_chunk_by_chunk(cluster_products, s
 
 
 @pytest.mark.slow
+def test_densification_sends_each_chunks_neighbours_to_the_workers_as_data(cluster_products):
+    """Each chunk's neighbour payload is a scattered future, not a value inside the graph: a
+    task's specification sits in its worker's unmanaged memory from assignment to run, and at
+    10^7 points the payloads embedded there (18 MB a chunk) paused 2 GB workers for good."""
+    from depsi.pipeline.chain_steps import DENSIFY_READS, _kept
+    from depsi.processing.densification import densify
+
+    client, products = cluster_products
+    first = _kept(products["atmosphere"], DENSIFY_READS)
+    candidates = products["selection"]
+    velocity = densify(candidates, first)["velocity"].data
+    graph = dict(velocity.__dask_graph__())
+    # what the chunks' tasks read from outside their graph: data already on the workers
+    outside = {key for task in graph.values() for key in getattr(task, "dependencies", ())
+               if key not in graph}
+    assert len(outside) >= velocity.npartitions > 1
+    held = {key for keys in client.has_what().values() for key in keys}
+    assert outside <= held
+    np.testing.assert_array_equal(velocity.compute(), densify(
+        candidates, first)["velocity"].values)
+
+
+@pytest.mark.slow
 def test_cluster_result_equals_the_threads_result_bit_for_bit(cluster_products,
                                                              threads_result):
     _, products = cluster_products

@@ -98,8 +98,8 @@ def test_densification_sends_each_chunks_neighbours_to_the_workers_as_data(clust
     assert len(outside) >= velocity.npartitions > 1
     held = {key for keys in client.has_what().values() for key in keys}
     assert outside <= held
-    np.testing.assert_array_equal(velocity.compute(), densify(
-        candidates, first)["velocity"].values)
+    # (the numbers: test_cluster_result_equals_the_threads_result_bit_for_bit, whose chain
+    # densifies through these payloads)
 
 
 @pytest.mark.slow

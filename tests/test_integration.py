@@ -531,6 +531,109 @@ def test_tile_and_network_factorisations_agree():
         network_solver.LDL_MAX_UNKNOWNS = small
 
 
+def _array_rhs(velocity, height, ambiguity, arc_phase):
+    """The right-hand sides as fill_observations wrote them into an array."""
+    from depsi.processing.integration import _TWO_PI
+
+    out = np.empty((len(velocity), 2 + ambiguity.shape[1]), np.float32)
+    out[:, 0], out[:, 1] = velocity, height
+    np.multiply(ambiguity, _TWO_PI, out=out[:, 2:])
+    out[:, 2:] += arc_phase
+    return out
+
+
+def test_arc_right_hand_sides_are_the_arrays_rows_to_the_bit():
+    """The arcs' right-hand sides kept as the points' phases and the arcs' cycles give every
+    row the array gave (slices, index and mask rows, columns, the whole), in a quarter of its
+    memory; cycles past int8 widen the store, a missing epoch stays missing."""
+    from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
+    from depsi.processing.integration import ArcRightHandSides, empty_observations
+
+    rng = np.random.default_rng(3)
+    n, n_epochs, m = 300, 9, 150_000
+    phase = rng.uniform(-np.pi, np.pi, (n, n_epochs)).astype(np.float32)
+    phase[7, 4] = np.nan  # a missing epoch: every arc of point 7 misses it
+    source, target = rng.integers(0, n, m), rng.integers(0, n, m)
+    arc_phase = wrap_phase(phase[target] - phase[source])
+    cycles = rng.integers(-40, 40, (m, n_epochs)).astype(np.int32)
+    cycles[np.isnan(arc_phase)] = MISSING_AMBIGUITY
+    velocity, height = rng.normal(size=(2, m)).astype(np.float32)
+    expected = _array_rhs(velocity, height, cycles, arc_phase)
+    rhs = empty_observations(source, target, n_epochs, phase).rhs
+    assert isinstance(rhs, ArcRightHandSides)
+    for start in range(0, m, 40_000):  # in batches, as the arcs step fills them
+        rows = slice(start, start + 40_000)
+        rhs.fill(start, velocity[rows], height[rows], cycles[rows], arc_phase[rows])
+    assert rhs.ambiguity.dtype == np.int8 and rhs.nbytes == m * (8 + n_epochs)
+    assert rhs.shape == expected.shape and len(rhs) == m
+    mask = expected[:, 0] > 0
+    for key in (slice(None), slice(5, 70_005), slice(3, 900, 7), np.array([m - 1, 0, 17]),
+                mask, (slice(None), 1), (mask, slice(2, None)), 11):
+        np.testing.assert_array_equal(rhs[key], expected[key], err_msg=str(key))
+    np.testing.assert_array_equal(np.asarray(rhs), expected)
+    assert np.isnan(expected).any()
+    # an arc of 300 cycles: the store widens to int16, every row still the array's
+    cycles[5, 2] = 300
+    wide = ArcRightHandSides(phase, source, target)
+    wide.fill(0, velocity, height, cycles, arc_phase)
+    assert wide.ambiguity.dtype == np.int16
+    np.testing.assert_array_equal(wide[:], _array_rhs(velocity, height, cycles, arc_phase))
+    with pytest.raises(ValueError, match="in order"):
+        wide.fill(10, velocity[:5], height[:5], cycles[:5], arc_phase[:5])
+
+
+def test_arcs_whose_phases_are_not_their_points_differences_keep_their_own_values():
+    """Arcs made elsewhere (their phase not the difference of the points' phases from some
+    batch on): every row is kept as an array from then on, those before as they were."""
+    from depsi.conventions import wrap_phase
+    from depsi.processing.integration import ArcRightHandSides
+
+    rng = np.random.default_rng(4)
+    phase = rng.uniform(-np.pi, np.pi, (50, 6)).astype(np.float32)
+    source, target = rng.integers(0, 50, 1000), rng.integers(0, 50, 1000)
+    arc_phase = wrap_phase(phase[target] - phase[source])
+    arc_phase[700:] = wrap_phase(arc_phase[700:] + np.float32(0.25))  # the second batch's own
+    cycles = rng.integers(-3, 3, (1000, 6))
+    velocity, height = rng.normal(size=(2, 1000)).astype(np.float32)
+    rhs = ArcRightHandSides(phase, source, target)
+    rhs.fill(0, velocity[:600], height[:600], cycles[:600], arc_phase[:600])
+    assert rhs.full is None
+    rhs.fill(600, velocity[600:], height[600:], cycles[600:], arc_phase[600:])
+    assert rhs.full is not None
+    np.testing.assert_array_equal(rhs[:], _array_rhs(velocity, height, cycles, arc_phase))
+
+
+def test_the_whole_networks_solve_in_column_groups_is_one_solve_to_the_bit():
+    """CHOLMOD solves the whole network's right-hand sides 16 at a time (its workspace and
+    copies follow the group): each column is that of one solve of them all to the bit (a
+    group of 15 would not be: CHOLMOD's blocks of four columns round by their count), in
+    place where asked."""
+    import scipy.sparse as sp
+
+    from depsi.processing import network_solver
+    from depsi.processing.network_solver import _Cholesky
+
+    rng = np.random.default_rng(5)
+    side = 30
+    grid = np.arange(side * side).reshape(side, side)
+    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
+                       np.c_[grid[:-1].ravel(), grid[1:].ravel()]])
+    rows = np.repeat(np.arange(len(pairs)), 2)
+    A = sp.csr_matrix((np.tile([-1.0, 1.0], len(pairs)), (rows, pairs.ravel())),
+                      shape=(len(pairs), side * side))[:, 1:]
+    normal = (A.T @ sp.diags(rng.uniform(0.5, 4.0, len(pairs))) @ A).tocsc()
+    solver = _Cholesky(normal)
+    assert network_solver.SOLVE_COLUMNS == 16
+    for k in (62, 17, 33, 16):  # 17 and 33: a last group of one column
+        b = rng.normal(size=(normal.shape[0], k))
+        whole = np.zeros_like(b)
+        solver._solver.solve(b, whole)
+        np.testing.assert_array_equal(solver.solve(b), whole)
+        out = b.copy()
+        assert solver.solve(out, overwrite_b=True) is out
+        np.testing.assert_array_equal(out, whole)
+
+
 def test_a_tile_starts_after_its_earlier_neighbours_and_before_its_later_ones():
     """The claim the dependency scheduling rests on: on any number of threads, a tile starts
     only once every adjacent tile of an earlier wave was applied, and before any adjacent

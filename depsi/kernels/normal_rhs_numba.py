@@ -17,6 +17,8 @@ from depsi.kernels.numba_support import jit_cached, numba
 
 #: Whether the compiled kernel can run in this process.
 AVAILABLE = numba is not None
+#: Arcs a call reads at a time from right-hand sides formed when read.
+BLOCK = 65536
 
 
 def _scatter(source_column, target_column, weights, kept, rhs, out):
@@ -41,6 +43,9 @@ def normal_rhs(source_column: np.ndarray, target_column: np.ndarray, weights: np
     """``A^T W y`` ``(n_unknown, nrhs)`` over the arcs ``kept`` (indices into the arrays, in
     increasing order), ``source_column`` and ``target_column`` each arc's points' unknowns
     (``n_unknown`` for the reference and points off the network, whose row is dropped).
+    ``rhs``: an array, or any object whose ``rhs[rows]`` gives those rows as one
+    (:class:`depsi.processing.integration.ArcRightHandSides`), read :data:`BLOCK` arcs at a
+    time.
 
     Examples
     --------
@@ -50,8 +55,19 @@ def normal_rhs(source_column: np.ndarray, target_column: np.ndarray, weights: np
     [-1.0, 0.0]
     """
     out = np.zeros((n_unknown + 1, rhs.shape[1]))
-    _scatter(np.ascontiguousarray(source_column, dtype=np.int64),
-             np.ascontiguousarray(target_column, dtype=np.int64),
-             np.ascontiguousarray(weights, dtype=np.float64),
-             np.ascontiguousarray(kept, dtype=np.int64), np.ascontiguousarray(rhs), out)
+    if isinstance(rhs, np.ndarray):
+        _scatter(np.ascontiguousarray(source_column, dtype=np.int64),
+                 np.ascontiguousarray(target_column, dtype=np.int64),
+                 np.ascontiguousarray(weights, dtype=np.float64),
+                 np.ascontiguousarray(kept, dtype=np.int64), np.ascontiguousarray(rhs), out)
+        return out[:n_unknown]
+    # rows formed when read (an object with rhs[rows]): a block of kept arcs at a time, each
+    # added in the same order, so the sums are the array's to the bit
+    kept = np.asarray(kept, dtype=np.int64)
+    for first in range(0, kept.size, BLOCK):
+        arcs = kept[first:first + BLOCK]
+        _scatter(np.ascontiguousarray(source_column[arcs], dtype=np.int64),
+                 np.ascontiguousarray(target_column[arcs], dtype=np.int64),
+                 np.ascontiguousarray(weights[arcs], dtype=np.float64),
+                 np.arange(arcs.size, dtype=np.int64), np.ascontiguousarray(rhs[arcs]), out)
     return out[:n_unknown]

@@ -258,7 +258,9 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
     height = heights_resolvable(points["h2ph"])  # decided once, for every batch
     section = config.arcs
     searched = _searched(config, points, "arcs")
-    observations = empty_observations(source, target, points.sizes["time"])
+    # the right-hand sides as the points' phases and the arcs' cycles (a quarter of the array)
+    observations = empty_observations(source, target, points.sizes["time"],
+                                      points["phase"].transpose("space", "time").values)
     for start in range(0, len(source), ARC_BATCH):
         rows = slice(start, start + ARC_BATCH)
         arcs = arcs_from_edges(points, source[rows], target[rows], positions)

@@ -21,7 +21,7 @@ import xarray as xr
 from pydantic import Field, model_validator
 from scipy.stats import norm
 
-from depsi.conventions import phase_per_metre
+from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.temporal import design_matrix
 from depsi.processing.arc_testing import ARC_REASONS, POINT_REASONS, _test_network
@@ -114,15 +114,138 @@ _TWO_PI = 2.0 * np.pi
 class ArcObservations(NamedTuple):
     """What integration needs of the arcs, without their ``(arc, time)`` variables:
     endpoints, coherence, the right-hand sides (velocity, height error, every epoch's unwrapped
-    phase; float32 ``(arcs, 2 + epochs)``) and the spread of each arc's h2ph over the epochs.
-    Made by :func:`arc_observations`; :func:`integrate_network` takes it in place of the arcs,
-    so a caller can let the arc STM go before the network is solved."""
+    phase; float32 ``(arcs, 2 + epochs)``, as an array or as :class:`ArcRightHandSides`) and
+    the spread of each arc's h2ph over the epochs. Made by :func:`arc_observations`;
+    :func:`integrate_network` takes it in place of the arcs, so a caller can let the arc STM go
+    before the network is solved."""
 
     source: np.ndarray
     target: np.ndarray
     coherence: np.ndarray
-    rhs: np.ndarray
+    rhs: np.ndarray | ArcRightHandSides
     h2ph_spread: np.ndarray
+
+
+#: Ambiguity dtypes :class:`ArcRightHandSides` stores, smallest first: int8 holds every arc's
+#: cycles in the scenes we know (an arc spans tens of cycles at most); a larger value moves the
+#: store to the next.
+_AMBIGUITY_DTYPES = (np.int8, np.int16, np.int32)
+
+
+class ArcRightHandSides:
+    """The arcs' right-hand sides (velocity, height error and every epoch's unwrapped phase,
+    float32 ``(arcs, 2 + epochs)``) held as what they are made of: each arc's velocity and
+    height (float32), its ambiguities (int8 where they fit) and the points' wrapped phases
+    the arcs' phases are differences of (shared, not copied). Rows are formed when read
+    (``rhs[rows]``, ``rhs[rows, columns]``), the values :func:`fill_observations` wrote into an
+    array before to the bit: ``float32(2 pi ambiguity) + wrap(phase[target] - phase[source])``,
+    the arc phase of :func:`~depsi.processing.network.arcs_from_edges`.
+
+    At 60 epochs an arc takes 68 bytes here against 248 as an array: at 10^7 points (14 M
+    arcs) 0.98 GB against 3.57 GB in the driver (docs/benchmarks.md, "twenty-second
+    session"). Where an arc's phase is not the difference of its points' phases (arcs made
+    elsewhere), :meth:`fill` stores every row as an array from then on: the values are
+    always the arcs' own.
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, phase: np.ndarray, source: np.ndarray, target: np.ndarray):
+        self.phase = phase  # (points, epochs) float32
+        self.source, self.target = source, target
+        n, n_epochs = len(source), phase.shape[1]
+        self.shape = (n, 2 + n_epochs)
+        self.motion = np.empty((n, 2), np.float32)
+        self.ambiguity = np.empty((n, n_epochs), _AMBIGUITY_DTYPES[0])
+        self.full: np.ndarray | None = None  # the rows as an array, once one is not formed
+        self._filled = 0  # rows filled so far, in order
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for the arcs (not the shared phases)."""
+        if self.full is not None:
+            return self.full.nbytes
+        return self.motion.nbytes + self.ambiguity.nbytes
+
+    def arc_phase(self, rows) -> np.ndarray:
+        """The arcs' wrapped phases, ``wrap(phase[target] - phase[source])`` (float32)."""
+        return wrap_phase(self.phase[self.target[rows]] - self.phase[self.source[rows]]
+                          ).astype(np.float32, copy=False)
+
+    def _formed(self, rows) -> np.ndarray:
+        if self.full is not None:
+            return self.full[rows]
+        motion = self.motion[rows]
+        out = np.empty((motion.shape[0], self.shape[1]), np.float32)
+        out[:, :2] = motion
+        # as fill_observations made the array: 2 pi times the cycles (in float64) to
+        # float32, then the float32 arc phase added
+        np.multiply(self.ambiguity[rows], _TWO_PI, out=out[:, 2:])
+        out[:, 2:] += self.arc_phase(rows)
+        return out
+
+    def __getitem__(self, key) -> np.ndarray:
+        rows, columns = key if isinstance(key, tuple) else (key, slice(None))
+        if isinstance(rows, (int, np.integer)):
+            return self._formed(slice(int(rows), int(rows) + 1))[0, columns]
+        if isinstance(rows, slice):
+            index = np.arange(*rows.indices(len(self)))
+            if index.size <= ARC_BLOCK and rows.step in (None, 1):
+                return self._formed(rows)[:, columns]
+        else:
+            index = np.asarray(rows)
+            index = np.flatnonzero(index) if index.dtype == bool else index
+        if index.size <= ARC_BLOCK:
+            return self._formed(index)[:, columns]
+        first = self._formed(index[:1])[:, columns]  # the columns' shape
+        out = np.empty((index.size,) + first.shape[1:], np.float32)
+        for start in range(0, index.size, ARC_BLOCK):
+            out[start:start + ARC_BLOCK] = self._formed(index[start:start + ARC_BLOCK])[:, columns]
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def fill(self, start: int, velocity, height, ambiguity, arc_phase) -> None:
+        """Rows ``start:`` of the arcs (in order: the rows before are filled): their
+        estimates, their ``(arcs, epochs)`` int32 ambiguities and their float32 phases."""
+        stop = start + len(velocity)
+        if start != self._filled:
+            raise ValueError(f"rows: expected the arcs in order, from row {self._filled}, "
+                             f"found row {start}")
+        self._filled = stop
+        rows = slice(start, stop)
+        if self.full is None and not np.array_equal(
+                np.asarray(arc_phase, np.float32), self.arc_phase(rows), equal_nan=True):
+            logger.debug("arcs %d-%d: their phases are not their points' differences; "
+                         "right-hand sides kept as an array", start, stop)
+            full = np.empty(self.shape, np.float32)
+            for first in range(0, start, ARC_BLOCK):  # the rows formed so far, as they were
+                full[first:min(first + ARC_BLOCK, start)] = self._formed(
+                    slice(first, min(first + ARC_BLOCK, start)))
+            self.full, self.motion, self.ambiguity = full, None, None
+        if self.full is not None:
+            out = self.full[rows]
+            out[:, 0], out[:, 1] = velocity, height
+            np.multiply(ambiguity, _TWO_PI, out=out[:, 2:])
+            out[:, 2:] += arc_phase
+            return
+        self.motion[rows, 0], self.motion[rows, 1] = velocity, height
+        # a missing epoch's phase is NaN, whatever its ambiguity: 0 is stored there
+        cycles = np.where(np.isnan(arc_phase), 0, ambiguity)
+        if cycles.size:
+            info = np.iinfo(self.ambiguity.dtype)
+            low, high = int(cycles.min()), int(cycles.max())
+            if low < info.min or high > info.max:
+                wider = next(d for d in _AMBIGUITY_DTYPES
+                             if np.iinfo(d).min <= low and high <= np.iinfo(d).max)
+                self.ambiguity = self.ambiguity.astype(wider)
+        self.ambiguity[rows] = cycles
 
 
 def _check_arc_ends(source: np.ndarray, target: np.ndarray, n: int) -> None:
@@ -133,13 +256,21 @@ def _check_arc_ends(source: np.ndarray, target: np.ndarray, n: int) -> None:
                          f"{max(source.max(), target.max())}]")
 
 
-def empty_observations(source: np.ndarray, target: np.ndarray, n_epochs: int
-                       ) -> ArcObservations:
+def empty_observations(source: np.ndarray, target: np.ndarray, n_epochs: int,
+                       phase: np.ndarray | None = None) -> ArcObservations:
     """:class:`ArcObservations` of the arcs ``source`` -> ``target``, their values to be filled
-    by :func:`fill_observations` (allocated, not touched: memory is taken as rows are filled)."""
+    by :func:`fill_observations` (allocated, not touched: memory is taken as rows are filled).
+    Given the points' wrapped ``phase`` ``(points, epochs)`` the arcs are differences of, the
+    right-hand sides are :class:`ArcRightHandSides` (a quarter of the memory), else an
+    array."""
     n = len(source)
-    return ArcObservations(np.asarray(source, dtype=np.int64), np.asarray(target, dtype=np.int64),
-                           np.empty(n), np.empty((n, 2 + n_epochs), np.float32), np.empty(n))
+    source = np.asarray(source, dtype=np.int64)
+    target = np.asarray(target, dtype=np.int64)
+    if phase is not None and phase.shape[1] != n_epochs:
+        raise ValueError(f"phase: expected {n_epochs} epochs, found {phase.shape[1]}")
+    rhs = (np.empty((n, 2 + n_epochs), np.float32) if phase is None
+           else ArcRightHandSides(phase, source, target))
+    return ArcObservations(source, target, np.empty(n), rhs, np.empty(n))
 
 
 def fill_observations(observations: ArcObservations, start: int, arcs: xr.Dataset) -> None:
@@ -149,6 +280,16 @@ def fill_observations(observations: ArcObservations, start: int, arcs: xr.Datase
     stop = start + arcs.sizes["arc"]
     rhs = observations.rhs
     observations.coherence[start:stop] = arcs["temporal_coherence"].values
+    arc_h2ph = np.asarray(arcs["h2ph"].transpose("arc", ...).values).reshape(stop - start, -1)
+    if isinstance(rhs, ArcRightHandSides):
+        rhs.fill(start, arcs["velocity"].values, arcs["height_error"].values,
+                 arcs["ambiguity"].transpose("arc", "time").values,
+                 arcs["phase"].transpose("arc", "time").values)
+        for first in range(0, stop - start, ARC_BLOCK):
+            block = slice(first, first + ARC_BLOCK)
+            rows = slice(start + first, min(start + first + ARC_BLOCK, stop))
+            observations.h2ph_spread[rows] = _spread(arc_h2ph[block])
+        return
     # velocity, height and every epoch's unwrapped phase: the right-hand sides, filled in
     # place (no second (arcs, epochs) copy). float32, the precision of the arcs' estimates and
     # wrapped phases they come from (an unwrapped phase of 100 rad is held to 8e-6 rad, far
@@ -157,15 +298,18 @@ def fill_observations(observations: ArcObservations, start: int, arcs: xr.Datase
     rhs[start:stop, 1] = arcs["height_error"].values
     arc_phase = arcs["phase"].transpose("arc", "time").values
     arc_ambiguity = arcs["ambiguity"].transpose("arc", "time").values
-    arc_h2ph = np.asarray(arcs["h2ph"].transpose("arc", ...).values).reshape(stop - start, -1)
     for first in range(0, stop - start, ARC_BLOCK):
         block = slice(first, first + ARC_BLOCK)
         rows = slice(start + first, min(start + first + ARC_BLOCK, stop))
         np.multiply(arc_ambiguity[block], _TWO_PI, out=rhs[rows, 2:])
         rhs[rows, 2:] += arc_phase[block]
-        h2ph = arc_h2ph[block].astype(np.float64)  # its spread over the epochs
-        observations.h2ph_spread[rows] = np.sqrt(
-            np.sum((h2ph - h2ph.mean(axis=1, keepdims=True)) ** 2, axis=1))
+        observations.h2ph_spread[rows] = _spread(arc_h2ph[block])
+
+
+def _spread(h2ph: np.ndarray) -> np.ndarray:
+    """Each arc's h2ph spread over the epochs (root sum of squares about its mean)."""
+    h2ph = h2ph.astype(np.float64)
+    return np.sqrt(np.sum((h2ph - h2ph.mean(axis=1, keepdims=True)) ** 2, axis=1))
 
 
 def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
@@ -189,7 +333,8 @@ def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
     source = np.asarray(arcs["source"].values, dtype=np.int64)
     target = np.asarray(arcs["target"].values, dtype=np.int64)
     _check_arc_ends(source, target, points.sizes["space"])
-    observations = empty_observations(source, target, points.sizes["time"])
+    observations = empty_observations(source, target, points.sizes["time"],
+                                      points["phase"].transpose("space", "time").values)
     arcs = arcs[["phase", "velocity", "height_error", "temporal_coherence", "ambiguity",
                  "h2ph"]]
     # a lazy arc STM (a stored one: `depsi run` reads its arcs step's product) is read a few
@@ -367,9 +512,10 @@ def _usable_arcs(coherence, rhs, min_coherence):
     """``(finite, arc_reason, arc_ok)``: the arcs whose observations are all finite, reason 1
     (:data:`~depsi.processing.arc_testing.ARC_REASONS`) for the others and those below
     ``min_coherence``, and the arcs left to integrate."""
-    velocity, height = rhs[:, 0], rhs[:, 1]
-    finite = (np.isfinite(coherence) & np.isfinite(velocity) & np.isfinite(height)
-              & np.isfinite(rhs[:, 2:]).all(axis=1))
+    finite = np.isfinite(coherence)
+    for start in range(0, len(coherence), ARC_BLOCK):  # no (arcs, epochs) temporary
+        rows = slice(start, start + ARC_BLOCK)
+        finite[rows] &= np.isfinite(rhs[rows]).all(axis=1)
     arc_reason = np.where(finite & (coherence >= min_coherence), 0, 1).astype(np.int8)
     arc_ok = arc_reason == 0
     if not arc_ok.any():

@@ -673,3 +673,24 @@ def scatterer_floors(stack: xr.Dataset, truth: xr.Dataset, azimuth, range_, kind
         spread = _rms_about_median(atmosphere[which])
         floors[name] = {"noise": noise, "nocorr": float(np.hypot(noise, spread))}
     return floors
+
+
+def integrated_result(n: int = 120_000, n_epochs: int = 30, seed: int = 0) -> xr.Dataset:
+    """A first-order result as integration gives it (float32 series, every point kept), of
+    random values at random grid positions: for what a step holds beside its input, not for
+    accuracy."""
+    rng = np.random.default_rng(seed)
+    side = int(np.sqrt(n)) + 1
+    azimuth, range_ = np.divmod(rng.permutation(side * side)[:n], side)
+    time = np.datetime64("2020-01-01") + np.arange(n_epochs) * np.timedelta64(12, "D")
+    return xr.Dataset(
+        {"unwrapped_phase": (("space", "time"),
+                             rng.normal(0, 3, (n, n_epochs)).astype(np.float32)),
+         "velocity": ("space", rng.normal(0, 0.01, n).astype(np.float32)),
+         "height_error": ("space", rng.normal(0, 5, n).astype(np.float32)),
+         "h2ph": (("space", "time"), rng.normal(0, 1e-3, (n, n_epochs)).astype(np.float32)),
+         "reference_phase": ("time", np.zeros(n_epochs, np.float32)),
+         "in_network": ("space", np.ones(n, bool))},
+        coords={"time": time, "azimuth": ("space", azimuth), "range": ("space", range_)},
+        attrs={"wavelength": 0.0555, "mother_time": str(time[0]), "azimuth_spacing": 10.0,
+               "range_spacing": 10.0})

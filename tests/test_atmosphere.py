@@ -10,7 +10,7 @@ from depsi.processing.arcs import estimate_arcs
 from depsi.processing.atmosphere import estimate_atmosphere, fit_variogram, interpolate_aps
 from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network
-from scenes import simulated_points
+from scenes import integrated_result, simulated_points
 
 
 def _network(aps_std=1.0):
@@ -160,3 +160,27 @@ def test_stratified_part_needs_heights_where_asked_and_skips_points_without_one(
     stack, _ = simulate_stack(shape=(40, 40), n_epochs=12, seed=0)
     with pytest.raises(ValueError, match="atmosphere.stratified: 'on' needs"):
         run_ps_chain(ps_selection(stack), atmosphere={"stratified": "on"})
+
+
+def test_the_screen_holds_a_few_copies_of_the_series_not_ten(monkeypatch):
+    """The residual, its low-pass and the screen are made a block of points at a time: the
+    step's peak beside its input is about three float64 copies of the series (0.7 GB each at
+    10^7 points' first-order network), not the nine before (docs/benchmarks.md,
+    "twenty-second session"); the screen is that of one block of all the points."""
+    import tracemalloc
+
+    import depsi.processing.datum as datum
+
+    result = integrated_result()
+    series = result["unwrapped_phase"].size * 8
+    tracemalloc.start()
+    try:
+        screen = estimate_atmosphere(result, method="gaussian")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 * series, peak / series
+    monkeypatch.setattr(datum, "POINT_BLOCK", result.sizes["space"])
+    whole = estimate_atmosphere(result, method="gaussian")
+    for name in ("aps", "aps_observed"):
+        np.testing.assert_allclose(screen[name].values, whole[name].values, rtol=0, atol=1e-5)

@@ -10,7 +10,7 @@ from depsi.processing.arcs import estimate_arcs
 from depsi.processing.densification import densify
 from depsi.processing.integration import integrate_network
 from depsi.processing.network import form_network
-from scenes import predicted_arc_std, simulated_points
+from scenes import integrated_result, predicted_arc_std, simulated_points
 
 
 def _split(aps_std=0.0):
@@ -179,3 +179,32 @@ def test_a_neighbours_unwrapping_error_does_not_reach_the_candidates():
                                    rtol=1e-5, atol=1e-6, err_msg=name)
     np.testing.assert_array_equal(after.ambiguity.values[touched],
                                   before.ambiguity.values[touched])
+
+
+def test_the_first_order_table_holds_its_series_once(monkeypatch):
+    """Densification's table of the first-order points (their residuals from their models)
+    is made a block of points at a time, and the points are not copied where all are kept
+    and finite: its peak is under twice the float64 series (6.4 times before), and its
+    residuals are those of one block of all the points, to the bit."""
+    import tracemalloc
+
+    import depsi.processing.densification as densification
+    from depsi.processing.atmosphere import estimate_atmosphere
+    from depsi.processing.densification import _first_order_table
+
+    result = integrated_result()
+    screen = estimate_atmosphere(result, method="gaussian")
+    first = result.assign(aps_observed=screen["aps_observed"])
+    first.attrs.update({k: v for k, v in screen.attrs.items()
+                        if k.startswith("variogram_") or k == "aps_method"})
+    series = result["unwrapped_phase"].size * 8
+    tracemalloc.start()
+    try:
+        table = _first_order_table(first)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * series, peak / series
+    monkeypatch.setattr(densification, "POINT_BLOCK", result.sizes["space"])
+    np.testing.assert_array_equal(table["fo_residual"].values,
+                                  _first_order_table(first)["fo_residual"].values)

@@ -572,6 +572,7 @@ def test_arc_right_hand_sides_are_the_arrays_rows_to_the_bit():
         np.testing.assert_array_equal(rhs[key], expected[key], err_msg=str(key))
     np.testing.assert_array_equal(np.asarray(rhs), expected)
     assert np.isnan(expected).any()
+    np.testing.assert_array_equal(rhs.finite, np.isfinite(expected).all(axis=1))
     # an arc of 300 cycles: the store widens to int16, every row still the array's
     cycles[5, 2] = 300
     wide = ArcRightHandSides(phase, source, target)

@@ -36,3 +36,26 @@ def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
     expected = AtW_all @ rhs.astype(np.float64)
     got = normal_rhs_numba.normal_rhs(col[source], col[target], weights, kept, rhs, n_unknown)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_normal_rhs_of_rows_formed_when_read_is_the_arrays_to_the_bit(monkeypatch):
+    """Right-hand sides formed when read (an object with ``rhs[rows]``) are read a block of
+    kept arcs at a time, each added in the same order: the array's sums exactly."""
+    rng = np.random.default_rng(5)
+    n, m, n_rhs = 300, 5000, 7
+    source = rng.integers(0, n, m)
+    target = (source + rng.integers(1, 30, m)) % n
+    weights = rng.uniform(0.5, 4.0, m)
+    rhs = rng.normal(size=(m, n_rhs)).astype(np.float32)
+    kept = np.flatnonzero(rng.random(m) < 0.6)
+
+    class Rows:  # rows formed when read
+        shape, ndim = rhs.shape, 2
+
+        def __getitem__(self, rows):
+            return rhs[rows]
+
+    monkeypatch.setattr(normal_rhs_numba, "BLOCK", 333)  # many blocks, the last short
+    np.testing.assert_array_equal(
+        normal_rhs_numba.normal_rhs(source, target, weights, kept, Rows(), n),
+        normal_rhs_numba.normal_rhs(source, target, weights, kept, rhs, n))

@@ -151,8 +151,11 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
                 and np.array_equal(point_ok, solved.point_ok)
                 and int(arc_ok.sum()) == solved.n_arcs - removed.size)
         if not (same and (not removed.size or (not fresh and solved.without(removed)))):
+            # given the redundancy numbers and no iteration (the whole network after its
+            # tiles) only the solution is asked of it: no factor held after the solve
             solved = _NetworkSolve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
-                                   point_ok, ref)
+                                   point_ok, ref,
+                                   solution_only=not estimate and max_iterations == 0)
         values = solved.values()
         if fresh:
             cached = (np.zeros(len(source)), int(arc_ok.sum()))

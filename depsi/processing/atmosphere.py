@@ -193,7 +193,7 @@ class ScreenInterpolator:
         dst_pos = np.asarray(dst_pos, dtype=np.float64)
         if self.method != "kriging":
             out = _gaussian(self.tree, self.values, dst_pos,
-                            0.5 * self.variogram["range"]).astype(np.float32)
+                            0.5 * self.variogram["range"]).astype(np.float32, copy=False)
         else:
             sill, length = self.variogram["sill"], self.variogram["range"]
             out = np.empty((len(dst_pos), self.weights.shape[1]), np.float32)
@@ -227,17 +227,21 @@ def screen_interpolator(aps: xr.Dataset) -> ScreenInterpolator:
     if "aps_observed" not in aps:
         raise KeyError(f"aps: expected variable 'aps_observed' from estimate_atmosphere, found "
                        f"{sorted(aps.data_vars)}")
-    observed = aps["aps_observed"].transpose("space", "time").values.astype(np.float64)
+    observed = aps["aps_observed"].transpose("space", "time").values
     use = np.isfinite(observed).all(axis=1)
     variogram = {k: float(aps.attrs[f"variogram_{k}"]) for k in ("nugget", "sill", "range")}
+    method = aps.attrs.get("aps_method", "kriging")
     rate, height_mean = None, 0.0
+    if method == "kriging" or "stratified_rate" in aps:
+        # float64 where it is computed with; the Gaussian's sources are float32 as stored
+        # (no float64 copy of 0.7 GB at 1.5 M points for the same float32 values)
+        observed = observed.astype(np.float64)
     if "stratified_rate" in aps:
         rate = aps["stratified_rate"].values.astype(np.float64)
         height_mean = float(aps.attrs["stratified_height_mean"])
         observed = observed - stratified_part(terrain_heights(aps, "on"), height_mean, rate)
-    return ScreenInterpolator(point_positions(aps)[use], observed[use], variogram,
-                              aps.attrs.get("aps_method", "kriging"), stratified_rate=rate,
-                              height_mean=height_mean)
+    return ScreenInterpolator(point_positions(aps)[use], observed if use.all() else observed[use],
+                              variogram, method, stratified_rate=rate, height_mean=height_mean)
 
 
 def terrain_heights(points: xr.Dataset, stratified: str = DEFAULT_STRATIFIED
@@ -354,11 +358,58 @@ def gaussian_mean(dist: np.ndarray, idx: np.ndarray, values: np.ndarray,
 
 def lowpass(residual: np.ndarray, years: np.ndarray, window: float) -> np.ndarray:
     """Gaussian-weighted temporal mean of each point's series (sigma ``window`` years)."""
+    w = _lowpass_weights(years, window)
+    return np.zeros_like(residual) if w is None else residual @ w
+
+
+def _high_passed_residual(ds: xr.Dataset, years: np.ndarray, window: float,
+                          regressors: Mapping[str, np.ndarray] | None
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Every point's residual from its model (velocity, height error, the ``regressors``'
+    terms), less its temporal low-pass (:func:`lowpass`) and its value at the mother epoch:
+    float64 ``(space, time)``, with the points whose phases and model are finite. Made in
+    blocks of :data:`~depsi.processing.datum.POINT_BLOCK` points, each on a thread: the float64
+    phases, h2ph, model and residual (each 0.7 GB at 1.5 M points and 60 epochs) follow the
+    block, not the points (docs/benchmarks.md, "twenty-second session")."""
+    from depsi.processing.datum import POINT_BLOCK
+    from depsi.stm.schema import h2ph_rows
+
+    n, n_epochs = ds.sizes["space"], ds.sizes["time"]
+    m2ph = phase_per_metre(ds.attrs["wavelength"])
+    unwrapped_all = ds["unwrapped_phase"].transpose("space", "time").values
+    h2ph_all = ds["h2ph"].transpose("space", ...)
+    velocity, height = ds["velocity"].values, ds["height_error"].values
+    coefficients = [(ds[name].values.astype(np.float64), np.asarray(values))
+                    for name, values in (regressors or {}).items()]
+    weights = _lowpass_weights(years, window)
+    mother = int(np.argmin(np.abs(years)))
+    observed = np.empty((n, n_epochs))
+    finite = np.empty(n, dtype=bool)
+
+    def block(start: int) -> None:  # each block writes its own rows
+        rows = slice(start, min(start + POINT_BLOCK, n))
+        unwrapped = unwrapped_all[rows].astype(np.float64)
+        model = m2ph * (velocity[rows, None] * years[None, :]
+                        + h2ph_rows(h2ph_all, rows, n_epochs) * height[rows, None])
+        for coefficient, values in coefficients:
+            model += m2ph * coefficient[rows, None] * values[None, :]
+        finite[rows] = np.isfinite(unwrapped).all(axis=1) & np.isfinite(model).all(axis=1)
+        residual = unwrapped - model
+        high = residual - (residual @ weights if weights is not None else 0.0)
+        high -= high[:, mother:mother + 1]  # single-mother screens vanish at the mother
+        observed[rows] = high
+
+    on_threads(block, range(0, n, POINT_BLOCK))
+    return observed, finite
+
+
+def _lowpass_weights(years: np.ndarray, window: float) -> np.ndarray | None:
+    """The ``(T, T)`` weights of :func:`lowpass` (None: no low-pass)."""
     if window <= 0:
-        return np.zeros_like(residual)
+        return None
     w = np.exp(-0.5 * ((years[:, None] - years[None, :]) / window) ** 2)
     w /= w.sum(axis=0, keepdims=True)
-    return residual @ w
+    return w
 
 
 def estimate_atmosphere(
@@ -436,22 +487,13 @@ def estimate_atmosphere(
     use = (np.asarray(ds["in_network"].values, dtype=bool) if "in_network" in ds
            else np.ones(ds.sizes["space"], dtype=bool))
     years = years_since_mother(ds)
-    m2ph = phase_per_metre(ds.attrs["wavelength"])
-    unwrapped = ds["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
-    h2ph = np.broadcast_to(ds["h2ph"].transpose("space", ...).values.astype(np.float64)
-                           .reshape(ds.sizes["space"], -1), unwrapped.shape)
-    model = m2ph * (ds["velocity"].values[:, None] * years[None, :]
-                    + h2ph * ds["height_error"].values[:, None])
-    for name, values in (regressors or {}).items():
-        model += m2ph * ds[name].values.astype(np.float64)[:, None] * np.asarray(values)[None, :]
-    use &= np.isfinite(unwrapped).all(axis=1) & np.isfinite(model).all(axis=1)
+    observed, finite = _high_passed_residual(ds, years, temporal_window, regressors)
+    use &= finite
     if use.sum() < 3:
         raise ValueError(f"points_result: expected at least 3 network points with finite "
                          f"results for an atmosphere estimate, found {int(use.sum())}")
-    residual = (unwrapped - model)[use]
-    observed = residual - lowpass(residual, years, temporal_window)
-    mother = int(np.argmin(np.abs(years)))
-    observed -= observed[:, mother:mother + 1]  # single-mother screens vanish at the mother
+    if not use.all():
+        observed = observed[use]
     positions = point_positions(ds)
     heights = terrain_heights(ds, stratified)
     turbulent = observed
@@ -461,9 +503,10 @@ def estimate_atmosphere(
     variogram = fit_variogram(positions[use], turbulent)
     chosen = method if method != "auto" else (
         "kriging" if use.sum() <= KRIGING_MAX_POINTS else "gaussian")
-    aps_observed = np.full(unwrapped.shape, np.nan)
+    aps_observed = np.full((ds.sizes["space"], ds.sizes["time"]), np.nan, np.float32)
     aps_observed[use] = observed
-    out = ds.assign(aps_observed=(("space", "time"), aps_observed.astype(np.float32)))
+    del turbulent, observed  # the interpolation reads aps_observed
+    out = ds.assign(aps_observed=(("space", "time"), aps_observed))
     out.attrs.update({"aps_method": chosen, "temporal_window": temporal_window,
                       **{f"variogram_{k}": v for k, v in variogram.items()}})
     if heights is not None:
@@ -520,5 +563,5 @@ def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray,
     if heights is None and "stratified_rate" in aps and not isinstance(to_points, np.ndarray):
         heights = terrain_heights(to_points, "on")
     values = screen_interpolator(aps)(dst, heights)
-    return xr.DataArray(values.astype(np.float32), dims=("space", "time"),
+    return xr.DataArray(values.astype(np.float32, copy=False), dims=("space", "time"),
                         coords={"time": aps["time"].values})

@@ -49,7 +49,8 @@ from depsi.processing.atmosphere import (
     stratified_part,
     terrain_heights,
 )
-from depsi.processing.network import point_positions
+from depsi.processing.datum import POINT_BLOCK
+from depsi.processing.network import on_threads, point_positions
 from depsi.sections import Section
 from depsi.stm.dask_tools import fused_kernels, workers_client
 from depsi.stm.schema import validate, years_since_mother
@@ -266,7 +267,7 @@ def _first_order_table(first_order: xr.Dataset,
                 *regressors)
     validate(first_order, "points", require=required, require_wavelength=True)
     fo = first_order
-    if "in_network" in fo:
+    if "in_network" in fo and not fo["in_network"].values.all():  # no copy where all are
         fo = fo.isel(space=np.flatnonzero(fo["in_network"].values))
     pos = point_positions(fo)
     n_fo, T = fo.sizes["space"], fo.sizes["time"]
@@ -274,20 +275,31 @@ def _first_order_table(first_order: xr.Dataset,
     velocity = fo["velocity"].values.astype(np.float64)
     height = fo["height_error"].values.astype(np.float64)
     unwrapped = fo["unwrapped_phase"].transpose("space", "time").values
-    # each point's residual from its own model, less its constant phase
-    motion = velocity[:, None] * years_since_mother(fo)[None, :] + h2ph * height[:, None]
-    for name, values in regressors.items():
-        motion = motion + fo[name].values.astype(np.float64)[:, None] * values[None, :]
-    residual = unwrapped - phase_per_metre(float(fo.attrs["wavelength"])) * motion
-    # its constant phase to float32's precision (only the cycles against the nearest
-    # neighbour's are read of it)
-    residual -= np.angle(mean_phasor(residual))[:, None]
+    years = years_since_mother(fo)
+    m2ph = phase_per_metre(float(fo.attrs["wavelength"]))
+    coefficients = [(fo[name].values.astype(np.float64), values)
+                    for name, values in regressors.items()]
+    residual = np.empty((n_fo, T), np.float32)
+
+    def block(start: int) -> None:  # each block writes its own rows: the float64
+        rows = slice(start, start + POINT_BLOCK)  # temporaries follow the block
+        # each point's residual from its own model, less its constant phase
+        motion = velocity[rows, None] * years[None, :] + h2ph[rows] * height[rows, None]
+        for coefficient, values in coefficients:
+            motion = motion + coefficient[rows, None] * values[None, :]
+        part = unwrapped[rows] - m2ph * motion
+        # its constant phase to float32's precision (only the cycles against the nearest
+        # neighbour's are read of it)
+        part -= np.angle(mean_phasor(part))[:, None]
+        residual[rows] = part
+
+    on_threads(block, range(0, n_fo, POINT_BLOCK))
     table = {
         "fo_x": (_FIRST, pos[:, 0]), "fo_y": (_FIRST, pos[:, 1]),
         "fo_velocity": (_FIRST, velocity), "fo_height_error": (_FIRST, height),
         "fo_unwrapped_phase": ((_FIRST, "time"), unwrapped),
         "fo_h2ph": ((_FIRST, "time"), h2ph),
-        "fo_residual": ((_FIRST, "time"), residual.astype(np.float32)),
+        "fo_residual": ((_FIRST, "time"), residual),
         "fo_reference_phase": ("time", fo["reference_phase"].values),
         **{f"fo_{name}": (_FIRST, fo[name].values.astype(np.float64)) for name in regressors},
     }
@@ -301,7 +313,7 @@ def _first_order_table(first_order: xr.Dataset,
         table["stratified_rate"] = ("time", fo["stratified_rate"].values.astype(np.float64))
     finite = np.isfinite(table["fo_residual"][1]).all(axis=1)
     ds = xr.Dataset(table, coords={"time": fo["time"].values}, attrs=attrs)
-    return ds.isel({_FIRST: np.flatnonzero(finite)})
+    return ds if finite.all() else ds.isel({_FIRST: np.flatnonzero(finite)})
 
 
 def _screen(table: xr.Dataset) -> ScreenInterpolator | None:

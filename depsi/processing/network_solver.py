@@ -93,7 +93,12 @@ class _NetworkSolve:
     factorisation, a ``(k, k)`` Cholesky); it agrees with a new factorisation to about 1e-13.
     """
 
-    def __init__(self, source, target, weights, rhs, kept, n, point_ok, reference):
+    def __init__(self, source, target, weights, rhs, kept, n, point_ok, reference, *,
+                 solution_only=False):
+        # solution_only: the solution alone is wanted (the whole network's one solve after
+        # its tiles): the sparse matrices go before the solve and the factor after it, so
+        # neither is held beside the other's peak (1.6 GB of factor at 10^7 points); then
+        # without() and leverage() cannot be asked
         unknown = point_ok.copy()
         unknown[reference] = False
         n_unknown = int(unknown.sum())
@@ -123,9 +128,14 @@ class _NetworkSolve:
             for first in range(0, rhs.shape[1], RHS_COLUMNS):
                 columns = slice(first, first + RHS_COLUMNS)
                 normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
+        if solution_only:
+            del A, AtW, normal
+            A = normal = None
         # the solution takes the right-hand sides' place (no second (unknowns, nrhs) array)
         self._x0 = self.x = (self.lu.solve(normal_rhs, overwrite_b=True)
                              if isinstance(self.lu, _Cholesky) else self.lu.solve(normal_rhs))
+        if solution_only:
+            self.lu = None
         self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
         self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
         self.unknown, self.col, self.A, self.w, self.normal = unknown, col, A, w, normal
@@ -160,9 +170,9 @@ class _NetworkSolve:
         """Remove the arcs ``new`` (of the current ones) from the solution without a new
         factorisation; False (and nothing changed) where the update is too large or its
         ``S`` is not safely positive definite (the caller factorises afresh)."""
-        if not 0 < new.size <= WOODBURY_MAX_NEW or (
+        if self.lu is None or not 0 < new.size <= WOODBURY_MAX_NEW or (
                 self.removed.size + new.size > WOODBURY_MAX_TOTAL):
-            return False
+            return False  # (no factor kept: solution_only)
         n_unknown = self.x.shape[0]
         source, target = self._ends(new)
         columns = np.zeros((n_unknown + 1, new.size))  # a_r^T, the reference row dropped

@@ -573,6 +573,11 @@ def test_arc_right_hand_sides_are_the_arrays_rows_to_the_bit():
     np.testing.assert_array_equal(np.asarray(rhs), expected)
     assert np.isnan(expected).any()
     np.testing.assert_array_equal(rhs.finite, np.isfinite(expected).all(axis=1))
+    # unchecked (the arcs step, which formed the arcs from these points): the same rows
+    unchecked = ArcRightHandSides(phase, source, target)
+    unchecked.fill(0, velocity, height, cycles, arc_phase, check=False)
+    np.testing.assert_array_equal(unchecked[:], expected)
+    np.testing.assert_array_equal(unchecked.finite, rhs.finite)
     # an arc of 300 cycles: the store widens to int16, every row still the array's
     cycles[5, 2] = 300
     wide = ArcRightHandSides(phase, source, target)

@@ -270,7 +270,9 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
                                   velocity_step=section.velocity_step, devices=devices,
                                   height=height, extra_regressors=searched)
         new = [name for name in estimated.data_vars if name not in arcs.data_vars]
-        fill_observations(observations, start, arcs.assign(computed_in_place(estimated[new])))
+        # the arcs' phases are arcs_from_edges's of these points: rows need no check
+        fill_observations(observations, start, arcs.assign(computed_in_place(estimated[new])),
+                          formed_here=True)
         logger.info("arcs: %d of %d estimated", min(start + ARC_BATCH, len(source)),
                     len(source))
     return observations
@@ -364,24 +366,27 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
         else:
             keep = np.flatnonzero(first["in_network"].values)
             local = int(np.flatnonzero(keep == record.reference)[0])
-            kept = first.isel(space=keep)
-            kept.attrs = {**first.attrs, "reference": local}  # a new dict: isel shares attrs
-            screen = estimate_atmosphere(kept, method=section.method,
+            # the screen from the kept points (in_network: the others are no source), at
+            # every first-pass point, then cut to the kept ones: no copy of the first pass's
+            # series (1.6 GB at 10^7 points)
+            screen = estimate_atmosphere(first, method=section.method,
                                          temporal_window=section.temporal_window,
                                          regressors=terms.regressors,
                                          stratified=section.stratified)
             # the second pass needs only the screen: the first pass's result (given the only
-            # reference, as run_ps_chain gives it) and its kept copy go
+            # reference, as run_ps_chain gives it) goes
             screen_attrs = {a: screen.attrs[a] for a in screen.attrs
                             if a.startswith(("variogram_", "stratified_")) or a == "aps_method"}
             stratified_rate = screen.get("stratified_rate")
-            screen = screen[["aps", "aps_observed"]].drop_vars(list(screen.coords))
             aps = screen["aps"].transpose("space", "time").values
+            aps_observed = screen["aps_observed"].transpose("space", "time").values
+            if keep.size != first.sizes["space"]:
+                aps, aps_observed = aps[keep], aps_observed[keep]
             unwrapped = None
             if section.second_pass == "refit":
-                unwrapped = kept["unwrapped_phase"].transpose("space", "time").values - aps
-                first_attrs = dict(kept.attrs)
-            del first, kept
+                unwrapped = first["unwrapped_phase"].transpose("space", "time").values[keep] - aps
+                first_attrs = {**first.attrs, "reference": local}
+            del first, screen
             release_memory()
             corrected = points.isel(space=keep)
             corrected = corrected.assign(
@@ -407,8 +412,7 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                 del observations
             result = refit_with_terms(result, terms)
             result["aps"] = ("space", "time"), aps
-            result["aps_observed"] = (("space", "time"),
-                                      screen["aps_observed"].transpose("space", "time").values)
+            result["aps_observed"] = (("space", "time"), aps_observed)
             result.attrs.update(screen_attrs)
             if stratified_rate is not None:
                 result["stratified_rate"] = stratified_rate.drop_vars(

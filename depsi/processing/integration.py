@@ -210,25 +210,33 @@ class ArcRightHandSides:
         out = self[:]
         return out if dtype is None else out.astype(dtype)
 
-    def fill(self, start: int, velocity, height, ambiguity, arc_phase) -> None:
+    def fill(self, start: int, velocity, height, ambiguity, arc_phase, *,
+             check: bool = True) -> None:
         """Rows ``start:`` of the arcs (in order: the rows before are filled): their
         estimates, their ``(arcs, epochs)`` int32 ambiguities and their float32 phases.
-        The rows the array held are made and the stored arcs' own rows checked against them
-        (to the bit, NaN where they are NaN): where they differ (arcs not formed from these
-        points' phases) every row is kept as an array from then on."""
+        With ``check`` the rows the array held are made and the rows formed from the points
+        checked against them (to the bit, NaN where they are NaN): where they differ (arcs
+        not formed from these points' phases) every row is kept as an array from then on.
+        Without, the caller vouches that the arcs' phases are
+        :func:`~depsi.processing.network.arcs_from_edges`'s of these points (the arcs step,
+        which formed them there)."""
         stop = start + len(velocity)
         if start != self._filled:
             raise ValueError(f"rows: expected the arcs in order, from row {self._filled}, "
                              f"found row {start}")
         self._filled = stop
         rows = slice(start, stop)
-        expected = np.empty((stop - start, self.shape[1]), np.float32)
-        expected[:, 0], expected[:, 1] = velocity, height
-        np.multiply(ambiguity, _TWO_PI, out=expected[:, 2:])
-        expected[:, 2:] += arc_phase
-        self.finite[rows] = np.isfinite(expected).all(axis=1)
+        # every value finite: the unwrapped phases are where the phases are (whole cycles)
+        self.finite[rows] = (np.isfinite(velocity) & np.isfinite(height)
+                             & np.isfinite(arc_phase).all(axis=1))
+        expected = None
+        if check or self.full is not None:
+            expected = np.empty((stop - start, self.shape[1]), np.float32)
+            expected[:, 0], expected[:, 1] = velocity, height
+            np.multiply(ambiguity, _TWO_PI, out=expected[:, 2:])
+            expected[:, 2:] += arc_phase
         if self.full is None:
-            self.motion[rows] = expected[:, :2]
+            self.motion[rows, 0], self.motion[rows, 1] = velocity, height
             # a missing epoch's phase is NaN, whatever its ambiguity: 0 is stored there
             cycles = np.where(np.isnan(arc_phase), 0, ambiguity)
             if cycles.size:
@@ -239,7 +247,8 @@ class ArcRightHandSides:
                                  if np.iinfo(d).min <= low and high <= np.iinfo(d).max)
                     self.ambiguity = self.ambiguity.astype(wider)
             self.ambiguity[rows] = cycles
-            if np.array_equal(self._formed(rows), expected, equal_nan=True):
+            if expected is None or np.array_equal(self._formed(rows), expected,
+                                                  equal_nan=True):
                 return
             logger.debug("arcs %d-%d: their phases are not their points' differences; "
                          "right-hand sides kept as an array", start, stop)
@@ -276,10 +285,14 @@ def empty_observations(source: np.ndarray, target: np.ndarray, n_epochs: int,
     return ArcObservations(source, target, np.empty(n), rhs, np.empty(n))
 
 
-def fill_observations(observations: ArcObservations, start: int, arcs: xr.Dataset) -> None:
+def fill_observations(observations: ArcObservations, start: int, arcs: xr.Dataset, *,
+                      formed_here: bool = False) -> None:
     """Rows ``start:start + arcs.sizes['arc']`` of ``observations`` from estimated arcs in
     memory (``phase``, ``ambiguity``, ``velocity``, ``height_error``, ``temporal_coherence``,
-    ``h2ph``), in blocks of :data:`ARC_BLOCK` arcs (no ``(arcs, epochs)`` temporaries)."""
+    ``h2ph``), in blocks of :data:`ARC_BLOCK` arcs (no ``(arcs, epochs)`` temporaries).
+    ``formed_here``: the arcs were formed by
+    :func:`~depsi.processing.network.arcs_from_edges` from the points whose phases the
+    observations hold (their rows need no check, :meth:`ArcRightHandSides.fill`)."""
     stop = start + arcs.sizes["arc"]
     rhs = observations.rhs
     observations.coherence[start:stop] = arcs["temporal_coherence"].values
@@ -287,7 +300,7 @@ def fill_observations(observations: ArcObservations, start: int, arcs: xr.Datase
     if isinstance(rhs, ArcRightHandSides):
         rhs.fill(start, arcs["velocity"].values, arcs["height_error"].values,
                  arcs["ambiguity"].transpose("arc", "time").values,
-                 arcs["phase"].transpose("arc", "time").values)
+                 arcs["phase"].transpose("arc", "time").values, check=not formed_here)
         for first in range(0, stop - start, ARC_BLOCK):
             block = slice(first, first + ARC_BLOCK)
             rows = slice(start + first, min(start + first + ARC_BLOCK, stop))

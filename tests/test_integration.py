@@ -470,7 +470,6 @@ def test_factorisations_with_many_right_hand_sides_do_not_leak():
     # cholespy 2.2 lost each destroyed solver's (n, k) solve workspace: 2.5 MB a solver here,
     # 100 MB over the 40 below (the w-test's tiles build hundreds per network)
     pytest.importorskip("cholespy")
-    import scipy.sparse as sp
 
     from depsi.processing.network_solver import _Cholesky
 
@@ -478,14 +477,7 @@ def test_factorisations_with_many_right_hand_sides_do_not_leak():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-    side = 70  # a 70 x 70 grid network: 4,900 unknowns
-    grid = np.arange(side * side).reshape(side, side)
-    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
-                       np.c_[grid[:-1].ravel(), grid[1:].ravel()]])
-    rows = np.repeat(np.arange(len(pairs)), 2)
-    A = sp.csr_matrix((np.tile([-1.0, 1.0], len(pairs)), (rows, pairs.ravel())),
-                      shape=(len(pairs), side * side))[:, 1:]
-    normal = (A.T @ A).tocsc()
+    normal = _grid_normal(70)  # a 70 x 70 grid network: 4,900 unknowns
     rhs = np.ones((normal.shape[0], 64))
     expected = _Cholesky(normal).solve(rhs)
     before = rss_mb()
@@ -529,6 +521,21 @@ def test_tile_and_network_factorisations_agree():
         assert isinstance(_factorise(normal), _Cholesky)
     finally:
         network_solver.LDL_MAX_UNKNOWNS = small
+
+
+def _grid_normal(side: int, rng=None):
+    """The normal matrix of a ``side x side`` grid network (the first point the reference),
+    its arcs weighted at random in [0.5, 4] by ``rng``, else all 1."""
+    import scipy.sparse as sp
+
+    grid = np.arange(side * side).reshape(side, side)
+    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
+                       np.c_[grid[:-1].ravel(), grid[1:].ravel()]])
+    rows = np.repeat(np.arange(len(pairs)), 2)
+    A = sp.csr_matrix((np.tile([-1.0, 1.0], len(pairs)), (rows, pairs.ravel())),
+                      shape=(len(pairs), side * side))[:, 1:]
+    weights = np.ones(len(pairs)) if rng is None else rng.uniform(0.5, 4.0, len(pairs))
+    return (A.T @ sp.diags(weights) @ A).tocsc()
 
 
 def _array_rhs(velocity, height, ambiguity, arc_phase):
@@ -614,20 +621,12 @@ def test_the_whole_networks_solve_in_column_groups_is_one_solve_to_the_bit():
     copies follow the group): each column is that of one solve of them all to the bit (a
     group of 15 would not be: CHOLMOD's blocks of four columns round by their count), in
     place where asked."""
-    import scipy.sparse as sp
 
     from depsi.processing import network_solver
     from depsi.processing.network_solver import _Cholesky
 
     rng = np.random.default_rng(5)
-    side = 30
-    grid = np.arange(side * side).reshape(side, side)
-    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
-                       np.c_[grid[:-1].ravel(), grid[1:].ravel()]])
-    rows = np.repeat(np.arange(len(pairs)), 2)
-    A = sp.csr_matrix((np.tile([-1.0, 1.0], len(pairs)), (rows, pairs.ravel())),
-                      shape=(len(pairs), side * side))[:, 1:]
-    normal = (A.T @ sp.diags(rng.uniform(0.5, 4.0, len(pairs))) @ A).tocsc()
+    normal = _grid_normal(30, rng)
     solver = _Cholesky(normal)
     assert network_solver.SOLVE_COLUMNS == 16
     for k in (62, 17, 33, 16):  # 17 and 33: a last group of one column

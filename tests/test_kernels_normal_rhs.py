@@ -9,6 +9,16 @@ import scipy.sparse as sp
 normal_rhs_numba = pytest.importorskip("depsi.kernels.normal_rhs_numba")
 
 
+def _network(rng, n, m, n_rhs, *, reach, share):
+    """Random arcs among ``n`` points (each to a point within ``reach`` indices), their weights,
+    float32 right-hand sides and the kept arcs (about ``share`` of them)."""
+    source = rng.integers(0, n, m)
+    target = (source + rng.integers(1, reach, m)) % n
+    weights = rng.uniform(0.5, 4.0, m)
+    rhs = rng.normal(size=(m, n_rhs)).astype(np.float32)
+    return source, target, weights, rhs, np.flatnonzero(rng.random(m) < share)
+
+
 @pytest.mark.parametrize("order", ["increasing", "shuffled"])
 def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
     """Each point's sum over its arcs in the sparse product's order: SciPy's float64 result
@@ -17,12 +27,8 @@ def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
     from depsi.processing.network_solver import incidence_matrix
 
     rng = np.random.default_rng(3)
-    n, m, n_rhs = 500, 4000, 9
-    source = rng.integers(0, n, m)
-    target = (source + rng.integers(1, 40, m)) % n
-    weights = rng.uniform(0.5, 4.0, m)
-    rhs = rng.normal(size=(m, n_rhs)).astype(np.float32)
-    kept = np.flatnonzero(rng.random(m) < 0.7)
+    n, m = 500, 4000
+    source, target, weights, rhs, kept = _network(rng, n, m, 9, reach=40, share=0.7)
     if order == "shuffled":
         kept = rng.permutation(kept)
     unknown = rng.random(n) < 0.95
@@ -41,13 +47,9 @@ def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
 def test_normal_rhs_of_rows_formed_when_read_is_the_arrays_to_the_bit(monkeypatch):
     """Right-hand sides formed when read (an object with ``rhs[rows]``) are read a block of
     kept arcs at a time, each added in the same order: the array's sums exactly."""
-    rng = np.random.default_rng(5)
-    n, m, n_rhs = 300, 5000, 7
-    source = rng.integers(0, n, m)
-    target = (source + rng.integers(1, 30, m)) % n
-    weights = rng.uniform(0.5, 4.0, m)
-    rhs = rng.normal(size=(m, n_rhs)).astype(np.float32)
-    kept = np.flatnonzero(rng.random(m) < 0.6)
+    n = 300
+    source, target, weights, rhs, kept = _network(np.random.default_rng(5), n, 5000, 7,
+                                                  reach=30, share=0.6)
 
     class Rows:  # rows formed when read
         shape, ndim = rhs.shape, 2

@@ -392,6 +392,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             corrected = corrected.assign(
                 phase=wrap_phase(corrected["phase"].transpose("space", "time") - aps)
                 .astype(np.float32))
+            # the network's points (given the only reference) are not read again: their
+            # phases, h2ph and arcs go before the second pass (0.9 GB at 10^7 points)
+            del points, network
             if unwrapped is not None:
                 result = refit_points(corrected, unwrapped, local)
                 result.attrs = {**first_attrs, **result.attrs, "second_pass": "refit"}

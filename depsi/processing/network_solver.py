@@ -96,9 +96,9 @@ class _NetworkSolve:
     def __init__(self, source, target, weights, rhs, kept, n, point_ok, reference, *,
                  solution_only=False):
         # solution_only: the solution alone is wanted (the whole network's one solve after
-        # its tiles): the sparse matrices go before the solve and the factor after it, so
-        # neither is held beside the other's peak (1.6 GB of factor at 10^7 points); then
-        # without() and leverage() cannot be asked
+        # its tiles): the sparse matrices go before the factorisation and the factor after
+        # the solve, so neither is held beside the other's peak (1.6 GB of factor at 10^7
+        # points); then without() and leverage() cannot be asked
         unknown = point_ok.copy()
         unknown[reference] = False
         n_unknown = int(unknown.sum())
@@ -110,8 +110,15 @@ class _NetworkSolve:
         w = weights[kept]
         AtW = A.T.multiply(w[None, :]).tocsr()
         normal = (AtW @ A).tocsc()
-        self.lu = _factorise(normal)
-        if rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba"):
+        compiled = rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba")
+        if solution_only:  # the sparse matrices go before the factorisation's own peak
+            A = None
+            AtW = AtW if not compiled else None  # (SciPy's A^T W y still reads it)
+            self.lu = _factorise(normal)
+            normal = None
+        else:
+            self.lu = _factorise(normal)
+        if compiled:
             # each arc's float32 row read once, in the sparse product's order: its result to
             # the bit, without the float64 copies (docs/benchmarks.md)
             from depsi.kernels import normal_rhs_numba
@@ -128,9 +135,7 @@ class _NetworkSolve:
             for first in range(0, rhs.shape[1], RHS_COLUMNS):
                 columns = slice(first, first + RHS_COLUMNS)
                 normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
-        if solution_only:
-            del A, AtW, normal
-            A = normal = None
+        del AtW
         # the solution takes the right-hand sides' place (no second (unknowns, nrhs) array)
         self._x0 = self.x = (self.lu.solve(normal_rhs, overwrite_b=True)
                              if isinstance(self.lu, _Cholesky) else self.lu.solve(normal_rhs))

@@ -61,7 +61,7 @@ def form_rows(phase: np.ndarray, source: np.ndarray, target: np.ndarray, rows: n
     >>> phase = np.array([[0.5, -3.0], [-0.5, 3.0]], np.float32)
     >>> out = form_rows(phase, np.array([0]), np.array([1]), np.array([0]),
     ...                 np.array([[1.0, 2.0]], np.float32), np.array([[1, 0]], np.int8))
-    >>> out.round(4).tolist()
+    >>> out.astype(np.float64).round(4).tolist()
     [[1.0, 2.0, 5.2832, -0.2832]]
     """
     out = np.empty((rows.shape[0], 2 + phase.shape[1]), np.float32)

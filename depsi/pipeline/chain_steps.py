@@ -57,6 +57,7 @@ from depsi.processing.temporal_model import (
 from depsi.stm.dask_tools import (
     computed_in_place,
     culled_rows,
+    gathered_by_chunk,
     release_memory,
     rows_kept_on_workers,
     workers_client,
@@ -183,7 +184,10 @@ def network_step(points: xr.Dataset, config: ChainConfig) -> xr.Dataset:
     """
     chosen = check_config(points, config)
     release_memory()
-    first = points.isel(space=chosen).compute()
+    first = points.isel(space=chosen)
+    client = workers_client()
+    # on a cluster a chunk at a time into this process: not concatenated on one worker
+    first = first.compute() if client is None else gathered_by_chunk(first, client)
     network = _with_edges(first, config.network)
     record = ChainRecord(n_first_order=int(len(chosen)), network_method=config.network.method)
     return with_cf_attributes(record.on(network))

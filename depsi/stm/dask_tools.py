@@ -69,6 +69,36 @@ def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
     return out
 
 
+def gathered_by_chunk(ds: xr.Dataset, client) -> xr.Dataset:
+    """``ds`` computed on ``client``'s workers and brought into this process a chunk at a time,
+    each written into its place in one preallocated array a variable. ``ds.compute()`` on a
+    distributed scheduler ends in a task that concatenates every chunk on one worker: at 10^7
+    points the first-order points' phases and h2ph (0.7 GB) in a worker of 1 GB, which its
+    nanny restarted (docs/benchmarks.md, "twenty-second session")."""
+    from distributed import as_completed
+
+    out = {}
+    for name, var in ds.data_vars.items():
+        if var.chunks is None:
+            out[name] = var.variable
+            continue
+        data = var.data
+        values = np.empty(data.shape, data.dtype)
+        blocks = list(np.ndindex(*data.numblocks))
+        bounds = [np.cumsum((0,) + c) for c in data.chunks]
+        futures = client.compute([data.blocks[index] for index in blocks])
+        where = {future.key: index for future, index in zip(futures, blocks)}
+        for future in as_completed(futures):
+            index = where[future.key]
+            place = tuple(slice(b[i], b[i + 1]) for b, i in zip(bounds, index))
+            values[place] = future.result()
+            future.release()
+        out[name] = xr.Variable(var.dims, values, var.attrs, encoding=var.encoding)
+    coords = {name: (coord.variable if coord.chunks is None else coord.variable.compute())
+              for name, coord in ds.coords.items()}
+    return xr.Dataset(out, coords=coords, attrs=ds.attrs)
+
+
 def culled(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` with each Dask variable's graph cut down to the tasks its own chunks need.
 

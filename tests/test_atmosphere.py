@@ -169,7 +169,7 @@ def test_the_screen_holds_a_few_copies_of_the_series_not_ten(monkeypatch):
     "twenty-second session"); the screen is that of one block of all the points."""
     import tracemalloc
 
-    import depsi.processing.datum as datum
+    import depsi.processing.atmosphere as atmosphere
 
     result = integrated_result()
     series = result["unwrapped_phase"].size * 8
@@ -180,7 +180,7 @@ def test_the_screen_holds_a_few_copies_of_the_series_not_ten(monkeypatch):
     finally:
         tracemalloc.stop()
     assert peak < 5 * series, peak / series
-    monkeypatch.setattr(datum, "POINT_BLOCK", result.sizes["space"])
+    monkeypatch.setattr(atmosphere, "POINT_BLOCK", result.sizes["space"])
     whole = estimate_atmosphere(result, method="gaussian")
     for name in ("aps", "aps_observed"):
         np.testing.assert_allclose(screen[name].values, whole[name].values, rtol=0, atol=1e-5)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-arc_rhs_numba = pytest.importorskip("depsi.kernels.arc_rhs_numba")
+from depsi.kernels import arc_rhs_numba
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32])
 def test_formed_rows_are_the_references_to_the_bit(dtype):
     """Every row, with phases at -pi and pi, a missing epoch, differences past pi either way
     and any cycles' dtype: the NumPy rows exactly (the wrap's float32 constants and order)."""
-    if not arc_rhs_numba.AVAILABLE:
-        pytest.skip("Numba is missing: only the reference runs")
     rng = np.random.default_rng(11)
     n, n_epochs, m = 2000, 31, 60_000
     phase = rng.uniform(-np.pi, np.pi, (n, n_epochs)).astype(np.float32)

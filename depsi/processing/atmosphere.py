@@ -22,9 +22,10 @@ from scipy.optimize import curve_fit
 from scipy.spatial import cKDTree
 
 from depsi.conventions import phase_per_metre
+from depsi.processing.datum import POINT_BLOCK
 from depsi.processing.network import on_threads, point_positions
 from depsi.sections import Section
-from depsi.stm.schema import validate, years_since_mother
+from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
 
@@ -371,9 +372,6 @@ def _high_passed_residual(ds: xr.Dataset, years: np.ndarray, window: float,
     blocks of :data:`~depsi.processing.datum.POINT_BLOCK` points, each on a thread: the float64
     phases, h2ph, model and residual (each 0.7 GB at 1.5 M points and 60 epochs) follow the
     block, not the points (docs/benchmarks.md, "twenty-second session")."""
-    from depsi.processing.datum import POINT_BLOCK
-    from depsi.stm.schema import h2ph_rows
-
     n, n_epochs = ds.sizes["space"], ds.sizes["time"]
     m2ph = phase_per_metre(ds.attrs["wavelength"])
     unwrapped_all = ds["unwrapped_phase"].transpose("space", "time").values

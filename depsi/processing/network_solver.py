@@ -113,11 +113,11 @@ class _NetworkSolve:
         compiled = rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba")
         if solution_only:  # the sparse matrices go before the factorisation's own peak
             A = None
-            AtW = AtW if not compiled else None  # (SciPy's A^T W y still reads it)
-            self.lu = _factorise(normal)
+            if compiled:  # (SciPy's A^T W y still reads AtW)
+                AtW = None
+        self.lu = _factorise(normal)
+        if solution_only:
             normal = None
-        else:
-            self.lu = _factorise(normal)
         if compiled:
             # each arc's float32 row read once, in the sparse product's order: its result to
             # the bit, without the float64 copies (docs/benchmarks.md)
@@ -254,13 +254,10 @@ class _Cholesky:
         the result is that solve's to the bit. The solver's workspace and the copies follow
         the group, not ``k`` (at 10^7 points each ``(unknowns, 62)`` array is 0.73 GB;
         docs/benchmarks.md, "twenty-second session")."""
-        if b.ndim == 1 or b.shape[1] <= SOLVE_COLUMNS:
+        if b.ndim == 1:
             b_in = np.ascontiguousarray(b, dtype=np.float64)
             x = np.zeros_like(b_in)
             self._solver.solve(b_in, x)
-            if overwrite_b and b.ndim == 2:
-                b[...] = x
-                x = b
         else:
             x = b if overwrite_b else np.empty(b.shape)
             for first in range(0, b.shape[1], SOLVE_COLUMNS):

@@ -54,6 +54,24 @@ def test_nan_coordinate_is_rejected_with_count():
         validate(ds)
 
 
+def test_lazy_coordinates_are_checked_where_their_chunks_are(monkeypatch):
+    """A chunked coordinate (the chain's result on a cluster) is counted by a reduction, never
+    gathered whole (``__array__`` would concatenate it on one worker)."""
+    import dask.array as da
+
+    def gathered(self, *args, **kwargs):
+        raise AssertionError("a lazy coordinate was gathered whole")
+
+    lat = np.linspace(52.0, 52.1, 8)
+    ds = points(8).assign_coords(lat=("space", da.from_array(lat, chunks=3)))
+    monkeypatch.setattr(da.Array, "__array__", gathered)
+    assert validate(ds) is ds
+    lat[5] = np.inf
+    ds = ds.assign_coords(lat=("space", da.from_array(lat, chunks=3)))
+    with pytest.raises(STMValidationError, match=r"coordinate 'lat'.*1 NaN/inf"):
+        validate(ds)
+
+
 def test_duplicate_epochs_are_named():
     ds = points().assign_coords(time=DATES[[0, 1, 1]])
     with pytest.raises(STMValidationError, match="duplicate epoch"):

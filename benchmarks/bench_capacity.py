@@ -102,6 +102,12 @@ class _Steps:
         self.sampler.mark()
         cpu, wall = _cpu_seconds(), time.perf_counter()
         out = func()
+        # a step's persisted product is computed in the background: its tasks are the step's
+        # (without this wait the last step's tail ran after the clock stopped, its workers'
+        # peak never sampled, and the cluster closed under it)
+        from distributed import futures_of, wait
+
+        wait(futures_of(out))
         wall = time.perf_counter() - wall
         driver_cpu = _cpu_seconds() - cpu
         now = self._workers()

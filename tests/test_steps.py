@@ -187,47 +187,6 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
     assert (whole.rhs[:, 1] == 0).all() == flat_h2ph  # heights estimated only where resolvable
 
 
-def test_observations_hold_two_batches_and_raise_a_batch_s_error(base, monkeypatch):
-    """observations_step estimates a batch while it fills the last one: at most that batch's
-    and the next one's arc STMs are alive when a batch is formed, and an error in a batch's
-    estimation reaches the caller (no hang, no partial result returned)."""
-    import gc
-    import weakref
-
-    from depsi.processing import arcs as arcs_module
-
-    network = base["network"]
-    config = chain_config(BASE)
-    monkeypatch.setattr(arcs_module, "ARC_CHUNK", 97)
-    monkeypatch.setattr(chain_module, "ARC_BATCH", 2 * 97)
-    formed, alive = [], []
-    real_form = chain_module.arcs_from_edges
-
-    def counted(*args, **kwargs):
-        gc.collect()
-        alive.append(sum(ref() is not None for ref in formed))
-        arcs = real_form(*args, **kwargs)
-        formed.append(weakref.ref(arcs))
-        return arcs
-
-    monkeypatch.setattr(chain_module, "arcs_from_edges", counted)
-    chain_module.observations_step(network, config)
-    assert len(alive) > 4 and max(alive) <= 1, alive  # the batch being estimated, no older
-
-    real_compute = chain_module.computed_in_place
-    calls = []
-
-    def failing(ds, **kwargs):  # on the thread that estimates the batch
-        calls.append(1)
-        if len(calls) == 3:
-            raise FloatingPointError("batch 3 failed")
-        return real_compute(ds, **kwargs)
-
-    monkeypatch.setattr(chain_module, "computed_in_place", failing)
-    with pytest.raises(FloatingPointError, match="batch 3 failed"):
-        chain_module.observations_step(network, config)
-
-
 @pytest.mark.parametrize("field", sorted(ALTERNATES))
 @pytest.mark.slow
 def test_every_chain_field_changes_the_products(points, base, temperatures, field, request):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -251,10 +250,7 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
     The values of ``arc_observations(points, arcs_step(network, config))``, made
     :data:`ARC_BATCH` arcs at a time: each batch's arc STM (phase, h2ph, ambiguity) is formed,
     estimated on the active scheduler and turned into its rows of the observations, then let
-    go, so the whole arc STM is never in memory. A batch is estimated (by a thread of this
-    process that waits on the scheduler) while this thread forms the next batch and fills the
-    last one's rows: the scheduler's workers do not wait for this process between batches, and
-    at most two batches' arc STMs are held.
+    go, so the whole arc STM is never in memory.
     """
     release_memory()
     # in memory once (the first-order points), not read
@@ -269,33 +265,20 @@ def observations_step(network: xr.Dataset, config: ChainConfig, *, devices: Devi
     # the right-hand sides as the points' phases and the arcs' cycles (a quarter of the array)
     observations = empty_observations(source, target, points.sizes["time"],
                                       points["phase"].transpose("space", "time").values)
-
-    def fill(start: int, arcs: xr.Dataset, estimating: Future) -> None:
+    for start in range(0, len(source), ARC_BATCH):
+        rows = slice(start, start + ARC_BATCH)
+        arcs = arcs_from_edges(points, source[rows], target[rows], positions)
+        estimated = estimate_arcs(arcs, height_range=section.height_range,
+                                  velocity_range=section.velocity_range,
+                                  height_step=section.height_step,
+                                  velocity_step=section.velocity_step, devices=devices,
+                                  height=height, extra_regressors=searched)
+        new = [name for name in estimated.data_vars if name not in arcs.data_vars]
         # the arcs' phases are arcs_from_edges's of these points: rows need no check
-        fill_observations(observations, start, arcs.assign(estimating.result()),
+        fill_observations(observations, start, arcs.assign(computed_in_place(estimated[new])),
                           formed_here=True)
         logger.info("arcs: %d of %d estimated", min(start + ARC_BATCH, len(source)),
                     len(source))
-
-    pending = None  # the batch being estimated: (start, arc STM, its estimates to come)
-    with ThreadPoolExecutor(max_workers=1) as estimator:
-        for start in range(0, len(source), ARC_BATCH):
-            rows = slice(start, start + ARC_BATCH)
-            arcs = arcs_from_edges(points, source[rows], target[rows], positions)
-            estimated = estimate_arcs(arcs, height_range=section.height_range,
-                                      velocity_range=section.velocity_range,
-                                      height_step=section.height_step,
-                                      velocity_step=section.velocity_step, devices=devices,
-                                      height=height, extra_regressors=searched)
-            new = [name for name in estimated.data_vars if name not in arcs.data_vars]
-            estimating = estimator.submit(computed_in_place, estimated[new])
-            del estimated
-            if pending is not None:
-                fill(*pending)  # while this batch is estimated
-            pending = (start, arcs, estimating)
-            del arcs, estimating
-        if pending is not None:
-            fill(*pending)
     return observations
 
 

@@ -717,3 +717,28 @@ def test_network_solve_is_the_weighted_least_squares_solution(monkeypatch, whole
     values = solved.values()
     assert np.all(values[reference] == 0.0)
     np.testing.assert_allclose(np.delete(values, reference, axis=0), expected, atol=1e-9)
+
+
+def test_reference_noise_holds_no_float64_copy_of_the_series(monkeypatch):
+    """remove_reference_noise reads the neighbours' and the reference's rows in float64 and
+    the rest a block at a time: beside its input it holds its output's three series (float32
+    and int32) and blocks, not five float64 copies of the series (3.5 GB at 10^7 points, the
+    atmosphere step's peak there: docs/benchmarks.md, "twenty-third session")."""
+    import tracemalloc
+
+    from depsi.processing import datum
+    from depsi.processing.datum import remove_reference_noise
+    from scenes import integrated_result
+
+    monkeypatch.setattr(datum, "POINT_BLOCK", 8192)  # blocks far smaller than the points
+    result = integrated_result()
+    result = result.assign(phase=result["unwrapped_phase"], removal_reason=(
+        "space", np.zeros(result.sizes["space"], np.int8))).assign_attrs(reference=0)
+    series = result["unwrapped_phase"].size * 8  # one float64 copy
+    tracemalloc.start()
+    try:
+        remove_reference_noise(result)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3.5 * series, peak / series  # 2.9 measured; 6.7 before

@@ -108,6 +108,27 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     return out
 
 
+class _ShiftedValues:
+    """The ``values`` :func:`_point_results` reads, ``(points, 2 + epochs)`` float64: velocity,
+    height and the float32 ``series`` plus a per-epoch ``shift`` (NaN off ``keep``), the
+    series' rows made a block at a time as they are read (``values[rows, 2:]``), never the
+    whole float64 array."""
+
+    def __init__(self, velocity, height, series, shift, keep):
+        self.columns = (velocity, height)
+        self.series, self.shift, self.keep = series, shift, keep
+
+    def __getitem__(self, key):
+        rows, columns = key
+        if isinstance(columns, int):
+            return self.columns[columns][rows]
+        if columns != slice(2, None):
+            raise IndexError(f"expected a column (0, 1) or the series (2:), found {columns}")
+        block = self.series[rows].astype(np.float64) + self.shift
+        block[~self.keep[rows]] = np.nan
+        return block
+
+
 def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
                            regressors: Mapping[str, np.ndarray] | None = None) -> xr.Dataset:
     """Take the results relative to the reference point's signal rather than its noisy phase.
@@ -171,13 +192,20 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
     m2ph = phase_per_metre(wavelength)
     dist = np.hypot(*(positions[candidates] - positions[ref]).T)
     nbrs = candidates[np.argsort(dist, kind="stable")[:k]]
-    unwrapped = result["unwrapped_phase"].transpose("space", "time").values.astype(np.float64)
-    h2ph = np.broadcast_to(result["h2ph"].transpose("space", ...).values.astype(np.float64)
-                           .reshape(n, -1), unwrapped.shape)
+    # float64 rows of the neighbours and the reference only: the whole series in float64
+    # (five copies, 3.5 GB at 1.5 M points) made the atmosphere step's peak at 10^7 points
+    series = result["unwrapped_phase"].transpose("space", "time").values
+    n_epochs = series.shape[1]
+    h2ph_all = result["h2ph"].transpose("space", ...).values
+
+    def h2ph_of(rows) -> np.ndarray:
+        return np.broadcast_to(h2ph_all[rows].astype(np.float64).reshape(len(rows), -1),
+                               (len(rows), n_epochs))
+
     velocity = result["velocity"].values.astype(np.float64)
     height = result["height_error"].values.astype(np.float64)
-    residual = unwrapped[nbrs] - m2ph * (velocity[nbrs, None] * years
-                                         + h2ph[nbrs] * height[nbrs, None])
+    residual = series[nbrs].astype(np.float64) - m2ph * (velocity[nbrs, None] * years
+                                                         + h2ph_of(nbrs) * height[nbrs, None])
     for name, values in (regressors or {}).items():  # the model's other terms
         residual -= m2ph * result[name].values[nbrs, None] * np.asarray(values)[None, :]
     phasor = np.exp(1j * residual)
@@ -185,12 +213,12 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
     noise = -np.angle(phasor.mean(axis=0))  # the reference's term, sign of its own noise
     mother = int(np.argmin(np.abs(years)))
     noise -= noise[mother]
-    design = np.column_stack([m2ph * years, m2ph * h2ph[ref], np.ones_like(years)])
+    design = np.column_stack([m2ph * years, m2ph * h2ph_of([ref])[0], np.ones_like(years)])
     d_velocity, d_height, _ = np.linalg.lstsq(design, noise, rcond=None)[0]
-    values = np.column_stack([velocity + d_velocity, height + d_height, unwrapped + noise])
-    values[~keep] = np.nan
-    phase = result["phase"].transpose("space", "time").values.astype(np.float64)
-    reference_phase = phase[ref] - noise
+    values = _ShiftedValues(np.where(keep, velocity + d_velocity, np.nan),
+                            np.where(keep, height + d_height, np.nan), series, noise, keep)
+    phase = result["phase"].transpose("space", "time").values
+    reference_phase = phase[ref].astype(np.float64) - noise
     updated = _point_results(result, values, keep, result["removal_reason"].values, ref, years,
                              reference_phase=reference_phase)
     updated = updated.assign(reference_noise=("time", noise.astype(np.float32)))

@@ -150,56 +150,6 @@ def test_the_screen_waits_on_the_workers_during_the_second_pass(cluster_products
                                       err_msg=name)
 
 
-@pytest.mark.slow
-def test_the_whole_networks_solve_parks_its_observations_on_a_cluster(cluster_products,
-                                                                      monkeypatch):
-    """The whole network's one solve after its tiles (solution only): on a cluster its
-    ``A^T W y`` and the arcs' observations wait on the workers while the factorisation runs,
-    then come back; the solution is the threads' to the bit and the observations unchanged."""
-    from depsi.conventions import wrap_phase
-    from depsi.processing import network_solver
-    from depsi.processing.integration import ArcRightHandSides
-    from depsi.stm import dask_tools
-
-    client, _ = cluster_products
-    rng = np.random.default_rng(5)
-    side, n_epochs = 40, 12
-    grid = np.arange(side * side).reshape(side, side)
-    pairs = np.vstack([np.c_[grid[:, :-1].ravel(), grid[:, 1:].ravel()],
-                       np.c_[grid[:-1].ravel(), grid[1:].ravel()],
-                       np.c_[grid[:-1, :-1].ravel(), grid[1:, 1:].ravel()]])
-    source, target = pairs[:, 0].copy(), pairs[:, 1].copy()
-    phase = rng.uniform(-np.pi, np.pi, (side * side, n_epochs)).astype(np.float32)
-    cycles = rng.integers(-3, 4, (len(pairs), n_epochs)).astype(np.int32)
-    rhs = ArcRightHandSides(phase, source, target)
-    rhs.fill(0, *rng.normal(size=(2, len(pairs))).astype(np.float32), cycles,
-             wrap_phase(phase[target] - phase[source]), check=False)
-    before = rhs[:]
-    weights = rng.uniform(0.5, 4.0, len(pairs))
-    kept = np.flatnonzero(rng.random(len(pairs)) < 0.95)
-    point_ok = np.ones(side * side, bool)
-    monkeypatch.setattr(dask_tools, "PARK_BLOCK_BYTES", 8192)
-    seen = {}
-    real_factorise = network_solver._factorise
-
-    def factorise(normal):
-        held = {key for keys in client.has_what().values() for key in keys}
-        seen.update(observations_away=rhs.ambiguity is None and rhs.motion is None,
-                    held=len(held))
-        return real_factorise(normal)
-
-    monkeypatch.setattr(network_solver, "_factorise", factorise)
-    on_cluster = network_solver._NetworkSolve(source, target, weights, rhs, kept, side * side,
-                                              point_ok, 0, solution_only=True).values()
-    assert seen["observations_away"] and seen["held"] > 4, seen
-    np.testing.assert_array_equal(rhs[:], before)
-    with dask.config.set(scheduler="threads"):
-        on_threads = network_solver._NetworkSolve(source, target, weights, rhs, kept,
-                                                  side * side, point_ok, 0,
-                                                  solution_only=True).values()
-    np.testing.assert_array_equal(on_cluster, on_threads)
-
-
 # ------------------------------------------------- the model step's stages, chunk by chunk
 @pytest.mark.slow  # a LocalCluster and two small chains
 def test_the_first_order_points_come_a_chunk_at_a_time(cluster_products):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +37,6 @@ from depsi.processing.datum import (  # moved: re-exported until the lead's file
 from depsi.processing.network import on_threads, point_positions
 from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels
 from depsi.sections import Section
-from depsi.stm.dask_tools import ParkedOnWorkers
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -167,23 +165,6 @@ class ArcRightHandSides:
 
     def __len__(self) -> int:
         return self.shape[0]
-
-    @contextmanager
-    def parked_on(self, client):
-        """Within the context, the arcs' own arrays (velocity and height, ambiguities; or the
-        rows as an array) are held on ``client``'s workers
-        (:class:`~depsi.stm.dask_tools.ParkedOnWorkers`), not here; they come back when it
-        ends, error or not. No row can be read meanwhile. The whole network's factorisation
-        parks them (0.98 GB at 10^7 points) while it needs the driver's memory."""
-        names = ("full",) if self.full is not None else ("motion", "ambiguity")
-        parked = ParkedOnWorkers(client, {name: getattr(self, name) for name in names})
-        for name in names:
-            setattr(self, name, None)
-        try:
-            yield self
-        finally:
-            for name, values in parked.back().items():
-                setattr(self, name, values)
 
     @property
     def nbytes(self) -> int:

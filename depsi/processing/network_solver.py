@@ -11,14 +11,12 @@ tests the arcs with it.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
-from depsi.stm.dask_tools import ParkedOnWorkers, roomy_process, workers_client
+from depsi.stm.dask_tools import roomy_process
 
 #: Arcs per block of the redundancy probes, the misclosure statistics and the observations:
 #: bounds the temporaries of a network of millions of arcs.
@@ -113,35 +111,34 @@ class _NetworkSolve:
         AtW = A.T.multiply(w[None, :]).tocsr()
         normal = (AtW @ A).tocsc()
         compiled = rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba")
-        client = workers_client() if solution_only else None
-        if client is not None:
-            # on a cluster A^T W y is made first, and it and the arcs' observations wait on
-            # the workers while the factorisation needs the driver's memory (its peak: the
-            # factor, the right-hand sides and the observations, 3.3 GB at 10^7 points)
-            normal_rhs = _normal_rhs(col, source, target, weights, kept, rhs, n_unknown, AtW,
-                                     compiled)
-            A = AtW = None
-            parking = rhs.parked_on(client) if hasattr(rhs, "parked_on") else nullcontext()
-            with parking:
-                parked = ParkedOnWorkers(client, {"b": normal_rhs})
-                del normal_rhs
-                self.lu = _factorise(normal)
-                normal = None
-                normal_rhs = parked.back()["b"]
-                self._x0 = self.x = self._solved(normal_rhs)
-                self.lu = None  # before the observations come back
+        if solution_only:  # the sparse matrices go before the factorisation's own peak
+            A = None
+            if compiled:  # (SciPy's A^T W y still reads AtW)
+                AtW = None
+        self.lu = _factorise(normal)
+        if solution_only:
+            normal = None
+        if compiled:
+            # each arc's float32 row read once, in the sparse product's order: its result to
+            # the bit, without the float64 copies (docs/benchmarks.md)
+            from depsi.kernels import normal_rhs_numba
+
+            normal_rhs = normal_rhs_numba.normal_rhs(col[source], col[target], weights,
+                                                     kept, rhs, n_unknown)
         else:
-            if solution_only:  # the sparse matrices go before the factorisation's own peak
-                A = None
-                if compiled:  # (SciPy's A^T W y still reads AtW)
-                    AtW = None
-            self.lu = _factorise(normal)
-            if solution_only:
-                normal = None
-            normal_rhs = _normal_rhs(col, source, target, weights, kept, rhs, n_unknown, AtW,
-                                     compiled)
-            del AtW
-            self._x0 = self.x = self._solved(normal_rhs)
+            # A^T W over every arc, zero columns for the others: the product reads only kept
+            # rows; a few columns at a time, as the sparse product would otherwise first copy
+            # the whole float32 (arcs, nrhs) right-hand sides to float64
+            AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
+                                    shape=(n_unknown, len(source)))
+            normal_rhs = np.empty((n_unknown, rhs.shape[1]))
+            for first in range(0, rhs.shape[1], RHS_COLUMNS):
+                columns = slice(first, first + RHS_COLUMNS)
+                normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
+        del AtW
+        # the solution takes the right-hand sides' place (no second (unknowns, nrhs) array)
+        self._x0 = self.x = (self.lu.solve(normal_rhs, overwrite_b=True)
+                             if isinstance(self.lu, _Cholesky) else self.lu.solve(normal_rhs))
         if solution_only:
             self.lu = None
         self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
@@ -150,12 +147,6 @@ class _NetworkSolve:
         self.removed = np.zeros(0, dtype=np.int64)  # arcs of kept removed by without()
         self._G = np.zeros((n_unknown, 0))
         self._S = None  # the Cholesky factor of S, once arcs are removed
-
-    def _solved(self, normal_rhs: np.ndarray) -> np.ndarray:
-        """The solution, in the right-hand sides' place (no second (unknowns, nrhs) array)."""
-        if isinstance(self.lu, _Cholesky):
-            return self.lu.solve(normal_rhs, overwrite_b=True)
-        return self.lu.solve(normal_rhs)
 
     def values(self) -> np.ndarray:
         """``(n, nrhs)``: NaN off the network, 0 at the reference."""
@@ -225,27 +216,6 @@ class _NetworkSolve:
         if n_unknown <= EXACT_REDUNDANCY_POINTS:
             return _leverage(A, w, None, (A.T.multiply(w[None, :]) @ A).tocsc(), n_unknown)
         return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
-
-
-def _normal_rhs(col, source, target, weights, kept, rhs, n_unknown, AtW, compiled):
-    """``A^T W y`` of the ``kept`` arcs, ``(unknowns, nrhs)`` float64."""
-    if compiled:
-        # each arc's float32 row read once, in the sparse product's order: its result to
-        # the bit, without the float64 copies (docs/benchmarks.md)
-        from depsi.kernels import normal_rhs_numba
-
-        return normal_rhs_numba.normal_rhs(col[source], col[target], weights, kept, rhs,
-                                           n_unknown)
-    # A^T W over every arc, zero columns for the others: the product reads only kept rows; a
-    # few columns at a time, as the sparse product would otherwise first copy the whole
-    # float32 (arcs, nrhs) right-hand sides to float64
-    AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
-                            shape=(n_unknown, len(source)))
-    out = np.empty((n_unknown, rhs.shape[1]))
-    for first in range(0, rhs.shape[1], RHS_COLUMNS):
-        columns = slice(first, first + RHS_COLUMNS)
-        out[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
-    return out
 
 
 class _Updated:

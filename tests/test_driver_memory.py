@@ -113,43 +113,6 @@ def test_cluster_result_equals_the_threads_result_bit_for_bit(cluster_products,
         np.testing.assert_array_equal(result[name].values, var.values, err_msg=name)
 
 
-@pytest.mark.slow
-def test_the_screen_waits_on_the_workers_during_the_second_pass(cluster_products, monkeypatch):
-    """On a cluster the atmosphere step parks its screen (aps and aps_observed, 0.7 GB at 10^7
-    points) on the workers while the second network pass runs, then brings it back: held there
-    as blocks during the pass, the same product to the bit."""
-    from depsi.pipeline import chain_steps
-    from depsi.stm import dask_tools
-
-    client, products = cluster_products
-    monkeypatch.setattr(dask_tools, "PARK_BLOCK_BYTES", 4096)
-    parked, during = [], {}
-
-    class Recorded(dask_tools.ParkedOnWorkers):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            parked.append(self)
-
-    real_integrate = chain_steps.integrate_network
-
-    def integrate(*args, **kwargs):
-        held = {key for keys in client.has_what().values() for key in keys}
-        keys = {future.key for _, _, blocks in parked[0]._parked.values()
-                for _, future in blocks}
-        during.update(blocks=len(keys), held=keys <= held)
-        return real_integrate(*args, **kwargs)
-
-    monkeypatch.setattr(chain_steps, "ParkedOnWorkers", Recorded)
-    monkeypatch.setattr(chain_steps, "integrate_network", integrate)
-    again = chain_steps.atmosphere_step(products["network"], products["integration"],
-                                        chain_config(None, **OPTIONS))
-    assert during["held"] and during["blocks"] > 2, during
-    assert not parked[0]._parked  # brought back, the workers' blocks released
-    for name in ("aps", "aps_observed", "unwrapped_phase", "velocity"):
-        np.testing.assert_array_equal(again[name].values, products["atmosphere"][name].values,
-                                      err_msg=name)
-
-
 # ------------------------------------------------- the model step's stages, chunk by chunk
 @pytest.mark.slow  # a LocalCluster and two small chains
 def test_the_first_order_points_come_a_chunk_at_a_time(cluster_products):

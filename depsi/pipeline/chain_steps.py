@@ -55,7 +55,6 @@ from depsi.processing.temporal_model import (
     temporal_model,
 )
 from depsi.stm.dask_tools import (
-    ParkedOnWorkers,
     computed_in_place,
     culled_rows,
     gathered_by_chunk,
@@ -400,13 +399,6 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             # the network's points (given the only reference) are not read again: their
             # phases, h2ph and arcs go before the second pass (0.9 GB at 10^7 points)
             del points, network
-            # on a cluster the screen waits on the workers while the second pass needs the
-            # driver's memory (0.7 GB at 10^7 points, at the driver's peak)
-            client = workers_client()
-            parked = (None if client is None else
-                      ParkedOnWorkers(client, {"aps": aps, "aps_observed": aps_observed}))
-            if parked is not None:
-                del aps, aps_observed
             if unwrapped is not None:
                 result = refit_points(corrected, unwrapped, local)
                 result.attrs = {**first_attrs, **result.attrs, "second_pass": "refit"}
@@ -425,8 +417,6 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                                            regressors=searched)
                 result.attrs["second_pass"] = "network"
                 del observations
-            if parked is not None:
-                aps, aps_observed = parked.back().values()
             result = refit_with_terms(result, terms)
             result["aps"] = ("space", "time"), aps
             result["aps_observed"] = (("space", "time"), aps_observed)

@@ -99,57 +99,6 @@ def gathered_by_chunk(ds: xr.Dataset, client) -> xr.Dataset:
     return xr.Dataset(out, coords=coords, attrs=ds.attrs)
 
 
-#: Bytes of an array's row block that :class:`ParkedOnWorkers` scatters as one piece of data.
-PARK_BLOCK_BYTES = 64 * 2**20
-
-
-class ParkedOnWorkers:
-    """Arrays the driver does not read for a while, held on ``client``'s workers meanwhile:
-    scattered as blocks of rows of about :data:`PARK_BLOCK_BYTES` (managed data, which a
-    worker spills to its local directory when it needs the room), and brought back by
-    :meth:`back`, block by block into one array each. A step that needs its memory for a
-    while (the atmosphere's second network pass beside the screen: 0.7 GB at 10^7 points)
-    parks what it will need again after it.
-
-    Examples
-    --------
-    >>> from distributed import Client, LocalCluster
-    >>> with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-    ...                   dashboard_address=None) as cluster, Client(cluster) as client:
-    ...     parked = ParkedOnWorkers(client, {"a": np.arange(12.0).reshape(6, 2)}, rows=4)
-    ...     back = parked.back()
-    >>> back["a"][:, 1].tolist(), parked.blocks
-    ([1.0, 3.0, 5.0, 7.0, 9.0, 11.0], 2)
-    """
-
-    def __init__(self, client, arrays: Mapping[str, np.ndarray], *, rows: int | None = None):
-        self._client = client
-        self._parked = {}
-        self.blocks = 0
-        for name, values in arrays.items():
-            values = np.asarray(values)
-            step = rows or max(1, PARK_BLOCK_BYTES // max(values[:1].nbytes, 1))
-            starts = list(range(0, len(values), step))
-            # hash=False: no pass over the values to name them (each block its own key)
-            futures = client.scatter([values[start:start + step] for start in starts],
-                                     hash=False)
-            self._parked[name] = (values.shape, values.dtype, list(zip(starts, futures)))
-            self.blocks += len(starts)
-
-    def back(self) -> dict[str, np.ndarray]:
-        """The arrays again, in this process; the workers' blocks are released."""
-        out = {}
-        for name, (shape, dtype, blocks) in self._parked.items():
-            values = np.empty(shape, dtype)
-            for start, future in blocks:
-                block = future.result()
-                values[start:start + len(block)] = block
-                future.release()
-            out[name] = values
-        self._parked = {}
-        return out
-
-
 def culled(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` with each Dask variable's graph cut down to the tasks its own chunks need.
 

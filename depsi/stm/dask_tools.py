@@ -77,11 +77,9 @@ def gathered_by_chunk(ds: xr.Dataset, client) -> xr.Dataset:
     nanny restarted (docs/benchmarks.md, "twenty-second session")."""
     from distributed import as_completed
 
-    out = {}
-    for name, var in ds.data_vars.items():
+    def gathered(var: xr.Variable) -> xr.Variable:
         if var.chunks is None:
-            out[name] = var.variable
-            continue
+            return var
         data = var.data
         values = np.empty(data.shape, data.dtype)
         blocks = list(np.ndindex(*data.numblocks))
@@ -93,9 +91,11 @@ def gathered_by_chunk(ds: xr.Dataset, client) -> xr.Dataset:
             place = tuple(slice(b[i], b[i + 1]) for b, i in zip(bounds, index))
             values[place] = future.result()
             future.release()
-        out[name] = xr.Variable(var.dims, values, var.attrs, encoding=var.encoding)
-    coords = {name: (coord.variable if coord.chunks is None else coord.variable.compute())
-              for name, coord in ds.coords.items()}
+        return xr.Variable(var.dims, values, var.attrs, encoding=var.encoding)
+
+    # the coordinates too: each concatenated whole would sit on one worker
+    out = {name: gathered(var.variable) for name, var in ds.data_vars.items()}
+    coords = {name: gathered(coord.variable) for name, coord in ds.coords.items()}
     return xr.Dataset(out, coords=coords, attrs=ds.attrs)
 
 

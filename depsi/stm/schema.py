@@ -6,7 +6,6 @@ conventions and raises :class:`STMValidationError` naming what is wrong before a
 
 from __future__ import annotations
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 
@@ -119,14 +118,12 @@ def _check_coords(ds: xr.Dataset, kind: str, unique_positions: bool = False) -> 
                   f"dtype {ds[name].dtype}")
         if kind == "raster" and ds[name].chunks is not None:
             continue  # a lazy per-pixel grid is checked by its reader, not computed here
+        # .data, not .values: a chunked coordinate is counted where its chunks are (NumPy's
+        # ufunc and sum stay a Dask reduction), never gathered: on a cluster the whole
+        # coordinate would be concatenated on one worker (at 10^7 points a 1 GB worker
+        # holding the chain's result was restarted there)
         data = ds[name].data
-        if isinstance(data, da.Array):
-            # counted where its chunks are (a reduction), never gathered: on a cluster the
-            # whole coordinate would be concatenated on one worker (at 10^7 points a 1 GB
-            # worker holding the chain's result was restarted there)
-            bad = int((~da.isfinite(data)).sum().compute()) if data.dtype.kind == "f" else 0
-        else:
-            bad = int((~np.isfinite(data)).sum()) if data.dtype.kind == "f" else 0
+        bad = int((~np.isfinite(data)).sum()) if data.dtype.kind == "f" else 0
         if bad:
             _fail(f"coordinate {name!r}", "finite values", f"{bad} NaN/inf value(s)")
     if unique_positions and kind == "points" and {"azimuth", "range"} <= set(ds.coords):

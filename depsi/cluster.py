@@ -38,6 +38,7 @@ from pydantic import Field, field_validator, model_validator
 
 from depsi.kernels.backend import single_threaded_blas
 from depsi.sections import Section, check_bytes
+from depsi.stm.dask_tools import bound_allocator
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +248,9 @@ def scheduler(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None = N
     'threads: 2 threads'
     """
     compute = _as_compute_config(config, overrides)
+    # before a cluster's threads take heap arenas of their own: the driver's freed memory goes
+    # back to the system (docs/hpc.md, "The driver's allocator")
+    bound_allocator()
     start = {"synchronous": _synchronous, "threads": _threads, "processes": _processes,
              "local": _local, "slurm": _slurm}[compute.scheduler]
     with ExitStack() as stack:

@@ -33,19 +33,24 @@ else:
 """
 
 
-def test_release_memory_returns_the_heaps_free_pages():
-    """After a freed 16 MB array, glibc serves 1 MB arrays from its heap and keeps them
-    resident when freed around live ones (the chain's block temporaries); release_memory hands
-    them back. Where the C library has no malloc_trim, it says so and does nothing."""
+def _fresh_python(script: str, *args: str, **environ: str) -> list[str]:
+    """``script``'s printed words, run in a fresh process without glibc's tuning from this
+    one's environment (distributed's nanny sets MALLOC_TRIM_THRESHOLD_ here once a cluster test
+    ran: it would trim before the code under test could) and with ``environ`` added."""
     import os
     import subprocess
     import sys
 
-    # glibc's own tuning from the environment (distributed's nanny sets MALLOC_TRIM_THRESHOLD_
-    # in this process once a cluster test ran) would trim before release_memory could
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", _TRIM_CHECK], capture_output=True, text=True,
-                         check=True, env=env).stdout.split()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                          text=True, check=True, env=env | environ).stdout.split()
+
+
+def test_release_memory_returns_the_heaps_free_pages():
+    """After a freed 16 MB array, glibc serves 1 MB arrays from its heap and keeps them
+    resident when freed around live ones (the chain's block temporaries); release_memory hands
+    them back. Where the C library has no malloc_trim, it says so and does nothing."""
+    out = _fresh_python(_TRIM_CHECK)
     if out[0] == "no-trim":
         assert out[1] == "False"
         return
@@ -70,16 +75,6 @@ print(bounded, (before - process.memory_info().rss) // mb)
 """
 
 
-def _bound_check(mode: str, **environ: str) -> list[str]:
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
-    return subprocess.run([sys.executable, "-c", _BOUND_CHECK, mode], capture_output=True,
-                          text=True, check=True, env=env | environ).stdout.split()
-
-
 def test_bound_allocator_hands_back_a_freed_large_array():
     """Bounded, a freed 24 MiB array leaves the process at once; under glibc's defaults (the
     control, run the same way) the second one stays resident. A user's own tuning is left."""
@@ -87,10 +82,10 @@ def test_bound_allocator_hands_back_a_freed_large_array():
 
     if _malloc_trim() is None:
         pytest.skip("not glibc: nothing to bound")
-    bounded, default = _bound_check("bound"), _bound_check("default")
+    bounded, default = _fresh_python(_BOUND_CHECK, "bound"), _fresh_python(_BOUND_CHECK, "default")
     assert bounded[0] == "True" and int(bounded[1]) >= 20, bounded
     assert int(default[1]) <= 4, default  # the check can fail: without the bound nothing left
-    assert _bound_check("bound", MALLOC_ARENA_MAX="4")[0] == "False"
+    assert _fresh_python(_BOUND_CHECK, "bound", MALLOC_ARENA_MAX="4")[0] == "False"
 
 
 def _pid_block(block: np.ndarray) -> np.ndarray:

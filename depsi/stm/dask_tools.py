@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import uuid
 from collections.abc import Hashable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -259,12 +260,10 @@ def bound_allocator() -> bool:
     C library has no ``mallopt``.
 
     Measured on the chain's driver (docs/benchmarks.md, "twenty-fourth session"): at 3x10^6
-    points on a LocalCluster its peak fell from 2.60 to 2.13 GB (atmosphere) and 2.62 to 1.62
+    points on a LocalCluster its peak fell from 2.60 to 2.11 GB (atmosphere) and 2.62 to 1.61
     GB (densification); at 10^6 on threads the time did not change (a 64 KiB threshold, 1.5x
     the time, was not taken).
     """
-    import os
-
     if _this_worker() is not None or any(name in os.environ for name in _USER_TUNING):
         return False
     try:

@@ -312,6 +312,14 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     keep = tiled.in_network.values
     np.testing.assert_allclose(tiled.velocity.values[keep], whole.velocity.values[keep],
                                atol=2e-4)
+    # the right-hand sides read from a temporary file through the whole network's solve:
+    # the same result to the bit
+    from depsi.processing.integration import arc_observations
+
+    observations = arc_observations(points, arcs)
+    monkeypatch.setattr(arc_testing, "SPILL_BYTES", observations.rhs.nbytes)
+    xr.testing.assert_identical(integrate_network(points, observations), tiled)
+    assert observations.rhs.spilled
 
 
 @pytest.mark.slow
@@ -593,6 +601,17 @@ def test_arc_right_hand_sides_are_the_arrays_rows_to_the_bit():
     np.testing.assert_array_equal(wide[:], _array_rhs(velocity, height, cycles, arc_phase))
     with pytest.raises(ValueError, match="in order"):
         wide.fill(10, velocity[:5], height[:5], cycles[:5], arc_phase[:5])
+    # moved to a temporary file (the whole network's solve): every row read back to the bit
+    for spilled, values in ((rhs, expected), (wide, wide[:])):
+        assert spilled.spill() and spilled.spilled and spilled.nbytes == 0
+        assert spilled.motion is None and spilled.ambiguity is None
+        scattered = np.random.default_rng(9).permutation(m)[:3000]  # spanning every arc
+        for key in (slice(None), slice(5, 70_005), slice(3, 900, 7), np.array([m - 1, 0, 17]),
+                    mask, (slice(None), 1), (mask, slice(2, None)), 11, scattered,
+                    np.sort(scattered), np.array([], dtype=np.int64)):
+            np.testing.assert_array_equal(spilled[key], values[key], err_msg=str(key))
+        with pytest.raises(ValueError, match="spill"):
+            spilled.fill(m, velocity[:5], height[:5], cycles[:5], arc_phase[:5])
 
 
 def test_arcs_whose_phases_are_not_their_points_differences_keep_their_own_values():
@@ -614,6 +633,59 @@ def test_arcs_whose_phases_are_not_their_points_differences_keep_their_own_value
     rhs.fill(600, velocity[600:], height[600:], cycles[600:], arc_phase[600:])
     assert rhs.full is not None
     np.testing.assert_array_equal(rhs[:], _array_rhs(velocity, height, cycles, arc_phase))
+    assert rhs.spill() and rhs.full is None  # the array's rows from the file, to the bit
+    np.testing.assert_array_equal(rhs[:], _array_rhs(velocity, height, cycles, arc_phase))
+    np.testing.assert_array_equal(rhs[[999, 3, 3]],
+                                  _array_rhs(velocity, height, cycles, arc_phase)[[999, 3, 3]])
+
+
+def test_right_hand_sides_stay_in_memory_where_no_temporary_file_can_be_written(tmp_path,
+                                                                               caplog):
+    import logging
+
+    from depsi.processing.integration import ArcRightHandSides
+
+    phase = np.zeros((4, 3), np.float32)
+    rhs = ArcRightHandSides(phase, np.array([0, 1]), np.array([1, 2]))
+    rhs.fill(0, np.ones(2, np.float32), np.ones(2, np.float32), np.ones((2, 3), np.int32),
+             np.zeros((2, 3), np.float32))
+    with caplog.at_level(logging.WARNING, logger="depsi.processing.integration"):
+        assert not rhs.spill(directory=str(tmp_path / "missing"))
+    assert "kept in memory" in caplog.text and not rhs.spilled
+    np.testing.assert_array_equal(rhs[:, 2:], np.full((2, 3), 2 * np.pi, np.float32))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("n", [3000, 60_000])  # QDLDL, CHOLMOD
+def test_the_whole_networks_solution_made_in_place_is_the_solutions_to_the_bit(
+        monkeypatch, n, compiled):
+    """The whole network's one solve (``solution_only``) forms its right-hand sides in the
+    rows of the points' values and solves them there: the values of the unknowns' solution
+    and its copy to the bit, NaN off the network, 0 at the reference."""
+    from depsi.processing import network_solver
+    from depsi.processing.network_solver import _NetworkSolve
+
+    if not compiled:
+        monkeypatch.setattr(network_solver, "_compiled_kernels", lambda module: False)
+    rng = np.random.default_rng(n)
+    # a chain through every point (connected) and arcs to near points (a factor of a
+    # network's sparsity); the first 5 points off it
+    near = rng.integers(0, n, 5 * n)
+    source = np.concatenate([np.arange(n - 1), near])
+    target = np.concatenate([np.arange(1, n), (near + rng.integers(1, 50, near.size)) % n])
+    m = len(source)
+    weights = rng.uniform(0.5, 2.0, m)
+    rhs = rng.normal(size=(m, 22)).astype(np.float32)
+    point_ok = np.ones(n, bool)
+    point_ok[:5] = False
+    kept = np.flatnonzero((rng.uniform(size=m) > 0.1) & (source != target)
+                          & point_ok[source] & point_ok[target])
+    kept = np.union1d(kept, np.arange(5, n - 1))
+    expected = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, 17).values()
+    got = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, 17,
+                        solution_only=True).values()
+    np.testing.assert_array_equal(got, expected)
+    assert np.isnan(got[:5]).all() and (got[17] == 0).all() and np.isfinite(got[5:]).all()
 
 
 def test_the_whole_networks_solve_in_column_groups_is_one_solve_to_the_bit():

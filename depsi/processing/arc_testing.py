@@ -100,14 +100,14 @@ def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
     :data:`~depsi.processing.network_solver.ARC_BLOCK` arcs, so no ``(arcs, epochs)``
     temporary is made. In float32, the precision of the right-hand sides
     (an unwrapped phase of 1,000 rad to 6e-5 rad, where no arc's standard deviation is below
-    0.1 rad); the per-arc divisions are float64."""
+    0.1 rad); the per-arc divisions are float64. The points' values are cast a block's rows
+    at a time (no float32 copy of them all: 0.37 GB at 10^7 points)."""
     sd_velocity, sd_height, sd_phase = (np.broadcast_to(v, source.shape) for v in sd)
-    values = values.astype(np.float32)
     out = np.empty(len(source))
     for start in range(0, len(source), ARC_BLOCK):
         rows = slice(start, start + ARC_BLOCK)
-        misclosure = values[target[rows]]
-        misclosure -= values[source[rows]]
+        misclosure = values[target[rows]].astype(np.float32)
+        misclosure -= values[source[rows]].astype(np.float32)
         np.subtract(rhs[rows], misclosure, out=misclosure)
         np.abs(misclosure, out=misclosure)
         out[rows] = np.maximum(np.maximum(misclosure[:, 0] / sd_velocity[rows],
@@ -492,6 +492,25 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     return arc_ok, rejected, redundancy
 
 
+#: The arcs' right-hand sides held in memory from this many bytes on go to a temporary file
+#: for the whole network's one solve after its tiles (:func:`_spill_right_hand_sides`).
+SPILL_BYTES = 256 * 2**20
+
+
+def _spill_right_hand_sides(rhs) -> None:
+    """Right-hand sides that can (:meth:`~depsi.processing.integration.ArcRightHandSides
+    .spill`) and hold at least :data:`SPILL_BYTES` go to a temporary file: the whole network's
+    solve reads them twice in order, and the driver need not hold them beside the factor and
+    the point results (0.98 GB at 10^7 points)."""
+    spill = getattr(rhs, "spill", None)
+    if spill is None or rhs.nbytes < SPILL_BYTES:
+        return
+    held = rhs.nbytes
+    if spill():
+        logger.info("integration: the arcs' right-hand sides (%.2f GB) read from a temporary "
+                    "file for the whole network's solve", held / 2**30)
+
+
 def _test_network(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
                   coherence, sd, critical, max_iterations):
     """The w-test of the whole network: :func:`_test_arcs` on it, or above :data:`TILE_POINTS`
@@ -508,6 +527,7 @@ def _test_network(source, target, arc_ok, arc_reason, weights, rhs, n, reference
         # heap) back to the system before the whole network is factorised: 0.2 GB of the
         # driver's peak at 10^6 points (docs/benchmarks.md, "seventeenth session")
         release_memory()
+        _spill_right_hand_sides(rhs)
         arc_ok, point_reason, values, ref, w_stat, _, iterations, _ = _test_arcs(
             source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
             coherence, sd, critical, 0, redundancy=redundancy)

@@ -13,6 +13,8 @@ result says what was removed and why (DESIGN.md §1); its datum is
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -162,18 +164,116 @@ class ArcRightHandSides:
         #: which rows are finite (every value), as they were filled
         self.finite = np.zeros(n, dtype=bool)
         self._filled = 0  # rows filled so far, in order
+        #: once :meth:`spill`ed: the file and, per array moved there, its offset, dtype, shape
+        self._file = None
+        self._layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
 
     def __len__(self) -> int:
         return self.shape[0]
 
     @property
     def nbytes(self) -> int:
-        """Bytes held for the arcs (not the shared phases)."""
+        """Bytes held in memory for the arcs (not the shared phases; 0 once
+        moved to a file by :meth:`spill`)."""
+        if self._file is not None:
+            return 0
         if self.full is not None:
             return self.full.nbytes
         return self.motion.nbytes + self.ambiguity.nbytes
 
+    @property
+    def spilled(self) -> bool:
+        """Whether the arcs' values are in a temporary file (:meth:`spill`)."""
+        return self._file is not None
+
+    def spill(self, directory: str | None = None) -> bool:
+        """Move the arcs' own values (velocity and height and the cycles, or the rows as an
+        array) to an unnamed temporary file in ``directory`` (default: the system's, e.g.
+        ``$TMPDIR``), which goes when this object does. Rows are read from it from then on,
+        a block's span at a time, the same values to the bit; :meth:`fill` is then refused.
+        The whole network's solve after its tiles reads every row twice, in order (the normal
+        equations' right-hand sides, the misclosures): the driver need not hold them through
+        the factorisation and the point results (0.98 GB at 10^7 points;
+        docs/benchmarks.md, "twenty-fifth session"). Returns False (the values kept in
+        memory, a warning logged) where the file cannot be written."""
+        if self._file is not None:
+            return True
+        names = ("full",) if self.full is not None else ("motion", "ambiguity")
+        layout, offset = {}, 0
+        try:
+            handle = tempfile.TemporaryFile(prefix="depsi-arcs-", dir=directory)
+        except OSError as error:
+            logger.warning("arcs: right-hand sides kept in memory (no temporary file: %s)",
+                           error)
+            return False
+        try:
+            for name in names:
+                array = np.ascontiguousarray(getattr(self, name))
+                for first in range(0, len(array), ARC_BLOCK * 16):  # no copy of the whole
+                    handle.write(array[first:first + ARC_BLOCK * 16].tobytes())
+                layout[name] = (offset, array.dtype, array.shape)
+                offset += array.nbytes
+            handle.flush()
+        except OSError as error:
+            handle.close()
+            logger.warning("arcs: right-hand sides kept in memory (writing %d bytes to a "
+                           "temporary file failed: %s)", offset, error)
+            return False
+        self._file, self._layout = handle, layout
+        for name in names:
+            setattr(self, name, None)
+        logger.debug("arcs: %d bytes of right-hand sides moved to a temporary file", offset)
+        return True
+
+    def _read(self, name: str, low: int, high: int) -> np.ndarray:
+        """Rows ``low:high`` of the spilled array ``name``, read from the file."""
+        offset, dtype, shape = self._layout[name]
+        out = np.empty((high - low,) + shape[1:], dtype)
+        view = memoryview(out).cast("B")
+        start = offset + low * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        done = 0
+        while done < len(view):  # (a read may return fewer bytes than asked)
+            count = os.preadv(self._file.fileno(), [view[done:]], start + done)
+            if count <= 0:
+                raise OSError(f"arcs: the temporary file of the right-hand sides ended at "
+                              f"byte {start + done} of {name}")
+            done += count
+        return out
+
+    def _formed_span(self, index: np.ndarray) -> np.ndarray:
+        """Rows ``index`` from the file, one read of their span: :meth:`_formed`'s."""
+        low, high = int(index.min()), int(index.max()) + 1
+        local = index - low
+        if "full" in self._layout:
+            return self._read("full", low, high)[local]
+        if self.phase.dtype == np.float32 and _compiled_kernels("arc_rhs_numba"):
+            from depsi.kernels.arc_rhs_numba import form_rows
+        else:
+            from depsi.kernels.arc_rhs_numba import form_rows_reference as form_rows
+        return form_rows(self.phase, self.source[low:high], self.target[low:high], local,
+                         self._read("motion", low, high), self._read("ambiguity", low, high))
+
+    def _formed_spilled(self, index: np.ndarray) -> np.ndarray:
+        if not index.size:
+            return np.empty((0, self.shape[1]), np.float32)
+        if int(index.max()) - int(index.min()) < max(4 * index.size, ARC_BLOCK):
+            return self._formed_span(index)
+        # scattered rows: in pieces of the sorted rows, each spanning at most ARC_BLOCK arcs
+        order = np.argsort(index, kind="stable")
+        ordered = index[order]
+        out = np.empty((index.size, self.shape[1]), np.float32)
+        first = 0
+        while first < index.size:
+            stop = int(np.searchsorted(ordered, ordered[first] + ARC_BLOCK))
+            out[order[first:stop]] = self._formed_span(ordered[first:stop])
+            first = stop
+        return out
+
     def _formed(self, rows) -> np.ndarray:
+        if self._file is not None:
+            index = (np.arange(*rows.indices(len(self))) if isinstance(rows, slice)
+                     else np.asarray(rows, dtype=np.int64))
+            return self._formed_spilled(index)
         if self.full is not None:
             return self.full[rows]
         # as fill_observations made the array: 2 pi times the cycles (in float64) to float32,
@@ -221,6 +321,9 @@ class ArcRightHandSides:
         :func:`~depsi.processing.network.arcs_from_edges`'s of these points (the arcs step,
         which formed them there)."""
         stop = start + len(velocity)
+        if self._file is not None:
+            raise ValueError("rows: the arcs' right-hand sides were moved to a file (spill); "
+                             "fill every row before")
         if start != self._filled:
             raise ValueError(f"rows: expected the arcs in order, from row {self._filled}, "
                              f"found row {start}")
@@ -497,6 +600,11 @@ def integrate_network(
         sd, critical, max_iterations)
     point_ok = point_reason == 0
     arc_reason[(arc_reason == 0) & ~arc_ok] = 3
+    # the arcs' weights and standard deviations (four floats an arc: 0.44 GB at 10^7 points)
+    # are not read again: they go before the point results take their memory
+    del weights, sd, finite
+    if not return_arcs:
+        w_stat = None
     result = _point_results(points, values, point_ok, point_reason, ref, years)
     result.attrs.update(_outcome_attrs(ref, min_coherence, alpha, critical, point_reason, arc_ok,
                                        arc_reason, iterations))

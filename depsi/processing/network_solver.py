@@ -118,7 +118,14 @@ class _NetworkSolve:
         self.lu = _factorise(normal)
         if solution_only:
             normal = None
-        if compiled:
+        self._values = None
+        if solution_only and rhs.ndim == 2:
+            self._values = _solved_in_place(self.lu, unknown, point_ok, reference, source,
+                                            target, weights, kept, rhs,
+                                            None if compiled else AtW, compiled)
+            self.lu = AtW = None
+            self._x0 = self.x = None
+        elif compiled:
             # each arc's float32 row read once, in the sparse product's order: its result to
             # the bit, without the float64 copies (docs/benchmarks.md)
             from depsi.kernels import normal_rhs_numba
@@ -126,21 +133,17 @@ class _NetworkSolve:
             normal_rhs = normal_rhs_numba.normal_rhs(col[source], col[target], weights,
                                                      kept, rhs, n_unknown)
         else:
-            # A^T W over every arc, zero columns for the others: the product reads only kept
-            # rows; a few columns at a time, as the sparse product would otherwise first copy
-            # the whole float32 (arcs, nrhs) right-hand sides to float64
-            AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
-                                    shape=(n_unknown, len(source)))
             normal_rhs = np.empty((n_unknown, rhs.shape[1]))
-            for first in range(0, rhs.shape[1], RHS_COLUMNS):
-                columns = slice(first, first + RHS_COLUMNS)
-                normal_rhs[:, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
-        del AtW
-        # the solution takes the right-hand sides' place (no second (unknowns, nrhs) array)
-        self._x0 = self.x = (self.lu.solve(normal_rhs, overwrite_b=True)
-                             if isinstance(self.lu, _Cholesky) else self.lu.solve(normal_rhs))
-        if solution_only:
-            self.lu = None
+            _sparse_normal_rhs(AtW, kept, rhs, len(source), normal_rhs, slice(None))
+        if self._values is None:
+            del AtW
+            # the solution takes the right-hand sides' place (no second (unknowns, nrhs)
+            # array)
+            self._x0 = self.x = (self.lu.solve(normal_rhs, overwrite_b=True)
+                                 if isinstance(self.lu, _Cholesky)
+                                 else self.lu.solve(normal_rhs))
+            if solution_only:
+                self.lu = None
         self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
         self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
         self.unknown, self.col, self.A, self.w, self.normal = unknown, col, A, w, normal
@@ -149,7 +152,10 @@ class _NetworkSolve:
         self._S = None  # the Cholesky factor of S, once arcs are removed
 
     def values(self) -> np.ndarray:
-        """``(n, nrhs)``: NaN off the network, 0 at the reference."""
+        """``(n, nrhs)``: NaN off the network, 0 at the reference (with ``solution_only``,
+        the one array the solve wrote into, not a copy)."""
+        if self._values is not None:
+            return self._values
         values = np.full((len(self.point_ok), self.x.shape[1]), np.nan)
         values[self.unknown] = self.x
         values[self.reference] = 0.0
@@ -218,6 +224,53 @@ class _NetworkSolve:
         return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
 
 
+def _sparse_normal_rhs(AtW, kept, rhs, n_arcs, out, rows) -> None:
+    """``out[rows] = A^T W y`` by SciPy's sparse product (where the compiled kernel is not):
+    ``A^T W`` over every arc, zero columns for the others, so the product reads only kept
+    rows; a few columns at a time, as the product would otherwise first copy the whole float32
+    ``(arcs, nrhs)`` right-hand sides to float64."""
+    AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr),
+                            shape=(AtW.shape[0], n_arcs))
+    for first in range(0, rhs.shape[1], RHS_COLUMNS):
+        columns = slice(first, first + RHS_COLUMNS)
+        out[rows, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
+
+
+def _solved_in_place(lu, unknown, point_ok, reference, source, target, weights, kept, rhs,
+                     AtW, compiled):
+    """The whole network's solution as :meth:`_NetworkSolve.values` gives it, ``(n, nrhs)``,
+    made in that one array: ``A^T W y`` is formed in its rows (each unknown at its point's
+    row, the reference's and the off-network points' sums dropped), solved through ``lu``
+    :data:`SOLVE_COLUMNS` columns at a time, each group's solution written back over its
+    right-hand sides. The same numbers to the bit as the unknowns' array and its copy, without
+    the second ``(points, nrhs)`` float64 array beside the first (0.73 GB at 10^7 points;
+    docs/benchmarks.md, "twenty-fifth session")."""
+    n, n_rhs = len(unknown), rhs.shape[1]
+    rows = np.flatnonzero(unknown)
+    if compiled:
+        from depsi.kernels import normal_rhs_numba
+
+        # the kernel's columns are the points' rows (the dropped ones its extra row): each
+        # row's sum is the unknowns' layout's, added in the same order
+        ends = np.where(unknown, np.arange(n), n)
+        values = normal_rhs_numba.normal_rhs(ends[source], ends[target], weights, kept, rhs, n)
+        del ends
+    else:
+        values = np.zeros((n, n_rhs))
+        _sparse_normal_rhs(AtW, kept, rhs, len(source), values, rows)
+    for first in range(0, n_rhs, SOLVE_COLUMNS):
+        group = slice(first, first + SOLVE_COLUMNS)
+        b = np.ascontiguousarray(values[rows, group])
+        if isinstance(lu, _Cholesky):  # its workspace let go after the last group
+            b = lu.solve(b, overwrite_b=True, release=first + SOLVE_COLUMNS >= n_rhs)
+        else:
+            b = lu.solve(b)
+        values[rows, group] = b
+    values[~point_ok] = np.nan
+    values[reference] = 0.0
+    return values
+
+
 class _Updated:
     """``N^-1`` after a Woodbury update: ``N0^-1 b + G S^-1 G^T b``."""
 
@@ -245,9 +298,11 @@ class _Cholesky:
             self.n, csr.indptr.astype(np.int32), csr.indices.astype(np.int32),
             csr.data.astype(np.float64), cholespy.MatrixType.CSR)
 
-    def solve(self, b: np.ndarray, *, overwrite_b: bool = False) -> np.ndarray:
+    def solve(self, b: np.ndarray, *, overwrite_b: bool = False,
+              release: bool = True) -> np.ndarray:
         """``x`` with ``N x = b``; with ``overwrite_b`` (``b`` float64 ``(n, k)``) written into
-        ``b`` itself, which is returned. Many columns go through the factor
+        ``b`` itself, which is returned; ``release=False`` keeps the solver's workspace for a
+        next call of the same width. Many columns go through the factor
         :data:`SOLVE_COLUMNS` at a time: CHOLMOD solves four columns at a time, each count
         (one to four) by its own loop and rounding, and a group of a multiple of four
         columns keeps every column in the block of four it had in one solve of them all, so
@@ -266,7 +321,7 @@ class _Cholesky:
                 x_group = np.zeros_like(b_in)
                 self._solver.solve(b_in, x_group)
                 x[:, group] = x_group
-        if b.ndim == 2 and b.shape[1] > 1:
+        if release and b.ndim == 2 and b.shape[1] > 1:
             # cholespy 2.2 never frees the last solve's (n, k) workspace (docs/benchmarks.md,
             # "Peak RSS, 7.15 GB to 3.61 GB"): a one-column solve shrinks it to (n, 1)
             self._solver.solve(np.zeros(self.n), np.zeros(self.n))

@@ -317,7 +317,9 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     from depsi.processing.integration import arc_observations
 
     observations = arc_observations(points, arcs)
-    monkeypatch.setattr(arc_testing, "SPILL_BYTES", observations.rhs.nbytes)
+    from depsi.stm import dask_tools
+
+    monkeypatch.setattr(dask_tools, "SPILL_BYTES", observations.rhs.nbytes)
     xr.testing.assert_identical(integrate_network(points, observations), tiled)
     assert observations.rhs.spilled
 

@@ -549,3 +549,23 @@ def test_steps_tell_each_other_through_one_typed_record(base):
     bare.attrs = {k: v for k, v in bare.attrs.items() if k != RECORD_ATTR}
     with pytest.raises(ValueError, match="atmosphere: expected the product of the step"):
         atmosphere_step(base["network"], bare, chain_config(BASE))
+
+
+def test_the_atmosphere_step_with_its_screen_in_a_temporary_file_is_the_same(base, monkeypatch):
+    """At scale the second pass parks the screen (and the arcs' right-hand sides) in a
+    temporary file while it integrates: the product is the one kept in memory, to the bit."""
+    from depsi.stm import dask_tools
+
+    config = chain_config(BASE)
+    moved = []
+    original = dask_tools.SpilledArrays.__init__
+
+    def counting(self, arrays, directory=None):
+        moved.append(sorted(arrays))
+        original(self, arrays, directory)
+
+    monkeypatch.setattr(dask_tools, "SPILL_BYTES", 0)
+    monkeypatch.setattr(dask_tools.SpilledArrays, "__init__", counting)
+    parked = atmosphere_step(base["network"], base["integration"], config)
+    assert ["aps", "aps_observed"] in moved
+    xr.testing.assert_identical(parked, base["atmosphere"])

@@ -60,6 +60,7 @@ from depsi.stm.dask_tools import (
     gathered_by_chunk,
     release_memory,
     rows_kept_on_workers,
+    spilled_if_large,
     workers_client,
 )
 from depsi.stm.schema import validate
@@ -396,6 +397,11 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             corrected = corrected.assign(
                 phase=wrap_phase(corrected["phase"].transpose("space", "time") - aps)
                 .astype(np.float32))
+            # the screen is not read again until the second pass is done: in a temporary
+            # file meanwhile where it is large (0.72 GB at 10^7 points)
+            parked = spilled_if_large({"aps": aps, "aps_observed": aps_observed})
+            if parked is not None:
+                del aps, aps_observed
             # the network's points (given the only reference) are not read again: their
             # phases, h2ph and arcs go before the second pass (0.9 GB at 10^7 points)
             del points, network
@@ -418,6 +424,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                 result.attrs["second_pass"] = "network"
                 del observations
             result = refit_with_terms(result, terms)
+            if parked is not None:
+                aps, aps_observed = parked.load("aps"), parked.load("aps_observed")
+                parked.close()
             result["aps"] = ("space", "time"), aps
             result["aps_observed"] = (("space", "time"), aps_observed)
             result.attrs.update(screen_attrs)

@@ -18,6 +18,7 @@ from scipy.sparse.csgraph import connected_components
 from depsi.processing.datum import _choose_reference, _point_quality
 from depsi.processing.network import cell_keys, worker_threads
 from depsi.processing.network_solver import ARC_BLOCK, _NetworkSolve
+from depsi.stm import dask_tools
 from depsi.stm.dask_tools import release_memory, workers_client
 
 logger = logging.getLogger(__name__)
@@ -492,18 +493,13 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     return arc_ok, rejected, redundancy
 
 
-#: The arcs' right-hand sides held in memory from this many bytes on go to a temporary file
-#: for the whole network's one solve after its tiles (:func:`_spill_right_hand_sides`).
-SPILL_BYTES = 256 * 2**20
-
-
 def _spill_right_hand_sides(rhs) -> None:
     """Right-hand sides that can (:meth:`~depsi.processing.integration.ArcRightHandSides
-    .spill`) and hold at least :data:`SPILL_BYTES` go to a temporary file: the whole network's
-    solve reads them twice in order, and the driver need not hold them beside the factor and
-    the point results (0.98 GB at 10^7 points)."""
+    .spill`) and hold at least :data:`~depsi.stm.dask_tools.SPILL_BYTES` go to a temporary
+    file: the whole network's solve reads them twice in order, and the driver need not hold
+    them beside the factor and the point results (0.98 GB at 10^7 points)."""
     spill = getattr(rhs, "spill", None)
-    if spill is None or rhs.nbytes < SPILL_BYTES:
+    if spill is None or rhs.nbytes < dask_tools.SPILL_BYTES:
         return
     held = rhs.nbytes
     if spill():

@@ -13,8 +13,6 @@ result says what was removed and why (DESIGN.md §1); its datum is
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -39,6 +37,7 @@ from depsi.processing.datum import (  # moved: re-exported until the lead's file
 from depsi.processing.network import on_threads, point_positions
 from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels
 from depsi.sections import Section
+from depsi.stm.dask_tools import SpilledArrays
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -164,9 +163,7 @@ class ArcRightHandSides:
         #: which rows are finite (every value), as they were filled
         self.finite = np.zeros(n, dtype=bool)
         self._filled = 0  # rows filled so far, in order
-        #: once :meth:`spill`ed: the file and, per array moved there, its offset, dtype, shape
-        self._file = None
-        self._layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
+        self._file: SpilledArrays | None = None  # where spill() moved the arcs' values
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -189,69 +186,43 @@ class ArcRightHandSides:
     def spill(self, directory: str | None = None) -> bool:
         """Move the arcs' own values (velocity and height and the cycles, or the rows as an
         array) to an unnamed temporary file in ``directory`` (default: the system's, e.g.
-        ``$TMPDIR``), which goes when this object does. Rows are read from it from then on,
-        a block's span at a time, the same values to the bit; :meth:`fill` is then refused.
-        The whole network's solve after its tiles reads every row twice, in order (the normal
-        equations' right-hand sides, the misclosures): the driver need not hold them through
-        the factorisation and the point results (0.98 GB at 10^7 points;
-        docs/benchmarks.md, "twenty-fifth session"). Returns False (the values kept in
-        memory, a warning logged) where the file cannot be written."""
+        ``$TMPDIR``; :class:`~depsi.stm.dask_tools.SpilledArrays`), which goes when this
+        object does. Rows are read from it from then on, a block's span at a time, the same
+        values to the bit; :meth:`fill` is then refused. The whole network's solve after its
+        tiles reads every row twice, in order (the normal equations' right-hand sides, the
+        misclosures): the driver need not hold them through the factorisation and the point
+        results (0.98 GB at 10^7 points; docs/benchmarks.md, "twenty-fifth session").
+        Returns False (the values kept in memory, a warning logged) where the file cannot be
+        written."""
         if self._file is not None:
             return True
         names = ("full",) if self.full is not None else ("motion", "ambiguity")
-        layout, offset = {}, 0
         try:
-            handle = tempfile.TemporaryFile(prefix="depsi-arcs-", dir=directory)
+            self._file = SpilledArrays({name: getattr(self, name) for name in names},
+                                       directory)
         except OSError as error:
-            logger.warning("arcs: right-hand sides kept in memory (no temporary file: %s)",
-                           error)
+            logger.warning("arcs: right-hand sides kept in memory (no temporary file for "
+                           "them: %s)", error)
             return False
-        try:
-            for name in names:
-                array = np.ascontiguousarray(getattr(self, name))
-                for first in range(0, len(array), ARC_BLOCK * 16):  # no copy of the whole
-                    handle.write(array[first:first + ARC_BLOCK * 16].tobytes())
-                layout[name] = (offset, array.dtype, array.shape)
-                offset += array.nbytes
-            handle.flush()
-        except OSError as error:
-            handle.close()
-            logger.warning("arcs: right-hand sides kept in memory (writing %d bytes to a "
-                           "temporary file failed: %s)", offset, error)
-            return False
-        self._file, self._layout = handle, layout
         for name in names:
             setattr(self, name, None)
-        logger.debug("arcs: %d bytes of right-hand sides moved to a temporary file", offset)
+        logger.debug("arcs: %d bytes of right-hand sides moved to a temporary file",
+                     self._file.nbytes)
         return True
-
-    def _read(self, name: str, low: int, high: int) -> np.ndarray:
-        """Rows ``low:high`` of the spilled array ``name``, read from the file."""
-        offset, dtype, shape = self._layout[name]
-        out = np.empty((high - low,) + shape[1:], dtype)
-        view = memoryview(out).cast("B")
-        start = offset + low * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        done = 0
-        while done < len(view):  # (a read may return fewer bytes than asked)
-            count = os.preadv(self._file.fileno(), [view[done:]], start + done)
-            if count <= 0:
-                raise OSError(f"arcs: the temporary file of the right-hand sides ended at "
-                              f"byte {start + done} of {name}")
-            done += count
-        return out
 
     def _formed_span(self, index: np.ndarray) -> np.ndarray:
         """Rows ``index`` from the file, one read of their span: :meth:`_formed`'s."""
         low, high = int(index.min()), int(index.max()) + 1
         local = index - low
-        if "full" in self._layout:
-            return self._read("full", low, high)[local]
+        if "full" in self._file:
+            return self._file.rows("full", low, high)[local]
         if self.phase.dtype == np.float32 and _compiled_kernels("arc_rhs_numba"):
             from depsi.kernels.arc_rhs_numba import form_rows
         else:
             from depsi.kernels.arc_rhs_numba import form_rows_reference as form_rows
         return form_rows(self.phase, self.source[low:high], self.target[low:high], local,
-                         self._read("motion", low, high), self._read("ambiguity", low, high))
+                         self._file.rows("motion", low, high),
+                         self._file.rows("ambiguity", low, high))
 
     def _formed_spilled(self, index: np.ndarray) -> np.ndarray:
         if not index.size:

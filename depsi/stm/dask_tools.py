@@ -298,6 +298,99 @@ def release_memory() -> bool:
     return True
 
 
+class SpilledArrays:
+    """Arrays moved out of this process's memory into one unnamed temporary file (in
+    ``directory``, default the system's: ``$TMPDIR``), read back by rows or whole; the file
+    goes when this object is closed or collected. The driver's arrays that a long step does
+    not read until its end (the arcs' right-hand sides through the whole network's solve,
+    the screen through the second network pass) wait here instead of in its memory. Raises
+    :class:`OSError` where the file cannot be written (nothing is moved then).
+
+    Examples
+    --------
+    >>> spilled = SpilledArrays({"a": np.arange(12.0).reshape(4, 3)})
+    >>> spilled.rows("a", 1, 3).tolist()
+    [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
+    >>> spilled.load("a").shape, spilled.nbytes
+    ((4, 3), 96)
+    """
+
+    #: Bytes written at a time (no copy of a whole array).
+    WRITE_BYTES = 64 * 2**20
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], directory: str | None = None):
+        import tempfile
+
+        self._file = tempfile.TemporaryFile(prefix="depsi-spill-", dir=directory)
+        self._layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
+        offset = 0
+        try:
+            for name, array in arrays.items():
+                array = np.asarray(array)
+                row_bytes = max(1, array.nbytes // max(len(array), 1))
+                step = max(1, self.WRITE_BYTES // row_bytes)
+                for first in range(0, len(array), step):
+                    self._file.write(np.ascontiguousarray(array[first:first + step]).tobytes())
+                self._layout[name] = (offset, array.dtype, array.shape)
+                offset += array.nbytes
+            self._file.flush()
+        except BaseException:
+            self._file.close()
+            raise
+        #: bytes in the file
+        self.nbytes = offset
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._layout
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._layout[name][2]
+
+    def rows(self, name: str, low: int, high: int) -> np.ndarray:
+        """Rows ``low:high`` of the array ``name`` (a new array; thread-safe: positioned
+        reads)."""
+        offset, dtype, shape = self._layout[name]
+        out = np.empty((high - low,) + shape[1:], dtype)
+        view = memoryview(out).cast("B")
+        start = offset + low * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        done = 0
+        while done < len(view):  # (a read may return fewer bytes than asked)
+            count = os.preadv(self._file.fileno(), [view[done:]], start + done)
+            if count <= 0:
+                raise OSError(f"{name}: the temporary file ended at byte {start + done}")
+            done += count
+        return out
+
+    def load(self, name: str) -> np.ndarray:
+        """The whole array ``name``."""
+        return self.rows(name, 0, self._layout[name][2][0])
+
+    def close(self) -> None:
+        self._file.close()
+
+
+#: Arrays the driver holds of at least this many bytes in all go to a temporary file while a
+#: step does not read them (:func:`spilled_if_large`, the arcs' right-hand sides'
+#: :meth:`~depsi.processing.integration.ArcRightHandSides.spill`): from about 3x10^6 points.
+SPILL_BYTES = 256 * 2**20
+
+
+def spilled_if_large(arrays: Mapping[str, np.ndarray]) -> SpilledArrays | None:
+    """``arrays`` moved to a :class:`SpilledArrays` file where they hold at least
+    :data:`SPILL_BYTES` together and the file can be written; else None (the caller keeps
+    them; a warning is logged where the file failed)."""
+    if sum(np.asarray(a).nbytes for a in arrays.values()) < SPILL_BYTES:
+        return None
+    try:
+        return SpilledArrays(arrays)
+    except OSError as error:
+        import logging
+
+        logging.getLogger(__name__).warning("%s kept in memory (no temporary file for them: "
+                                            "%s)", ", ".join(arrays), error)
+        return None
+
+
 def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:
     """A Dask array of ``values`` chunked by ``chunks`` along ``axis`` whose blocks are *views*
     of it: ``da.from_array`` (and so ``Dataset.chunk``) copies NumPy input whole first, twice

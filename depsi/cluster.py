@@ -308,12 +308,38 @@ def _shutdown_pool(pool: ProcessPoolExecutor) -> None:
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 4 * 2**20, "MALLOC_MMAP_THRESHOLD_": 4 * 2**20}
 
 
+#: The workers' memory fractions where managed data goes to disk (distributed's defaults:
+#: 0.6 and 0.7). A task's own arrays are not managed data: at 10^7 points the model step's
+#: merge and fit, with the result's series held on the workers, took 1 GB workers past 95 %
+#: of their limit (the nanny restarted one and the result was lost) where the data they held
+#: stayed in memory up to 60 %; spilled from 40 %, a 1 GB worker's peak in that step fell
+#: from 0.82 to 0.74 GiB at 3x10^6 points (docs/benchmarks.md, "twenty-fifth session").
+#: Pausing (0.8) and terminating (0.95) stay distributed's.
+WORKER_MEMORY = {"distributed.worker.memory.target": 0.4,
+                 "distributed.worker.memory.spill": 0.5}
+
+
+def worker_memory_environment() -> list[str]:
+    """:data:`WORKER_MEMORY` as the shell exports a SLURM job's workers read (Dask's
+    environment configuration).
+
+    Examples
+    --------
+    >>> worker_memory_environment()[0]
+    'export DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=0.4'
+    """
+    return [f"export DASK_{key.upper().replace('.', '__').replace('-', '_')}={value}"
+            for key, value in WORKER_MEMORY.items()]
+
+
 def _local(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
     from distributed import Client, LocalCluster
 
-    # for every worker process the nannies start, restarts included (the whole run)
+    # for every worker process the nannies start, restarts included (the whole run); the
+    # nannies hand their workers this configuration
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
-    stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ}))
+    stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
+                                         **WORKER_MEMORY}))
     memory_limit = 0 if compute.memory_limit is None else compute.memory_limit
     cluster = LocalCluster(n_workers=compute.workers, threads_per_worker=compute.threads,
                            memory_limit=memory_limit, processes=True,
@@ -372,7 +398,8 @@ def slurm_cluster_kwargs(slurm: SlurmConfig) -> dict[str, Any]:
         "cores": slurm.cores, "processes": slurm.processes, "memory": slurm.memory,
         "walltime": slurm.walltime, "queue": slurm.queue, "account": slurm.account,
         "job_extra_directives": directives,
-        "job_script_prologue": list(slurm.job_script_prologue),
+        # the workers' spill fractions first: a prologue of the user's can override them
+        "job_script_prologue": worker_memory_environment() + list(slurm.job_script_prologue),
         "local_directory": slurm.local_directory or os.environ.get("TMPDIR", "/tmp"),
         "log_directory": slurm.log_directory,
         "scheduler_options": {"dashboard_address": ":0"},

@@ -116,6 +116,11 @@ def test_slurm_options_become_cluster_arguments() -> None:
     assert (kwargs["queue"], kwargs["account"], kwargs["interface"]) == ("gpu", "insar", "ib0")
     assert (kwargs["cores"], kwargs["processes"], kwargs["memory"]) == (8, 2, "32GB")
     assert kwargs["local_directory"] == "/scratch"
+    # the workers' spill fractions exported first, the user's prologue after (it may override)
+    custom = slurm_cluster_kwargs(SlurmConfig(job_script_prologue=["module load gdal"]))
+    assert custom["job_script_prologue"] == [
+        "export DASK_DISTRIBUTED__WORKER__MEMORY__TARGET=0.4",
+        "export DASK_DISTRIBUTED__WORKER__MEMORY__SPILL=0.5", "module load gdal"]
 
 
 def _gated_double(block: np.ndarray, gate: str) -> np.ndarray:
@@ -217,6 +222,29 @@ def test_local_workers_reuse_their_heap_for_temporaries() -> None:
         "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
     assert blas == "1"
     assert dask.config.get("distributed.nanny.pre-spawn-environ") == before
+
+
+def test_local_workers_spill_with_room_left_for_their_tasks() -> None:
+    """A LocalCluster's workers spill their managed data from WORKER_MEMORY's fractions (a
+    task's own arrays are not managed: distributed's 60 % left 1 GB workers too little room at
+    10^7 points), restarted workers too; the client's own configuration is left as it was."""
+    import dask
+    import distributed  # noqa: F401 - its configuration defaults
+
+    from depsi.cluster import WORKER_MEMORY
+
+    def fractions(dask_worker):
+        manager = dask_worker.memory_manager
+        return manager.memory_target_fraction, manager.memory_spill_fraction
+
+    expected = (WORKER_MEMORY["distributed.worker.memory.target"],
+                WORKER_MEMORY["distributed.worker.memory.spill"])
+    before = dask.config.get("distributed.worker.memory.target")
+    with scheduler(scheduler="local", workers=1, threads=1, memory_limit="1GB") as running:
+        assert set(running.client.run(fractions).values()) == {expected}
+        running.client.restart()
+        assert set(running.client.run(fractions).values()) == {expected}
+    assert dask.config.get("distributed.worker.memory.target") == before != expected[0]
 
 
 def test_this_module_runs_in_the_serial_group(request) -> None:

@@ -37,6 +37,18 @@ def _slurm_compute(tmp_path: Path, **slurm: object) -> dict:
         **slurm}}
 
 
+def _spill_fractions(dask_worker) -> tuple[float, float]:
+    manager = dask_worker.memory_manager
+    return manager.memory_target_fraction, manager.memory_spill_fraction
+
+
+def _expected_fractions() -> tuple[float, float]:
+    from depsi.cluster import WORKER_MEMORY
+
+    return (WORKER_MEMORY["distributed.worker.memory.target"],
+            WORKER_MEMORY["distributed.worker.memory.spill"])
+
+
 def _graph() -> da.Array:
     x = da.random.RandomState(0).standard_normal((400, 300), chunks=(50, 300))
     return (x ** 2 + x).mean(axis=0)
@@ -51,6 +63,9 @@ def test_slurm_cluster_with_two_jobs_equals_threads(slurm_env: dict, tmp_path: P
         assert len(workers) == 2
         assert len([line for line in _queue() if line.endswith("RUNNING")]) == 2
         result = _graph().compute()
+        # the jobs' workers spill from depsi's fractions (their job script's prologue)
+        fractions = running.client.run(_spill_fractions)
+    assert set(fractions.values()) == {_expected_fractions()}
     np.testing.assert_array_equal(result, expected)
     assert _queue() == []
 

@@ -83,7 +83,7 @@ _OUTPUTS = {"velocity": np.float32, "height_error": np.float32, "unwrapped_phase
 _SERIES = ("unwrapped_phase", "displacement", "ambiguity", "aps")
 #: The first-order table's rows a chunk of candidates reads, for its neighbours only.
 _TABLE_ROWS = ("fo_x", "fo_y", "fo_velocity", "fo_height_error", "fo_unwrapped_phase",
-               "fo_h2ph", "fo_residual")
+               "fo_h2ph")
 
 
 #: Candidates per sub-block of a chunk: bounds the (candidates, k, epochs) float64 temporaries
@@ -107,9 +107,32 @@ class _Shared:
     height_mean: float = 0.0  # m: the heights the stratified part is centred on
 
 
+@dataclass(frozen=True)
+class _Motion:
+    """What a first-order point's residual from its own model reads besides its rows of the
+    table: the epochs' times, the phase per metre and the further terms' ``(T,)`` values."""
+
+    years: np.ndarray
+    m2ph: float
+    regressors: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def residual(self, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+        """float32 ``(n, T)``: each point's unwrapped phase less its model and its constant
+        phase (to float32's precision: only the cycles against the nearest neighbour's are
+        read of it), from the table's ``fo_*`` arrays of those points. Row by row: the same
+        values for a point whichever rows are computed with it."""
+        motion = (rows["fo_velocity"][:, None] * self.years[None, :]
+                  + rows["fo_h2ph"] * rows["fo_height_error"][:, None])
+        for name, values in self.regressors.items():
+            motion = motion + rows[f"fo_{name}"][:, None] * values[None, :]
+        part = rows["fo_unwrapped_phase"] - self.m2ph * motion
+        part -= np.angle(mean_phasor(part))[:, None]
+        return part.astype(np.float32)
+
+
 def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTree, k: int,
-                   screen: ScreenInterpolator | None, c_height: np.ndarray | None = None
-                   ) -> dict[str, np.ndarray]:
+                   screen: ScreenInterpolator | None, c_height: np.ndarray | None = None,
+                   motion: _Motion | None = None) -> dict[str, np.ndarray]:
     """What one chunk of candidates reads of the first-order points: their ``k`` nearest (and,
     for a Gaussian screen, its nearest sources), found in the client on the whole network,
     as local indices into the rows of the table (and sources) the chunk uses, those rows only.
@@ -122,6 +145,9 @@ def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTre
     used, local = np.unique(idx.reshape(n, k), return_inverse=True)
     payload = {"c_pos": c_pos, "fo_idx": local.reshape(n, k).astype(np.int32)}
     payload.update({name: values[used] for name, values in table.items()})
+    # the used points' residuals, made here from their rows: the table holds none (0.36 GB
+    # at 10^7 points)
+    payload["fo_residual"] = motion.residual(payload)
     if screen is not None and screen.method != "kriging":
         ks = min(GAUSSIAN_NEIGHBOURS, screen.tree.n)
         _, idx = screen.tree.query(c_pos, k=ks, workers=-1)
@@ -259,9 +285,12 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
 
 
 def _first_order_table(first_order: xr.Dataset,
-                       regressors: Mapping[str, np.ndarray] | None = None) -> xr.Dataset:
+                       regressors: Mapping[str, np.ndarray] | None = None
+                       ) -> tuple[xr.Dataset, _Motion]:
     """The first-order quantities densification needs, on their own dim (one chunk); with
-    model terms, each point's coefficient of each (``fo_<name>``)."""
+    model terms, each point's coefficient of each (``fo_<name>``); and the :class:`_Motion`
+    that makes a point's residual from its rows (a chunk's payload makes its points'). Points
+    whose residual is not finite are left out."""
     regressors = dict(regressors or {})
     required = ("unwrapped_phase", "velocity", "height_error", "h2ph", "reference_phase",
                 *regressors)
@@ -277,21 +306,17 @@ def _first_order_table(first_order: xr.Dataset,
     unwrapped = fo["unwrapped_phase"].transpose("space", "time").values
     years = years_since_mother(fo)
     m2ph = phase_per_metre(float(fo.attrs["wavelength"]))
-    coefficients = [(fo[name].values.astype(np.float64), values)
-                    for name, values in regressors.items()]
-    residual = np.empty((n_fo, T), np.float32)
+    coefficients = {f"fo_{name}": fo[name].values.astype(np.float64) for name in regressors}
+    model = _Motion(years, m2ph, {name: np.asarray(values) for name, values in
+                                  regressors.items()})
+    rows_of = {"fo_velocity": velocity, "fo_height_error": height,
+               "fo_unwrapped_phase": unwrapped, "fo_h2ph": h2ph, **coefficients}
+    finite = np.empty(n_fo, dtype=bool)
 
     def block(start: int) -> None:  # each block writes its own rows: the float64
         rows = slice(start, start + POINT_BLOCK)  # temporaries follow the block
-        # each point's residual from its own model, less its constant phase
-        motion = velocity[rows, None] * years[None, :] + h2ph[rows] * height[rows, None]
-        for coefficient, values in coefficients:
-            motion = motion + coefficient[rows, None] * values[None, :]
-        part = unwrapped[rows] - m2ph * motion
-        # its constant phase to float32's precision (only the cycles against the nearest
-        # neighbour's are read of it)
-        part -= np.angle(mean_phasor(part))[:, None]
-        residual[rows] = part
+        residual = model.residual({name: values[rows] for name, values in rows_of.items()})
+        finite[rows] = np.isfinite(residual).all(axis=1)
 
     on_threads(block, range(0, n_fo, POINT_BLOCK))
     table = {
@@ -299,9 +324,8 @@ def _first_order_table(first_order: xr.Dataset,
         "fo_velocity": (_FIRST, velocity), "fo_height_error": (_FIRST, height),
         "fo_unwrapped_phase": ((_FIRST, "time"), unwrapped),
         "fo_h2ph": ((_FIRST, "time"), h2ph),
-        "fo_residual": ((_FIRST, "time"), residual),
         "fo_reference_phase": ("time", fo["reference_phase"].values),
-        **{f"fo_{name}": (_FIRST, fo[name].values.astype(np.float64)) for name in regressors},
+        **{name: (_FIRST, values) for name, values in coefficients.items()},
     }
     attrs = {k: v for k, v in fo.attrs.items()
              if k.startswith(("variogram_", "stratified_")) or k == "aps_method"}
@@ -311,9 +335,8 @@ def _first_order_table(first_order: xr.Dataset,
     if "stratified_rate" in fo:  # the screen's part that follows the terrain
         table["fo_height"] = (_FIRST, terrain_heights(fo, "on"))
         table["stratified_rate"] = ("time", fo["stratified_rate"].values.astype(np.float64))
-    finite = np.isfinite(table["fo_residual"][1]).all(axis=1)
     ds = xr.Dataset(table, coords={"time": fo["time"].values}, attrs=attrs)
-    return ds if finite.all() else ds.isel({_FIRST: np.flatnonzero(finite)})
+    return (ds if finite.all() else ds.isel({_FIRST: np.flatnonzero(finite)})), model
 
 
 def _screen(table: xr.Dataset) -> ScreenInterpolator | None:
@@ -417,7 +440,7 @@ def densify(
     if sorted(set(extra) - set(regressors)):
         raise ValueError(f"extra_regressors: expected names among regressors "
                          f"{sorted(regressors)}, found {sorted(set(extra) - set(regressors))}")
-    table = _first_order_table(first_order, regressors)
+    table, motion = _first_order_table(first_order, regressors)
     if table.sizes[_FIRST] == 0:
         raise ValueError("first_order: no network point with finite results to densify from")
     keep = [v for v in ("phase", "h2ph") if v in candidates]
@@ -469,7 +492,7 @@ def densify(
         # the chunk's task gets its neighbours' rows only (found on the whole network)
         payload = (dask.delayed(_chunk_payload, pure=True) if in_memory else _chunk_payload)(
             c_pos[start:start + size], network[0], network[1], k_eff, network[2],
-            None if c_height is None else c_height[start:start + size])
+            None if c_height is None else c_height[start:start + size], motion)
         if client is not None:
             # in a list: a dict would be scattered value by value, under its own keys
             payload = client.scatter([payload], hash=False)[0]

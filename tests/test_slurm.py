@@ -37,11 +37,6 @@ def _slurm_compute(tmp_path: Path, **slurm: object) -> dict:
         **slurm}}
 
 
-def _spill_fractions(dask_worker) -> tuple[float, float]:
-    manager = dask_worker.memory_manager
-    return manager.memory_target_fraction, manager.memory_spill_fraction
-
-
 def _expected_fractions() -> tuple[float, float]:
     from depsi.cluster import WORKER_MEMORY
 
@@ -63,8 +58,11 @@ def test_slurm_cluster_with_two_jobs_equals_threads(slurm_env: dict, tmp_path: P
         assert len(workers) == 2
         assert len([line for line in _queue() if line.endswith("RUNNING")]) == 2
         result = _graph().compute()
-        # the jobs' workers spill from depsi's fractions (their job script's prologue)
-        fractions = running.client.run(_spill_fractions)
+        # the jobs' workers spill from depsi's fractions (their job script's prologue); a
+        # lambda travels by value (the workers cannot import this test module)
+        fractions = running.client.run(lambda dask_worker: (
+            dask_worker.memory_manager.memory_target_fraction,
+            dask_worker.memory_manager.memory_spill_fraction))
     assert set(fractions.values()) == {_expected_fractions()}
     np.testing.assert_array_equal(result, expected)
     assert _queue() == []

@@ -131,8 +131,8 @@ class _Motion:
 
 
 def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTree, k: int,
-                   screen: ScreenInterpolator | None, c_height: np.ndarray | None = None,
-                   motion: _Motion | None = None) -> dict[str, np.ndarray]:
+                   screen: ScreenInterpolator | None, c_height: np.ndarray | None,
+                   motion: _Motion) -> dict[str, np.ndarray]:
     """What one chunk of candidates reads of the first-order points: their ``k`` nearest (and,
     for a Gaussian screen, its nearest sources), found in the client on the whole network,
     as local indices into the rows of the table (and sources) the chunk uses, those rows only.

@@ -343,9 +343,6 @@ class SpilledArrays:
     def __contains__(self, name: str) -> bool:
         return name in self._layout
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._layout[name][2]
-
     def rows(self, name: str, low: int, high: int) -> np.ndarray:
         """Rows ``low:high`` of the array ``name`` (a new array; thread-safe: positioned
         reads)."""

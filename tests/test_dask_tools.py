@@ -241,3 +241,62 @@ def test_a_dask_workers_memory_limit_caps_the_free_host_memory_its_batches_see()
     # outside a worker: no cap of this kind, the machine's (or container's) free memory
     assert dask_tools.worker_free_bytes() is None
     assert dask_tools.worker_free_bytes in backend._HOST_MEMORY_CAPS
+
+
+#: A pageable array of 64 MiB written, paged out and read back, the process's resident memory
+#: measured at each moment (in a fresh process: nothing else of the session's in its pages).
+_PAGE_CHECK = """
+import numpy as np, psutil
+from depsi.stm import dask_tools
+process, mb = psutil.Process(), 2**20
+start = process.memory_info().rss
+a = dask_tools.pageable((8 * mb,), np.float64)
+a[:] = np.arange(a.size)
+written = process.memory_info().rss
+paged = dask_tools.page_out()
+out = process.memory_info().rss
+same = bool((a == np.arange(a.size)).all())
+print(dask_tools.is_pageable(a), (written - start) // mb, (written - out) // mb, paged // mb, same)
+"""
+
+
+def test_page_out_lets_a_pageable_arrays_memory_go_and_its_values_stay():
+    """A 64 MiB pageable array takes its pages as it is written; page_out hands all of them
+    back; every value reads back the same after it (the pages come from the file)."""
+    pageable, written, freed, paged, same = _fresh_python(_PAGE_CHECK)
+    assert pageable == "True" and same == "True"
+    assert int(written) >= 60 and int(freed) >= 60 and int(paged) == 64, (written, freed)
+
+
+def test_pageable_arrays_behave_as_arrays_and_small_ones_are_ordinary(monkeypatch, tmp_path):
+    from depsi.stm import dask_tools
+
+    small = dask_tools.pageable((4, 3), np.int16)
+    assert small.shape == (4, 3) and small.dtype == np.int16
+    assert not dask_tools.is_pageable(small)  # below PAGEABLE_BYTES: no file
+    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(1000, 7)).astype(np.float32)
+    copy = dask_tools.pageable_copy(values)
+    assert dask_tools.is_pageable(copy) and dask_tools.is_pageable(copy[3:, 2])
+    assert copy.dtype == np.float32 and np.array_equal(copy, values)
+    copy[5] += 1.0  # writable, and a write survives the page-out
+    dask_tools.page_out()
+    assert np.array_equal(copy[5], values[5] + 1.0) and np.array_equal(copy[6:], values[6:])
+    assert not dask_tools.is_pageable(copy[::2].copy())  # a copy is ordinary memory
+    # the file goes with the array: no file left in its directory
+    kept = dask_tools.pageable((100,), np.float64, directory=str(tmp_path))
+    kept[:] = 1.0
+    assert dask_tools.is_pageable(kept) and list(tmp_path.iterdir()) == []
+
+
+def test_pageable_falls_back_to_memory_with_a_warning_where_no_file_can_be_made(
+        monkeypatch, caplog, tmp_path):
+    from depsi.stm import dask_tools
+
+    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    with caplog.at_level("WARNING", logger="depsi.stm.dask_tools"):
+        array = dask_tools.pageable((10, 2), np.float64, directory=str(tmp_path / "missing"))
+    array[:] = 2.0
+    assert not dask_tools.is_pageable(array) and float(array.sum()) == 40.0
+    assert "kept in memory (no temporary file" in caplog.text

@@ -322,6 +322,26 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     monkeypatch.setattr(dask_tools, "SPILL_BYTES", observations.rhs.nbytes)
     xr.testing.assert_identical(integrate_network(points, observations), tiled)
     assert observations.rhs.spilled
+    # every array pageable (each in a file's pages) and paged out at the whole network's
+    # factorisation and solve and before the point results: the same result to the bit
+    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    paged = []
+    original = dask_tools.page_out
+    from depsi.processing import network_solver
+
+    def counting():
+        paged.append(len(dask_tools._PAGEABLE))
+        return original()
+
+    monkeypatch.setattr(network_solver, "page_out", counting)
+    import depsi.processing.integration as integration_module
+
+    monkeypatch.setattr(integration_module, "page_out", counting)
+    observations = arc_observations(points, arcs)
+    assert dask_tools.is_pageable(observations.coherence)
+    assert dask_tools.is_pageable(observations.rhs.ambiguity)
+    xr.testing.assert_identical(integrate_network(points, observations), tiled)
+    assert len(paged) == 3 and min(paged) >= 2, paged  # (the last: coherence and spread)
 
 
 @pytest.mark.slow

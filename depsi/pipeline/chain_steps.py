@@ -58,9 +58,11 @@ from depsi.stm.dask_tools import (
     computed_in_place,
     culled_rows,
     gathered_by_chunk,
+    pageable_copy,
     release_memory,
     rows_kept_on_workers,
     spilled_if_large,
+    with_pageable,
     workers_client,
 )
 from depsi.stm.schema import validate
@@ -154,7 +156,10 @@ def _with_edges(points: xr.Dataset, section: NetworkConfig, *, second_pass: bool
     k = section.k if not second_pass or section.second_pass_k is None else section.second_pass_k
     source, target = network_edges(point_positions(points), method=section.method, k=k,
                                    n_sectors=section.n_sectors, max_length=section.max_length)
-    return points.assign({"edge_source": (EDGE, source), "edge_target": (EDGE, target)})
+    # held by the driver from the network to the atmosphere step: large, in a file's pages,
+    # which the whole network's factorisation lets go (depsi.stm.dask_tools.page_out)
+    return points.assign({"edge_source": (EDGE, pageable_copy(source)),
+                          "edge_target": (EDGE, pageable_copy(target))})
 
 
 def check_config(points: xr.Dataset, config: ChainConfig) -> np.ndarray:
@@ -397,6 +402,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
             corrected = corrected.assign(
                 phase=wrap_phase(corrected["phase"].transpose("space", "time") - aps)
                 .astype(np.float32))
+            # held through the second pass: large, in a file's pages, which its whole
+            # network's factorisation lets go (0.72 GB at 10^7 points)
+            corrected = with_pageable(corrected, ("phase", "h2ph"))
             # the screen is not read again until the second pass is done: in a temporary
             # file meanwhile where it is large (0.72 GB at 10^7 points)
             parked = spilled_if_large({"aps": aps, "aps_observed": aps_observed})

@@ -237,14 +237,36 @@ class _ArcsByTile(NamedTuple):
     reach: int  # tiles a sub-network's margin reaches beyond its own, each way
 
 
+def _arc_tiles(positions, source, target, arc_ok, low, cell):
+    """``(tile_of_arc, margin)``: each arc's tile (row, column of its midpoint; int32) and
+    :data:`TILE_MARGIN` median lengths of the usable arcs, made :data:`ARC_BLOCK` arcs at a
+    time: no float64 ``(arcs, 2)`` midpoints or lengths of every arc beside them (0.6 GB of
+    the driver at 10^7 points, 14 M arcs); the same numbers as over the whole arrays."""
+    tile_of_arc = np.empty((len(source), 2), np.int32)
+    usable = np.empty(int(np.count_nonzero(arc_ok)))
+    filled = 0
+    for start in range(0, len(source), ARC_BLOCK):
+        rows = slice(start, start + ARC_BLOCK)
+        ends = positions[source[rows]], positions[target[rows]]
+        tile_of_arc[rows] = np.floor((0.5 * (ends[0] + ends[1]) - low) / cell)
+        length = np.hypot(*(ends[1] - ends[0]).T)[arc_ok[rows]]
+        usable[filled:filled + length.size] = length
+        filled += length.size
+    margin = TILE_MARGIN * float(np.median(usable)) if usable.size else 0.0
+    return tile_of_arc, margin
+
+
 def _arcs_by_tile(tile_of_arc: np.ndarray, cell: float, margin: float) -> _ArcsByTile:
     """Every arc with both ends in a tile's box (the tile and ``margin`` around it) has its
     midpoint in the box, so in a tile at most ``floor(margin / cell) + 1`` away (one more
     than the margin needs: no rounding of the midpoint can put it beyond)."""
     columns = int(tile_of_arc[:, 1].max()) + 1 if len(tile_of_arc) else 1
-    keys = tile_of_arc[:, 0] * columns + tile_of_arc[:, 1]
+    keys = tile_of_arc[:, 0].astype(np.int64) * columns + tile_of_arc[:, 1]
     order = np.argsort(keys, kind="stable")
-    return _ArcsByTile(order, keys[order], columns, int(margin // cell) + 1)
+    # int32 where they fit (a few hundred tiles, fewer than 2^31 arcs): 0.1 GB less at 10^7
+    small = np.int32 if max(len(keys), int(keys.max(initial=0)) + 1) < 2**31 else np.int64
+    return _ArcsByTile(order.astype(small), keys[order].astype(small), columns,
+                       int(margin // cell) + 1)
 
 
 def _arcs_near(tile, by_tile: _ArcsByTile) -> np.ndarray:
@@ -445,10 +467,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
 
     cell = float(np.sqrt(np.prod(np.ptp(positions, axis=0) + 1.0) * TILE_POINTS / n))
     low = positions.min(axis=0)
-    midpoint = 0.5 * (positions[source] + positions[target])
-    tile_of_arc = np.floor((midpoint - low) / cell).astype(np.int64)
-    length = np.hypot(*(positions[target] - positions[source]).T)
-    margin = TILE_MARGIN * float(np.median(length[arc_ok])) if arc_ok.any() else 0.0
+    tile_of_arc, margin = _arc_tiles(positions, source, target, arc_ok, low, cell)
     # the tiles holding arcs, in row order (by their keys: np.unique over rows is slow at
     # millions of arcs, docs/benchmarks.md "The w-test updates its factorisation")
     used = tile_of_arc[arc_ok]
@@ -457,7 +476,8 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     client = workers_client()
     workers = worker_threads() if client is None else sum(client.nthreads().values())
     rejected = 0
-    redundancy = np.zeros(len(source))
+    redundancy = dask_tools.pageable(len(source), np.float64)  # (large: a file's pages)
+    redundancy[:] = 0.0
     network = {"low": low, "cell": cell, "margin": margin, "positions": positions,
                "source": source, "target": target, "arc_ok": arc_ok, "weights": weights,
                "rhs": rhs, "coherence": coherence, "sd": sd, "critical": critical,

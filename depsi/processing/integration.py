@@ -37,7 +37,7 @@ from depsi.processing.datum import (  # moved: re-exported until the lead's file
 from depsi.processing.network import on_threads, point_positions
 from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels
 from depsi.sections import Section
-from depsi.stm.dask_tools import SpilledArrays
+from depsi.stm.dask_tools import SpilledArrays, page_out, pageable, pageable_copy
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -157,8 +157,8 @@ class ArcRightHandSides:
         self.source, self.target = source, target
         n, n_epochs = len(source), phase.shape[1]
         self.shape = (n, 2 + n_epochs)
-        self.motion = np.empty((n, 2), np.float32)
-        self.ambiguity = np.empty((n, n_epochs), _AMBIGUITY_DTYPES[0])
+        self.motion = pageable((n, 2), np.float32)
+        self.ambiguity = pageable((n, n_epochs), _AMBIGUITY_DTYPES[0])
         self.full: np.ndarray | None = None  # the rows as an array, once one is not formed
         #: which rows are finite (every value), as they were filled
         self.finite = np.zeros(n, dtype=bool)
@@ -355,7 +355,10 @@ def empty_observations(source: np.ndarray, target: np.ndarray, n_epochs: int,
         raise ValueError(f"phase: expected {n_epochs} epochs, found {phase.shape[1]}")
     rhs = (np.empty((n, 2 + n_epochs), np.float32) if phase is None
            else ArcRightHandSides(phase, source, target))
-    return ArcObservations(source, target, np.empty(n), rhs, np.empty(n))
+    # large (from about 4x10^6 arcs): in a file's pages, which the whole network's
+    # factorisation lets go (depsi.stm.dask_tools.page_out)
+    return ArcObservations(source, target, pageable(n, np.float64), rhs,
+                           pageable(n, np.float64))
 
 
 def fill_observations(observations: ArcObservations, start: int, arcs: xr.Dataset, *,
@@ -575,6 +578,9 @@ def integrate_network(
     del weights, sd, finite
     if not return_arcs:
         w_stat = None
+    # the arcs' arrays the caller holds (ends, coherence) are not read until the outcome's
+    # counts: their pages leave while the point results take memory
+    page_out()
     result = _point_results(points, values, point_ok, point_reason, ref, years)
     result.attrs.update(_outcome_attrs(ref, min_coherence, alpha, critical, point_reason, arc_ok,
                                        arc_reason, iterations))
@@ -637,7 +643,9 @@ def _arc_weights(points, years, coherence, h2ph_spread, finite, regressors=None)
         inflation = np.linalg.pinv(design.T @ design)[0, 0] * np.sum((years - years.mean()) ** 2)
         sd_velocity = sd_velocity * np.sqrt(max(inflation, 1.0))
     sd_height = sd_phase / (m2ph * np.maximum(h2ph_spread, 1e-12))
-    return weights, (sd_velocity, sd_height, sd_phase)
+    # held through the test and the whole network's solve: large, in a file's pages
+    return (pageable_copy(weights),
+            tuple(pageable_copy(sd) for sd in (sd_velocity, sd_height, sd_phase)))
 
 
 def _critical_value(alpha: float, n_epochs: int) -> float:

@@ -9,6 +9,7 @@ import ctypes
 import functools
 import os
 import uuid
+import weakref
 from collections.abc import Hashable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 
@@ -75,14 +76,16 @@ def gathered_by_chunk(ds: xr.Dataset, client) -> xr.Dataset:
     each written into its place in one preallocated array a variable. ``ds.compute()`` on a
     distributed scheduler ends in a task that concatenates every chunk on one worker: at 10^7
     points the first-order points' phases and h2ph (0.7 GB) in a worker of 1 GB, which its
-    nanny restarted (docs/benchmarks.md, "twenty-second session")."""
+    nanny restarted (docs/benchmarks.md, "twenty-second session"). Large variables are
+    :func:`pageable` (the first-order points' phases and h2ph: a step whose peak does not read
+    them lets their pages go, :func:`page_out`)."""
     from distributed import as_completed
 
     def gathered(var: xr.Variable) -> xr.Variable:
         if var.chunks is None:
             return var
         data = var.data
-        values = np.empty(data.shape, data.dtype)
+        values = pageable(data.shape, data.dtype)  # (large: in a file's pages, page_out)
         blocks = list(np.ndindex(*data.numblocks))
         bounds = [np.cumsum((0,) + c) for c in data.chunks]
         futures = client.compute([data.blocks[index] for index in blocks])
@@ -386,6 +389,109 @@ def spilled_if_large(arrays: Mapping[str, np.ndarray]) -> SpilledArrays | None:
         logging.getLogger(__name__).warning("%s kept in memory (no temporary file for them: "
                                             "%s)", ", ".join(arrays), error)
         return None
+
+
+#: Arrays of at least this many bytes that :func:`pageable` makes live in a temporary file's
+#: pages (smaller ones are ordinary arrays): from about 4x10^6 arcs of float64 (3x10^6 points).
+PAGEABLE_BYTES = 32 * 2**20
+
+#: The memory maps of the live pageable arrays (:func:`page_out` lets their pages go).
+_PAGEABLE = weakref.WeakSet()
+
+
+def pageable(shape, dtype, *, directory: str | None = None) -> np.ndarray:
+    """An empty array (uninitialised, as :func:`numpy.empty`) whose memory is the pages of an
+    unnamed temporary file in ``directory`` (default ``$TMPDIR``), mapped shared, where it
+    holds at least :data:`PAGEABLE_BYTES` and the file's space can be reserved; else an
+    ordinary array (a warning logged where the file failed).
+
+    It reads and writes as any array. :func:`page_out` takes its pages out of this process's
+    resident memory: they stay in the file (the kernel's page cache, written back and
+    reclaimed under pressure, as any file's) and come back as they are read. The driver's
+    arrays a step does not read at its peak (the arcs' ends, weights and the points' phases
+    through the whole network's factorisation) leave its memory without their owners
+    letting go of them. The file's space is reserved up front (``posix_fallocate``): a full
+    disk is an :class:`OSError` here, never a fault at a later write.
+
+    Examples
+    --------
+    >>> import depsi.stm.dask_tools as tools
+    >>> a = tools.pageable((3, 2), np.float64)  # small: an ordinary array
+    >>> a[:] = 1.0; float(a.sum()), a.shape
+    (6.0, (3, 2))
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in np.atleast_1d(shape))
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < PAGEABLE_BYTES:
+        return np.empty(shape, dtype)
+    import mmap
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(prefix="depsi-pages-", dir=directory) as file:
+            os.posix_fallocate(file.fileno(), 0, nbytes)
+            pages = mmap.mmap(file.fileno(), nbytes)  # shared; keeps its own descriptor
+    except OSError as error:
+        import logging
+
+        logging.getLogger(__name__).warning("an array of %.2f GB kept in memory (no temporary "
+                                            "file for it: %s)", nbytes / 2**30, error)
+        return np.empty(shape, dtype)
+    _PAGEABLE.add(pages)
+    return np.frombuffer(pages, dtype).reshape(shape)
+
+
+def pageable_copy(array: np.ndarray) -> np.ndarray:
+    """``array``'s values in a :func:`pageable` array (copied a block of rows at a time)."""
+    array = np.asarray(array)
+    out = pageable(array.shape, array.dtype)
+    step = max(1, (64 * 2**20) // max(1, array.nbytes // max(len(array), 1))) if array.ndim else 1
+    for first in range(0, len(out) if out.ndim else 0, step):
+        out[first:first + step] = array[first:first + step]
+    if not out.ndim:
+        out[...] = array
+    return out
+
+
+def with_pageable(ds: xr.Dataset, names: Iterable[Hashable]) -> xr.Dataset:
+    """``ds`` with its in-memory variables ``names`` (those present) in :func:`pageable`
+    arrays: the same values, dims and attributes."""
+    out = {}
+    for name in names:
+        if name in ds.variables and ds[name].chunks is None:
+            var = ds[name].variable
+            out[name] = xr.Variable(var.dims, pageable_copy(var.values), var.attrs,
+                                    encoding=var.encoding)
+    return ds.assign(out) if out else ds
+
+
+def is_pageable(array: np.ndarray) -> bool:
+    """Whether ``array`` (or the array it is a view of) lives in a :func:`pageable` file."""
+    import mmap
+
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):  # (np.frombuffer's base)
+        base = base.obj
+    return isinstance(base, mmap.mmap) and base in _PAGEABLE
+
+
+def page_out() -> int:
+    """Every live :func:`pageable` array's pages out of this process's resident memory
+    (``madvise(MADV_DONTNEED)`` on its shared file mapping: the values stay in the file and
+    are read back on their next use, the same to the bit). Returns the bytes of the arrays
+    paged out (resident or not)."""
+    import mmap
+
+    total = 0
+    for pages in list(_PAGEABLE):
+        if pages.closed:
+            continue
+        pages.madvise(mmap.MADV_DONTNEED)
+        total += len(pages)
+    return total
 
 
 def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:

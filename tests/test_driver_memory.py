@@ -212,8 +212,9 @@ def _tiled_network(monkeypatch):
 def test_the_tiles_w_tests_run_as_tasks_on_a_cluster_and_decide_as_the_threads_do(
         monkeypatch, caplog):
     """On a distributed scheduler each tile's w-test is a task on the workers (the driver
-    cuts the tile's sub-network and receives its decisions); the arcs it rejects, their
-    redundancy numbers and the network's solution are those of the threads, bit for bit."""
+    cuts the tile's sub-network and receives its decisions; its arcs' arrays pageable and
+    paged out after each cut); the arcs it rejects, their redundancy numbers and the
+    network's solution are those of the threads, bit for bit."""
     import logging
 
     from depsi.processing.integration import integrate_network
@@ -221,6 +222,10 @@ def test_the_tiles_w_tests_run_as_tasks_on_a_cluster_and_decide_as_the_threads_d
     points, arcs, bad = _tiled_network(monkeypatch)
     with scheduler(scheduler="threads", threads=2):
         expected, expected_arcs = integrate_network(points, arcs, return_arcs=True)
+    from depsi.stm import dask_tools
+
+    # the driver's arcs' arrays pageable (as at 10^7 points), paged out after each tile's cut
+    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
     with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
         with caplog.at_level(logging.INFO, logger="depsi.processing.arc_testing"):
             got, got_arcs = integrate_network(points, arcs, return_arcs=True)

@@ -39,13 +39,17 @@ if AVAILABLE:
 
 
 def normal_rhs(source_column: np.ndarray, target_column: np.ndarray, weights: np.ndarray,
-               kept: np.ndarray, rhs: np.ndarray, n_unknown: int) -> np.ndarray:
+               kept: np.ndarray, rhs: np.ndarray, n_unknown: int, *,
+               column: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """``A^T W y`` ``(n_unknown, nrhs)`` over the arcs ``kept`` (indices into the arrays, in
     increasing order), ``source_column`` and ``target_column`` each arc's points' unknowns
     (``n_unknown`` for the reference and points off the network, whose row is dropped).
     ``rhs``: an array, or any object whose ``rhs[rows]`` gives those rows as one
     (:class:`depsi.processing.integration.ArcRightHandSides`), read :data:`BLOCK` arcs at a
-    time.
+    time. ``column``: given, ``source_column`` and ``target_column`` are the arcs' points and
+    ``column[point]`` their unknowns, looked up a block of arcs at a time (no ``(arcs,)``
+    copies). ``out``: a zeroed float64 ``(n_unknown + 1, nrhs)`` array to sum into (the result
+    is its first ``n_unknown`` rows).
 
     Examples
     --------
@@ -53,9 +57,15 @@ def normal_rhs(source_column: np.ndarray, target_column: np.ndarray, weights: np
     >>> normal_rhs(np.array([0, 1]), np.array([1, 2]), np.array([1.0, 0.5]),
     ...            np.array([0, 1]), rhs, 2).ravel().tolist()
     [-1.0, 0.0]
+    >>> normal_rhs(np.array([0, 1]), np.array([1, 2]), np.array([1.0, 0.5]),
+    ...            np.array([0, 1]), rhs, 2, column=np.array([0, 1, 2])).ravel().tolist()
+    [-1.0, 0.0]
     """
-    out = np.zeros((n_unknown + 1, rhs.shape[1]))
+    if out is None:
+        out = np.zeros((n_unknown + 1, rhs.shape[1]))
     if isinstance(rhs, np.ndarray):
+        if column is not None:
+            source_column, target_column = column[source_column], column[target_column]
         _scatter(np.ascontiguousarray(source_column, dtype=np.int64),
                  np.ascontiguousarray(target_column, dtype=np.int64),
                  np.ascontiguousarray(weights, dtype=np.float64),
@@ -66,8 +76,11 @@ def normal_rhs(source_column: np.ndarray, target_column: np.ndarray, weights: np
     kept = np.asarray(kept, dtype=np.int64)
     for first in range(0, kept.size, BLOCK):
         arcs = kept[first:first + BLOCK]
-        _scatter(np.ascontiguousarray(source_column[arcs], dtype=np.int64),
-                 np.ascontiguousarray(target_column[arcs], dtype=np.int64),
+        sources, targets = source_column[arcs], target_column[arcs]
+        if column is not None:
+            sources, targets = column[sources], column[targets]
+        _scatter(np.ascontiguousarray(sources, dtype=np.int64),
+                 np.ascontiguousarray(targets, dtype=np.int64),
                  np.ascontiguousarray(weights[arcs], dtype=np.float64),
                  np.arange(arcs.size, dtype=np.int64), np.ascontiguousarray(rhs[arcs]), out)
     return out[:n_unknown]

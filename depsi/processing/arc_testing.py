@@ -387,6 +387,9 @@ def _tiles_on_workers(client, wave, test_kwargs):
             running[future] = (index, members[sub.own], worker)
             load[worker] = load.get(worker, 0) + 1
             del sub
+            # the pages the cut read (the arcs' and points' pageable arrays) go again: the
+            # driver holds one tile's share of them, not the network's
+            dask_tools.page_out()
         limit = TILES_IN_FLIGHT * max(1, sum(threads.values()))
         while len(running) >= limit or (running and index == len(wave) - 1):
             done = wait(list(running), return_when="FIRST_COMPLETED").done

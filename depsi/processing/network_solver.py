@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
-from depsi.stm.dask_tools import page_out, roomy_process
+from depsi.stm.dask_tools import page_out, pageable, roomy_process
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,10 @@ RHS_COLUMNS = 8
 #: 12.2 s all at once, the same numbers to the bit, with a 16-column workspace. A multiple of
 #: four (CHOLMOD's own block of columns).
 SOLVE_COLUMNS = 16
+#: Rows of the whole network's solution copied to and from a group's right-hand sides at a
+#: time (:func:`_solved_in_place`; 31 MB at 62 columns): where the solution is
+#: :func:`~depsi.stm.dask_tools.pageable`, only these rows of it are resident beside the factor.
+SOLVE_ROWS = 65536
 
 #: Normal matrices up to this many unknowns go to QDLDL (:class:`_LDL`), larger ones to CHOLMOD
 #: (:class:`_Cholesky`): at a w-test tile's size QDLDL factorises faster and releases the GIL,
@@ -254,26 +258,37 @@ def _solved_in_place(lu, unknown, point_ok, reference, source, target, weights, 
     docs/benchmarks.md, "twenty-fifth session")."""
     n, n_rhs = len(unknown), rhs.shape[1]
     rows = np.flatnonzero(unknown)
+    # the values in a file's pages where large (0.74 GB at 10^7 points): through the solve
+    # only a block of their rows is resident at a time, beside the factor
     if compiled:
         from depsi.kernels import normal_rhs_numba
 
         # the kernel's columns are the points' rows (the dropped ones its extra row): each
         # row's sum is the unknowns' layout's, added in the same order
         ends = np.where(unknown, np.arange(n), n)
-        values = normal_rhs_numba.normal_rhs(ends[source], ends[target], weights, kept, rhs, n)
+        values = normal_rhs_numba.normal_rhs(source, target, weights, kept, rhs, n,
+                                             column=ends,
+                                             out=pageable((n + 1, n_rhs), np.float64,
+                                                          zeros=True))
         del ends
     else:
-        values = np.zeros((n, n_rhs))
+        values = pageable((n, n_rhs), np.float64, zeros=True)
         _sparse_normal_rhs(AtW, kept, rhs, len(source), values, rows)
     _page_out("the whole network's solve")  # (A^T W y read the arcs back)
     for first in range(0, n_rhs, SOLVE_COLUMNS):
         group = slice(first, first + SOLVE_COLUMNS)
-        b = np.ascontiguousarray(values[rows, group])
+        b = np.empty((rows.size, len(range(n_rhs)[group])))
+        for block in range(0, rows.size, SOLVE_ROWS):
+            b[block:block + SOLVE_ROWS] = values[rows[block:block + SOLVE_ROWS], group]
+            page_out(values)
         if isinstance(lu, _Cholesky):  # its workspace let go after the last group
             b = lu.solve(b, overwrite_b=True, release=first + SOLVE_COLUMNS >= n_rhs)
         else:
             b = lu.solve(b)
-        values[rows, group] = b
+        for block in range(0, rows.size, SOLVE_ROWS):
+            values[rows[block:block + SOLVE_ROWS], group] = b[block:block + SOLVE_ROWS]
+            page_out(values)
+        del b
     values[~point_ok] = np.nan
     values[reference] = 0.0
     return values

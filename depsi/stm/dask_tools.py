@@ -399,11 +399,12 @@ PAGEABLE_BYTES = 32 * 2**20
 _PAGEABLE = weakref.WeakSet()
 
 
-def pageable(shape, dtype, *, directory: str | None = None) -> np.ndarray:
-    """An empty array (uninitialised, as :func:`numpy.empty`) whose memory is the pages of an
-    unnamed temporary file in ``directory`` (default ``$TMPDIR``), mapped shared, where it
-    holds at least :data:`PAGEABLE_BYTES` and the file's space can be reserved; else an
-    ordinary array (a warning logged where the file failed).
+def pageable(shape, dtype, *, zeros: bool = False, directory: str | None = None
+             ) -> np.ndarray:
+    """An empty array (uninitialised, as :func:`numpy.empty`; zeroed with ``zeros``) whose
+    memory is the pages of an unnamed temporary file in ``directory`` (default ``$TMPDIR``),
+    mapped shared, where it holds at least :data:`PAGEABLE_BYTES` and the file's space can be
+    reserved; else an ordinary array (a warning logged where the file failed).
 
     It reads and writes as any array. :func:`page_out` takes its pages out of this process's
     resident memory: they stay in the file (the kernel's page cache, written back and
@@ -423,8 +424,9 @@ def pageable(shape, dtype, *, directory: str | None = None) -> np.ndarray:
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in np.atleast_1d(shape))
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    empty = np.zeros if zeros else np.empty
     if nbytes < PAGEABLE_BYTES:
-        return np.empty(shape, dtype)
+        return empty(shape, dtype)
     import mmap
     import tempfile
 
@@ -437,9 +439,9 @@ def pageable(shape, dtype, *, directory: str | None = None) -> np.ndarray:
 
         logging.getLogger(__name__).warning("an array of %.2f GB kept in memory (no temporary "
                                             "file for it: %s)", nbytes / 2**30, error)
-        return np.empty(shape, dtype)
+        return empty(shape, dtype)
     _PAGEABLE.add(pages)
-    return np.frombuffer(pages, dtype).reshape(shape)
+    return np.frombuffer(pages, dtype).reshape(shape)  # (a new file reads as zeros)
 
 
 def pageable_copy(array: np.ndarray) -> np.ndarray:
@@ -466,8 +468,8 @@ def with_pageable(ds: xr.Dataset, names: Iterable[Hashable]) -> xr.Dataset:
     return ds.assign(out) if out else ds
 
 
-def is_pageable(array: np.ndarray) -> bool:
-    """Whether ``array`` (or the array it is a view of) lives in a :func:`pageable` file."""
+def _pages_of(array: np.ndarray):
+    """The memory map of a :func:`pageable` ``array`` (or of the array it views), else None."""
     import mmap
 
     base = array
@@ -475,18 +477,28 @@ def is_pageable(array: np.ndarray) -> bool:
         base = base.base
     if isinstance(base, memoryview):  # (np.frombuffer's base)
         base = base.obj
-    return isinstance(base, mmap.mmap) and base in _PAGEABLE
+    return base if isinstance(base, mmap.mmap) and base in _PAGEABLE else None
 
 
-def page_out() -> int:
-    """Every live :func:`pageable` array's pages out of this process's resident memory
-    (``madvise(MADV_DONTNEED)`` on its shared file mapping: the values stay in the file and
-    are read back on their next use, the same to the bit). Returns the bytes of the arrays
-    paged out (resident or not)."""
+def is_pageable(array: np.ndarray) -> bool:
+    """Whether ``array`` (or the array it is a view of) lives in a :func:`pageable` file."""
+    return _pages_of(array) is not None
+
+
+def page_out(array: np.ndarray | None = None) -> int:
+    """Every live :func:`pageable` array's pages (or only ``array``'s: nothing where it is
+    not pageable) out of this process's resident memory (``madvise(MADV_DONTNEED)`` on its
+    shared file mapping: the values stay in the file and are read back on their next use, the
+    same to the bit). Returns the bytes of the arrays paged out (resident or not)."""
     import mmap
 
+    if array is not None:
+        pages = _pages_of(array)
+        maps = [] if pages is None else [pages]
+    else:
+        maps = list(_PAGEABLE)
     total = 0
-    for pages in list(_PAGEABLE):
+    for pages in maps:
         if pages.closed:
             continue
         pages.madvise(mmap.MADV_DONTNEED)

@@ -282,6 +282,11 @@ def test_pageable_arrays_behave_as_arrays_and_small_ones_are_ordinary(monkeypatc
     assert copy.dtype == np.float32 and np.array_equal(copy, values)
     copy[5] += 1.0  # writable, and a write survives the page-out
     dask_tools.page_out()
+    # one array's pages alone (a view names its array's); an ordinary array has none
+    assert dask_tools.page_out(copy[10:20]) == copy.nbytes
+    assert dask_tools.page_out(values) == 0
+    zeros = dask_tools.pageable((50, 3), np.int32, zeros=True)
+    assert dask_tools.is_pageable(zeros) and not zeros.any()
     assert np.array_equal(copy[5], values[5] + 1.0) and np.array_equal(copy[6:], values[6:])
     assert not dask_tools.is_pageable(copy[::2].copy())  # a copy is ordinary memory
     # the file goes with the array: no file left in its directory

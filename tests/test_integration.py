@@ -322,8 +322,8 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     monkeypatch.setattr(dask_tools, "SPILL_BYTES", observations.rhs.nbytes)
     xr.testing.assert_identical(integrate_network(points, observations), tiled)
     assert observations.rhs.spilled
-    # every array pageable (each in a file's pages) and paged out at the whole network's
-    # factorisation and solve and before the point results: the same result to the bit
+    # every array pageable (each in a file's pages) and paged out before the tiles, the whole
+    # network's factorisation and the point results: the same result to the bit
     monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
     paged = []
     original = dask_tools.page_out
@@ -335,6 +335,7 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
         return original(array)
 
     monkeypatch.setattr(network_solver, "page_out", counting)
+    monkeypatch.setattr(dask_tools, "page_out", counting)  # (the tiles')
     import depsi.processing.integration as integration_module
 
     monkeypatch.setattr(integration_module, "page_out", counting)

@@ -468,6 +468,9 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     from concurrent.futures import ThreadPoolExecutor
     from functools import partial
 
+    # the arcs' and points' pageable arrays leave memory: the tiles read them back a tile's
+    # arcs at a time (and let them go after each tile's cut on a cluster)
+    dask_tools.page_out()
     cell = float(np.sqrt(np.prod(np.ptp(positions, axis=0) + 1.0) * TILE_POINTS / n))
     low = positions.min(axis=0)
     tile_of_arc, margin = _arc_tiles(positions, source, target, arc_ok, low, cell)

@@ -119,22 +119,26 @@ class _NetworkSolve:
         AtW = A.T.multiply(w[None, :]).tocsr()
         normal = (AtW @ A).tocsc()
         compiled = rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba")
+        self._values = None
         if solution_only:  # the sparse matrices go before the factorisation's own peak
             A = None
-            if compiled:  # (SciPy's A^T W y still reads AtW)
+            if rhs.ndim == 2:
+                # A^T W y before the factorisation, not beside the factor (the arcs' arrays
+                # it reads and its (points, nrhs) sums: 1.1 GB at 10^7 points)
+                self._values = _normal_rhs_in_place(unknown, source, target, weights, kept,
+                                                    rhs, AtW, compiled)
+                AtW = None
+            elif compiled:  # (SciPy's A^T W y still reads AtW)
                 AtW = None
             # and every pageable array (the arcs' ends, weights and coherence, the points'
-            # phases: 1.3 GB at 10^7 points) leaves the driver's resident memory until read
+            # phases, the sums: 2 GB at 10^7 points) leaves the driver's resident memory
             _page_out("the whole network's factorisation")
         self.lu = _factorise(normal)
         if solution_only:
             normal = None
-        self._values = None
-        if solution_only and rhs.ndim == 2:
-            self._values = _solved_in_place(self.lu, unknown, point_ok, reference, source,
-                                            target, weights, kept, rhs,
-                                            None if compiled else AtW, compiled)
-            self.lu = AtW = None
+        if self._values is not None:
+            _solved_in_place(self.lu, self._values, unknown, point_ok, reference)
+            self.lu = None
             self._x0 = self.x = None
         elif compiled:
             # each arc's float32 row read once, in the sparse product's order: its result to
@@ -247,34 +251,37 @@ def _sparse_normal_rhs(AtW, kept, rhs, n_arcs, out, rows) -> None:
         out[rows, columns] = AtW_all @ rhs[:, columns].astype(np.float64)
 
 
-def _solved_in_place(lu, unknown, point_ok, reference, source, target, weights, kept, rhs,
-                     AtW, compiled):
-    """The whole network's solution as :meth:`_NetworkSolve.values` gives it, ``(n, nrhs)``,
-    made in that one array: ``A^T W y`` is formed in its rows (each unknown at its point's
-    row, the reference's and the off-network points' sums dropped), solved through ``lu``
-    :data:`SOLVE_COLUMNS` columns at a time, each group's solution written back over its
-    right-hand sides. The same numbers to the bit as the unknowns' array and its copy, without
-    the second ``(points, nrhs)`` float64 array beside the first (0.73 GB at 10^7 points;
-    docs/benchmarks.md, "twenty-fifth session")."""
+def _normal_rhs_in_place(unknown, source, target, weights, kept, rhs, AtW, compiled):
+    """``A^T W y`` ``(n, nrhs)`` in the points' rows (each unknown at its point's row, the
+    reference's and the off-network points' sums dropped): the array
+    :func:`_solved_in_place` solves in place, :func:`~depsi.stm.dask_tools.pageable` (0.74 GB
+    at 10^7 points)."""
     n, n_rhs = len(unknown), rhs.shape[1]
-    rows = np.flatnonzero(unknown)
-    # the values in a file's pages where large (0.74 GB at 10^7 points): through the solve
-    # only a block of their rows is resident at a time, beside the factor
     if compiled:
         from depsi.kernels import normal_rhs_numba
 
         # the kernel's columns are the points' rows (the dropped ones its extra row): each
         # row's sum is the unknowns' layout's, added in the same order
         ends = np.where(unknown, np.arange(n), n)
-        values = normal_rhs_numba.normal_rhs(source, target, weights, kept, rhs, n,
-                                             column=ends,
-                                             out=pageable((n + 1, n_rhs), np.float64,
-                                                          zeros=True))
-        del ends
-    else:
-        values = pageable((n, n_rhs), np.float64, zeros=True)
-        _sparse_normal_rhs(AtW, kept, rhs, len(source), values, rows)
-    _page_out("the whole network's solve")  # (A^T W y read the arcs back)
+        return normal_rhs_numba.normal_rhs(source, target, weights, kept, rhs, n, column=ends,
+                                           out=pageable((n + 1, n_rhs), np.float64, zeros=True))
+    values = pageable((n, n_rhs), np.float64, zeros=True)
+    _sparse_normal_rhs(AtW, kept, rhs, len(source), values, np.flatnonzero(unknown))
+    return values
+
+
+def _solved_in_place(lu, values, unknown, point_ok, reference) -> np.ndarray:
+    """The whole network's solution as :meth:`_NetworkSolve.values` gives it, ``(n, nrhs)``,
+    made in ``values`` (:func:`_normal_rhs_in_place`'s ``A^T W y``): solved through ``lu``
+    :data:`SOLVE_COLUMNS` columns at a time, each group's solution written back over its
+    right-hand sides. The same numbers to the bit as the unknowns' array and its copy, without
+    the second ``(points, nrhs)`` float64 array beside the first (0.73 GB at 10^7 points;
+    docs/benchmarks.md, "twenty-fifth session"). The values are copied to and from each
+    group's right-hand sides :data:`SOLVE_ROWS` rows at a time, their pages let go after each
+    (where ``values`` is pageable): beside the factor only those rows are resident
+    (docs/benchmarks.md, "twenty-sixth session")."""
+    n_rhs = values.shape[1]
+    rows = np.flatnonzero(unknown)
     for first in range(0, n_rhs, SOLVE_COLUMNS):
         group = slice(first, first + SOLVE_COLUMNS)
         b = np.empty((rows.size, len(range(n_rhs)[group])))

@@ -61,3 +61,32 @@ def test_normal_rhs_of_rows_formed_when_read_is_the_arrays_to_the_bit(monkeypatc
     np.testing.assert_array_equal(
         normal_rhs_numba.normal_rhs(source, target, weights, kept, Rows(), n),
         normal_rhs_numba.normal_rhs(source, target, weights, kept, rhs, n))
+
+
+@pytest.mark.parametrize("formed", [False, True], ids=["array", "rows-when-read"])
+def test_normal_rhs_looks_the_unknowns_up_by_block_into_a_given_array(monkeypatch, formed):
+    """``column=``: the arcs' points mapped to their unknowns a block at a time (no
+    ``(arcs,)`` copies), summed into a given zeroed array (``out=``, here pageable): the sums of
+    the mapped arrays exactly, in that array."""
+    from depsi.stm import dask_tools
+
+    n = 400
+    source, target, weights, rhs, kept = _network(np.random.default_rng(9), n, 6000, 5,
+                                                  reach=25, share=0.8)
+    unknown = np.random.default_rng(1).random(n) < 0.9
+    column = np.where(unknown, np.arange(n), n)
+    expected = normal_rhs_numba.normal_rhs(column[source], column[target], weights, kept, rhs, n)
+
+    class Rows:
+        shape, ndim = rhs.shape, 2
+
+        def __getitem__(self, rows):
+            return rhs[rows]
+
+    monkeypatch.setattr(normal_rhs_numba, "BLOCK", 777)
+    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    out = dask_tools.pageable((n + 1, rhs.shape[1]), np.float64, zeros=True)
+    got = normal_rhs_numba.normal_rhs(source, target, weights, kept, Rows() if formed else rhs,
+                                      n, column=column, out=out)
+    np.testing.assert_array_equal(got, expected)
+    assert np.shares_memory(got, out) and dask_tools.is_pageable(got)

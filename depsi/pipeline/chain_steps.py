@@ -58,6 +58,7 @@ from depsi.stm.dask_tools import (
     computed_in_place,
     culled_rows,
     gathered_by_chunk,
+    page_out,
     pageable_copy,
     release_memory,
     rows_kept_on_workers,
@@ -433,7 +434,9 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                 del observations
             result = refit_with_terms(result, terms)
             if parked is not None:
-                aps, aps_observed = parked.load("aps"), parked.load("aps_observed")
+                # back into a file's pages: the datum's point results page them out
+                aps = parked.load("aps", pageable_out=True)
+                aps_observed = parked.load("aps_observed", pageable_out=True)
                 parked.close()
             result["aps"] = ("space", "time"), aps
             result["aps_observed"] = (("space", "time"), aps_observed)
@@ -479,6 +482,8 @@ def densification_step(points: xr.Dataset, first: xr.Dataset, config: ChainConfi
 def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                devices: Devices) -> xr.Dataset:
     release_memory()
+    # the first pass's pageable series leave memory: the table reads back those it needs
+    page_out()
     # the points outside the network, by a mask (np.setdiff1d's hash-based unique took 4 s of
     # the driver at 10^6 points with NumPy 2.4; this takes milliseconds)
     outside = np.ones(points.sizes["space"], dtype=bool)
@@ -496,6 +501,7 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                     devices=devices, regressors=terms.regressors,
                     extra_regressors=_searched(config, first, "densification"))
     del first_kept  # each chunk's task holds its own neighbours' rows
+    page_out()  # (the table is made: the first pass's series are not read again here)
     if workers_client() is not None:
         # on a cluster the accepted points stay on the workers, chunk by chunk: this process
         # receives the accepted flags alone (docs/hpc.md, "The driver")
@@ -573,6 +579,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
     """The result STM: first-order and densified points in the input's order, velocity and
     height fitted with the atmosphere, and the atmosphere's leak into heights removed."""
     with single_threaded_blas(), dask.config.set(UNSPLIT_CHUNKS):  # as in atmosphere_step
+        page_out()  # (the first pass's pageable series: read back as the merge needs them)
         first_kept = _kept(first, RESULT_VARIABLES + ("in_reference_area",))
         record = ChainRecord.of(first, "model")
         reference_global = int(first["point_index"].values[record.reference])

@@ -14,6 +14,7 @@ import xarray as xr
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.periodogram import result_coherence
 from depsi.processing.network import on_threads, point_positions
+from depsi.stm.dask_tools import page_out, pageable
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ REFERENCE_NEIGHBOURS = 30
 #: Points per block of the point results (float64 temporaries of about 10 x 8 bytes per point
 #: and epoch: 80 MB a block at 60 epochs)
 POINT_BLOCK = 16384
+#: Blocks of the point results between two :func:`~depsi.stm.dask_tools.page_out` calls.
+PAGE_OUT_BLOCKS = 16
 
 _TWO_PI = 2.0 * np.pi
 
@@ -68,12 +71,17 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
     h2ph_all = points["h2ph"].transpose("space", ...)
     if reference_phase is None:
         reference_phase = np.asarray(phase_all[ref], dtype=np.float64)
-    unwrapped_out = np.empty((n, n_epochs), np.float32)
-    displacement_out = np.empty((n, n_epochs), np.float32)
-    ambiguity_out = np.empty((n, n_epochs), np.int32)
+    # the series in a file's pages where large (1.1 GB at 10^7 points): the driver holds a
+    # few blocks' rows of them, of what it reads, and of every pageable array besides
+    page_out()
+    unwrapped_out = pageable((n, n_epochs), np.float32)
+    displacement_out = pageable((n, n_epochs), np.float32)
+    ambiguity_out = pageable((n, n_epochs), np.int32)
     coherence_out = np.empty(n, np.float32)
 
     def block(start: int) -> None:  # each block writes its own rows
+        if start and start % (PAGE_OUT_BLOCKS * POINT_BLOCK) == 0:
+            page_out()  # (rows other threads write or read come back as they are touched)
         rows = slice(start, min(start + POINT_BLOCK, n))
         unwrapped = values[rows, 2:]
         phase = np.asarray(phase_all[rows], dtype=np.float64)

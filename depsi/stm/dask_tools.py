@@ -346,11 +346,17 @@ class SpilledArrays:
     def __contains__(self, name: str) -> bool:
         return name in self._layout
 
-    def rows(self, name: str, low: int, high: int) -> np.ndarray:
-        """Rows ``low:high`` of the array ``name`` (a new array; thread-safe: positioned
-        reads)."""
+    def rows(self, name: str, low: int, high: int, *, out: np.ndarray | None = None
+             ) -> np.ndarray:
+        """Rows ``low:high`` of the array ``name`` (a new array, or read into ``out``, a
+        C-contiguous array of their shape and dtype; thread-safe: positioned reads)."""
         offset, dtype, shape = self._layout[name]
-        out = np.empty((high - low,) + shape[1:], dtype)
+        if out is None:
+            out = np.empty((high - low,) + shape[1:], dtype)
+        elif out.shape != (high - low,) + shape[1:] or out.dtype != dtype or (
+                not out.flags.c_contiguous):
+            raise ValueError(f"out: expected a C-contiguous {dtype} array of shape "
+                             f"{(high - low,) + shape[1:]}, found {out.dtype} {out.shape}")
         view = memoryview(out).cast("B")
         start = offset + low * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         done = 0
@@ -361,9 +367,12 @@ class SpilledArrays:
             done += count
         return out
 
-    def load(self, name: str) -> np.ndarray:
-        """The whole array ``name``."""
-        return self.rows(name, 0, self._layout[name][2][0])
+    def load(self, name: str, *, pageable_out: bool = False) -> np.ndarray:
+        """The whole array ``name`` (with ``pageable_out``, read into a :func:`pageable`
+        one)."""
+        _, dtype, shape = self._layout[name]
+        out = pageable(shape, dtype) if pageable_out else None
+        return self.rows(name, 0, shape[0], out=out)
 
     def close(self) -> None:
         self._file.close()
@@ -425,7 +434,7 @@ def pageable(shape, dtype, *, zeros: bool = False, directory: str | None = None
     shape = tuple(int(s) for s in np.atleast_1d(shape))
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     empty = np.zeros if zeros else np.empty
-    if nbytes < PAGEABLE_BYTES:
+    if nbytes < PAGEABLE_BYTES or nbytes == 0:
         return empty(shape, dtype)
     import mmap
     import tempfile

@@ -59,11 +59,11 @@ from depsi.stm.dask_tools import (
     culled_rows,
     gathered_by_chunk,
     page_out,
+    pageable,
     pageable_copy,
     release_memory,
     rows_kept_on_workers,
     spilled_if_large,
-    with_pageable,
     workers_client,
 )
 from depsi.stm.schema import validate
@@ -399,18 +399,17 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                 first_attrs = {**first.attrs, "reference": local}
             del first, screen
             release_memory()
-            corrected = points.isel(space=keep)
-            corrected = corrected.assign(
-                phase=wrap_phase(corrected["phase"].transpose("space", "time") - aps)
-                .astype(np.float32))
-            # held through the second pass: large, in a file's pages, which its whole
-            # network's factorisation lets go (0.72 GB at 10^7 points)
-            corrected = with_pageable(corrected, ("phase", "h2ph"))
             # the screen is not read again until the second pass is done: in a temporary
-            # file meanwhile where it is large (0.72 GB at 10^7 points)
+            # file meanwhile where it is large (0.72 GB at 10^7 points), the corrected phases
+            # made from it there a block at a time
             parked = spilled_if_large({"aps": aps, "aps_observed": aps_observed})
             if parked is not None:
                 del aps, aps_observed
+                corrected = _corrected_points(points, keep,
+                                              lambda rows: parked.rows("aps", rows.start,
+                                                                       rows.stop))
+            else:
+                corrected = _corrected_points(points, keep, lambda rows: aps[rows])
             # the network's points (given the only reference) are not read again: their
             # phases, h2ph and arcs go before the second pass (0.9 GB at 10^7 points)
             del points, network
@@ -454,6 +453,40 @@ def atmosphere_step(network: xr.Dataset, first: xr.Dataset, config: ChainConfig,
                          reference_radius=float(result.attrs["reference_radius"]),
                          n_reference_area=int(result.attrs["n_reference_area"]))
         return with_cf_attributes(record.on(result))
+
+
+#: Points a block of :func:`_corrected_points`.
+CORRECTED_BLOCK = 65536
+
+
+def _corrected_points(points: xr.Dataset, keep: np.ndarray, aps_rows) -> xr.Dataset:
+    """``points`` at ``keep`` with their phases corrected by the screen (``aps_rows(rows)``:
+    the screen's rows of ``keep[rows]``, a slice), float32, and their h2ph: both
+    :func:`~depsi.stm.dask_tools.pageable` (the second pass holds them through its whole
+    network's factorisation, which lets their pages go: 0.72 GB at 10^7 points), made a block
+    of points at a time (no whole copy of the points' series, of their difference from the
+    screen or of its float64 wrap beside them: 2 GB at 10^7 points). The values of
+    ``wrap_phase(points.isel(space=keep).phase - aps).astype(float32)``, to the bit."""
+    phase_all = points["phase"].transpose("space", "time")
+    n_epochs = phase_all.sizes["time"]
+    series = {"phase": pageable((keep.size, n_epochs), np.float32)}
+    h2ph = points["h2ph"]
+    spatial_h2ph = "space" in h2ph.dims
+    if spatial_h2ph:
+        h2ph = h2ph.transpose("space", ...)
+        series["h2ph"] = pageable((keep.size,) + h2ph.shape[1:], h2ph.dtype)
+    phase_values, h2ph_values = phase_all.values, h2ph.values
+    for start in range(0, keep.size, CORRECTED_BLOCK):
+        rows = slice(start, min(start + CORRECTED_BLOCK, keep.size))
+        series["phase"][rows] = wrap_phase(phase_values[keep[rows]] - aps_rows(rows))
+        if spatial_h2ph:
+            series["h2ph"][rows] = h2ph_values[keep[rows]]
+    corrected = points.drop_vars(list(series)).isel(space=keep)
+    assigned = {"phase": xr.Variable(("space", "time"), series["phase"])}
+    if spatial_h2ph:
+        assigned["h2ph"] = xr.Variable(h2ph.dims, series["h2ph"], h2ph.attrs,
+                                       encoding=h2ph.encoding)
+    return corrected.assign(assigned)
 
 
 #: What densification reads of the first pass (besides positions and ``point_index``).

@@ -465,18 +465,6 @@ def pageable_copy(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def with_pageable(ds: xr.Dataset, names: Iterable[Hashable]) -> xr.Dataset:
-    """``ds`` with its in-memory variables ``names`` (those present) in :func:`pageable`
-    arrays: the same values, dims and attributes."""
-    out = {}
-    for name in names:
-        if name in ds.variables and ds[name].chunks is None:
-            var = ds[name].variable
-            out[name] = xr.Variable(var.dims, pageable_copy(var.values), var.attrs,
-                                    encoding=var.encoding)
-    return ds.assign(out) if out else ds
-
-
 def _pages_of(array: np.ndarray):
     """The memory map of a :func:`pageable` ``array`` (or of the array it views), else None."""
     import mmap

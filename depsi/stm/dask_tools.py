@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 import uuid
 import weakref
 from collections.abc import Hashable, Iterable, Mapping
@@ -404,8 +405,10 @@ def spilled_if_large(arrays: Mapping[str, np.ndarray]) -> SpilledArrays | None:
 #: pages (smaller ones are ordinary arrays): from about 4x10^6 arcs of float64 (3x10^6 points).
 PAGEABLE_BYTES = 32 * 2**20
 
-#: The memory maps of the live pageable arrays (:func:`page_out` lets their pages go).
+#: The memory maps of the live pageable arrays (:func:`page_out` lets their pages go), and the
+#: lock their threads take to add to it or list it.
 _PAGEABLE = weakref.WeakSet()
+_PAGEABLE_LOCK = threading.Lock()
 
 
 def pageable(shape, dtype, *, zeros: bool = False, directory: str | None = None
@@ -434,8 +437,8 @@ def pageable(shape, dtype, *, zeros: bool = False, directory: str | None = None
     shape = tuple(int(s) for s in np.atleast_1d(shape))
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     empty = np.zeros if zeros else np.empty
-    if nbytes < PAGEABLE_BYTES or nbytes == 0:
-        return empty(shape, dtype)
+    if nbytes < PAGEABLE_BYTES or nbytes == 0 or not hasattr(os, "posix_fallocate"):
+        return empty(shape, dtype)  # (small, or no reserved file space here: not POSIX)
     import mmap
     import tempfile
 
@@ -449,7 +452,8 @@ def pageable(shape, dtype, *, zeros: bool = False, directory: str | None = None
         logging.getLogger(__name__).warning("an array of %.2f GB kept in memory (no temporary "
                                             "file for it: %s)", nbytes / 2**30, error)
         return empty(shape, dtype)
-    _PAGEABLE.add(pages)
+    with _PAGEABLE_LOCK:
+        _PAGEABLE.add(pages)
     return np.frombuffer(pages, dtype).reshape(shape)  # (a new file reads as zeros)
 
 
@@ -474,7 +478,10 @@ def _pages_of(array: np.ndarray):
         base = base.base
     if isinstance(base, memoryview):  # (np.frombuffer's base)
         base = base.obj
-    return base if isinstance(base, mmap.mmap) and base in _PAGEABLE else None
+    if not isinstance(base, mmap.mmap):
+        return None
+    with _PAGEABLE_LOCK:
+        return base if base in _PAGEABLE else None
 
 
 def is_pageable(array: np.ndarray) -> bool:
@@ -493,7 +500,8 @@ def page_out(array: np.ndarray | None = None) -> int:
         pages = _pages_of(array)
         maps = [] if pages is None else [pages]
     else:
-        maps = list(_PAGEABLE)
+        with _PAGEABLE_LOCK:
+            maps = list(_PAGEABLE)
     total = 0
     for pages in maps:
         if pages.closed:

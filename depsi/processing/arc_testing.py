@@ -482,8 +482,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     client = workers_client()
     workers = worker_threads() if client is None else sum(client.nthreads().values())
     rejected = 0
-    redundancy = dask_tools.pageable(len(source), np.float64)  # (large: a file's pages)
-    redundancy[:] = 0.0
+    redundancy = dask_tools.pageable(len(source), np.float64, zeros=True)  # (a file's, large)
     network = {"low": low, "cell": cell, "margin": margin, "positions": positions,
                "source": source, "target": target, "arc_ok": arc_ok, "weights": weights,
                "rhs": rhs, "coherence": coherence, "sd": sd, "critical": critical,

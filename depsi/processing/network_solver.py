@@ -11,16 +11,12 @@ tests the arcs with it.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
 from depsi.stm.dask_tools import page_out, pageable, roomy_process
-
-logger = logging.getLogger(__name__)
 
 #: Arcs per block of the redundancy probes, the misclosure statistics and the observations:
 #: bounds the temporaries of a network of millions of arcs.
@@ -128,11 +124,9 @@ class _NetworkSolve:
                 self._values = _normal_rhs_in_place(unknown, source, target, weights, kept,
                                                     rhs, AtW, compiled)
                 AtW = None
-            elif compiled:  # (SciPy's A^T W y still reads AtW)
-                AtW = None
             # and every pageable array (the arcs' ends, weights and coherence, the points'
             # phases, the sums: 2 GB at 10^7 points) leaves the driver's resident memory
-            _page_out("the whole network's factorisation")
+            page_out()
         self.lu = _factorise(normal)
         if solution_only:
             normal = None
@@ -388,14 +382,6 @@ class _LDL:
         for j in range(b.shape[1]):  # the right-hand sides (epochs, probes): a few dozen
             x[:, j] = self._solver.solve(columns[:, j])
         return x
-
-
-def _page_out(moment: str) -> None:
-    """:func:`~depsi.stm.dask_tools.page_out`, logged."""
-    paged = page_out()
-    if paged:
-        logger.debug("integration: %.2f GB of pageable arrays out of memory for %s",
-                     paged / 2**30, moment)
 
 
 def _compiled_kernels(module: str) -> bool:

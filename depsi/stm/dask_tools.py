@@ -458,14 +458,10 @@ def pageable(shape, dtype, *, zeros: bool = False, directory: str | None = None
 
 
 def pageable_copy(array: np.ndarray) -> np.ndarray:
-    """``array``'s values in a :func:`pageable` array (copied a block of rows at a time)."""
+    """``array``'s values in a :func:`pageable` array."""
     array = np.asarray(array)
     out = pageable(array.shape, array.dtype)
-    step = max(1, (64 * 2**20) // max(1, array.nbytes // max(len(array), 1))) if array.ndim else 1
-    for first in range(0, len(out) if out.ndim else 0, step):
-        out[first:first + step] = array[first:first + step]
-    if not out.ndim:
-        out[...] = array
+    np.copyto(out, array)
     return out
 
 

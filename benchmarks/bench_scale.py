@@ -84,9 +84,13 @@ class _Recorder:
         self._write({"event": "start", "step": name, "time": time.time()})
         self.running = name
         wall, cpu = time.perf_counter(), time.process_time()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         out = func()
+        after = resource.getrusage(resource.RUSAGE_SELF)
         entry = {"step": name, "wall_s": time.perf_counter() - wall,
                  "cpu_s": time.process_time() - cpu, "peak_rss_bytes": _peak_rss(),
+                 "sys_s": after.ru_stime - usage.ru_stime,
+                 "minor_faults": after.ru_minflt - usage.ru_minflt,
                  "lazy_variables": _lazy_variables(out)}
         self.steps.append(entry)
         self.running = None
@@ -111,7 +115,9 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     from depsi.pipeline.chain_config import chain_config
     from depsi.pipeline.chain_steps import prepare_points
     from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
+    from depsi.stm.dask_tools import tune_memory
 
+    tune_memory()  # the process's memory settings, as run_ps_chain's
     config = chain_config(None, **options)
     products = {"selection": record("prepare", lambda: prepare_points(ps_stm))}
     last = last_consumers(CHAIN_STEPS)
@@ -572,15 +578,18 @@ def steps_markdown(rows: list[dict]) -> str:
         names += [s["step"] for s in row.get("steps", []) if s["step"] not in names]
     if not names:
         return ""
-    head = "| step | " + " | ".join(f"{r['n_points']:,}: wall s / CPU s / peak GB"
-                                     for r in rows) + " |"
+    head = "| step | " + " | ".join(
+        f"{r['n_points']:,}: wall s / CPU s (of it system) / peak GB / minor faults"
+        for r in rows) + " |"
     lines = [head, "|---|" + "---|" * len(rows)]
     for name in names:
         cells = []
         for row in rows:
             step = next((s for s in row.get("steps", []) if s["step"] == name), None)
-            cells.append(f"{step['wall_s']:.1f} / {step['cpu_s']:.1f} / "
-                         f"{step['peak_rss_bytes'] / GB:.2f}" if step else
+            cells.append(f"{step['wall_s']:.1f} / {step['cpu_s']:.1f} "
+                         f"({_fmt(step.get('sys_s'), '.1f')}) / "
+                         f"{step['peak_rss_bytes'] / GB:.2f} / "
+                         f"{_fmt(step.get('minor_faults'), ',')}" if step else
                          ("running" if row.get("running_step") == name else "-"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -38,7 +38,7 @@ from pydantic import Field, field_validator, model_validator
 
 from depsi.kernels.backend import single_threaded_blas
 from depsi.sections import Section, check_bytes
-from depsi.stm.dask_tools import bound_allocator
+from depsi.stm.dask_tools import HUGEPAGE_VARIABLE, tune_memory
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def scheduler(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None = N
     compute = _as_compute_config(config, overrides)
     # before a cluster's threads take heap arenas of their own: the driver's freed memory goes
     # back to the system (docs/hpc.md, "What still grows in the driver")
-    bound_allocator()
+    tune_memory()
     start = {"synchronous": _synchronous, "threads": _threads, "processes": _processes,
              "local": _local, "slurm": _slurm}[compute.scheduler]
     with ExitStack() as stack:
@@ -337,7 +337,8 @@ def _local(compute: ComputeConfig, stack: ExitStack) -> RunningScheduler:
 
     # for every worker process the nannies start, restarts included (the whole run); the
     # nannies hand their workers this configuration
-    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC}
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **WORKER_MALLOC,
+               HUGEPAGE_VARIABLE: os.environ.get(HUGEPAGE_VARIABLE, "0")}
     stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
                                          **WORKER_MEMORY}))
     memory_limit = 0 if compute.memory_limit is None else compute.memory_limit

@@ -206,8 +206,8 @@ def _malloc_settings() -> tuple[str | None, str | None]:
 def test_local_workers_reuse_their_heap_for_temporaries() -> None:
     """A LocalCluster's workers run with glibc's trim and mmap thresholds at WORKER_MALLOC
     (distributed's 64 kB trim threshold alone pins the mmap threshold at 128 kB: every larger
-    temporary is mapped and unmapped page by page), the nannies' other settings kept; after the
-    block the configuration is as before."""
+    temporary is mapped and unmapped page by page) and NumPy's huge-page advice off, the
+    nannies' other settings kept; after the block the configuration is as before."""
     import dask
     import distributed  # noqa: F401 - its configuration defaults
 
@@ -218,9 +218,12 @@ def test_local_workers_reuse_their_heap_for_temporaries() -> None:
         (settings,) = running.client.run(_malloc_settings).values()
         (blas,) = running.client.run(lambda: __import__("os").environ.get(
             "OPENBLAS_NUM_THREADS")).values()
+        (hugepages,) = running.client.run(
+            lambda: __import__("numpy")._core.multiarray._get_madvise_hugepage()).values()
     assert settings == tuple(str(WORKER_MALLOC[name]) for name in (
         "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
     assert blas == "1"
+    assert hugepages is False  # NumPy's huge-page advice off in the workers (no_hugepage_advice)
     assert dask.config.get("distributed.nanny.pre-spawn-environ") == before
 
 

@@ -36,12 +36,14 @@ else:
 def _fresh_python(script: str, *args: str, **environ: str) -> list[str]:
     """``script``'s printed words, run in a fresh process without glibc's tuning from this
     one's environment (distributed's nanny sets MALLOC_TRIM_THRESHOLD_ here once a cluster test
-    ran: it would trim before the code under test could) and with ``environ`` added."""
+    ran: it would trim before the code under test could) nor NumPy's huge-page switch, and with
+    ``environ`` added."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MALLOC_", "GLIBC_")) and k != "NUMPY_MADVISE_HUGEPAGE"}
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                           text=True, check=True, env=env | environ).stdout.split()
 
@@ -86,6 +88,26 @@ def test_bound_allocator_hands_back_a_freed_large_array():
     assert bounded[0] == "True" and int(bounded[1]) >= 20, bounded
     assert int(default[1]) <= 4, default  # the check can fail: without the bound nothing left
     assert _fresh_python(_BOUND_CHECK, "bound", MALLOC_ARENA_MAX="4")[0] == "False"
+
+
+_HUGEPAGE_CHECK = """
+import numpy as np
+from depsi.stm.dask_tools import no_hugepage_advice
+getter = np._core.multiarray._get_madvise_hugepage
+before = getter()
+print(before, no_hugepage_advice(), getter())
+"""
+
+
+def test_no_hugepage_advice_switches_numpys_advice_off_unless_the_user_chose():
+    """NumPy's huge-page advice is off after the call (it was on, NumPy's default on Linux);
+    a user's NUMPY_MADVISE_HUGEPAGE stands, either way."""
+    if not hasattr(np, "_core") or not hasattr(np._core.multiarray, "_get_madvise_hugepage"):
+        pytest.skip("this NumPy has no huge-page switch")
+    before, switched, after = _fresh_python(_HUGEPAGE_CHECK)
+    assert (switched, after) == ("True", "False"), (before, switched, after)
+    assert _fresh_python(_HUGEPAGE_CHECK, NUMPY_MADVISE_HUGEPAGE="1")[1:] == ["False", "True"]
+    assert _fresh_python(_HUGEPAGE_CHECK, NUMPY_MADVISE_HUGEPAGE="0") == ["False"] * 3
 
 
 def _pid_block(block: np.ndarray) -> np.ndarray:

@@ -838,3 +838,29 @@ def test_reference_noise_holds_no_float64_copy_of_the_series(monkeypatch):
     finally:
         tracemalloc.stop()
     assert peak < 3.5 * series, peak / series  # 2.9 measured; 6.7 before
+
+
+@pytest.mark.parametrize("block", [1, 7, 4096])
+def test_largest_misclosure_blocks_equal_the_whole_arrays_to_the_bit(monkeypatch, block):
+    """The w-test's statistic in reused block buffers equals the plain expression over whole
+    arrays (float32 misclosures, float64 divisions), NaN where a value is NaN, for blocks of one
+    arc, blocks that do not divide the arcs and one block."""
+    from depsi.processing import arc_testing
+
+    rng = np.random.default_rng(5)
+    n, m, width = 40, 300, 9
+    values = rng.normal(scale=300.0, size=(n, width))
+    values[3, 4] = np.nan
+    source, target = rng.integers(0, n, m), rng.integers(0, n, m)
+    rhs = rng.normal(scale=300.0, size=(m, width)).astype(np.float32)
+    sd = (rng.uniform(0.1, 1.0, m), 0.5, rng.uniform(0.1, 1.0, m))
+    expected = np.abs(rhs - (values[target].astype(np.float32)
+                             - values[source].astype(np.float32)))
+    expected = np.maximum(np.maximum(expected[:, 0] / sd[0], expected[:, 1] / sd[1]),
+                          expected[:, 2:].max(axis=1) / sd[2])
+    monkeypatch.setattr(arc_testing, "MISCLOSURE_BLOCK", block)
+    found = arc_testing._largest_misclosure(rhs, values, source, target, sd)
+    assert np.isnan(found).any()
+    np.testing.assert_array_equal(found, expected)
+    assert arc_testing._largest_misclosure(rhs[:0], values, source[:0], target[:0],
+                                           (sd[0][:0], 0.5, sd[2][:0])).shape == (0,)

@@ -15,7 +15,7 @@ from depsi.kernels.backend import single_threaded_blas
 from depsi.pipeline.chain_config import ChainConfig, chain_config
 from depsi.pipeline.chain_steps import Devices, prepare_points
 from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
-from depsi.stm.dask_tools import bound_allocator
+from depsi.stm.dask_tools import tune_memory
 
 #: The product the chain starts from: the selection's points.
 CHAIN_INPUT = "selection"
@@ -75,7 +75,7 @@ def run_ps_chain(
     [1, 2]
     """
     config = chain_config(config, **overrides)
-    bound_allocator()  # what this process frees goes back to the system (docs/hpc.md)
+    tune_memory()  # what this process frees goes back to the system (docs/hpc.md)
     products: dict[str, Any] = {CHAIN_INPUT: prepare_points(ps_stm)}
     last = last_consumers(CHAIN_STEPS)
     for step in CHAIN_STEPS:

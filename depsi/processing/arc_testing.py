@@ -95,25 +95,41 @@ def _independent_worst(candidates, w_stat, source, target, n):
     return np.asarray(chosen, dtype=np.int64)
 
 
+#: Arcs per block of :func:`_largest_misclosure`: its buffers (8 MiB at 62 columns) stay below
+#: the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so every call of every tile's
+#: w-test reuses the same heap pages. At ARC_BLOCK each block's four 16-32 MiB temporaries were
+#: mapped and faulted in anew: a third of integration's page faults at 10^6 points, 5.6 M in
+#: all (docs/benchmarks.md, "twenty-seventh session").
+MISCLOSURE_BLOCK = 8192
+
+
 def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
     """Per arc, the largest of its misclosures (velocity, height, each epoch's phase) divided
-    by their standard deviations; computed over blocks of
-    :data:`~depsi.processing.network_solver.ARC_BLOCK` arcs, so no ``(arcs, epochs)``
-    temporary is made. In float32, the precision of the right-hand sides
-    (an unwrapped phase of 1,000 rad to 6e-5 rad, where no arc's standard deviation is below
-    0.1 rad); the per-arc divisions are float64. The points' values are cast a block's rows
-    at a time (no float32 copy of them all: 0.37 GB at 10^7 points)."""
+    by their standard deviations; computed over blocks of :data:`MISCLOSURE_BLOCK` arcs in
+    buffers made once, so no ``(arcs, epochs)`` temporary is made. In float32, the precision of
+    the right-hand sides (an unwrapped phase of 1,000 rad to 6e-5 rad, where no arc's standard
+    deviation is below 0.1 rad); the per-arc divisions are float64. The points' values are cast
+    a block's rows at a time (no float32 copy of them all: 0.37 GB at 10^7 points)."""
     sd_velocity, sd_height, sd_phase = (np.broadcast_to(v, source.shape) for v in sd)
     out = np.empty(len(source))
-    for start in range(0, len(source), ARC_BLOCK):
-        rows = slice(start, start + ARC_BLOCK)
-        misclosure = values[target[rows]].astype(np.float32)
-        misclosure -= values[source[rows]].astype(np.float32)
-        np.subtract(rhs[rows], misclosure, out=misclosure)
-        np.abs(misclosure, out=misclosure)
-        out[rows] = np.maximum(np.maximum(misclosure[:, 0] / sd_velocity[rows],
-                                          misclosure[:, 1] / sd_height[rows]),
-                               misclosure[:, 2:].max(axis=1) / sd_phase[rows])
+    block = max(1, min(MISCLOSURE_BLOCK, len(source)))
+    gathered = np.empty((block, values.shape[1]), values.dtype)
+    misclosure = np.empty((block, values.shape[1]), np.float32)
+    other = np.empty_like(misclosure)
+    for start in range(0, len(source), block):
+        rows = slice(start, start + block)
+        m = len(source[rows])
+        here, there = misclosure[:m], other[:m]
+        np.take(values, target[rows], axis=0, out=gathered[:m])
+        np.copyto(here, gathered[:m], casting="same_kind")
+        np.take(values, source[rows], axis=0, out=gathered[:m])
+        np.copyto(there, gathered[:m], casting="same_kind")
+        np.subtract(here, there, out=here)
+        np.subtract(rhs[rows], here, out=here)
+        np.abs(here, out=here)
+        out[rows] = np.maximum(np.maximum(here[:, 0] / sd_velocity[rows],
+                                          here[:, 1] / sd_height[rows]),
+                               here[:, 2:].max(axis=1) / sd_phase[rows])
     return out
 
 

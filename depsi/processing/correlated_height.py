@@ -45,7 +45,7 @@ from scipy.stats import f as f_distribution
 from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import single_threaded_blas
 from depsi.processing.network import cell_keys, on_threads, point_positions
-from depsi.stm.dask_tools import workers_client
+from depsi.stm.dask_tools import MMAP_THRESHOLD, workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,13 @@ TARGETS_PER_CELL = 32
 #: Points per block of the per-point passes (leak gains, the moved phase): bounds their
 #: (points, epochs) float64 temporaries whatever the number of points.
 BLOCK = 65536
-#: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound).
-_BATCH_ELEMENTS = 4_000_000
+#: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound):
+#: a batch's largest temporaries, its ``(cells, k, k)`` float64 covariances and their factors,
+#: stay below half the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so the batches
+#: reuse the same heap pages. At 4,000,000 they were mapped and faulted in anew for every batch:
+#: at 10^6 points 2 M page faults and 1 s more of the kriging (docs/benchmarks.md,
+#: "twenty-seventh session").
+_BATCH_ELEMENTS = MMAP_THRESHOLD // 16
 #: Kriging batches submitted at once per worker thread of a cluster (the rest wait in the
 #: driver as start indices).
 _IN_FLIGHT_PER_THREAD = 3

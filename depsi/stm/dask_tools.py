@@ -280,6 +280,49 @@ def bound_allocator() -> bool:
         (_M_TRIM_THRESHOLD, MMAP_THRESHOLD)))
 
 
+#: NumPy's switch for its huge-page advice (read at import; a user's setting is left).
+HUGEPAGE_VARIABLE = "NUMPY_MADVISE_HUGEPAGE"
+
+
+@functools.cache
+def no_hugepage_advice() -> bool:
+    """Stop NumPy advising the kernel to back new arrays of 4 MiB and more with transparent
+    huge pages (``madvise(MADV_HUGEPAGE)``), once in this process. True when switched off;
+    False where the user set :data:`HUGEPAGE_VARIABLE` (their choice stands) or this NumPy has
+    no such switch.
+
+    With the kernel's ``transparent_hugepage`` at ``madvise`` (Debian's and many clusters'
+    default), every advised array is faulted in 2 MiB at a time from free blocks of that size,
+    compacted or, on a virtual machine that reports free pages to its host, backed anew by the
+    host. The chain's steps free and allocate block-sized arrays of 16-64 MiB all the time: on
+    this project's 2-core VM a fresh 512 MiB array took 1.8-4.2 s to touch advised against
+    0.2-0.35 s not, and the chain at 10^6 points took 94-107 s advised against 77-80 s
+    (docs/benchmarks.md, "twenty-seventh session"). Arrays allocated before the call keep the
+    advice they had; so do Dask workers, which :mod:`depsi.cluster` starts with the variable
+    set to ``0``.
+    """
+    if HUGEPAGE_VARIABLE in os.environ:
+        return False
+    import importlib
+
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            setter = getattr(importlib.import_module(name), "_set_madvise_hugepage", None)
+        except ImportError:
+            continue
+        if setter is not None:
+            setter(False)
+            return True
+    return False
+
+
+def tune_memory() -> None:
+    """The chain process's memory settings, once, before a scheduler's threads start:
+    :func:`bound_allocator` and :func:`no_hugepage_advice` (each leaves what the user set)."""
+    bound_allocator()
+    no_hugepage_advice()
+
+
 def release_memory() -> bool:
     """Hand the heap's free pages back to the operating system (glibc's ``malloc_trim(0)``);
     False where the C library cannot (nothing is done there). The first call also bounds what

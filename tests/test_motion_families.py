@@ -150,7 +150,7 @@ def folder(tmp_path_factory):
 #: integer least squares). For this scene the cost is 2 and 1 columns of the arcs' 60 epochs:
 #: the linear family's rate (a residual std of 0.68 rad at its tail) grown by 2/60 and 1/60 of
 #: an arc's noise variance gives 17.0 and 15.4 expected wrong PS (1.22x and 1.10x), against
-#: 22 (P(X >= 22) = 0.15) and 17 measured. Traced on the seasonal scene of seed 421 (4 against
+#: 22 (P(X >= 22) = 0.14) and 17 measured. Traced on the seasonal scene of seed 421 (4 against
 #: 0): three first-order points, each a cycle off at one epoch where its noise is 3.5-4.2 times
 #: its std (1.24-1.47 rad); the error is there after the first network pass and the second keeps
 #: it, as the screen, estimated from the first pass's residual, carries it. The true phase there

@@ -672,7 +672,8 @@ def print_report(rows: list[dict], what: str) -> None:
     """The tables, failures and workers' memory of ``rows``, as markdown."""
     print(f"\nPS chain at scale ({what})\n")
     print(markdown(rows))
-    print("\nPer step (wall s / CPU s / peak RSS GB after the step):\n")
+    print("\nPer step (wall s / CPU s, of it system / peak RSS GB after the step / minor page "
+          "faults):\n")
     print(steps_markdown(rows))
     for row in rows:
         if row.get("hotspots"):

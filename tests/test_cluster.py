@@ -203,6 +203,12 @@ def _malloc_settings() -> tuple[str | None, str | None]:
     return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_THRESHOLD_")
 
 
+def _hugepage_advice() -> bool:
+    import numpy as np
+
+    return (getattr(np, "_core", None) or np.core).multiarray._get_madvise_hugepage()
+
+
 def test_local_workers_reuse_their_heap_for_temporaries() -> None:
     """A LocalCluster's workers run with glibc's trim and mmap thresholds at WORKER_MALLOC
     (distributed's 64 kB trim threshold alone pins the mmap threshold at 128 kB: every larger
@@ -218,8 +224,7 @@ def test_local_workers_reuse_their_heap_for_temporaries() -> None:
         (settings,) = running.client.run(_malloc_settings).values()
         (blas,) = running.client.run(lambda: __import__("os").environ.get(
             "OPENBLAS_NUM_THREADS")).values()
-        (hugepages,) = running.client.run(
-            lambda: __import__("numpy")._core.multiarray._get_madvise_hugepage()).values()
+        (hugepages,) = running.client.run(_hugepage_advice).values()
     assert settings == tuple(str(WORKER_MALLOC[name]) for name in (
         "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
     assert blas == "1"

@@ -93,7 +93,7 @@ def test_bound_allocator_hands_back_a_freed_large_array():
 _HUGEPAGE_CHECK = """
 import numpy as np
 from depsi.stm.dask_tools import no_hugepage_advice
-getter = np._core.multiarray._get_madvise_hugepage
+getter = (getattr(np, "_core", None) or np.core).multiarray._get_madvise_hugepage
 before = getter()
 print(before, no_hugepage_advice(), getter())
 """
@@ -102,7 +102,7 @@ print(before, no_hugepage_advice(), getter())
 def test_no_hugepage_advice_switches_numpys_advice_off_unless_the_user_chose():
     """NumPy's huge-page advice is off after the call (it was on, NumPy's default on Linux);
     a user's NUMPY_MADVISE_HUGEPAGE stands, either way."""
-    if not hasattr(np, "_core") or not hasattr(np._core.multiarray, "_get_madvise_hugepage"):
+    if not hasattr((getattr(np, "_core", None) or np.core).multiarray, "_get_madvise_hugepage"):
         pytest.skip("this NumPy has no huge-page switch")
     before, switched, after = _fresh_python(_HUGEPAGE_CHECK)
     assert (switched, after) == ("True", "False"), (before, switched, after)

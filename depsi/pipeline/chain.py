@@ -75,7 +75,7 @@ def run_ps_chain(
     [1, 2]
     """
     config = chain_config(config, **overrides)
-    tune_memory()  # what this process frees goes back to the system (docs/hpc.md)
+    tune_memory()  # freed memory goes back to the system, no huge-page advice (docs/hpc.md)
     products: dict[str, Any] = {CHAIN_INPUT: prepare_points(ps_stm)}
     last = last_consumers(CHAIN_STEPS)
     for step in CHAIN_STEPS:

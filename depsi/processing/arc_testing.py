@@ -118,7 +118,7 @@ def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
     other = np.empty_like(misclosure)
     for start in range(0, len(source), block):
         rows = slice(start, start + block)
-        m = len(source[rows])
+        m = min(block, len(source) - start)
         here, there = misclosure[:m], other[:m]
         np.take(values, target[rows], axis=0, out=gathered[:m])
         np.copyto(here, gathered[:m], casting="same_kind")

@@ -298,8 +298,8 @@ def no_hugepage_advice() -> bool:
     this project's 2-core VM a fresh 512 MiB array took 1.8-4.2 s to touch advised against
     0.2-0.35 s not, and the chain at 10^6 points took 94-107 s advised against 77-80 s
     (docs/benchmarks.md, "twenty-seventh session"). Arrays allocated before the call keep the
-    advice they had; so do Dask workers, which :mod:`depsi.cluster` starts with the variable
-    set to ``0``.
+    advice they had. Dask workers are processes of their own: :mod:`depsi.cluster` starts a
+    LocalCluster's with the variable set to ``0``.
     """
     if HUGEPAGE_VARIABLE in os.environ:
         return False

@@ -35,13 +35,14 @@ def test_mother_column_has_zero_phase_and_zero_h2ph(ps):
 def test_phase_and_h2ph_are_differences_to_the_mother(ps):
     ifg = single_mother_interferograms(ps, mother=4).compute()
     slc = ps.compute()
-    difference = np.angle(slc["complex"].values) - np.angle(slc["complex"].values[:, [4]])
+    # slc_mother * conj(slc): the mother's phase minus each epoch's
+    difference = np.angle(slc["complex"].values[:, [4]]) - np.angle(slc["complex"].values)
     wrapped = np.angle(np.exp(1j * difference))
     error = np.angle(np.exp(1j * (ifg["phase"].values - wrapped)))
     assert np.abs(error).max() < 1e-5
     assert (ifg["phase"].values > -np.pi).all() and (ifg["phase"].values <= np.pi + 1e-6).all()
     np.testing.assert_array_equal(ifg["h2ph"].values,
-                                  slc["h2ph"].values - slc["h2ph"].values[:, [4]])
+                                  slc["h2ph"].values[:, [4]] - slc["h2ph"].values)
 
 
 def test_default_mother_is_the_mother_time_attribute(ps):

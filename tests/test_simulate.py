@@ -33,11 +33,12 @@ def _interferogram_residual(stack: xr.Dataset, truth: xr.Dataset) -> np.ndarray:
     """wrap(single-mother interferogram - truth model) on PS pixels, (n_ps, time)."""
     mother = int(np.flatnonzero(stack.time.values == np.datetime64(stack.attrs["mother_time"]))[0])
     slc = stack["complex"].values
-    ifg = slc * np.conj(slc[..., mother:mother + 1])
+    ifg = slc[..., mother:mother + 1] * np.conj(slc)  # the chain's: slc_mother * conj(slc)
     displacement = truth["displacement"].values.astype(np.float64)
     m2ph = -4 * np.pi / stack.attrs["wavelength"]
+    # the stack's h2ph is SNAP's per SLC (zero at the mother); the interferogram's is minus it
     model = m2ph * (displacement - displacement[..., mother:mother + 1]
-                    + stack["h2ph"].values * truth["height_error"].values[..., None])
+                    - stack["h2ph"].values * truth["height_error"].values[..., None])
     model = model + truth["aps"].values
     ps = truth["ps_mask"].values
     return np.angle(ifg[ps] * np.exp(-1j * model[ps])), mother

@@ -13,9 +13,10 @@ iterations vectorised over points, no Python loop over points. The same laid on 
 Sign of ``h2ph``: ``h2ph = d(R_secondary - R_mother) / dh``, the change of the range difference
 when a point is raised at a fixed pixel, ``= -B_perp / (R sin(incidence))`` with ``B_perp``
 positive when the secondary lies above the mother's line of sight. It is SNAP's convention
-(its ``h2ph`` band; measured on the real SNAP pair, ``tests/test_geometry.py``) and the one of
-depsi's phase model with interferograms ``slc * conj(slc_mother)`` and SLC phases
-``-4 pi R / wavelength``.
+(its ``h2ph`` band; measured on the real SNAP pair, ``tests/test_geometry.py``), per SLC.
+The interferograms ``slc_mother * conj(slc)`` of :mod:`depsi.processing.interferogram` carry
+``h2ph_mother - h2ph``, so that with SLC phases ``-4 pi R / wavelength`` a height error's
+phase is ``m2ph * h2ph * height_error`` (``tests/test_sign.py``).
 """
 
 from __future__ import annotations
@@ -521,9 +522,8 @@ def baselines(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any = 
     zero-Doppler plane, positive when the secondary is further from the Earth than the line of
     sight (above it), as SNAP's ``Perp Baseline``. ``h2ph = -bperp / (R_mother sin(incidence))``
     is the change of ``R_secondary - R_mother`` per metre of height at a fixed pixel, SNAP's
-    sign: with depsi's phase model (``phase = m2ph * (... + h2ph * height_error)``,
-    ``m2ph = -4 pi / wavelength``, interferograms ``slc * conj(slc_mother)``) and SLC phases
-    ``-4 pi R / wavelength``.
+    sign, per SLC (the interferograms ``slc_mother * conj(slc)`` carry ``h2ph_mother - h2ph``,
+    :mod:`depsi.processing.interferogram`).
 
     Returns
     -------

@@ -1,9 +1,15 @@
 """Single-mother interferograms of a point STM, and back to SLC values.
 
-Every epoch is multiplied by the complex conjugate of one mother epoch; phases become differences
-to the mother and ``h2ph`` becomes relative to it, so the mother column has exactly zero phase and
-exactly zero ``h2ph``. Downstream steps must therefore never divide by ``h2ph``: the mother epoch
-is named in ``attrs["mother_time"]`` and carries no information (it is the reference).
+The mother epoch is multiplied by the complex conjugate of every epoch, ``slc_mother *
+conj(slc)``, as every processor forms interferograms (Hanssen 2001, SNAP, ISCE2, GAMMA, DORIS).
+With SLC phases ``-4 pi R / wavelength`` (the convention of all of them, docs/concepts.md) its
+phase is ``-4 pi (R_mother - R) / wavelength = m2ph * displacement`` for a displacement towards
+the satellite since the mother: depsi's phase model. Phases become differences to the mother
+and ``h2ph`` becomes the interferogram's, ``-(h2ph - h2ph_mother)`` of a stack whose ``h2ph`` is
+SNAP's per-SLC ``d(R - R_mother)/dh``, so that the phase of a height error is ``m2ph * h2ph *
+height_error``; the mother column has exactly zero phase and exactly zero ``h2ph``. Downstream
+steps must therefore never divide by ``h2ph``: the mother epoch is named in
+``attrs["mother_time"]`` and carries no information (it is the reference).
 """
 
 from __future__ import annotations
@@ -95,7 +101,7 @@ def with_amplitude_and_phase(values: xr.DataArray) -> dict[str, xr.DataArray]:
 
 
 def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.Dataset:
-    """Interferograms of every epoch with one mother epoch: ``slc * conj(slc_mother)``.
+    """Interferograms of every epoch with one mother epoch: ``slc_mother * conj(slc)``.
 
     The interferogram keeps the amplitude product ``|slc| |slc_mother|`` (not normalised), so
     :func:`ifg_to_slc` can undo it and amplitudes remain usable as weights; divide ``complex``
@@ -113,8 +119,8 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
     -------
     xarray.Dataset
         Lazy when the input is: ``complex`` (interferogram), ``amplitude`` (its modulus),
-        ``phase`` (wrapped to (-pi, pi], exactly 0 at the mother), ``h2ph`` (``h2ph_t -
-        h2ph_mother``, exactly 0 at the mother: never divide by it), the input's variables
+        ``phase`` (wrapped to (-pi, pi], exactly 0 at the mother), ``h2ph`` (``h2ph_mother -
+        h2ph_t``, the interferogram's, exactly 0 at the mother: never divide by it), the input's variables
         without ``time`` and its coordinates. ``attrs["mother_time"]`` names the mother epoch.
 
     Raises
@@ -129,7 +135,7 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
     ...                  coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]")})
     >>> ifg = single_mother_interferograms(stm, mother="2020-01-13")
     >>> ifg.phase.values.astype(float).round(4).tolist(), ifg.attrs["mother_time"]
-    ([[1.5708, 0.0]], '2020-01-13T00:00:00')
+    ([[-1.5708, 0.0]], '2020-01-13T00:00:00')
     """
     validate(stm, kind="points", require=("complex",))
     if set(stm["complex"].dims) != {"space", "time"}:
@@ -142,12 +148,12 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
     slc = stm["complex"].transpose("space", "time")
     mother_slc = slc.isel(time=position, drop=True)
     power = (abs(mother_slc) ** 2).astype(slc.dtype)
-    ifg = xr.where(is_mother, power, slc * mother_slc.conj()).astype(slc.dtype)
+    ifg = xr.where(is_mother, power, mother_slc * slc.conj()).astype(slc.dtype)
     ifg = ifg.transpose("space", "time")
     data = with_amplitude_and_phase(ifg)
     if "h2ph" in stm.data_vars:
         h2ph = stm["h2ph"].transpose("space", "time")
-        relative = h2ph - h2ph.isel(time=position, drop=True)
+        relative = h2ph.isel(time=position, drop=True) - h2ph
         data["h2ph"] = xr.where(is_mother, h2ph.dtype.type(0), relative).astype(
             h2ph.dtype).transpose("space", "time")
     data |= {name: var for name, var in stm.data_vars.items() if "time" not in var.dims}
@@ -155,7 +161,7 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
     mother_time = _epoch_text(time[position])
     history = f"{stm.attrs.get('history', '')}\nsingle_mother_interferograms(mother={mother_time})"
     attrs = dict(stm.attrs) | {"mother_time": mother_time, "history": history.strip(),
-                               "interferogram": "slc * conj(slc_mother), amplitude product"}
+                               "interferogram": "slc_mother * conj(slc), amplitude product"}
     return xr.Dataset(data, coords=stm.coords, attrs=attrs)
 
 
@@ -186,7 +192,7 @@ def _mother_values(mother_slc: xr.DataArray | xr.Dataset, mother_time: str,
 
 
 def ifg_to_slc(ifg_stm: xr.Dataset, mother_slc: xr.DataArray | xr.Dataset) -> xr.Dataset:
-    """SLC values back from single-mother interferograms: ``ifg * m / |m|**2``.
+    """SLC values back from single-mother interferograms: ``conj(ifg) * m / |m|**2``.
 
     Parameters
     ----------
@@ -227,10 +233,11 @@ def ifg_to_slc(ifg_stm: xr.Dataset, mother_slc: xr.DataArray | xr.Dataset) -> xr
     scale = xr.where(usable, values / xr.where(usable, power, 1), np.nan).astype(values.dtype)
     is_mother = xr.DataArray(np.arange(time.size) == position, dims="time")
     ifg = ifg_stm["complex"].transpose("space", "time")
-    slc = xr.where(is_mother, values, ifg * scale).astype(ifg.dtype).transpose("space", "time")
+    slc = xr.where(is_mother, values, ifg.conj() * scale).astype(ifg.dtype).transpose(
+        "space", "time")
     data = with_amplitude_and_phase(slc)
     if "h2ph" in ifg_stm.data_vars and mother_h2ph is not None:
-        data["h2ph"] = (ifg_stm["h2ph"] + mother_h2ph).astype(ifg_stm["h2ph"].dtype).transpose(
+        data["h2ph"] = (mother_h2ph - ifg_stm["h2ph"]).astype(ifg_stm["h2ph"].dtype).transpose(
             "space", "time")
     elif "h2ph" in ifg_stm.data_vars:
         logger.info("ifg_to_slc: h2ph of the mother not given; relative h2ph left out")

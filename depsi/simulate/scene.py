@@ -6,16 +6,21 @@ by seed; :func:`simulated_geometry` gives its radar grid and orbits. Writing it 
 :mod:`depsi.simulate.stacks`'s, scoring a result against its truth
 :mod:`depsi.simulate.scoring`'s.
 
-Phase model (DESIGN.md §3, the sign convention of the Delft method), per pixel and epoch ``t``::
+Phase model (docs/concepts.md), per pixel and epoch ``t``: the SLC phase of every processor,
+``-4 pi R / wavelength``, of a scatterer whose range is ``R_t = R_0 - displacement_t +
+h2ph_t * height_error`` (``displacement`` towards the satellite, ``h2ph_t = d(R_t -
+R_mother)/dh``, SNAP's sign)::
 
     m2ph          = -4 * pi / wavelength
-    slc_phase_t   = scatterer_phase + m2ph * (displacement_t + h2ph_t * height_error)
-                    + aps_t + noise_t                                   (wrapped)
-    ifg_phase_t   = angle(slc_t * conj(slc_mother))
-                  = wrap(m2ph * (displacement_t - displacement_mother + h2ph_t * height_error)
+    slc_phase_t   = -(scatterer_phase + m2ph * (displacement_t - h2ph_t * height_error)
+                      + aps_t + noise_t)                                (wrapped)
+    ifg_phase_t   = angle(slc_mother * conj(slc_t))
+                  = wrap(m2ph * (displacement_t - displacement_mother
+                                 + (h2ph_mother - h2ph_t) * height_error)
                          + aps_t + noise_t - noise_mother)
 
-with ``h2ph_t = bperp_t / (R sin(theta))`` (zero at the mother epoch), ``aps_mother = 0`` and
+with ``h2ph_t = bperp_t / (R sin(theta))`` (zero at the mother epoch; the interferograms'
+``h2ph`` is ``h2ph_mother - h2ph_t``, :mod:`depsi.processing.interferogram`), ``aps_mother = 0`` and
 ``displacement_t = velocity * tau_t + seasonal_amplitude * sin(2 pi tau_t)``, ``tau_t`` the time
 since the first epoch in years of 365.25 days, so ``displacement`` is zero at the first epoch.
 Persistent scatterers (PS) follow this model with ``noise_t ~ N(0, ps_noise_std)`` per epoch
@@ -463,7 +468,7 @@ def _tile_complex(scene: _Scene, ti: int, tj: int) -> np.ndarray:
     displacement = _displacement(_velocity(scene, az, rg)[ia, ir],
                                  _seasonal(scene, az, rg)[ia, ir], scene)
     h2ph = _h2ph(scene, rg)[ir].astype(np.float64)
-    model = scene.m2ph * (displacement + h2ph * height_error[:, None])
+    model = scene.m2ph * (displacement - h2ph * height_error[:, None])
     base_phase = static["scatterer_phase"][ia, ir]
 
     out = np.empty((n_az, n_rg, scene.n_epochs), dtype=np.complex64)
@@ -479,7 +484,8 @@ def _tile_complex(scene: _Scene, ti: int, tj: int) -> np.ndarray:
         out[ia, ir, t] = amplitude * np.exp(1j * phase)
     if scene.ds_corner.size:
         _add_ds(scene, ti, tj, static, out)
-    return out
+    # the SLCs' phase is -4 pi R / wavelength (module docstring): the conjugate of the model's
+    return np.conj(out, out=out)
 
 
 def _add_ds(scene: _Scene, ti: int, tj: int, static: dict, out: np.ndarray) -> None:
@@ -502,7 +508,7 @@ def _add_ds(scene: _Scene, ti: int, tj: int, static: dict, out: np.ndarray) -> N
     h2ph = _h2ph(scene, rg)[ir].astype(np.float64)
     aps = _tile_aps_all(scene, ti, tj)[ia, ir].astype(np.float64)
     phase = (static["scatterer_phase"][ia, ir, None] + aps
-             + scene.m2ph * (displacement + h2ph * scene.ds_height[patch][:, None]))
+             + scene.m2ph * (displacement - h2ph * scene.ds_height[patch][:, None]))
     amplitude = np.sqrt(scene.ds_power[patch])[:, None]
     out[ia, ir] = (amplitude * np.exp(1j * phase) * looks[inside]).astype(np.complex64)
 
@@ -764,8 +770,8 @@ def simulate_stack(
          "displacement": (_DIMS3, lazy("displacement", np.float32), {"units": "m"})},
         coords=coords,
         attrs={**attrs, "phase_model": (
-            "slc_phase = scatterer_phase + m2ph * (displacement + h2ph * height_error) + aps "
-            "+ noise, m2ph = -4 pi / wavelength, noise ~ N(0, ps_noise_std) per epoch on PS; "
+            "slc_phase = -(scatterer_phase + m2ph * (displacement - h2ph * height_error) + aps "
+            "+ noise), m2ph = -4 pi / wavelength, noise ~ N(0, ps_noise_std) per epoch on PS; "
             "distributed scatterers are circular Gaussian, independent per epoch"),
             "ps_noise_std": scene.ps_noise_std})
     if ds_regions:

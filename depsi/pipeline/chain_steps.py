@@ -650,6 +650,8 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                           ("azimuth_spacing", "range_spacing") if name in points.attrs})
         section = config.atmosphere
         terms = _terms(config, out)
+        # a stack without baselines (h2ph zero everywhere): no height in the model or results
+        heights = heights_resolvable(out["h2ph"])
         if terms:  # every method: aps is zero without one
             out = fit_terms_with_atmosphere(out, terms, choice=config.model.choice,
                                             alpha=config.model.alpha)
@@ -659,7 +661,7 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
         # (which reads them several times: the kriging's sample, its field, the uncertainty)
         out = out.persist() if on_workers else out
         if section.method != "none":
-            if section.correlated_height:
+            if section.correlated_height and heights:
                 # out is this step's own: its series are updated in place (no second copy)
                 out = estimate_correlated_height(out, overwrite=True)
                 out = out.persist() if on_workers else out
@@ -689,6 +691,13 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
                           for name in SCATTERER_VARIABLES if name in points.data_vars})
         # positions moved by the estimated height errors (where the orbits are known)
         out = correct_positions(out)
+        if not heights:
+            dropped = [name for name in out.data_vars if name.startswith("height_error")]
+            out = out.drop_vars(dropped)
+            out.attrs["height_term"] = "none: the stack has no baselines (h2ph)"
+            logger.warning("model: no baselines in the stack: velocity and displacement only; "
+                           "the results carry no height error (%s left out)",
+                           ", ".join(dropped))
         if on_workers:  # computed once, and kept there for whoever reads or writes it
             out = out.persist()
         return with_cf_attributes(validate(out, "points"))

@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 #: Stack formats the pipeline reads; ``simulated`` builds a stack with known truth instead.
 INPUT_FORMATS = ("zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "geotiff",
+                 "interferograms",
                  "simulated")
 #: Products the export step can write.
 EXPORTS = ("csv", "gpkg", "geotiff", "plots")
@@ -172,9 +173,10 @@ class InputConfig(_Section):
                           "SNAP BEAM-DIMAP .dim file (or a folder of them). Leave null with "
                           "format 'simulated'.")
     format: Literal["zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "geotiff",
-                    "simulated"] | None = Field(
+                    "interferograms", "simulated"] | None = Field(
         None, description="Format of the stack: zarr, binary, doris, isce2, gamma, snap, "
-                          "dimap, geotiff or simulated. null: zarr for a path ending in .zarr, "
+                          "dimap, geotiff, interferograms (single-reference wrapped "
+                          "interferograms and amplitudes, read as pseudo-SLCs) or simulated. null: zarr for a path ending in .zarr, "
                           "dimap for one ending in .dim, simulated without a path.")
     geometry: Literal["product", "orbits"] = Field(
         "product", description="Where h2ph and lat/lon come from: 'product' (the files' own, "
@@ -188,7 +190,21 @@ class InputConfig(_Section):
         None, description="GeoTIFF stacks: one acquisition date per epoch (YYYY-MM-DD), in "
                           "the order of the files' names.")
     wavelength: float | None = Field(
-        None, gt=1e-3, lt=1.0, description="GeoTIFF stacks: radar wavelength (m).")
+        None, gt=1e-3, lt=1.0, description="GeoTIFF and interferogram stacks: radar "
+                                           "wavelength (m).")
+    shape: list[int] | None = Field(
+        None, min_length=2, max_length=2, description="Interferogram stacks of the raw layout: "
+                                                      "[lines, pixels] of every file.")
+    pixel_spacing: list[float] | None = Field(
+        None, min_length=2, max_length=2, description="[azimuth, range] ground spacing of the "
+        "pixels (m), for stacks without positions (no lat/lon, no orbits): the network, the "
+        "atmosphere and densification measure distances with it. Required by format "
+        "'interferograms'; null elsewhere: the product's, else Sentinel-1 IW's 14 x 4 m with "
+        "a warning.")
+    layout: Literal["auto", "raw", "isce2", "geotiff"] = Field(
+        "auto", description="Interferogram stacks: 'raw' (igrams/A_B.int, amplitude/DATE.amp), "
+                            "'isce2' (merged/interferograms/A_B/fine.int), 'geotiff' (A_B.tif) "
+                            "or 'auto' (the one found).")
     h2ph: Path | None = Field(
         None, description="GeoTIFF stacks: folder of the h2ph rasters, one h2ph_*.tif per "
                           "epoch in date order; null: the h2ph_*.tif beside the SLCs.")
@@ -224,10 +240,24 @@ class InputConfig(_Section):
                 raise ValueError(f"a simulate section is only allowed with format 'simulated', "
                                  f"not {fmt!r}")
             simulate = None
-        given = [k for k in ("dates", "wavelength", "h2ph") if getattr(self, k) is not None]
+        given = [k for k in ("dates", "wavelength", "h2ph") if getattr(self, k) is not None
+                 and not (k == "wavelength" and fmt == "interferograms")]
         if given and fmt != "geotiff":
             raise ValueError(f"{', '.join(given)}: only for format 'geotiff' (format {fmt!r} "
                              "reads them from its own metadata)")
+        if fmt != "interferograms" and (self.shape is not None or self.layout != "auto"):
+            raise ValueError(f"shape, layout: only for format 'interferograms', not {fmt!r}")
+        if fmt == "interferograms" and self.wavelength is None:
+            raise ValueError("format 'interferograms' needs wavelength: interferogram files "
+                             "carry no radar wavelength")
+        if fmt == "interferograms" and self.pixel_spacing is None:
+            raise ValueError("format 'interferograms' needs pixel_spacing [azimuth, range] in "
+                             "metres: interferogram files carry no positions, and distances "
+                             "in pixels would be a guess")
+        if self.pixel_spacing is not None and not all(0 < v < 10_000
+                                                      for v in self.pixel_spacing):
+            raise ValueError(f"pixel_spacing: expected two spacings in metres between 0 and "
+                             f"10 km, found {self.pixel_spacing}")
         if fmt == "geotiff" and (self.dates is None or self.wavelength is None):
             missing = [k for k in ("dates", "wavelength") if getattr(self, k) is None]
             raise ValueError(f"format 'geotiff' needs {' and '.join(missing)}: GeoTIFF SLCs "

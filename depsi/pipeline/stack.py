@@ -3,6 +3,7 @@ the PS selection and the exports."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import warnings
@@ -19,6 +20,8 @@ from depsi.io.store import move_into_place, recover_interrupted
 from depsi.pipeline.preflight import check_stack_support
 from depsi.processing.temporal_model import temporal_model
 
+logger = logging.getLogger(__name__)
+
 
 def open_stack(config: Any, *, path: str | os.PathLike | None = None) -> xr.Dataset:
     """Open the SLC stack of ``config.input`` lazily (``path``: a simulated stack's store),
@@ -32,7 +35,33 @@ def open_stack(config: Any, *, path: str | os.PathLike | None = None) -> xr.Data
 
     stack = _open_stack_unchecked(config, path=path)
     source = str(path if config.input.format == "simulated" else config.input.path)
-    return validate_stack(stack, on_bad_epoch=config.input.on_bad_epoch, source=source)
+    stack = without_baselines(validate_stack(stack, on_bad_epoch=config.input.on_bad_epoch,
+                                             source=source))
+    if config.input.pixel_spacing is not None:
+        stack.attrs["azimuth_spacing"], stack.attrs["range_spacing"] = map(
+            float, config.input.pixel_spacing)
+    return stack
+
+
+#: ``attrs`` key of a stack that came without baselines (no h2ph, no orbits): the chain
+#: estimates velocity only, and its results carry no height.
+NO_BASELINES = "no_baselines"
+
+
+def without_baselines(stack: xr.Dataset) -> xr.Dataset:
+    """A stack without ``h2ph`` (no baselines in the product and no orbits to compute them
+    from) given an h2ph of zeros and ``attrs["no_baselines"]``: every step then leaves the
+    height term out (:func:`depsi.processing.arcs.heights_resolvable`), and the model step
+    drops the height from the results. A stack with h2ph is returned as it is."""
+    if "h2ph" in stack.data_vars:
+        return stack
+    complex_ = stack["complex"]
+    zeros = (da.zeros(complex_.shape, dtype=np.float32, chunks=complex_.data.chunks)
+             if isinstance(complex_.data, da.Array) else np.zeros(complex_.shape, np.float32))
+    stack = stack.assign(h2ph=(complex_.dims, zeros, {
+        "units": "1", "long_name": "height-to-phase factor (none: the stack has no baselines)"}))
+    stack.attrs[NO_BASELINES] = 1
+    return stack
 
 
 def _open_stack_unchecked(config: Any, *,
@@ -84,6 +113,11 @@ def _open_stack_unchecked(config: Any, *,
         return from_isce2(source, geometry=mode)
     if fmt == "geotiff":
         return _open_geotiff(section, source)
+    if fmt == "interferograms":
+        from depsi.io.interferograms import from_interferograms
+
+        return from_interferograms(source, wavelength=section.wavelength, shape=section.shape,
+                                   layout=section.layout)
     return open_binary_folder(source)
 
 
@@ -160,9 +194,18 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
     """Before any pixel is read: the chain needs h2ph, and the exports need positions (the
     product's lat/lon, or orbits to geocode the points from)."""
     where = f"input.path {str(config.input.path)!r} (format {config.input.format!r})"
-    if "h2ph" not in stack.data_vars:
-        raise ValueError(f"{where}: expected h2ph (from the product or computed from its "
-                         "orbits), found neither: the arcs and the model need it")
+    positioned = ("sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
+                  or {"x", "y"} <= set(stack.variables) or "azimuth_spacing" in stack.attrs)
+    if not positioned:
+        from depsi.processing.network import DEFAULT_AZIMUTH_SPACING, DEFAULT_RANGE_SPACING
+
+        logger.warning("%s: no positions and no pixel spacing: distances assume Sentinel-1 "
+                       "IW's %g m x %g m pixels; set input.pixel_spacing [azimuth, range]",
+                       where, DEFAULT_AZIMUTH_SPACING, DEFAULT_RANGE_SPACING)
+    if stack.attrs.get(NO_BASELINES):
+        logger.warning("%s: no h2ph in the product and no orbits to compute it from: the "
+                       "height term leaves every step, velocity and displacement only",
+                       where)
     dem = config.input.dem
     if dem is not None and not Path(dem).is_file():
         raise FileNotFoundError(f"input.dem: DEM {str(dem)!r} does not exist")

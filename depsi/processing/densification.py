@@ -39,7 +39,11 @@ from depsi.kernels.backend import (
     use_device,
 )
 from depsi.kernels.periodogram import mean_phasor, periodogram, result_coherence
-from depsi.processing.arcs import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE
+from depsi.processing.arcs import (
+    DEFAULT_HEIGHT_RANGE,
+    DEFAULT_VELOCITY_RANGE,
+    heights_resolvable,
+)
 from depsi.processing.atmosphere import (
     GAUSSIAN_NEIGHBOURS,
     TERRAIN_HEIGHT,
@@ -105,6 +109,7 @@ class _Shared:
     regressors: dict[str, np.ndarray] = field(default_factory=dict)  # model terms, (T,) each
     stratified_rate: np.ndarray | None = None  # (T,) rad/m: the screen's stratified part
     height_mean: float = 0.0  # m: the heights the stratified part is centred on
+    heights: bool = True  # False where h2ph never varies (no baselines): velocity only
 
 
 @dataclass(frozen=True)
@@ -245,8 +250,8 @@ def _densify_rows(phase, h2ph, idx, near, first, aps, shared: _Shared, *, min_co
     reduced = wrap_phase(base - local)
     if n:
         with use_device(device):
-            res = periodogram(to_device(reduced, device),
-                              to_device(0.5 * (h2ph + local_h2ph), device), years,
+            pair_h2ph = to_device(0.5 * (h2ph + local_h2ph), device) if shared.heights else None
+            res = periodogram(to_device(reduced, device), pair_h2ph, years,
                               wavelength=wavelength, fused=fused_kernels(),
                               **periodogram_options)
         velocity = local_velocity + to_host(res.velocity)
@@ -462,7 +467,10 @@ def densify(
                          if screen is not None and screen.method != "kriging" else None),
         regressors=regressors,
         stratified_rate=None if screen is None else screen.stratified_rate,
-        height_mean=0.0 if screen is None else screen.height_mean)
+        height_mean=0.0 if screen is None else screen.height_mean,
+        # decided on the first-order points' h2ph (small, in memory), never a pass over the
+        # candidates: a stack without baselines has none anywhere
+        heights=heights_resolvable(table["fo_h2ph"]))
     arrays = {name: table[name].values
               for name in _TABLE_ROWS + tuple(f"fo_{name}" for name in regressors)}
     tree = cKDTree(np.column_stack([arrays["fo_x"], arrays["fo_y"]]))

@@ -243,6 +243,12 @@ def first_order_indices(
         nad = np.where(ds, phase_std, nad)
         logger.info("first order: %d distributed scatterers ranked by their linked phase's "
                     "standard deviation among the PS", int(ds.sum()))
+    if "phase_std" in points:
+        # selected on the phase (multilooked stacks): their phase noise ranks them, on the
+        # scale of a PS's amplitude dispersion (D_A ~ phase std, as for the DS above)
+        phase_std = np.asarray(points["phase_std"].values, dtype=np.float64)
+        nad = np.where(np.isfinite(phase_std), phase_std, nad)
+        logger.info("first order: points ranked by the phase noise of their selection")
     eligible = np.isfinite(nad)
     if max_dispersion is not None:
         eligible &= nad <= max_dispersion

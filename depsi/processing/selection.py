@@ -50,8 +50,21 @@ from depsi.stm.schema import STMValidationError, validate
 
 logger = logging.getLogger(__name__)
 
-#: Dispersion measures ``ps_selection`` accepts, and the statistic each selects on.
-METHODS = {"nad": "amplitude_dispersion", "nmad": "amplitude_dispersion_mad"}
+#: Measures ``ps_selection`` accepts, and the statistic each selects on: amplitude dispersion
+#: (NAD, NMAD), or the phase similarity of a pixel to its neighbours (``phase``).
+METHODS = {"nad": "amplitude_dispersion", "nmad": "amplitude_dispersion_mad",
+           "phase": "phase_similarity"}
+
+#: Default threshold of ``method="phase"``: a pixel is a candidate when the phase similarity to
+#: its most similar neighbour reaches this (a phase noise of about 0.5 rad at each of the two).
+DEFAULT_PHASE_THRESHOLD = 0.75
+
+#: With NAD or NMAD, a stack on which more than this share of the usable pixels pass the
+#: threshold has amplitudes that cannot separate pixels (multilooked products, interferogram
+#: stacks): the selection warns and selects on the phase similarity instead.
+AMPLITUDE_BLIND_SHARE = 0.5
+#: ... on a stack of at least this many usable pixels (a share of a handful says nothing).
+AMPLITUDE_BLIND_MIN_PIXELS = 1000
 
 #: Engines of ``ps_selection``: chosen per stack (``auto``), lazy Dask graph, or one streaming
 #: pass with prefetching.
@@ -74,11 +87,17 @@ DEFAULT_ENGINE = "auto"
 class SelectionConfig(Section):
     """Persistent scatterer candidate selection from amplitude statistics."""
 
-    method: Literal["nad", "nmad"] = Field(
-        DEFAULT_METHOD, description="Amplitude statistic: nad (std/mean) or nmad (MAD/median).")
-    threshold: float = Field(
-        DEFAULT_THRESHOLD, gt=0,
-        description="Pixels whose statistic is below this value become candidates.")
+    method: Literal["nad", "nmad", "phase"] = Field(
+        DEFAULT_METHOD, description="Statistic: nad (amplitude std/mean), nmad (MAD/median) or "
+                                    "phase (the phase similarity of a pixel to its most "
+                                    "similar neighbour, PSPS). With nad or nmad, a stack on "
+                                    "which more than half the pixels pass the threshold "
+                                    "(multilooked amplitudes) is selected on the phase "
+                                    "instead, with a warning.")
+    threshold: float | None = Field(
+        None, gt=0,
+        description="nad, nmad: pixels whose statistic is below this value become candidates "
+                    "(null: 0.25); phase: pixels whose similarity reaches it (null: 0.75).")
     engine: Literal["auto", "dask", "stream"] = Field(
         DEFAULT_ENGINE,
         description="auto: stream when every pixel's series would fit in half the available memory "
@@ -617,7 +636,11 @@ def ps_selection(
     """
     method = _check_choice("method", method, list(METHODS))
     engine = _check_choice("engine", engine, ENGINES)
+    if threshold is None:
+        threshold = DEFAULT_PHASE_THRESHOLD if method == "phase" else DEFAULT_THRESHOLD
     threshold = _check_threshold(threshold)
+    if method == "phase" and threshold > 1:
+        raise ValueError(f"threshold: a phase similarity is at most 1, found {threshold!r}")
     if int(prefetch) < 1:
         raise ValueError(f"prefetch: expected a queue size >= 1, found {prefetch!r}")
     workers = worker_threads() if workers is None else workers
@@ -629,6 +652,8 @@ def ps_selection(
         # (geocode_points below), not every pixel of the scene
         stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     window = epoch_window(stack["time"].values, time_window)
+    if method == "phase":
+        return _phase_selection(stack, threshold=threshold, window=window)
     engine, why = resolve_engine(stack, engine)
     logger.info("ps_selection: %s engine (%s)", engine, why)
     if engine == "dask":
@@ -641,6 +666,17 @@ def ps_selection(
     logger.info("ps_selection: %d of %d pixels with %s < %g; %d excluded without usable "
                 "amplitude (all NaN or zero)", counts["n_selected"], counts["n_candidates"],
                 method.upper(), threshold, counts["n_excluded"])
+    usable = counts["n_candidates"] - counts["n_excluded"]
+    if usable >= AMPLITUDE_BLIND_MIN_PIXELS and \
+            counts["n_selected"] > AMPLITUDE_BLIND_SHARE * usable:
+        logger.warning(
+            "ps_selection: %.0f %% of the pixels have %s < %g: the amplitudes cannot tell "
+            "stable pixels from others here (multilooked or interferogram products); "
+            "selecting on the phase similarity to the neighbours (method 'phase', threshold "
+            "%g) instead", 100 * counts["n_selected"] / usable, method.upper(), threshold,
+            DEFAULT_PHASE_THRESHOLD)
+        return _phase_selection(stack, threshold=DEFAULT_PHASE_THRESHOLD, window=window,
+                                instead_of=method)
     result = _finish_points(points, method=method, threshold=threshold, counts=counts,
                             window_attrs=_window_attrs(stack["time"].values[window]))
     result.attrs["selection_engine"] = engine
@@ -651,6 +687,103 @@ def ps_selection(
         result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})
                                 for name, var in result.data_vars.items()})
     return with_cf_attributes(result)
+
+
+# --------------------------------------------------------------------------------------------
+# phase similarity (PSPS)
+
+#: The eight neighbours a pixel's phase is compared with.
+_NEIGHBOURS = tuple((da_, dr) for da_ in (-1, 0, 1) for dr in (-1, 0, 1) if (da_, dr) != (0, 0))
+
+
+def phase_similarity_block(slc: np.ndarray) -> np.ndarray:
+    """Phase similarity of each pixel to its most similar neighbour, for a block with a halo
+    of one pixel: ``max_q |mean_t exp(i (phi_p,t - phi_q,t))|`` over the eight neighbours ``q``
+    (Wang and Chen 2022, IEEE TGRS 60, "Accurate persistent scatterer identification based on
+    phase similarity of radar pixels"). Epochs without a value (NaN, zero) count as
+    dissimilar. Returns float32 ``(n_azimuth - 2, n_range - 2)``.
+
+    Examples
+    --------
+    >>> phase = np.zeros((3, 3, 4)); phase[0, 0] = [0, 1, 2, 3]
+    >>> float(phase_similarity_block(np.exp(1j * phase)).round(3)[0, 0])
+    1.0
+    """
+    values = np.nan_to_num(np.asarray(slc, np.complex64))
+    modulus = np.abs(values)
+    unit = np.divide(values, modulus, out=np.zeros_like(values), where=modulus > 0)
+    n_az, n_rg, n_time = unit.shape
+    centre = unit[1:n_az - 1, 1:n_rg - 1]
+    best = np.zeros(centre.shape[:2], np.float32)
+    for da_, dr in _NEIGHBOURS:  # eight shifted views: vectorised over the block's pixels
+        neighbour = unit[1 + da_:n_az - 1 + da_, 1 + dr:n_rg - 1 + dr]
+        similarity = np.abs(np.einsum("art,art->ar", centre, neighbour.conj())) / n_time
+        np.maximum(best, similarity.astype(np.float32), out=best)
+    return best
+
+
+def _phase_selection(stack: xr.Dataset, *, threshold: float, window: slice,
+                     instead_of: str | None = None) -> xr.Dataset:
+    """Candidates by phase similarity (:func:`phase_similarity_block`), one lazy pass with a
+    halo of one pixel; the points' time series indexed out of the stack as the dask engine's."""
+    names = _timed_variables(stack)
+    raster = _lazy_raster(stack, names)
+    slc = raster["complex"].isel(time=window).transpose("azimuth", "range", "time").data
+    slc = slc.rechunk({2: -1})
+    similarity = da.map_overlap(phase_similarity_block, slc, depth={0: 1, 1: 1, 2: 0},
+                                boundary=0, trim=False, dtype=np.float32, drop_axis=2)
+    statistics = da.map_blocks(_nad_raster, slc, dtype=np.float32, drop_axis=2)
+    similarity, nad = dask.compute(similarity, statistics)
+    usable = np.isfinite(nad)
+    selected = usable & (similarity >= threshold)
+    azimuth_pos, range_pos = np.nonzero(selected)
+    order = np.argsort(_morton(stack, azimuth_pos, range_pos), kind="stable")
+    azimuth_pos, range_pos = azimuth_pos[order], range_pos[order]
+    at = {"azimuth": xr.DataArray(azimuth_pos, dims="space"),
+          "range": xr.DataArray(range_pos, dims="space")}
+    timed = {name: raster[name].isel(at).transpose("space", "time").data for name in names}
+    values = similarity[azimuth_pos, range_pos]
+    point_statistics = {
+        "phase_similarity": values.astype(np.float32),
+        # the pair's similarity exp(-(s_p^2 + s_q^2) / 2) with s_p = s_q: the pixel's phase noise
+        "phase_std": np.sqrt(-np.log(np.clip(values, 1e-6, 1.0))).astype(np.float32),
+        "amplitude_dispersion": nad[azimuth_pos, range_pos]}
+    coords2d = {name: np.asarray(stack[name].isel(at).values) for name in _coords2d(stack)}
+    points = _points_dataset(stack, azimuth_pos, range_pos, timed, point_statistics, coords2d)
+    counts = {"n_candidates": int(selected.size), "n_selected": int(selected.sum()),
+              "n_excluded": int((~usable).sum())}
+    logger.info("ps_selection: %d of %d pixels with a phase similarity >= %g to a neighbour; "
+                "%d excluded without usable amplitude", counts["n_selected"],
+                counts["n_candidates"], threshold, counts["n_excluded"])
+    ordered = with_amplitude_and_phase(points["complex"])
+    if "h2ph" in points:
+        ordered["h2ph"] = points["h2ph"]
+    ordered |= {name: points[name] for name in point_statistics}
+    ordered["selected"] = xr.DataArray(np.ones(points.sizes["space"], bool), dims="space")
+    result = xr.Dataset(ordered, coords=points.coords)
+    result["phase_similarity"].attrs.update(
+        units="1", long_name="phase similarity to the most similar of the 8 neighbours")
+    result["phase_std"].attrs.update(
+        units="rad", long_name="phase noise standard deviation from the phase similarity")
+    step = f"ps_selection(method='phase', threshold={threshold})"
+    history = str(stack.attrs.get("history", ""))
+    result.attrs = dict(stack.attrs) | _window_attrs(stack["time"].values[window]) | counts | {
+        "selection_method": "phase", "selection_threshold": threshold,
+        "selection_variable": METHODS["phase"], "selection_engine": "dask",
+        "history": f"{history}\n{step}".strip()}
+    if instead_of is not None:
+        result.attrs["selection_instead_of"] = instead_of
+    result = geocode_points(result)
+    if result.sizes["space"]:
+        chunks = {"space": space_chunk_size(result), "time": -1}
+        result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})
+                                for name, var in result.data_vars.items()})
+    return with_cf_attributes(result)
+
+
+def _nad_raster(slc: np.ndarray) -> np.ndarray:
+    """NAD of each pixel of a block (NaN without usable amplitude)."""
+    return statistics_block(slc, robust=False)["amplitude_dispersion"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -267,8 +267,10 @@ def make_scene(family: Family) -> tuple[xr.Dataset, dict]:
     slc = ((rng.standard_normal((n_az, n_rg, T), dtype=np.float32)
             + 1j * rng.standard_normal((n_az, n_rg, T), dtype=np.float32))
            * np.float32(np.sqrt(0.5))).astype(np.complex64)
-    slc[az, rg] = (ps_amp * np.exp(1j * phase)).astype(np.complex64)
-    h2ph_stack = np.broadcast_to(h2ph_rg[None].astype(np.float32), (n_az, n_rg, T))
+    # SLC phases -4 pi R / wavelength (docs/concepts.md): the conjugate of the model's, and the
+    # stack's h2ph per SLC (SNAP's sign) minus the interferograms' h2ph_rg
+    slc[az, rg] = (ps_amp * np.exp(-1j * phase)).astype(np.complex64)
+    h2ph_stack = np.broadcast_to(-h2ph_rg[None].astype(np.float32), (n_az, n_rg, T))
     stack = xr.Dataset(
         {"complex": (("azimuth", "range", "time"), slc),
          "h2ph": (("azimuth", "range", "time"), h2ph_stack)},
@@ -561,7 +563,7 @@ def _simulated(shape, n_epochs, seed, ps_fraction, aps_std, ps_noise_std, height
     mother = int(np.flatnonzero(stack.time.values == np.datetime64(stack.attrs["mother_time"]))[0])
     slc = stack["complex"].values[az, rg]
     h2ph = stack["h2ph"].values[az, rg]
-    ifg = slc * np.conj(slc[:, mother:mother + 1])
+    ifg = slc[:, mother:mother + 1] * np.conj(slc)
     coords = {"azimuth": ("space", az.astype(np.int64)), "range": ("space", rg.astype(np.int64)),
               "lat": ("space", stack["lat"].values[az, rg]),
               "lon": ("space", stack["lon"].values[az, rg]), "time": stack["time"].values}
@@ -570,7 +572,7 @@ def _simulated(shape, n_epochs, seed, ps_fraction, aps_std, ps_noise_std, height
     points = xr.Dataset(
         {"complex": (("space", "time"), slc.astype(np.complex64)),
          "phase": (("space", "time"), np.angle(ifg).astype(np.float32)),
-         "h2ph": (("space", "time"), (h2ph - h2ph[:, mother:mother + 1]).astype(np.float32)),
+         "h2ph": (("space", "time"), (h2ph[:, mother:mother + 1] - h2ph).astype(np.float32)),
          "amplitude_dispersion": ("space", truth["amplitude_dispersion"].values[az, rg])},
         coords=coords, attrs=attrs)
     true = xr.Dataset(

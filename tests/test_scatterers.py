@@ -68,11 +68,13 @@ def test_ds_patch_phase_follows_the_scene_physics(small):
     mother = int(np.flatnonzero(stack["time"].values
                                 == np.datetime64(stack.attrs["mother_time"]))[0])
     m2ph = phase_per_metre(stack.attrs["wavelength"])
+    # the interferograms slc_mother * conj(slc); their h2ph is minus the stack's (zero at the
+    # mother), docs/concepts.md
     model = (m2ph * (truth["displacement"].values[mask]
-                     + stack["h2ph"].values[mask] * truth["height_error"].values[mask][:, None])
+                     - stack["h2ph"].values[mask] * truth["height_error"].values[mask][:, None])
              + truth["aps"].values[mask])
     model = model - model[:, mother:mother + 1]
-    ifg = slc * np.conj(slc[:, mother:mother + 1]) * np.exp(-1j * model)
+    ifg = slc[:, mother:mother + 1] * np.conj(slc) * np.exp(-1j * model)
     error = np.angle(ifg.sum(axis=0))
     looks, gamma = mask.sum(), truth.attrs["ds_gamma_inf"]
     bound = np.sqrt((1 - gamma**2) / (2 * looks * gamma**2))

@@ -151,8 +151,8 @@ def test_h2ph_is_zero_at_mother_and_matches_geometry(small):
     bperp = stack["bperp"].values
     assert (h2ph[..., 6] == 0).all() and bperp[6] == 0
     assert bperp.std() > 20  # random baselines of ~100 m
-    # h2ph = B_perp / (R sin(theta)): ~1.9e-4 for 100 m at 850 km and 39 degrees
-    factor = np.delete(h2ph, 6, axis=-1) / np.delete(bperp, 6).astype(np.float64)
+    # h2ph = -B_perp / (R sin(theta)) (SNAP's sign): ~1.9e-4 for 100 m at 850 km and 39 deg
+    factor = -np.delete(h2ph, 6, axis=-1) / np.delete(bperp, 6).astype(np.float64)
     reference = 1.0 / (SLANT_RANGE_CENTRE * np.sin(np.deg2rad(INCIDENCE_CENTRE_DEG)))
     np.testing.assert_allclose(factor, reference, rtol=0.01)
     # it varies smoothly across range (larger range, smaller factor) and not in azimuth

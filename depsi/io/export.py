@@ -119,7 +119,9 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
         The table; velocity (and its std) in m/yr, height error, displacement and their stds
         in m.
     """
-    _require(result, ("velocity", "height_error", "temporal_coherence", "displacement",
+    # a result without height (a stack without baselines) says so, and has no such column
+    height = () if "height_term" in result.attrs else ("height_error",)
+    _require(result, ("velocity", *height, "temporal_coherence", "displacement",
                       "azimuth", "range"), "point_table")
     result = result.compute() if any(v.chunks for v in result.variables.values()) else result
     columns = {"pnt_id": point_ids(result)}

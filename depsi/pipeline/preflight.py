@@ -534,7 +534,8 @@ def check_stack_support(stack: Any, config: Any) -> dict[str, Any]:
         h2ph, where = _centre_h2ph(stack)
         precision = predicted_precision(years_since(times, times[0]), h2ph, float(wavelength))
         report["velocity_std"] = precision["velocity_std"]
-        _warn_precision(report, precision, n_epochs, dates, where, h2ph)
+        _warn_precision(report, precision, n_epochs, dates, where, h2ph,
+                        no_baselines=bool(stack.attrs.get("no_baselines")))
     else:
         logger.info("stack support: no wavelength or dates, precision not predicted")
     for message in report["warnings"]:
@@ -543,7 +544,8 @@ def check_stack_support(stack: Any, config: Any) -> dict[str, Any]:
 
 
 def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epochs: int,
-                    dates: str, where: str, h2ph: np.ndarray | None) -> None:
+                    dates: str, where: str, h2ph: np.ndarray | None, *,
+                    no_baselines: bool = False) -> None:
     velocity_mm = precision["velocity_std"] * 1000
     if precision["velocity_std"] > MAX_VELOCITY_STD:
         report["warnings"].append(
@@ -557,6 +559,8 @@ def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epoch
         report["height_std"] = height_std
         return
     report["drop_height"] = True
+    if no_baselines:  # the stack step has said so, and every step leaves the height out
+        return
     if math.isfinite(height_std):
         report["height_std"] = height_std
         spread = f"an h2ph spread of {np.ptp(h2ph):.2e} m/m at the scene centre ({where})"

@@ -254,7 +254,18 @@ def selection_step(stack: xr.Dataset, config: Any, *, progress: bool = False) ->
     ps = ps_selection(stack, method=section.method, threshold=section.threshold,
                       engine=section.engine, progress=progress)
     ds = section.ds
-    if ds.enabled:
+    enabled = ds.enabled is True
+    interferograms = ps.attrs.get("input_kind") == "interferograms"
+    blind = ps.attrs.get("selection_instead_of") or interferograms
+    if blind and ds.enabled == "auto":
+        # multilooked amplitudes or interferograms: the phase carries the measurement, and
+        # most of the coherent pixels are distributed scatterers
+        enabled = True
+        logger.warning("selection: %s; distributed scatterers are added (selection.ds."
+                       "enabled: false leaves them out)",
+                       "the stack is interferograms" if interferograms
+                       else "the amplitudes cannot separate the pixels")
+    if enabled:
         from depsi.processing.scatterers import ds_selection, merge_scatterers
 
         ps = merge_scatterers(ps, ds_selection(

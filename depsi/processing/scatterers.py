@@ -111,10 +111,12 @@ SCATTERER_VARIABLES = ("scatterer", "shp_count", "linked_coherence")
 class DSConfig(Section):
     """Distributed scatterers beside the PS: SHP selection, phase linking, acceptance."""
 
-    enabled: bool = Field(
-        False, description="Add distributed scatterers (DS) to the PS: pixels with enough "
-                           "statistically homogeneous pixels (SHP), their phase linked over "
-                           "them. Off by default: the points are the PS alone.")
+    enabled: bool | Literal["auto"] = Field(
+        "auto", description="Add distributed scatterers (DS) to the PS: pixels with enough "
+                            "statistically homogeneous pixels (SHP), their phase linked over "
+                            "them. auto: only where the amplitudes cannot separate the pixels "
+                            "(selection fell back to the phase) or the input is "
+                            "interferograms; elsewhere the points are the PS alone.")
     window: tuple[int, int] = Field(
         DEFAULT_WINDOW, description="SHP search window [azimuth, range] in pixels, odd sizes: "
                                     "at most window[0] x window[1] looks per DS.")

@@ -19,8 +19,10 @@ R_mother)/dh``, SNAP's sign)::
                                  + (h2ph_mother - h2ph_t) * height_error)
                          + aps_t + noise_t - noise_mother)
 
-with ``h2ph_t = bperp_t / (R sin(theta))`` (zero at the mother epoch; the interferograms'
-``h2ph`` is ``h2ph_mother - h2ph_t``, :mod:`depsi.processing.interferogram`), ``aps_mother = 0`` and
+with ``h2ph_t = -bperp_t / (R sin(theta))`` (SNAP's sign; zero at the mother epoch; the
+interferograms' ``h2ph`` is ``h2ph_mother - h2ph_t = bperp_t / (R sin(theta))``,
+:mod:`depsi.processing.interferogram`; the interferograms the chain forms are those of the
+model of earlier versions to the bit: only the SLCs' sign convention is physical now), ``aps_mother = 0`` and
 ``displacement_t = velocity * tau_t + seasonal_amplitude * sin(2 pi tau_t)``, ``tau_t`` the time
 since the first epoch in years of 365.25 days, so ``displacement`` is zero at the first epoch.
 Persistent scatterers (PS) follow this model with ``noise_t ~ N(0, ps_noise_std)`` per epoch
@@ -373,8 +375,9 @@ def _ds_region(scene: _Scene, az: slice, rg: slice) -> np.ndarray:
 
 
 def _h2ph(scene: _Scene, rg: slice) -> np.ndarray:
-    """h2ph (float32, (range, time)): B_perp / (R sin(theta))."""
-    return (scene.h2ph_factor[rg, None] * scene.bperp.astype(np.float64)).astype(np.float32)
+    """h2ph (float32, (range, time)): ``-B_perp / (R sin(theta))``, SNAP's per-SLC sign
+    (``d(R_t - R_mother)/dh``, :mod:`depsi.io.geometry`)."""
+    return (-scene.h2ph_factor[rg, None] * scene.bperp.astype(np.float64)).astype(np.float32)
 
 
 def _latlon(scene: _Scene, az: slice, rg: slice) -> tuple[np.ndarray, np.ndarray]:
@@ -828,7 +831,7 @@ def _orbit_geometry() -> dict[str, Any]:
 
 def _simulated_orbit(day: np.datetime64, centre_second: float, bperp: float):
     """A circular orbit over the scene centre, shifted across track so that its h2ph from the
-    orbits has the sign and size of the simulator's ``h2ph = bperp / (R sin(theta))``."""
+    orbits has the sign and size of the simulator's ``h2ph = -bperp / (R sin(theta))``."""
     from depsi.io.geometry import Orbit
 
     geometry = _orbit_geometry()
@@ -840,9 +843,9 @@ def _simulated_orbit(day: np.datetime64, centre_second: float, bperp: float):
                          + np.sin(angle)[:, None] * geometry["along"])
     velocity = radius * omega * (-np.sin(angle)[:, None] * geometry["radial"]
                                  + np.cos(angle)[:, None] * geometry["along"])
-    # depsi's h2ph = -B_perp / (R sin(theta)) (SNAP's sign): a positive simulated h2ph is a
-    # secondary below the mother's line of sight
-    position = position - bperp * geometry["perpendicular"]
+    # depsi's h2ph = -B_perp / (R sin(theta)) (SNAP's sign, as the stack's): B_perp positive
+    # is a secondary above the mother's line of sight
+    position = position + bperp * geometry["perpendicular"]
     return Orbit(day, seconds, position, velocity, source=f"simulated orbit of {day}")
 
 

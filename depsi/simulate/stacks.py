@@ -95,9 +95,9 @@ def _orbit_lines(bperp: float, centre_second: float) -> list[str]:
     angle = geometry["omega"] * (seconds - centre_second)
     positions = geometry["radius"] * (np.cos(angle)[:, None] * geometry["radial"]
                                       + np.sin(angle)[:, None] * geometry["along"])
-    # depsi's h2ph = -B_perp / (R sin(theta)): a positive simulated h2ph is a secondary below
-    # the mother's line of sight (as in simulated_geometry)
-    positions -= bperp * geometry["perpendicular"]
+    # depsi's h2ph = -B_perp / (R sin(theta)): B_perp positive is a secondary above the
+    # mother's line of sight (as in simulated_geometry)
+    positions += bperp * geometry["perpendicular"]
     lines = [" t(s)    X(m)                 Y(m)                  Z(m)                ",
              "NUMBER_OF_DATAPOINTS:       200"]
     lines += [f" {int(s)}   {x:<20.9f} {y:<21.9f} {z:<20.9f}"

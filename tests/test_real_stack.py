@@ -1,0 +1,112 @@
+"""A real 93-epoch Sentinel-1 interferogram stack (Houston, tests/data/psps_houston_crop): read
+as pseudo-SLCs with each file's direction, run from a YAML alone without baselines, and held
+against another processor's velocities on the same pixels (dolphin 0.42.9)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from depsi.cli import main
+from depsi.io import open_stm
+from depsi.io.interferograms import InterferogramStackError, from_interferograms
+from depsi.processing.interferogram import single_mother_interferograms
+
+WAVELENGTH = 0.05546576
+SHAPE = (64, 64)
+REFERENCE = np.datetime64("2018-01-15")
+
+
+@pytest.fixture(scope="module")
+def crop(realdata):
+    return realdata / "psps_houston_crop"
+
+
+@pytest.mark.realdata
+def test_the_stack_reads_with_each_files_direction(crop):
+    stack = from_interferograms(crop, wavelength=WAVELENGTH, shape=SHAPE)
+    time = stack["time"].values.astype("datetime64[D]")
+    assert time.size == 93 and stack.attrs["mother_time"].startswith("2018-01-15")
+    assert str(time[0]) == "2017-02-01" and str(time[-1]) == "2020-02-22"
+    values = stack["complex"].values
+    mother = int(np.flatnonzero(time == REFERENCE)[0])
+    assert (np.angle(values[..., mother]) == 0).all()
+    before = np.fromfile(crop / "igrams" / "20170201_20180115.int", "<c8").reshape(SHAPE)
+    after = np.fromfile(crop / "igrams" / "20180115_20200222.int", "<c8").reshape(SHAPE)
+    amplitude = np.fromfile(crop / "amplitude" / "20170201.amp", "<f4").reshape(SHAPE)
+    # s_t conj(s_r) is the file for t_r and its conjugate for r_t
+    np.testing.assert_allclose(np.angle(values[..., 0] * np.conj(np.exp(1j * np.angle(before)))),
+                               0, atol=1e-5)
+    np.testing.assert_allclose(np.angle(values[..., -1] * np.exp(1j * np.angle(after))), 0,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.abs(values[..., 0]), amplitude, rtol=1e-6)
+    # the interferograms the chain forms are the files' s_r conj(s_t)
+    points = stack.stack(space=("azimuth", "range")).reset_index("space").transpose(
+        "space", "time")
+    ifg = single_mother_interferograms(points[["complex"]]).compute()
+    np.testing.assert_allclose(
+        np.angle(np.exp(1j * (ifg["phase"].values[:, -1] - np.angle(after).ravel()))), 0,
+        atol=1e-5)
+
+
+def _copy(crop, tmp_path):
+    target = tmp_path / "stack"
+    shutil.copytree(crop, target)
+    return target
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("lie, message", [
+    ("short", "expected 32768 for a complex64 interferogram"),
+    ("second_reference", "expected single-reference interferograms"),
+    ("date_twice", "more than one interferogram to the reference"),
+    ("amplitude_missing", "amplitude images and interferograms disagree on the dates"),
+    ("not_a_date", "is not a date"),
+])
+def test_stacks_that_lie_are_refused_before_any_pixel_is_read(crop, tmp_path, lie, message):
+    folder = _copy(crop, tmp_path)
+    igrams = folder / "igrams"
+    if lie == "short":
+        path = igrams / "20180115_20190110.int"
+        path.write_bytes(path.read_bytes()[:-8])
+    elif lie == "second_reference":
+        (igrams / "20180115_20190110.int").rename(igrams / "20181229_20190110.int")
+    elif lie == "date_twice":
+        shutil.copy(igrams / "20180115_20190110.int", igrams / "20190110_20180115.int")
+    elif lie == "amplitude_missing":
+        (folder / "amplitude" / "20190110.amp").unlink()
+    else:
+        (igrams / "20180115_20190110.int").rename(igrams / "20180115_20191399.int")
+    with pytest.raises(InterferogramStackError, match=message):
+        from_interferograms(folder, wavelength=WAVELENGTH, shape=SHAPE)
+
+
+@pytest.mark.realdata
+def test_raw_interferograms_need_their_shape(crop):
+    with pytest.raises(InterferogramStackError, match="give input.shape"):
+        from_interferograms(crop, wavelength=WAVELENGTH)
+
+
+def _config(crop, tmp_path, **selection):
+    data = {"input": {"format": "interferograms", "path": str(crop), "wavelength": WAVELENGTH,
+                      "shape": list(SHAPE), "pixel_spacing": [100.0, 100.0]},
+            "output": {"workspace": str(tmp_path / "ws"), "exports": ["csv"]}}
+    if selection:
+        data["selection"] = selection
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.realdata
+def test_interferograms_need_a_pixel_spacing(crop, tmp_path, caplog):
+    path = _config(crop, tmp_path)
+    data = yaml.safe_load(path.read_text())
+    del data["input"]["pixel_spacing"]
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--no-progress"]) != 0
+    assert "needs pixel_spacing [azimuth, range] in metres" in caplog.text
+    assert not (tmp_path / "ws").exists()

@@ -23,7 +23,7 @@ def test_there_are_notebooks():
     names = [path.name for path in NOTEBOOKS]
     assert names == ["01_dask_for_insar.ipynb", "02_ps_processing.ipynb",
                      "03_real_data.ipynb", "04_gpu_and_hpc.ipynb",
-                     "05_distributed_scatterers.ipynb"]
+                     "05_distributed_scatterers.ipynb", "06_real_stack.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -567,8 +567,12 @@ def _simulated(shape, n_epochs, seed, ps_fraction, aps_std, ps_noise_std, height
     coords = {"azimuth": ("space", az.astype(np.int64)), "range": ("space", rg.astype(np.int64)),
               "lat": ("space", stack["lat"].values[az, rg]),
               "lon": ("space", stack["lon"].values[az, rg]), "time": stack["time"].values}
+    # phase and h2ph are the interferograms' (slc_mother * conj(slc)), complex the SLCs': the
+    # attribute has the chain take phase and h2ph as they are (the SLCs' own h2ph is minus
+    # this one, zero at the mother)
     attrs = {"wavelength": stack.attrs["wavelength"], "mother_time": stack.attrs["mother_time"],
-             "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1]}
+             "azimuth_spacing": PIXEL_SPACING[0], "range_spacing": PIXEL_SPACING[1],
+             "interferogram": "phase and h2ph of slc_mother * conj(slc); complex: the SLCs"}
     points = xr.Dataset(
         {"complex": (("space", "time"), slc.astype(np.complex64)),
          "phase": (("space", "time"), np.angle(ifg).astype(np.float32)),

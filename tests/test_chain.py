@@ -56,8 +56,9 @@ def test_chain_with_atmosphere_keeps_points_and_stays_close():
 
 def test_chain_forms_interferograms_from_complex():
     points, true = simulated_points(aps_std=0.0)
-    result = run_ps_chain(points.drop_vars("phase"), network={"first_order": 150},
-                           atmosphere={"method": "none"})
+    # the SLCs alone, with their own h2ph (minus the interferograms', zero at the mother)
+    slcs = points.drop_vars("phase").assign(h2ph=-points["h2ph"])
+    result = run_ps_chain(slcs, network={"first_order": 150}, atmosphere={"method": "none"})
     v, _, _ = _errors(result, true)
     assert np.sqrt(np.mean(v**2)) <= 1.2 * predicted_arc_std(points)[0]
 
@@ -79,8 +80,10 @@ def test_chain_forms_interferograms_from_selection_output():
     """``ps_selection`` returns SLC ``complex`` and the SLC ``phase``; the chain must not take
     that phase for an interferogram."""
     points, true = simulated_points(aps_std=0.0)
+    # as selection gives them: the SLCs, their phase and their own h2ph, no interferogram
     slc = points.assign(phase=(points.phase.dims, np.angle(points.complex.values)
-                               .astype(np.float32)))
+                               .astype(np.float32)), h2ph=-points["h2ph"])
+    slc.attrs = {k: v for k, v in points.attrs.items() if k != "interferogram"}
     result = run_ps_chain(slc, network={"first_order": 150},
                            atmosphere={"method": "none"})
     v, _, _ = _errors(result, true)

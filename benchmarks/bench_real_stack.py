@@ -1,0 +1,193 @@
+"""Side by side with another processor on a real stack: depsi and dolphin 0.42.9 on the 93-epoch
+Sentinel-1 interferogram stack over Houston (``psps_houston_crop``, 200 x 200 pixels of 100 m).
+
+1. dolphin, in a venv of its own with real GDAL bindings (``_dolphin_workflow.py``): its whole
+   displacement workflow (EMI phase linking in ministacks, nearest-3 interferograms, snaphu,
+   network inversion, velocity) on the pseudo-SLCs ``amplitude * exp(i angle(s_t conj(s_r)))``
+   that both programs read. Its phase-linking half window is set for 100 m pixels
+   (``--dolphin-half-window``, default 2 x 2: 500 m); its default (7 x 14, made for 5 x 10 m
+   CSLCs) spans 1.5 x 2.9 km here and rates every pixel coherent.
+2. depsi, ``depsi run`` from a YAML alone (``input.format: interferograms``, no baselines), in a
+   subprocess, timed with its peak RSS.
+3. The comparison: each one's measurement points and their overlap; on the pixels both find
+   coherent (dolphin's temporal coherence >= 0.8 and a depsi point), the correlation of the
+   velocities and the RMS of their difference after a common reference (the median
+   difference); time and peak memory. Evidence that rests on neither program: the wrapped
+   phase's own consistency with each velocity, ``|mean_t exp(i (phi_t - m2ph v t))|`` over the
+   reference-date interferograms, of neighbouring pixels' phase differences (the atmosphere and
+   the reference's noise cancel), so a velocity of the wrong sign or size scores lower.
+4. Maps of both velocity fields side by side (``--figure``).
+
+Usage: ``python benchmarks/bench_real_stack.py [--crop DIR] [--work DIR]
+[--dolphin-npz FILE] [--dolphin-half-window 2 2] [--figure docs/figures/real_stack.png]``.
+Not part of the test suite (dolphin's run takes about ten minutes on two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _dolphin_workflow import DEFAULT_CROP, run_dolphin_workflow  # noqa: E402
+
+logger = logging.getLogger("bench_real_stack")
+
+WAVELENGTH = 0.05546576
+SHAPE = (200, 200)
+PIXEL = 100.0
+COHERENT = 0.8
+
+
+def run_depsi(crop: Path, work: Path, shape: tuple[int, int] = SHAPE) -> dict:
+    """``depsi run`` on the crop from a YAML alone, in a subprocess; its result and costs."""
+    from depsi.io import open_stm
+
+    config = {"input": {"format": "interferograms", "path": str(crop),
+                        "wavelength": WAVELENGTH, "shape": list(shape),
+                        "pixel_spacing": [PIXEL, PIXEL]},
+              "output": {"workspace": str(work / "ws"), "exports": ["csv"]}}
+    path = work / "depsi.yaml"
+    path.write_text(yaml.safe_dump(config))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "depsi.cli", "run", str(path), "--no-progress"],
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    (work / "depsi.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"depsi run failed:\n{done.stderr[-3000:]}")
+    result = open_stm(work / "ws" / "stm.zarr").compute()
+    return {"result": result, "wall_s": wall,
+            "peak_rss_gb": max(peak, before) / 2**20}  # ru_maxrss is in KiB on Linux
+
+
+def phase_consistency(crop: Path, velocity_a: np.ndarray, velocity_b: np.ndarray,
+                      mask: np.ndarray, shape: tuple[int, int] = SHAPE) -> dict:
+    """How well each velocity field explains the wrapped phase, pixel pair by pixel pair.
+
+    For horizontally neighbouring pixels ``p, q`` both in ``mask``: the phase difference of
+    their reference-date interferograms, ``angle(I_p conj(I_q))`` (atmosphere, orbit and the
+    reference's own noise cancel), against the velocity difference of each field,
+    ``|mean_t exp(i (dphi_t - m2ph (v_p - v_q) t))|``; and the same with the velocity's sign
+    turned. Neither program's processing enters: only the files and the velocities.
+    """
+    from depsi.conventions import phase_per_metre, years_since
+    from depsi.io.interferograms import from_interferograms
+
+    stack = from_interferograms(crop, wavelength=WAVELENGTH, shape=shape)
+    mother = np.datetime64(stack.attrs["mother_time"])
+    years = years_since(stack["time"].values, mother)
+    # the interferograms s_r conj(s_t) of depsi's convention: conjugates of the pseudo-SLCs
+    ifg = np.conj(np.exp(1j * np.angle(stack["complex"].values)))
+    pairs = mask[:, :-1] & mask[:, 1:]
+    rows, cols = np.nonzero(pairs)
+    difference = ifg[rows, cols] * np.conj(ifg[rows, cols + 1])
+    m2ph = phase_per_metre(WAVELENGTH)
+    out = {"pairs": int(rows.size)}
+    for name, field in (("depsi", velocity_a), ("dolphin", velocity_b)):
+        dv = (field[rows, cols] - field[rows, cols + 1])[:, None]
+        for sign, label in ((1.0, ""), (-1.0, "_sign_turned")):
+            model = np.exp(-1j * m2ph * sign * dv * years[None, :])
+            out[f"{name}{label}"] = float(np.mean(np.abs(np.mean(difference * model, axis=1))))
+    return out
+
+
+def compare(depsi: dict, dolphin: dict, crop: Path) -> dict:
+    result = depsi["result"]
+    az, rg = result["azimuth"].values, result["range"].values
+    ours = np.full(SHAPE, np.nan)
+    ours[az, rg] = result["velocity"].values * 1000.0
+    theirs = np.asarray(dolphin["velocity"], np.float64) * 1000.0
+    coherent = np.nan_to_num(np.asarray(dolphin["temporal_coherence"], np.float64)) >= COHERENT
+    both = coherent & np.isfinite(ours) & np.isfinite(theirs)
+    difference = ours[both] - theirs[both]
+    offset = float(np.median(difference))
+    rms = float(np.sqrt(np.mean((difference - offset) ** 2)))
+    kinds = result["scatterer"].values if "scatterer" in result else np.zeros(len(az))
+    figures = {
+        "depsi_points": int(np.isfinite(ours).sum()),
+        "depsi_ps": int((kinds == 0).sum()), "depsi_ds": int((kinds == 1).sum()),
+        "dolphin_coherent": int(coherent.sum()),
+        "dolphin_coherent_with_depsi_point": int(both.sum()),
+        "coverage_of_dolphin_coherent": float(both.sum() / max(coherent.sum(), 1)),
+        "correlation": float(np.corrcoef(ours[both], theirs[both])[0, 1]),
+        "rms_after_common_reference_mm_yr": rms,
+        "common_reference_offset_mm_yr": offset,
+        "depsi_velocity_p5_p95_mm_yr": np.percentile(ours[both], [5, 95]).round(2).tolist(),
+        "dolphin_velocity_p5_p95_mm_yr": np.percentile(theirs[both], [5, 95]).round(2).tolist(),
+        "depsi_wall_s": round(depsi["wall_s"], 1), "depsi_peak_rss_gb": round(
+            depsi["peak_rss_gb"], 2),
+        "dolphin_wall_s": round(float(dolphin["wall_s"]), 1),
+        "dolphin_peak_rss_gb": round(float(dolphin.get("process_peak_rss_gb",
+                                                       dolphin["peak_rss_gb"])), 2),
+    }
+    figures["phase_consistency"] = phase_consistency(
+        crop, np.nan_to_num(ours / 1000.0), np.nan_to_num(theirs / 1000.0), both)
+    return figures, ours, theirs, coherent
+
+
+def draw(ours: np.ndarray, theirs: np.ndarray, coherent: np.ndarray, figure: Path,
+         offset: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    limit = float(np.nanpercentile(np.abs(ours), 98))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5), constrained_layout=True)
+    for ax, field, title in ((axes[0], ours, "depsi (its points)"),
+                             (axes[1], np.where(coherent, theirs + offset, np.nan),
+                              "dolphin 0.42.9 (temporal coherence >= 0.8)")):
+        image = ax.imshow(field, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="none")
+        ax.set_title(title)
+        ax.set_xlabel("range pixel (100 m)")
+        ax.set_ylabel("azimuth pixel (100 m)")
+    fig.colorbar(image, ax=axes, label="LOS velocity, mm/yr (positive towards the satellite; "
+                                       "dolphin shifted to depsi's reference)")
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(figure, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--crop", type=Path, default=DEFAULT_CROP)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--dolphin-npz", type=Path, default=None,
+                        help="a finished dolphin run's .npz (skips running dolphin)")
+    parser.add_argument("--dolphin-half-window", type=int, nargs=2, default=(2, 2))
+    parser.add_argument("--figure", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-real-stack-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.dolphin_npz is not None:
+        with np.load(args.dolphin_npz) as data:
+            dolphin = {key: data[key] for key in data.files}
+    else:
+        dolphin = run_dolphin_workflow(work / "dolphin", work / "dolphin.npz",
+                                       crop_dir=args.crop,
+                                       half_window=tuple(args.dolphin_half_window))
+    depsi = run_depsi(args.crop, work)
+    figures, ours, theirs, coherent = compare(depsi, dolphin, args.crop)
+    print(json.dumps(figures, indent=1))
+    if args.figure is not None:
+        draw(ours, theirs, coherent, args.figure, figures["common_reference_offset_mm_yr"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -110,3 +110,54 @@ def test_interferograms_need_a_pixel_spacing(crop, tmp_path, caplog):
     assert main(["run", str(path), "--no-progress"]) != 0
     assert "needs pixel_spacing [azimuth, range] in metres" in caplog.text
     assert not (tmp_path / "ws").exists()
+
+
+def _isce2_layout(crop, folder):
+    """The crop's interferograms as ISCE2 topsStack writes them (no amplitude images)."""
+    from depsi.io.isce2_writer import write_image_header
+
+    for path in sorted((crop / "igrams").glob("*.int")):
+        pair = folder / "merged" / "interferograms" / path.stem
+        pair.mkdir(parents=True)
+        shutil.copy(path, pair / "fine.int")
+        write_image_header(pair / "fine.int", width=SHAPE[1], length=SHAPE[0],
+                           data_type="CFLOAT")
+    return folder
+
+
+def _geotiff_layout(crop, folder):
+    """The crop as one complex GeoTIFF a pair and one float GeoTIFF an amplitude."""
+    import rasterio
+
+    folder.mkdir()
+    (folder / "amplitude").mkdir()
+    for source, target, dtype in ((crop / "igrams", folder, "<c8"),
+                                  (crop / "amplitude", folder / "amplitude", "<f4")):
+        for path in sorted(source.iterdir()):
+            values = np.fromfile(path, dtype).reshape(SHAPE)
+            with rasterio.open(target / f"{path.stem}.tif", "w", driver="GTiff",
+                               height=SHAPE[0], width=SHAPE[1], count=1,
+                               dtype="complex64" if dtype == "<c8" else "float32") as out:
+                out.write(values, 1)
+    return folder
+
+
+@pytest.mark.realdata
+def test_isce2_and_geotiff_layouts_read_as_the_raw_one(crop, tmp_path):
+    import warnings
+
+    from rasterio.errors import NotGeoreferencedWarning
+
+    raw = from_interferograms(crop, wavelength=WAVELENGTH, shape=SHAPE)["complex"].values
+    isce2 = from_interferograms(_isce2_layout(crop, tmp_path / "isce2"), wavelength=WAVELENGTH)
+    assert isce2.attrs["amplitude_source"] == "interferogram moduli"
+    # the same phases; amplitudes from the pairs' moduli
+    np.testing.assert_allclose(np.angle(isce2["complex"].values * np.conj(raw)), 0, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotGeoreferencedWarning)
+        geotiff = from_interferograms(_geotiff_layout(crop, tmp_path / "tif"),
+                                      wavelength=WAVELENGTH)
+        np.testing.assert_allclose(geotiff["complex"].values, raw, rtol=1e-6)
+    assert geotiff.attrs["amplitude_source"] == "images"
+    with pytest.raises(InterferogramStackError, match="contradicts the headers"):
+        from_interferograms(tmp_path / "isce2", wavelength=WAVELENGTH, shape=(32, 64))

@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 POINT_COLUMNS = ("pnt_id", "lat", "lon", "azimuth", "range", "velocity", "velocity_std",
                  "height_error", "height_error_std", "temporal_coherence", "height",
                  "lat_uncorrected", "lon_uncorrected", "incidence_angle", "heading", "los_east",
-                 "los_north", "los_up", "scatterer", "shp_count", "linked_coherence")
+                 "los_north", "los_up", "scatterer", "shp_count", "linked_coherence",
+                 "reference_distance")
 
 _GEO_HINT = "install the optional 'geo' extra: pip install 'depsi[geo]'"
 

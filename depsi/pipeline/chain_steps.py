@@ -681,8 +681,13 @@ def model_step(points: xr.Dataset, first: xr.Dataset, dense: xr.Dataset, config:
             "n_densified": int((out["order"].values == 2).sum()),
             "n_rejected": int(points.sizes["space"] - out.sizes["space"]),
         })
-        # each point's line-of-sight geometry (from selection's geocoding) travels with it
+        # each point's distance from the reference point: its velocity is relative to it
         index = out["point_index"].values
+        placed = point_positions(points.isel(space=np.append(index, reference_global)))
+        out = out.assign_coords(reference_distance=("space", np.hypot(
+            *(placed[:-1] - placed[-1]).T), {"units": "m", "long_name":
+                                              "distance from the reference point"}))
+        # each point's line-of-sight geometry (from selection's geocoding) travels with it
         out = out.assign_coords({name: ("space", points[name].values[index],
                                          dict(points[name].attrs))
                                  for name in POINT_GEOMETRY if name in points.coords})

@@ -584,7 +584,8 @@ def integrate_network(
     result = _point_results(points, values, point_ok, point_reason, ref, years)
     result.attrs.update(_outcome_attrs(ref, min_coherence, alpha, critical, point_reason, arc_ok,
                                        arc_reason, iterations))
-    _log_outcome(points, ref, point_reason, arc_ok, n_tested_out, iterations)
+    _log_outcome(points, ref, point_reason, arc_ok, n_tested_out, iterations,
+                 arc_reason=arc_reason, min_coherence=min_coherence)
     if reference_radius is not None:
         result = apply_reference_area(result, reference_radius)
     if not return_arcs:
@@ -683,7 +684,8 @@ def _outcome_attrs(ref, min_coherence, alpha, critical, point_reason, arc_ok, ar
     }
 
 
-def _log_outcome(points, ref, point_reason, arc_ok, n_tested_out, iterations) -> None:
+def _log_outcome(points, ref, point_reason, arc_ok, n_tested_out, iterations, *,
+                 arc_reason=None, min_coherence=None) -> None:
     n = points.sizes["space"]
     point_ok = point_reason == 0
     # name the reference as the input names it: point_index (the chain's index into its
@@ -693,6 +695,14 @@ def _log_outcome(points, ref, point_reason, arc_ok, n_tested_out, iterations) ->
     logger.info("integration: %d/%d points, %d/%d arcs kept (%d rejected by w-test in %d "
                 "iterations), reference %s", point_ok.sum(), n, arc_ok.sum(), len(arc_ok),
                 n_tested_out, iterations, named)
+    if arc_reason is not None:
+        # why the others went: the arcs' own coherence, the w-test, or a point that left
+        logger.info("integration: arcs rejected: %d below min_coherence %s (or without a "
+                    "finite estimate), %d by the w-test, %d with a point that left the "
+                    "network; points removed: %d with fewer than two arcs left, %d off the "
+                    "reference's piece", int((arc_reason == 1).sum()), min_coherence,
+                    int((arc_reason == 2).sum()), int((arc_reason == 3).sum()),
+                    int((point_reason == 1).sum()), int((point_reason == 2).sum()))
     outside = int((point_reason == 2).sum())
     if outside:
         logger.warning("integration: the network broke into pieces; %d of %d points (%.1f %%) "

@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from depsi.cli import main
-from depsi.io import open_stm
 from depsi.io.interferograms import InterferogramStackError, from_interferograms
 from depsi.processing.interferogram import single_mother_interferograms
 

@@ -176,8 +176,9 @@ class InputConfig(_Section):
                     "interferograms", "simulated"] | None = Field(
         None, description="Format of the stack: zarr, binary, doris, isce2, gamma, snap, "
                           "dimap, geotiff, interferograms (single-reference wrapped "
-                          "interferograms and amplitudes, read as pseudo-SLCs) or simulated. null: zarr for a path ending in .zarr, "
-                          "dimap for one ending in .dim, simulated without a path.")
+                          "interferograms and amplitudes, read as pseudo-SLCs) or simulated. "
+                          "null: zarr for a path ending in .zarr, dimap for one ending in .dim, "
+                          "simulated without a path.")
     geometry: Literal["product", "orbits"] = Field(
         "product", description="Where h2ph and lat/lon come from: 'product' (the files' own, "
                                "computed from the orbits only where missing) or 'orbits' "

@@ -21,8 +21,7 @@ R_mother)/dh``, SNAP's sign)::
 
 with ``h2ph_t = -bperp_t / (R sin(theta))`` (SNAP's sign; zero at the mother epoch; the
 interferograms' ``h2ph`` is ``h2ph_mother - h2ph_t = bperp_t / (R sin(theta))``,
-:mod:`depsi.processing.interferogram`; the interferograms the chain forms are those of the
-model of earlier versions to the bit: only the SLCs' sign convention is physical now), ``aps_mother = 0`` and
+:mod:`depsi.processing.interferogram`), ``aps_mother = 0`` and
 ``displacement_t = velocity * tau_t + seasonal_amplitude * sin(2 pi tau_t)``, ``tau_t`` the time
 since the first epoch in years of 365.25 days, so ``displacement`` is zero at the first epoch.
 Persistent scatterers (PS) follow this model with ``noise_t ~ N(0, ps_noise_std)`` per epoch

@@ -121,7 +121,8 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
         Lazy when the input is: ``complex`` (interferogram), ``amplitude`` (its modulus),
         ``phase`` (wrapped to (-pi, pi], exactly 0 at the mother), ``h2ph`` (``h2ph_mother -
         h2ph_t``, the interferogram's, exactly 0 at the mother: never divide by it), the
-        input's variables without ``time`` and its coordinates. ``attrs["mother_time"]`` names the mother epoch.
+        input's variables without ``time`` and its coordinates. ``attrs["mother_time"]``
+        names the mother epoch.
 
     Raises
     ------

@@ -38,7 +38,7 @@ def assert_plain(message: str) -> None:
     ({"input": {"simulate": {"chunks": "big"}}},
      "input.simulate.chunks: expected a list of two whole numbers or null, found 'big'"),
     ({"selection": {"threshold": "abc"}},
-     "selection.threshold: expected a number, found 'abc'"),
+     "selection.threshold: expected a number or null, found 'abc'"),
     ({"selection": {"threshold": -1}},
      "selection.threshold: expected a number greater than 0, found -1"),
     ({"integration": {"alpha": 2}},
@@ -46,13 +46,13 @@ def assert_plain(message: str) -> None:
     ({"network": {"k": 2.5}}, "network.k: expected a whole number, found 2.5"),
     ({"network": {"k": 0}}, "network.k: expected a whole number at least 1, found 0"),
     ({"selection": {"method": "mad"}},
-     "selection.method: expected one of 'nad', 'nmad', found 'mad'"),
+     "selection.method: expected one of 'nad', 'nmad', 'phase', found 'mad'"),
     ({"selection": 5},
      "selection: expected a section of keys (method, threshold, engine, ...), found 5"),
     ({"compute": {"slurm": {"adaptive": [1, 8]}}},
      "compute.slurm.adaptive: expected a section of keys (minimum, maximum) or null, "
      "found [1, 8]"),
-    ({"selection": {"threshold": True}}, "selection.threshold: expected a number, found true"),
+    ({"selection": {"threshold": True}}, "selection.threshold: expected a number or null, found true"),
     ({"compute": {"workers": False}},
      "compute.workers: expected a whole number or null, found false"),
     ({"arcs": {"velocity_range": [True, 0.05]}},
@@ -87,7 +87,7 @@ def test_errors_in_two_sections_are_counted_and_listed_one_a_line_by_key() -> No
     assert message.splitlines() == [
         "run.yaml: 3 problems in the configuration:",
         "  arcs.height_range: expected a list of two numbers, found 200",
-        "  selection.method: expected one of 'nad', 'nmad', found 'mad'",
+        "  selection.method: expected one of 'nad', 'nmad', 'phase', found 'mad'",
         "  selection.threshold: expected a number, found 'abc'"]
 
 

@@ -88,7 +88,7 @@ def test_errors_in_two_sections_are_counted_and_listed_one_a_line_by_key() -> No
         "run.yaml: 3 problems in the configuration:",
         "  arcs.height_range: expected a list of two numbers, found 200",
         "  selection.method: expected one of 'nad', 'nmad', 'phase', found 'mad'",
-        "  selection.threshold: expected a number, found 'abc'"]
+        "  selection.threshold: expected a number or null, found 'abc'"]
 
 
 def test_an_unknown_key_keeps_its_did_you_mean_among_other_problems() -> None:

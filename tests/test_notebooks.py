@@ -82,7 +82,8 @@ def test_example_data_is_small():
 def test_real_test_data_is_small_and_each_set_keeps_its_licence_and_provenance():
     data = ROOT / "tests" / "data"
     total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
-    assert total < 6 * 2**20, f"tests/data holds {total / 2**20:.1f} MiB; keep it to a few MB"
+    # 4.4 MiB of it is the one real multi-epoch stack (93 epochs of 64 x 64 pixels)
+    assert total < 10 * 2**20, f"tests/data holds {total / 2**20:.1f} MiB; keep it to a few MB"
     readme = (data / "README.md").read_text()
     for folder in sorted(p for p in data.iterdir() if p.is_dir()):
         assert list(folder.glob("LICENSE*")), f"{folder.name}: no licence file beside the data"

@@ -283,7 +283,8 @@ def from_interferograms(path: str | os.PathLike, *, wavelength: float,
     ...     np.full((2, 3), 2.0, "<f4").tofile(folder / "amplitude" / f"{d}.amp")
     >>> stack = from_interferograms(folder, wavelength=0.0555, shape=(2, 3))
     >>> values = stack["complex"].values[0, 0]
-    >>> stack.attrs["mother_time"], np.abs(values).tolist(), np.angle(values).round(4).tolist()
+    >>> phase = np.angle(values).astype(float).round(4).tolist()
+    >>> stack.attrs["mother_time"], np.abs(values).tolist(), phase
     ('2020-01-01T00:00:00', [2.0, 2.0], [0.0, -1.5708])
     """
     folder = Path(path)

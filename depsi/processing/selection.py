@@ -562,7 +562,7 @@ def ps_selection(
     stack: xr.Dataset,
     *,
     method: str = DEFAULT_METHOD,
-    threshold: float = DEFAULT_THRESHOLD,
+    threshold: float | None = None,
     time_window: Any = None,
     engine: str = DEFAULT_ENGINE,
     block_shape: tuple[int, int] | None = None,
@@ -570,10 +570,11 @@ def ps_selection(
     workers: int | None = None,
     progress: bool = False,
 ) -> xr.Dataset:
-    """Select Persistent Scatterer candidates by amplitude dispersion; return a point STM.
+    """Select Persistent Scatterer candidates by amplitude dispersion (or by their phase's
+    similarity to their neighbours); return a point STM.
 
     A pixel is selected when its dispersion over the epochs in ``time_window`` is below
-    ``threshold``. Pixels without usable amplitude (all epochs NaN, zero mean or median) are
+    ``threshold`` (with ``method="phase"``: when its phase similarity reaches it). Pixels without usable amplitude (all epochs NaN, zero mean or median) are
     excluded, logged and counted in ``attrs["n_excluded"]``; no division warning is raised.
 
     Parameters
@@ -582,10 +583,15 @@ def ps_selection(
         Raster stack ``(azimuth, range, time)`` with ``complex`` SLC values and optionally
         ``h2ph`` and ``(azimuth, range)`` coordinates such as ``lat``/``lon``.
     method
-        ``"nad"`` (std/mean) or ``"nmad"`` (MAD/median, no 1.4826 factor).
+        ``"nad"`` (std/mean), ``"nmad"`` (MAD/median, no 1.4826 factor) or ``"phase"`` (the
+        phase similarity to the most similar of the eight neighbours,
+        :func:`phase_similarity_block`). With ``nad``/``nmad``, a stack of at least
+        :data:`AMPLITUDE_BLIND_MIN_PIXELS` usable pixels of which more than
+        :data:`AMPLITUDE_BLIND_SHARE` pass is selected on the phase instead, with a warning.
     threshold
-        Positive dispersion threshold; default :data:`DEFAULT_THRESHOLD` (0.25, the usual NAD
-        choice).
+        ``nad``/``nmad``: positive dispersion threshold, default :data:`DEFAULT_THRESHOLD`
+        (0.25, the usual NAD choice); ``phase``: the phase similarity a candidate reaches,
+        default :data:`DEFAULT_PHASE_THRESHOLD` (0.75).
     time_window
         ``(start, end)`` of the epochs the dispersion is computed over (ends included); the
         output keeps every epoch.

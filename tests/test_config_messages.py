@@ -52,7 +52,8 @@ def assert_plain(message: str) -> None:
     ({"compute": {"slurm": {"adaptive": [1, 8]}}},
      "compute.slurm.adaptive: expected a section of keys (minimum, maximum) or null, "
      "found [1, 8]"),
-    ({"selection": {"threshold": True}}, "selection.threshold: expected a number or null, found true"),
+    ({"selection": {"threshold": True}},
+     "selection.threshold: expected a number or null, found true"),
     ({"compute": {"workers": False}},
      "compute.workers: expected a whole number or null, found false"),
     ({"arcs": {"velocity_range": [True, 0.05]}},

@@ -574,8 +574,9 @@ def ps_selection(
     similarity to their neighbours); return a point STM.
 
     A pixel is selected when its dispersion over the epochs in ``time_window`` is below
-    ``threshold`` (with ``method="phase"``: when its phase similarity reaches it). Pixels without usable amplitude (all epochs NaN, zero mean or median) are
-    excluded, logged and counted in ``attrs["n_excluded"]``; no division warning is raised.
+    ``threshold`` (with ``method="phase"``: when its phase similarity reaches it). Pixels
+    without usable amplitude (all epochs NaN, zero mean or median) are excluded, logged and
+    counted in ``attrs["n_excluded"]``; no division warning is raised.
 
     Parameters
     ----------

@@ -51,6 +51,11 @@ from depsi.kernels.phase_linking import (
 
 logger = logging.getLogger(__name__)
 
+#: Bytes a batch of pixels' phase linking may take on the CPU: the batched eigensolver is no
+#: faster on larger batches, and a batch sized by the free memory alone took 12 GB on a
+#: 200 x 200 x 93 stack.
+CPU_BATCH_BYTES = 256 * 2**20
+
 #: SHP search window ``(azimuth, range)``: 121 cells, so up to 121 looks per DS pixel.
 DEFAULT_WINDOW = (11, 11)
 
@@ -411,6 +416,10 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
     else:
         per_pixel = phase_linking_bytes_per_pixel(n_epochs, n_cells)
     step = batch_size(per_pixel, device, max_items=rows.size)
+    if device is None or parse_device(device).kind == "cpu":
+        # on the CPU a larger batch is no faster (the eigensolver works pixel by pixel): the
+        # memory stays bounded whatever is free
+        step = max(1, min(step, CPU_BATCH_BYTES // per_pixel))
     with use_device(device):
         slc_device = to_device(np.ascontiguousarray(slc), device)
         for start in range(0, rows.size, step):

@@ -161,13 +161,13 @@ def draw(ours: np.ndarray, theirs: np.ndarray, coherent: np.ndarray, figure: Pat
     fig, axes = plt.subplots(1, 2, figsize=(11, 5), constrained_layout=True)
     for ax, field, title in ((axes[0], ours, "depsi (its points)"),
                              (axes[1], np.where(coherent, theirs + offset, np.nan),
-                              "dolphin 0.42.9 (temporal coherence >= 0.8)")):
+                              "dolphin 0.42.9 (temporal coherence >= 0.8),\n"
+                              "shifted to depsi's reference")):
         image = ax.imshow(field, cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="none")
         ax.set_title(title)
         ax.set_xlabel("range pixel (100 m)")
         ax.set_ylabel("azimuth pixel (100 m)")
-    fig.colorbar(image, ax=axes, label="LOS velocity, mm/yr (positive towards the satellite; "
-                                       "dolphin shifted to depsi's reference)")
+    fig.colorbar(image, ax=axes, label="LOS velocity (mm/yr), positive towards the satellite")
     figure.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(figure, dpi=90)
     plt.close(fig)

@@ -131,6 +131,14 @@ STATISTICS = {
 _POINT_STATISTICS = {"amplitude_dispersion": np.float32, "amp_count": np.int32,
                      "amp_sum": np.float64, "amp_sumsq": np.float64}
 
+#: What a point selected on its phase carries beside its NAD, with its attributes.
+_PHASE_STATISTICS = {
+    "phase_similarity": {"units": "1", "long_name": "phase similarity to the most similar of "
+                                                    "the 8 neighbours"},
+    "phase_std": {"units": "rad",
+                  "long_name": "phase noise standard deviation from the phase similarity"},
+}
+
 _STATUS_REJECTED, _STATUS_SELECTED, _STATUS_UNUSABLE = 0, 1, 2
 
 
@@ -542,9 +550,13 @@ def _finish_points(points: xr.Dataset, *, method: str, threshold: float, window_
     ordered = with_amplitude_and_phase(points["complex"])
     if "h2ph" in points:
         ordered["h2ph"] = points["h2ph"]
-    ordered |= {name: points[name] for name in _POINT_STATISTICS}
+    ordered |= {name: points[name] for name in (*_POINT_STATISTICS, *_PHASE_STATISTICS)
+                if name in points}
     ordered["selected"] = xr.DataArray(np.ones(points.sizes["space"], bool), dims="space")
     result = xr.Dataset(ordered, coords=points.coords)
+    for name, attrs in _PHASE_STATISTICS.items():
+        if name in result:
+            result[name].attrs.update(attrs)
     history = str(points.attrs.get("history", ""))
     step = f"ps_selection(method={method!r}, threshold={threshold})"
     result.attrs = dict(points.attrs) | window_attrs | counts | {
@@ -554,7 +566,7 @@ def _finish_points(points: xr.Dataset, *, method: str, threshold: float, window_
         "history": f"{history}\n{step}".strip(),
     }
     result["amplitude_dispersion"].attrs["long_name"] = (
-        "NAD = std/mean of amplitude" if method == "nad" else "NMAD = MAD/median of amplitude")
+        "NMAD = MAD/median of amplitude" if method == "nmad" else "NAD = std/mean of amplitude")
     return result
 
 
@@ -659,34 +671,39 @@ def ps_selection(
         # (geocode_points below), not every pixel of the scene
         stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     window = epoch_window(stack["time"].values, time_window)
+    instead_of = None
     if method == "phase":
-        return _phase_selection(stack, threshold=threshold, window=window)
-    engine, why = resolve_engine(stack, engine)
-    logger.info("ps_selection: %s engine (%s)", engine, why)
-    if engine == "dask":
-        points, counts = _select_dask(stack, method=method, threshold=threshold, window=window)
+        engine = "dask"
+        points, counts = _select_phase(stack, threshold=threshold, window=window)
     else:
-        points, counts = _select_stream(stack, method=method, threshold=threshold,
-                                        window=window, block_shape=block_shape,
-                                        prefetch=prefetch, workers=int(workers),
-                                        progress=progress)
-    logger.info("ps_selection: %d of %d pixels with %s < %g; %d excluded without usable "
-                "amplitude (all NaN or zero)", counts["n_selected"], counts["n_candidates"],
-                method.upper(), threshold, counts["n_excluded"])
-    usable = counts["n_candidates"] - counts["n_excluded"]
-    if usable >= AMPLITUDE_BLIND_MIN_PIXELS and \
-            counts["n_selected"] > AMPLITUDE_BLIND_SHARE * usable:
-        logger.warning(
-            "ps_selection: %.0f %% of the pixels have %s < %g: the amplitudes cannot tell "
-            "stable pixels from others here (multilooked or interferogram products); "
-            "selecting on the phase similarity to the neighbours (method 'phase', threshold "
-            "%g) instead", 100 * counts["n_selected"] / usable, method.upper(), threshold,
-            DEFAULT_PHASE_THRESHOLD)
-        return _phase_selection(stack, threshold=DEFAULT_PHASE_THRESHOLD, window=window,
-                                instead_of=method)
+        engine, why = resolve_engine(stack, engine)
+        logger.info("ps_selection: %s engine (%s)", engine, why)
+        if engine == "dask":
+            points, counts = _select_dask(stack, method=method, threshold=threshold,
+                                          window=window)
+        else:
+            points, counts = _select_stream(stack, method=method, threshold=threshold,
+                                            window=window, block_shape=block_shape,
+                                            prefetch=prefetch, workers=int(workers),
+                                            progress=progress)
+        logger.info("ps_selection: %d of %d pixels with %s < %g; %d excluded without usable "
+                    "amplitude (all NaN or zero)", counts["n_selected"],
+                    counts["n_candidates"], method.upper(), threshold, counts["n_excluded"])
+        if _amplitude_blind(counts):
+            logger.warning(
+                "ps_selection: %.0f %% of the pixels have %s < %g: the amplitudes cannot tell "
+                "stable pixels from others here (multilooked or interferogram products); "
+                "selecting on the phase similarity to the neighbours (method 'phase', "
+                "threshold %g) instead",
+                100 * counts["n_selected"] / (counts["n_candidates"] - counts["n_excluded"]),
+                method.upper(), threshold, DEFAULT_PHASE_THRESHOLD)
+            instead_of, method, threshold, engine = method, "phase", DEFAULT_PHASE_THRESHOLD, "dask"
+            points, counts = _select_phase(stack, threshold=threshold, window=window)
     result = _finish_points(points, method=method, threshold=threshold, counts=counts,
                             window_attrs=_window_attrs(stack["time"].values[window]))
     result.attrs["selection_engine"] = engine
+    if instead_of is not None:
+        result.attrs["selection_instead_of"] = instead_of
     # positions and line of sight from the orbits, where the stack carries its geometry
     result = geocode_points(result)
     if engine == "dask" and result.sizes["space"]:
@@ -694,6 +711,14 @@ def ps_selection(
         result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})
                                 for name, var in result.data_vars.items()})
     return with_cf_attributes(result)
+
+
+def _amplitude_blind(counts: dict) -> bool:
+    """Whether so many pixels passed an amplitude threshold that it says nothing
+    (:data:`AMPLITUDE_BLIND_SHARE` of at least :data:`AMPLITUDE_BLIND_MIN_PIXELS`)."""
+    usable = counts["n_candidates"] - counts["n_excluded"]
+    return usable >= AMPLITUDE_BLIND_MIN_PIXELS and counts["n_selected"] > (
+        AMPLITUDE_BLIND_SHARE * usable)
 
 
 # --------------------------------------------------------------------------------------------
@@ -729,10 +754,11 @@ def phase_similarity_block(slc: np.ndarray) -> np.ndarray:
     return best
 
 
-def _phase_selection(stack: xr.Dataset, *, threshold: float, window: slice,
-                     instead_of: str | None = None) -> xr.Dataset:
+def _select_phase(stack: xr.Dataset, *, threshold: float, window: slice
+                  ) -> tuple[xr.Dataset, dict]:
     """Candidates by phase similarity (:func:`phase_similarity_block`), one lazy pass with a
-    halo of one pixel; the points' time series indexed out of the stack as the dask engine's."""
+    halo of one pixel; the points' time series indexed out of the stack as the dask engine's.
+    Each point carries its ``phase_similarity``, the ``phase_std`` it implies and its NAD."""
     names = _timed_variables(stack)
     raster = _lazy_raster(stack, names)
     slc = raster["complex"].isel(time=window).transpose("azimuth", "range", "time").data
@@ -762,30 +788,7 @@ def _phase_selection(stack: xr.Dataset, *, threshold: float, window: slice,
     logger.info("ps_selection: %d of %d pixels with a phase similarity >= %g to a neighbour; "
                 "%d excluded without usable amplitude", counts["n_selected"],
                 counts["n_candidates"], threshold, counts["n_excluded"])
-    ordered = with_amplitude_and_phase(points["complex"])
-    if "h2ph" in points:
-        ordered["h2ph"] = points["h2ph"]
-    ordered |= {name: points[name] for name in point_statistics}
-    ordered["selected"] = xr.DataArray(np.ones(points.sizes["space"], bool), dims="space")
-    result = xr.Dataset(ordered, coords=points.coords)
-    result["phase_similarity"].attrs.update(
-        units="1", long_name="phase similarity to the most similar of the 8 neighbours")
-    result["phase_std"].attrs.update(
-        units="rad", long_name="phase noise standard deviation from the phase similarity")
-    step = f"ps_selection(method='phase', threshold={threshold})"
-    history = str(stack.attrs.get("history", ""))
-    result.attrs = dict(stack.attrs) | _window_attrs(stack["time"].values[window]) | counts | {
-        "selection_method": "phase", "selection_threshold": threshold,
-        "selection_variable": METHODS["phase"], "selection_engine": "dask",
-        "history": f"{history}\n{step}".strip()}
-    if instead_of is not None:
-        result.attrs["selection_instead_of"] = instead_of
-    result = geocode_points(result)
-    if result.sizes["space"]:
-        chunks = {"space": space_chunk_size(result), "time": -1}
-        result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})
-                                for name, var in result.data_vars.items()})
-    return with_cf_attributes(result)
+    return points, counts
 
 
 def _nad_raster(slc: np.ndarray) -> np.ndarray:

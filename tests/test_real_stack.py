@@ -191,3 +191,19 @@ def test_depsi_run_from_a_yaml_alone_agrees_with_dolphin(crop, tmp_path):
     table = (tmp_path / "ws" / "exports" / "points.csv").read_text().splitlines()
     assert "velocity" in table[0] and "height_error" not in table[0]
     assert len(table) == result.sizes["space"] + 1
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize("chunks", [(10, 13), (1, 64), (7, 7)])
+def test_phase_selection_does_not_depend_on_the_chunks(crop, chunks):
+    """Each block sees its neighbours' pixels (a halo of one): the same points, similarities
+    and values whatever the blocks."""
+    from depsi.processing.selection import ps_selection
+
+    whole = ps_selection(from_interferograms(crop, wavelength=WAVELENGTH, shape=SHAPE),
+                         method="phase").compute()
+    split = ps_selection(from_interferograms(crop, wavelength=WAVELENGTH, shape=SHAPE,
+                                             chunks=chunks), method="phase").compute()
+    assert whole.sizes["space"] == split.sizes["space"] > 300
+    for name in ("azimuth", "range", "phase_similarity", "complex"):
+        np.testing.assert_array_equal(whole[name].values, split[name].values)

@@ -763,8 +763,10 @@ def _select_phase(stack: xr.Dataset, *, threshold: float, window: slice
     raster = _lazy_raster(stack, names)
     slc = raster["complex"].isel(time=window).transpose("azimuth", "range", "time").data
     slc = slc.rechunk({2: -1})
-    similarity = da.map_overlap(phase_similarity_block, slc, depth={0: 1, 1: 1, 2: 0},
-                                boundary=0, trim=False, dtype=np.float32, drop_axis=2)
+    # each block with a halo of its neighbours' pixels (zeros beyond the scene: dissimilar)
+    padded = da.overlap.overlap(slc, depth={0: 1, 1: 1, 2: 0}, boundary={0: 0, 1: 0, 2: "none"})
+    similarity = padded.map_blocks(phase_similarity_block, dtype=np.float32, drop_axis=2,
+                                   chunks=slc.chunks[:2])
     statistics = da.map_blocks(_nad_raster, slc, dtype=np.float32, drop_axis=2)
     similarity, nad = dask.compute(similarity, statistics)
     usable = np.isfinite(nad)

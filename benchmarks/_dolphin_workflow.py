@@ -31,7 +31,10 @@ logger = logging.getLogger(__name__)
 
 DOLPHIN_VERSION = "0.42.9"
 DEFAULT_VENV = Path.home() / ".cache" / "depsi-bench" / "dolphin-gdal"
-DEFAULT_CROP = Path("/work/shared/realdata/psps_houston_crop")
+#: The real stack: ``$DEPSI_REALDATA/psps_houston_crop`` (the whole 200 x 200 crop) where set,
+#: else the repository's 64 x 64 piece of it (tests/data/README.md).
+DEFAULT_CROP = (Path(os.environ["DEPSI_REALDATA"]) if os.environ.get("DEPSI_REALDATA")
+                else Path(__file__).resolve().parents[1] / "tests" / "data") / "psps_houston_crop"
 DRIVER = Path(__file__).with_name("_dolphin_workflow_driver.py")
 #: XLA's intra-op threads for dolphin (``PJRT_NPROC``), as in ``bench_phase_linking.py``.
 DOLPHIN_XLA_THREADS = 8

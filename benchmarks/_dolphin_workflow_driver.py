@@ -37,34 +37,43 @@ import numpy as np
 
 logger = logging.getLogger("dolphin_workflow_driver")
 
-SHAPE = (200, 200)
 WAVELENGTH_M = 0.05546576
 PIXEL_M = 100.0
 FAKE_EPSG = 32615
 THREADS = 2
 
 
+def crop_shape(crop: Path) -> tuple[int, int]:
+    """The square shape of the crop's rasters, from the size of its float32 amplitude files."""
+    size = next((crop / "amplitude").glob("*.amp")).stat().st_size // 4
+    side = int(round(size ** 0.5))
+    if side * side != size:
+        raise ValueError(f"{crop}: amplitude files of {size} pixels are not square")
+    return side, side
+
+
 def pseudo_slcs(crop: Path) -> tuple[list[str], np.ndarray]:
     """The crop's dates (``YYYYMMDD``, sorted) and its pseudo-SLC stack ``(time, rows, cols)``."""
+    shape = crop_shape(crop)
     dates = sorted(p.stem for p in (crop / "amplitude").glob("*.amp"))
     pairs = {tuple(p.stem.split("_")): p for p in (crop / "igrams").glob("*.int")}
     common = set.intersection(*(set(pair) for pair in pairs))
     if len(common) != 1 or len(pairs) != len(dates) - 1:
         raise ValueError(f"expected single-reference interferograms, found {len(pairs)}")
     reference = common.pop()
-    phase: dict[str, np.ndarray] = {reference: np.zeros(SHAPE)}
+    phase: dict[str, np.ndarray] = {reference: np.zeros(shape)}
     for (first, second), path in pairs.items():
         # A_B holds s_A conj(s_B); phi_t = angle(s_t conj(s_ref)).
-        ifg = np.fromfile(path, dtype="<c8").reshape(SHAPE)
+        ifg = np.fromfile(path, dtype="<c8").reshape(shape)
         if second == reference:
             phase[first] = np.angle(ifg)
         else:
             phase[second] = -np.angle(ifg)
     if sorted(phase) != dates:
         raise ValueError("the interferograms' dates do not match the amplitudes'")
-    stack = np.empty((len(dates), *SHAPE), np.complex64)
+    stack = np.empty((len(dates), *shape), np.complex64)
     for k, date in enumerate(dates):
-        amp = np.fromfile(crop / "amplitude" / f"{date}.amp", dtype="<f4").reshape(SHAPE)
+        amp = np.fromfile(crop / "amplitude" / f"{date}.amp", dtype="<f4").reshape(shape)
         stack[k] = amp * np.exp(1j * phase[date])
     return dates, stack
 
@@ -79,7 +88,7 @@ def write_slcs(dates: list[str], stack: np.ndarray, folder: Path) -> list[Path]:
     paths = []
     for date, slc in zip(dates, stack, strict=True):
         path = folder / f"{date}.slc.tif"
-        ds = gdal.GetDriverByName("GTiff").Create(str(path), SHAPE[1], SHAPE[0], 1,
+        ds = gdal.GetDriverByName("GTiff").Create(str(path), slc.shape[1], slc.shape[0], 1,
                                                   gdal.GDT_CFloat32)
         ds.SetGeoTransform((500_000.0, PIXEL_M, 0.0, 3_300_000.0, 0.0, -PIXEL_M))
         ds.SetProjection(srs.ExportToWkt())

@@ -1,5 +1,6 @@
 """Side by side with another processor on a real stack: depsi and dolphin 0.42.9 on the 93-epoch
-Sentinel-1 interferogram stack over Houston (``psps_houston_crop``, 200 x 200 pixels of 100 m).
+Sentinel-1 interferogram stack over Houston (``psps_houston_crop``: the repository's 64 x 64
+pixels of 100 m, or the 200 x 200 crop under ``$DEPSI_REALDATA``).
 
 1. dolphin, in a venv of its own with real GDAL bindings (``_dolphin_workflow.py``): its whole
    displacement workflow (EMI phase linking in ministacks, nearest-3 interferograms, snaphu,
@@ -43,21 +44,21 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _dolphin_workflow import DEFAULT_CROP, run_dolphin_workflow  # noqa: E402
+from _dolphin_workflow_driver import crop_shape  # noqa: E402
 
 logger = logging.getLogger("bench_real_stack")
 
 WAVELENGTH = 0.05546576
-SHAPE = (200, 200)
 PIXEL = 100.0
 COHERENT = 0.8
 
 
-def run_depsi(crop: Path, work: Path, shape: tuple[int, int] = SHAPE) -> dict:
+def run_depsi(crop: Path, work: Path) -> dict:
     """``depsi run`` on the crop from a YAML alone, in a subprocess; its result and costs."""
     from depsi.io import open_stm
 
     config = {"input": {"format": "interferograms", "path": str(crop),
-                        "wavelength": WAVELENGTH, "shape": list(shape),
+                        "wavelength": WAVELENGTH, "shape": list(crop_shape(crop)),
                         "pixel_spacing": [PIXEL, PIXEL]},
               "output": {"workspace": str(work / "ws"), "exports": ["csv"]}}
     path = work / "depsi.yaml"
@@ -77,7 +78,7 @@ def run_depsi(crop: Path, work: Path, shape: tuple[int, int] = SHAPE) -> dict:
 
 
 def phase_consistency(crop: Path, velocity_a: np.ndarray, velocity_b: np.ndarray,
-                      mask: np.ndarray, shape: tuple[int, int] = SHAPE, *,
+                      mask: np.ndarray, *,
                       radius: float = 8.0, min_difference: float = 1e-3) -> dict:
     """How well each velocity field explains the wrapped phase, pair of pixels by pair.
 
@@ -94,7 +95,7 @@ def phase_consistency(crop: Path, velocity_a: np.ndarray, velocity_b: np.ndarray
     from depsi.conventions import phase_per_metre, years_since
     from depsi.io.interferograms import from_interferograms
 
-    stack = from_interferograms(crop, wavelength=WAVELENGTH, shape=shape)
+    stack = from_interferograms(crop, wavelength=WAVELENGTH, shape=crop_shape(crop))
     years = years_since(stack["time"].values, np.datetime64(stack.attrs["mother_time"]))
     # the interferograms s_r conj(s_t) of depsi's convention: conjugates of the pseudo-SLCs
     rows, cols = np.nonzero(mask)
@@ -119,7 +120,7 @@ def phase_consistency(crop: Path, velocity_a: np.ndarray, velocity_b: np.ndarray
 def compare(depsi: dict, dolphin: dict, crop: Path) -> dict:
     result = depsi["result"]
     az, rg = result["azimuth"].values, result["range"].values
-    ours = np.full(SHAPE, np.nan)
+    ours = np.full(crop_shape(crop), np.nan)
     ours[az, rg] = result["velocity"].values * 1000.0
     theirs = np.asarray(dolphin["velocity"], np.float64) * 1000.0
     coherent = np.nan_to_num(np.asarray(dolphin["temporal_coherence"], np.float64)) >= COHERENT

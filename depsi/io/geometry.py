@@ -133,6 +133,17 @@ class Orbit:
         """``moment`` (UTC) in seconds after :attr:`reference`."""
         return _seconds(moment, self.reference)
 
+    @property
+    def span(self) -> tuple[np.datetime64, np.datetime64]:
+        """UTC times of the first and the last state vector."""
+        return tuple(self.reference + np.timedelta64(int(round(t * 1e9)), "ns")
+                     for t in (self.time[0], self.time[-1]))
+
+    def same_vectors(self, other: Orbit) -> bool:
+        """Whether ``other`` holds the very same positions: two acquisitions never do, a copy
+        of one orbit under another date does."""
+        return np.array_equal(self.position, other.position)
+
     def state(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Position, velocity and acceleration at ``t`` (s after reference), each ``(..., 3)``."""
         t = np.asarray(t, dtype=np.float64)
@@ -250,6 +261,13 @@ class StackGeometry:
         if not np.isfinite(self.height) or abs(self.height) > 9000:
             raise GeometryError(f"geometry: field 'height': expected a height in metres, "
                                 f"found {self.height!r}")
+        mother = self.orbits[self.mother]
+        for k, orbit in enumerate(self.orbits):
+            if k != self.mother and orbit.same_vectors(mother):
+                raise GeometryError(
+                    f"geometry: orbits[{k}] ({orbit.source}): expected the epoch's own state "
+                    f"vectors, found the mother's (orbits[{self.mother}], {mother.source}): "
+                    "its baselines would all be zero")
 
     @property
     def mother_orbit(self) -> Orbit:
@@ -283,6 +301,46 @@ class StackGeometry:
                                 f"epochs kept {index}")
         return StackGeometry(self.grid, tuple(self.orbits[i] for i in index),
                              index.index(self.mother), self.wavelength, self.height)
+
+
+#: Slack (hours) around an epoch's date within which its state vectors must lie: an
+#: acquisition that starts just before midnight UTC carries the next day's date in some products.
+ACQUISITION_SLACK_HOURS = 2
+
+
+def check_orbits_cover_epochs(geometry: StackGeometry, times: Any, *, source: str = "stack"
+                              ) -> None:
+    """Refuse a geometry whose epoch's orbit does not cover that epoch's acquisition.
+
+    ``times`` are the stack's epochs in the order of ``geometry.orbits``: a date (midnight) says
+    the acquisition lies within that UTC day, a time of day says when it happened. Each orbit's
+    state vectors must reach that day (within :data:`ACQUISITION_SLACK_HOURS`), or that moment
+    (within two state-vector intervals, as far as :meth:`Orbit.state` extrapolates).
+
+    Raises
+    ------
+    GeometryError
+        Naming the source, the epoch, its orbit's time span and the acquisition expected.
+    """
+    times = np.asarray(times).astype("datetime64[ns]")
+    if len(times) != len(geometry.orbits):
+        raise GeometryError(f"{source}: expected one orbit per epoch ({len(times)}), found "
+                            f"{len(geometry.orbits)}")
+    slack = np.timedelta64(ACQUISITION_SLACK_HOURS, "h")
+    for k, (moment, orbit) in enumerate(zip(times, geometry.orbits)):
+        first, last = orbit.span
+        day = moment.astype("datetime64[D]").astype("datetime64[ns]")
+        if moment == day:
+            start, end = day - slack, day + np.timedelta64(1, "D") + slack
+            expected = f"the epoch's acquisition day {day.astype('datetime64[D]')}"
+        else:
+            margin = np.timedelta64(int(2e9 * float(np.median(np.diff(orbit.time)))), "ns")
+            start, end = moment - margin, moment + margin
+            expected = f"the epoch's acquisition at {moment}"
+        if last < start or first > end:
+            raise GeometryError(f"{source}: epoch {k} ({moment.astype('datetime64[D]')}), "
+                                f"orbit {orbit.source}: expected state vectors covering "
+                                f"{expected}, found them from {first} to {last}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -745,6 +803,7 @@ __all__ = [
     "RadarGrid",
     "StackGeometry",
     "baselines",
+    "check_orbits_cover_epochs",
     "correct_positions",
     "geocode_points",
     "geocode_with_dem",

@@ -1,0 +1,95 @@
+"""SLC stacks whose files contradict each other are refused before any pixel is read, with a
+message naming the file, the field, the value found and the value expected.
+
+Each case writes a valid small stack with depsi's writers and then makes one of its files lie.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from depsi.io.geometry import GeometryError, Orbit, StackGeometry
+from depsi.io.writers import write_slc_stack
+from depsi.pipeline.config import parse_config
+from depsi.pipeline.stack import _open_stack_unchecked
+from depsi.simulate import simulate_stack
+from depsi.simulate.scene import simulated_geometry
+
+
+@pytest.fixture(scope="module")
+def scene():
+    stack, _ = simulate_stack(shape=(20, 24), n_epochs=5, seed=0)
+    raster = stack.drop_vars([n for n in stack.coords if n not in ("azimuth", "range", "time")])
+    return raster, simulated_geometry(stack)
+
+
+@pytest.fixture(scope="module")
+def written(scene, tmp_path_factory):
+    """One valid stack per format, written once; each test lies in its own copy."""
+    raster, geometry = scene
+    root = tmp_path_factory.mktemp("valid")
+    return {fmt: write_slc_stack(root / fmt, raster, geometry, format=fmt)
+            for fmt in ("doris", "isce2", "dimap", "geotiff")}
+
+
+def _copy(written, fmt, tmp_path):
+    folder = written[fmt] if written[fmt].is_dir() else written[fmt].parent
+    shutil.copytree(folder, tmp_path / fmt)
+    return tmp_path / fmt if written[fmt].is_dir() else tmp_path / fmt / written[fmt].name
+
+
+def _open(fmt, path, **section):
+    return _open_stack_unchecked(parse_config({
+        "input": {"format": fmt, "path": str(path), **section},
+        "output": {"workspace": str(path.parent / "ws")}}))
+
+
+# ----------------------------------------------------------------------------------------------
+# A secondary's orbit that is really the mother's
+# ----------------------------------------------------------------------------------------------
+
+def test_isce2_secondary_with_the_mothers_orbit_is_refused(written, tmp_path):
+    stack = _copy(written, "isce2", tmp_path)
+    shutil.copy(stack / "reference" / "IW1.xml", stack / "secondarys" / "20200101" / "IW1.xml")
+    with pytest.raises(GeometryError, match=r"orbits\[0\] \(.*20200101/IW1\.xml\): expected "
+                                            r"the epoch's own state vectors, found the mother's"):
+        _open("isce2", stack)
+
+
+def test_doris_secondary_with_the_mothers_orbit_is_refused(written, tmp_path):
+    stack = _copy(written, "doris", tmp_path)
+    section = re.compile(r"\*_Start_precise_orbits:.*?End_precise_orbits", re.S)
+    mother = section.search((stack / "20200125" / "slave.res").read_text()).group(0)
+    secondary = stack / "20200101" / "slave.res"
+    secondary.write_text(section.sub(lambda _: mother, secondary.read_text()))
+    with pytest.raises(GeometryError, match=r"orbits\[0\] \(.*20200101/slave\.res.*\): "
+                                            r"expected the epoch's own state vectors"):
+        _open("doris", stack)
+
+
+def test_doris_orbit_that_misses_its_acquisition_day_is_refused(written, tmp_path):
+    stack = _copy(written, "doris", tmp_path)
+    secondary = stack / "20200101" / "slave.res"
+    # the state vectors' times (seconds of the day) moved three days on
+    secondary.write_text(re.sub(r"(?m)^ (6\d{4}) ", lambda m: f" {int(m[1]) + 3 * 86400} ",
+                                secondary.read_text()))
+    with pytest.raises(GeometryError, match=r"epoch 0 \(2020-01-01\), orbit .*20200101/slave"
+                                            r"\.res.*: expected state vectors covering the "
+                                            r"epoch's acquisition day 2020-01-01, found them "
+                                            r"from 2020-01-04T17:22:50"):
+        _open("doris", stack)
+
+
+def test_a_geometry_whose_secondary_repeats_the_mothers_vectors_is_refused(scene):
+    _, geometry = scene
+    mother = geometry.mother_orbit
+    copy = Orbit(np.datetime64("2020-01-01"), mother.time + mother.seconds("2020-01-01"),
+                 mother.position, mother.velocity, source="copy")
+    with pytest.raises(GeometryError, match=r"orbits\[0\] \(copy\): expected the epoch's own "
+                                            r"state vectors, found the mother's \(orbits\[2\]"):
+        StackGeometry(geometry.grid, (copy,) + geometry.orbits[1:], geometry.mother,
+                      geometry.wavelength)

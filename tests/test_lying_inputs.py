@@ -93,3 +93,42 @@ def test_a_geometry_whose_secondary_repeats_the_mothers_vectors_is_refused(scene
                                             r"state vectors, found the mother's \(orbits\[2\]"):
         StackGeometry(geometry.grid, (copy,) + geometry.orbits[1:], geometry.mother,
                       geometry.wavelength)
+
+
+# ----------------------------------------------------------------------------------------------
+# GeoTIFF stacks: dates in the configuration against the dates in the file names
+# ----------------------------------------------------------------------------------------------
+
+DATES = ["2020-01-01", "2020-01-13", "2020-01-25", "2020-02-06", "2020-02-18"]
+
+
+def test_geotiff_dates_contradicting_the_file_names_are_refused(written, tmp_path):
+    stack = _copy(written, "geotiff", tmp_path)
+    swapped = [DATES[1], DATES[0], *DATES[2:]]
+    with pytest.raises(ValueError, match=r"input\.dates\[0\]: expected the date in the name of "
+                                         r"'.*slc_20200101\.tif', 2020-01-01, found 2020-01-13"):
+        _open("geotiff", stack, dates=swapped, wavelength=0.0556)
+
+
+def test_geotiff_h2ph_name_contradicting_the_dates_is_refused(written, tmp_path):
+    stack = _copy(written, "geotiff", tmp_path)
+    (stack / "h2ph_20200218.tif").rename(stack / "h2ph_20200219.tif")
+    with pytest.raises(ValueError, match=r"input\.dates \(in time order\)\[4\]: expected the "
+                                         r"date in the name of '.*h2ph_20200219\.tif', "
+                                         r"2020-02-19, found 2020-02-18"):
+        _open("geotiff", stack, dates=DATES, wavelength=0.0556)
+
+
+def test_geotiff_dates_agreeing_with_the_file_names_open(written, tmp_path):
+    stack = _copy(written, "geotiff", tmp_path)
+    opened = _open("geotiff", stack, dates=DATES, wavelength=0.0556)
+    assert [str(t)[:10] for t in opened["time"].values] == DATES
+
+
+def test_from_geotiff_checks_the_dates_against_the_file_names(written):
+    from depsi.io import from_geotiff
+
+    files = sorted(written["geotiff"].glob("slc_*.tif"))[:2]
+    with pytest.raises(ValueError, match=r"dates\[1\]: expected the date in the name of "
+                                         r"'.*slc_20200113\.tif', 2020-01-13, found 2020-01-12"):
+        from_geotiff(files, dates=["2020-01-01", "2020-01-12"], wavelength=0.0556)

@@ -138,6 +138,7 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     import rioxarray
 
     from depsi.io import from_geotiff
+    from depsi.io.geotiff import check_dates_in_names
 
     tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
     h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
@@ -153,6 +154,11 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
         raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(section.dates)} "
                          f"dates) in {str(h2ph_folder)!r}, found {len(h2ph_files)}: the chain "
                          "needs h2ph and GeoTIFF SLCs carry no orbits")
+    if len(slc_files) == len(section.dates):
+        check_dates_in_names(slc_files, section.dates, field="input.dates")
+    # the h2ph rasters are taken in their names' order, which must be the dates' time order
+    check_dates_in_names(h2ph_files, sorted(np.array(section.dates, dtype="datetime64[D]")),
+                         field="input.dates (in time order)")
     stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
     layers = []
     for path in h2ph_files:

@@ -132,3 +132,26 @@ def test_from_geotiff_checks_the_dates_against_the_file_names(written):
     with pytest.raises(ValueError, match=r"dates\[1\]: expected the date in the name of "
                                          r"'.*slc_20200113\.tif', 2020-01-13, found 2020-01-12"):
         from_geotiff(files, dates=["2020-01-01", "2020-01-12"], wavelength=0.0556)
+
+
+# ----------------------------------------------------------------------------------------------
+# Position rasters that are not degrees
+# ----------------------------------------------------------------------------------------------
+
+def _overwrite_raster(path, value):
+    import rasterio
+
+    with rasterio.open(path, "r+") as raster:
+        data = raster.read(1)
+        data[3, 4] = value
+        raster.write(data, 1)
+
+
+@pytest.mark.parametrize(("name", "value"), [("lat", 999.0), ("lon", -181.0)])
+def test_geotiff_position_raster_outside_wgs84_degrees_is_refused(written, tmp_path, name,
+                                                                    value):
+    stack = _copy(written, "geotiff", tmp_path)
+    _overwrite_raster(stack / f"{name}.tif", value)
+    with pytest.raises(ValueError, match=rf"'.*{name}\.tif': expected {name} in WGS84 degrees "
+                                         rf"within .*, found .*{value:g}"):
+        _open("geotiff", stack, dates=DATES, wavelength=0.0556)

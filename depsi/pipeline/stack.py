@@ -130,6 +130,28 @@ def _open_raster(rioxarray: Any, path: Path) -> xr.DataArray:
         return rioxarray.open_rasterio(path, chunks={}, mask_and_scale=False)
 
 
+#: Valid WGS84 degrees of the position rasters, and the side of the decimated sample of each
+#: that is checked against them (a whole raster is not read before the pixel work).
+POSITION_LIMITS = {"lat": 90.0, "lon": 180.0}
+POSITION_SAMPLE = 512
+
+
+def _check_position_raster(path: Path, name: str) -> None:
+    """Refuse a lat/lon raster whose values (on a decimated sample) are not WGS84 degrees."""
+    import rasterio
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(path) as src:
+            sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),
+                                            min(src.width, POSITION_SAMPLE)))
+    sample = sample[np.isfinite(sample)]
+    limit = POSITION_LIMITS[name]
+    if sample.size and np.abs(sample).max() > limit:
+        raise ValueError(f"input.path: '{path}': expected {name} in WGS84 degrees within "
+                         f"-{limit:g}..{limit:g}, found {sample.min():g}..{sample.max():g}")
+
+
 def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     """A GeoTIFF stack: SLC rasters with dates and wavelength from the configuration, h2ph
     from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
@@ -173,6 +195,7 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
     if all(p.is_file() for p in position_files.values()):
         for name, path in position_files.items():
+            _check_position_raster(path, name)
             band = _open_raster(rioxarray, path)
             if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
                 raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "

@@ -155,3 +155,53 @@ def test_geotiff_position_raster_outside_wgs84_degrees_is_refused(written, tmp_p
     with pytest.raises(ValueError, match=rf"'.*{name}\.tif': expected {name} in WGS84 degrees "
                                          rf"within .*, found .*{value:g}"):
         _open("geotiff", stack, dates=DATES, wavelength=0.0556)
+
+
+# ----------------------------------------------------------------------------------------------
+# DEMs that are not placed, or placed elsewhere
+# ----------------------------------------------------------------------------------------------
+
+def _write_dem(path, lat0, lon0, **profile):
+    import rasterio
+
+    lats = np.linspace(lat0 + 0.05, lat0 - 0.05, 21)
+    lons = np.linspace(lon0 - 0.05, lon0 + 0.05, 21)
+    step_lon, step_lat = lons[1] - lons[0], lats[1] - lats[0]
+    profile = {"crs": "EPSG:4326", "transform": rasterio.Affine(
+        step_lon, 0, lons[0] - step_lon / 2, 0, step_lat, lats[0] - step_lat / 2)} | profile
+    with rasterio.open(path, "w", driver="GTiff", width=21, height=21, count=1,
+                       dtype="float32", **{k: v for k, v in profile.items() if v is not None}
+                       ) as tif:
+        tif.write(np.full((1, 21, 21), 100.0, np.float32))
+    return path
+
+
+@pytest.mark.parametrize(("missing", "found"), [("crs", "a coordinate reference system"),
+                                                ("transform", "a geotransform")])
+def test_dem_without_crs_or_geotransform_is_refused(tmp_path, missing, found):
+    from depsi.io.geometry import open_dem
+
+    path = _write_dem(tmp_path / "dem.tif", 52.0, 4.9, **{missing: None})
+    with pytest.raises(GeometryError, match=rf"DEM '.*dem\.tif': expected {found}.*found none"):
+        open_dem(path)
+
+
+def test_dem_away_from_the_scene_is_refused_before_the_pixels(written, tmp_path):
+    from depsi.io.geometry import radar_to_geo
+    from depsi.pipeline.stack import _check_stack_geometry
+
+    stack = _open("isce2", written["isce2"])
+    lat0, lon0 = radar_to_geo(StackGeometry.from_attrs(stack.attrs), 10.0, 12.0)
+    here = _write_dem(tmp_path / "here.tif", float(lat0), float(lon0))
+    away = _write_dem(tmp_path / "away.tif", float(lat0) + 3.0, float(lon0))
+    config = parse_config({"input": {"format": "isce2", "path": str(written["isce2"]),
+                                     "dem": str(here)},
+                           "output": {"workspace": str(tmp_path / "ws")}})
+    _check_stack_geometry(stack, config)
+    config = parse_config({"input": {"format": "isce2", "path": str(written["isce2"]),
+                                     "dem": str(away)},
+                           "output": {"workspace": str(tmp_path / "ws")}})
+    with pytest.raises(GeometryError, match=r"input\.dem '.*away\.tif': expected a DEM covering "
+                                            r"the scene, found one over lat \d+\.\d+\.\.\d+.* "
+                                            r"while the scene lies over lat"):
+        _check_stack_geometry(stack, config)

@@ -712,14 +712,51 @@ DEM_TOLERANCE = 1e-3
 def open_dem(path: str | Any) -> xr.DataArray:
     """A DEM raster in geographic coordinates (WGS84 lon/lat degrees, heights in m above the
     ellipsoid) as a DataArray on ``(lat, lon)``; needs rioxarray (the ``geo`` extra)."""
+    import warnings
+
+    import rasterio
     import rioxarray
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(path) as src:
+            crs, transform = src.crs, src.transform
+    if crs is None:
+        raise GeometryError(f"DEM '{path}': expected a coordinate reference system (WGS84 "
+                            "lon/lat), found none")
+    if transform.is_identity:
+        raise GeometryError(f"DEM '{path}': expected a geotransform placing its pixels in "
+                            "lon/lat, found none (the identity)")
     dem = rioxarray.open_rasterio(path, masked=True).squeeze("band", drop=True)
-    crs = dem.rio.crs
-    if crs is not None and not crs.is_geographic:
+    if not crs.is_geographic:
         raise GeometryError(f"DEM '{path}': expected geographic coordinates (WGS84 lon/lat), "
                             f"found the projected CRS {crs.to_string()}")
     return dem.rename({"y": "lat", "x": "lon"}).astype(np.float64)
+
+
+def dem_bounds(dem: xr.DataArray) -> tuple[float, float, float, float]:
+    """South, north, west and east edges (degrees) of the DEM's pixel centres."""
+    lat, lon = dem["lat"].values, dem["lon"].values
+    return float(lat.min()), float(lat.max()), float(lon.min()), float(lon.max())
+
+
+def check_dem_covers(dem: xr.DataArray, lat: Any, lon: Any, *, source: str = "DEM") -> None:
+    """Refuse a DEM on which none of the positions ``lat``/``lon`` (degrees) lies.
+
+    Raises
+    ------
+    GeometryError
+        Naming the DEM, its extent and the positions' extent.
+    """
+    lat, lon = np.asarray(lat, np.float64), np.asarray(lon, np.float64)
+    south, north, west, east = dem_bounds(dem)
+    inside = (lat >= south) & (lat <= north) & (lon >= west) & (lon <= east)
+    if lat.size and not inside.any():
+        raise GeometryError(f"{source}: expected a DEM covering the scene, found one over "
+                            f"lat {south:.4f}..{north:.4f}, lon {west:.4f}..{east:.4f} while "
+                            f"the scene lies over lat {np.nanmin(lat):.4f}.."
+                            f"{np.nanmax(lat):.4f}, lon {np.nanmin(lon):.4f}.."
+                            f"{np.nanmax(lon):.4f}")
 
 
 def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr.Dataset:
@@ -737,6 +774,7 @@ def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr
         raise GeometryError("dem: expected points with their orbits (attrs 'sar_geometry') to "
                             "geocode on a DEM, found none")
     located = geocode_points(points, force=True)
+    check_dem_covers(dem, located["lat"].values, located["lon"].values, source="dem")
     previous = np.full(located.sizes["space"], np.inf)
     for _ in range(DEM_ITERATIONS):
         height = np.asarray(dem.interp(lat=xr.DataArray(located["lat"].values, dims="space"),
@@ -803,6 +841,7 @@ __all__ = [
     "RadarGrid",
     "StackGeometry",
     "baselines",
+    "check_dem_covers",
     "check_orbits_cover_epochs",
     "correct_positions",
     "geocode_points",

@@ -241,6 +241,8 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
     if dem is not None and "sar_geometry" not in stack.attrs:
         raise ValueError(f"{where}: input.dem needs the stack's orbits to geocode on it, found "
                          "no orbits in this stack")
+    if dem is not None:
+        _check_dem(dem, stack)
     geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
     placed = sorted(set(config.output.exports) & set(EXPORTS_WITH_POSITIONS))
     if placed and not geocodable:
@@ -249,6 +251,22 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
                          "positions")
 
 
+
+
+def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
+    """The DEM georeferenced and over the scene (its corners and centre geocoded on the
+    orbits), before any pixel is read."""
+    from depsi.io.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
+
+    geometry = StackGeometry.from_attrs(stack.attrs)
+    azimuth = np.asarray(stack["azimuth"].values, np.float64)
+    range_ = np.asarray(stack["range"].values, np.float64)
+    corners_az = np.array([azimuth[0], azimuth[0], azimuth[-1], azimuth[-1],
+                           azimuth[len(azimuth) // 2]])
+    corners_rg = np.array([range_[0], range_[-1], range_[0], range_[-1],
+                           range_[len(range_) // 2]])
+    lat, lon = radar_to_geo(geometry, corners_az, corners_rg)
+    check_dem_covers(open_dem(dem), lat, lon, source=f"input.dem {str(dem)!r}")
 
 
 def stack_step(config: Any, *, product: Path, progress: bool = False

@@ -205,3 +205,30 @@ def test_dem_away_from_the_scene_is_refused_before_the_pixels(written, tmp_path)
                                             r"the scene, found one over lat \d+\.\d+\.\.\d+.* "
                                             r"while the scene lies over lat"):
         _check_stack_geometry(stack, config)
+
+
+# ----------------------------------------------------------------------------------------------
+# A radar grid the orbit cannot see
+# ----------------------------------------------------------------------------------------------
+
+def test_near_range_below_the_satellites_height_is_refused(scene):
+    from depsi.io.geometry import RadarGrid
+
+    _, geometry = scene
+    grid = geometry.grid
+    low = RadarGrid(grid.first_line_time, grid.line_interval, 5.0e5, grid.range_spacing)
+    with pytest.raises(GeometryError, match=r"'near_range': expected more than the mother "
+                                            r"orbit's height above the ellipsoid \(\d+ m, .*\), "
+                                            r"found 500000 m"):
+        StackGeometry(low, geometry.orbits, geometry.mother, geometry.wavelength)
+
+
+def test_isce2_near_range_below_the_satellites_height_is_refused(written, tmp_path):
+    stack = _copy(written, "isce2", tmp_path)
+    xml = stack / "reference" / "IW1.xml"
+    text = xml.read_text()
+    near = re.search(r'(?s)<property name="startingrange">\s*<value>([^<]+)</value>', text)
+    assert near, "the ISCE2 writer's starting range"
+    xml.write_text(text[:near.start(1)] + "400000.0" + text[near.end(1):])
+    with pytest.raises(GeometryError, match=r"'near_range': .*found 400000 m"):
+        _open("isce2", stack)

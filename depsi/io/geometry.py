@@ -262,6 +262,13 @@ class StackGeometry:
             raise GeometryError(f"geometry: field 'height': expected a height in metres, "
                                 f"found {self.height!r}")
         mother = self.orbits[self.mother]
+        # no line of sight from the satellite reaches the ground nearer than straight down
+        altitude = float(ecef_to_geodetic(mother.position)[2].min())
+        if self.grid.near_range <= altitude:
+            raise GeometryError(f"geometry: radar grid field 'near_range': expected more than "
+                                f"the mother orbit's height above the ellipsoid "
+                                f"({altitude:.0f} m, {mother.source}), found "
+                                f"{self.grid.near_range:.0f} m: lines of sight into the Earth")
         for k, orbit in enumerate(self.orbits):
             if k != self.mother and orbit.same_vectors(mother):
                 raise GeometryError(

@@ -232,3 +232,36 @@ def test_isce2_near_range_below_the_satellites_height_is_refused(written, tmp_pa
     xml.write_text(text[:near.start(1)] + "400000.0" + text[near.end(1):])
     with pytest.raises(GeometryError, match=r"'near_range': .*found 400000 m"):
         _open("isce2", stack)
+
+
+# ----------------------------------------------------------------------------------------------
+# BEAM-DIMAP band files outside the product
+# ----------------------------------------------------------------------------------------------
+
+def test_dimap_band_reference_outside_the_product_is_refused(written, tmp_path):
+    dim = _copy(written, "dimap", tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    band = dim.with_suffix(".data") / "i_VV_slv1_01Jan2020"
+    for suffix in (".hdr", ".img"):
+        shutil.copy(band.with_suffix(suffix), elsewhere / f"band{suffix}")
+    dim.write_text(dim.read_text().replace('href="stack.data/i_VV_slv1_01Jan2020.hdr"',
+                                           'href="../elsewhere/band.hdr"'))
+    with pytest.raises(ValueError, match=r"DIMAP product '.*stack\.dim': field 'DATA_FILE_PATH "
+                                         r"href': expected a file inside the product's folder "
+                                         r"'.*', found '\.\./elsewhere/band\.hdr' resolving to "
+                                         r"'.*elsewhere/band\.hdr'"):
+        _open("dimap", dim)
+
+
+def test_dimap_band_linked_outside_the_product_is_refused(written, tmp_path):
+    dim = _copy(written, "dimap", tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    band = dim.with_suffix(".data") / "i_VV_slv1_01Jan2020.img"
+    shutil.move(band, elsewhere / band.name)
+    band.symlink_to(elsewhere / band.name)
+    with pytest.raises(ValueError, match=r"'DATA_FILE_PATH href': expected a file inside the "
+                                         r"product's folder .* resolving to '.*elsewhere/"
+                                         r"i_VV_slv1_01Jan2020\.img'"):
+        _open("dimap", dim)

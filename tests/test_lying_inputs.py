@@ -265,3 +265,34 @@ def test_dimap_band_linked_outside_the_product_is_refused(written, tmp_path):
                                          r"product's folder .* resolving to '.*elsewhere/"
                                          r"i_VV_slv1_01Jan2020\.img'"):
         _open("dimap", dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stacks without their mother's product
+# ----------------------------------------------------------------------------------------------
+
+def test_isce2_stack_without_its_reference_product_is_refused(written, tmp_path):
+    from depsi.io.isce2 import ISCE2Error
+
+    stack = _copy(written, "isce2", tmp_path)
+    shutil.rmtree(stack / "reference")
+    with pytest.raises(ISCE2Error, match=r"expected the reference product '.*reference/IW\*\.xml'"
+                                         r" beside the secondaries' .*found no such file"):
+        _open("isce2", stack)
+
+
+def test_doris_stack_without_its_master_res_is_refused(written, tmp_path):
+    stack = _copy(written, "doris", tmp_path)
+    for res in stack.glob("*/master.res"):
+        res.unlink()
+    with pytest.raises(FileNotFoundError, match=r"expected a master\.res in the date folders"):
+        _open("doris", stack)
+
+
+def test_snap_stack_without_its_mothers_product_is_refused(scene, tmp_path):
+    raster, geometry = scene
+    stack = write_slc_stack(tmp_path / "snap", raster, geometry, format="snap")
+    shutil.rmtree(stack / "20200125-coreg.znap")
+    with pytest.raises(GeometryError, match=r"expected the mother's product \(2020-01-25, .*\) "
+                                            r"among the stack's dates, found only"):
+        _open("snap", stack, geometry="orbits")

@@ -230,11 +230,13 @@ def test_orbit_errors_name_the_source_and_the_field():
 
 def test_geometry_survives_json(snap_geometry_synthetic=None):
     orbit = _orbit()
+    secondary = _orbit(reference=np.datetime64("2023-01-13"),
+                       position=orbit.position + [0.0, 0.0, 150.0])
     grid = RadarGrid(np.datetime64("2023-01-01T00:00:10"), 0.002, 8.5e5, 2.3)
-    geometry = StackGeometry(grid, (orbit, orbit), 1, 0.0555, 12.0)
+    geometry = StackGeometry(grid, (secondary, orbit), 1, 0.0555, 12.0)
     again = StackGeometry.from_json(geometry.to_json())
     assert again.grid == grid and again.mother == 1 and again.height == 12.0
-    np.testing.assert_array_equal(again.orbits[0].position, orbit.position)
+    np.testing.assert_array_equal(again.orbits[0].position, secondary.position)
     assert re.search(r'"mother": 1', geometry.to_json())
 
 

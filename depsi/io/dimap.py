@@ -313,6 +313,21 @@ def _check_envi(hdr: Path, what: str, *, data_type: str, shape: tuple[int, int])
     return _EnviBand(str(image), dtype.str, offset)
 
 
+def _inside_product(path: Path, href: str, field: str) -> Path:
+    """The file ``href`` of the ``.dim`` at ``path`` names, refused when it (or the ``.img``
+    beside a ``.hdr``), once links are resolved, lies outside the ``.dim``'s folder: a
+    product's bands live in its own ``.data`` folder."""
+    folder = path.parent.resolve()
+    target = path.parent / href
+    for file in (target, target.with_suffix(".img")) if target.suffix == ".hdr" else (target,):
+        resolved = file.resolve()
+        if not resolved.is_relative_to(folder):
+            raise ValueError(f"DIMAP product '{path}': field {field!r}: expected a file inside "
+                             f"the product's folder '{folder}', found {href!r} resolving to "
+                             f"'{resolved}'")
+    return target
+
+
 def _band_table(root: ET.Element, path: Path, shape: tuple[int, int]) -> dict[str, _EnviBand]:
     """Every non-virtual band of the product, by name, with its file checked."""
     files = {}
@@ -320,7 +335,7 @@ def _band_table(root: ET.Element, path: Path, shape: tuple[int, int]) -> dict[st
         file_path = entry.find("DATA_FILE_PATH")
         index = _text(entry, "BAND_INDEX")
         if file_path is not None and file_path.get("href") and index is not None:
-            files[index] = path.parent / file_path.get("href")
+            files[index] = _inside_product(path, file_path.get("href"), "DATA_FILE_PATH href")
     bands = {}
     for info in root.findall("Image_Interpretation/Spectral_Band_Info"):
         name = _text(info, "BAND_NAME")
@@ -354,7 +369,8 @@ def _tie_point_table(root: ET.Element, path: Path) -> dict[str, dict[str, Any]]:
         file_path = entry.find("TIE_POINT_GRID_FILE_PATH")
         index = _text(entry, "TIE_POINT_GRID_INDEX")
         if file_path is not None and file_path.get("href") and index is not None:
-            files[index] = path.parent / file_path.get("href")
+            files[index] = _inside_product(path, file_path.get("href"),
+                                           "TIE_POINT_GRID_FILE_PATH href")
     grids = {}
     for info in root.findall("Tie_Point_Grids/Tie_Point_Grid_Info"):
         name = _text(info, "TIE_POINT_GRID_NAME")

@@ -133,6 +133,17 @@ class Orbit:
         """``moment`` (UTC) in seconds after :attr:`reference`."""
         return _seconds(moment, self.reference)
 
+    @property
+    def span(self) -> tuple[np.datetime64, np.datetime64]:
+        """UTC times of the first and the last state vector."""
+        return tuple(self.reference + np.timedelta64(int(round(t * 1e9)), "ns")
+                     for t in (self.time[0], self.time[-1]))
+
+    def same_vectors(self, other: Orbit) -> bool:
+        """Whether ``other`` holds the very same positions: two acquisitions never do, a copy
+        of one orbit under another date does."""
+        return np.array_equal(self.position, other.position)
+
     def state(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Position, velocity and acceleration at ``t`` (s after reference), each ``(..., 3)``."""
         t = np.asarray(t, dtype=np.float64)
@@ -250,6 +261,20 @@ class StackGeometry:
         if not np.isfinite(self.height) or abs(self.height) > 9000:
             raise GeometryError(f"geometry: field 'height': expected a height in metres, "
                                 f"found {self.height!r}")
+        mother = self.orbits[self.mother]
+        # no line of sight from the satellite reaches the ground nearer than straight down
+        altitude = float(ecef_to_geodetic(mother.position)[2].min())
+        if self.grid.near_range <= altitude:
+            raise GeometryError(f"geometry: radar grid field 'near_range': expected more than "
+                                f"the mother orbit's height above the ellipsoid "
+                                f"({altitude:.0f} m, {mother.source}), found "
+                                f"{self.grid.near_range:.0f} m: lines of sight into the Earth")
+        for k, orbit in enumerate(self.orbits):
+            if k != self.mother and orbit.same_vectors(mother):
+                raise GeometryError(
+                    f"geometry: orbits[{k}] ({orbit.source}): expected the epoch's own state "
+                    f"vectors, found the mother's (orbits[{self.mother}], {mother.source}): "
+                    "its baselines would all be zero")
 
     @property
     def mother_orbit(self) -> Orbit:
@@ -283,6 +308,46 @@ class StackGeometry:
                                 f"epochs kept {index}")
         return StackGeometry(self.grid, tuple(self.orbits[i] for i in index),
                              index.index(self.mother), self.wavelength, self.height)
+
+
+#: Slack (hours) around an epoch's date within which its state vectors must lie: an
+#: acquisition that starts just before midnight UTC carries the next day's date in some products.
+ACQUISITION_SLACK_HOURS = 2
+
+
+def check_orbits_cover_epochs(geometry: StackGeometry, times: Any, *, source: str = "stack"
+                              ) -> None:
+    """Refuse a geometry whose epoch's orbit does not cover that epoch's acquisition.
+
+    ``times`` are the stack's epochs in the order of ``geometry.orbits``: a date (midnight) says
+    the acquisition lies within that UTC day, a time of day says when it happened. Each orbit's
+    state vectors must reach that day (within :data:`ACQUISITION_SLACK_HOURS`), or that moment
+    (within two state-vector intervals, as far as :meth:`Orbit.state` extrapolates).
+
+    Raises
+    ------
+    GeometryError
+        Naming the source, the epoch, its orbit's time span and the acquisition expected.
+    """
+    times = np.asarray(times).astype("datetime64[ns]")
+    if len(times) != len(geometry.orbits):
+        raise GeometryError(f"{source}: expected one orbit per epoch ({len(times)}), found "
+                            f"{len(geometry.orbits)}")
+    slack = np.timedelta64(ACQUISITION_SLACK_HOURS, "h")
+    for k, (moment, orbit) in enumerate(zip(times, geometry.orbits)):
+        first, last = orbit.span
+        day = moment.astype("datetime64[D]").astype("datetime64[ns]")
+        if moment == day:
+            start, end = day - slack, day + np.timedelta64(1, "D") + slack
+            expected = f"the epoch's acquisition day {day.astype('datetime64[D]')}"
+        else:
+            margin = np.timedelta64(int(2e9 * float(np.median(np.diff(orbit.time)))), "ns")
+            start, end = moment - margin, moment + margin
+            expected = f"the epoch's acquisition at {moment}"
+        if last < start or first > end:
+            raise GeometryError(f"{source}: epoch {k} ({moment.astype('datetime64[D]')}), "
+                                f"orbit {orbit.source}: expected state vectors covering "
+                                f"{expected}, found them from {first} to {last}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -654,14 +719,51 @@ DEM_TOLERANCE = 1e-3
 def open_dem(path: str | Any) -> xr.DataArray:
     """A DEM raster in geographic coordinates (WGS84 lon/lat degrees, heights in m above the
     ellipsoid) as a DataArray on ``(lat, lon)``; needs rioxarray (the ``geo`` extra)."""
+    import warnings
+
+    import rasterio
     import rioxarray
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(path) as src:
+            crs, transform = src.crs, src.transform
+    if crs is None:
+        raise GeometryError(f"DEM '{path}': expected a coordinate reference system (WGS84 "
+                            "lon/lat), found none")
+    if transform.is_identity:
+        raise GeometryError(f"DEM '{path}': expected a geotransform placing its pixels in "
+                            "lon/lat, found none (the identity)")
     dem = rioxarray.open_rasterio(path, masked=True).squeeze("band", drop=True)
-    crs = dem.rio.crs
-    if crs is not None and not crs.is_geographic:
+    if not crs.is_geographic:
         raise GeometryError(f"DEM '{path}': expected geographic coordinates (WGS84 lon/lat), "
                             f"found the projected CRS {crs.to_string()}")
     return dem.rename({"y": "lat", "x": "lon"}).astype(np.float64)
+
+
+def dem_bounds(dem: xr.DataArray) -> tuple[float, float, float, float]:
+    """South, north, west and east edges (degrees) of the DEM's pixel centres."""
+    lat, lon = dem["lat"].values, dem["lon"].values
+    return float(lat.min()), float(lat.max()), float(lon.min()), float(lon.max())
+
+
+def check_dem_covers(dem: xr.DataArray, lat: Any, lon: Any, *, source: str = "DEM") -> None:
+    """Refuse a DEM on which none of the positions ``lat``/``lon`` (degrees) lies.
+
+    Raises
+    ------
+    GeometryError
+        Naming the DEM, its extent and the positions' extent.
+    """
+    lat, lon = np.asarray(lat, np.float64), np.asarray(lon, np.float64)
+    south, north, west, east = dem_bounds(dem)
+    inside = (lat >= south) & (lat <= north) & (lon >= west) & (lon <= east)
+    if lat.size and not inside.any():
+        raise GeometryError(f"{source}: expected a DEM covering the scene, found one over "
+                            f"lat {south:.4f}..{north:.4f}, lon {west:.4f}..{east:.4f} while "
+                            f"the scene lies over lat {np.nanmin(lat):.4f}.."
+                            f"{np.nanmax(lat):.4f}, lon {np.nanmin(lon):.4f}.."
+                            f"{np.nanmax(lon):.4f}")
 
 
 def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr.Dataset:
@@ -679,6 +781,7 @@ def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr
         raise GeometryError("dem: expected points with their orbits (attrs 'sar_geometry') to "
                             "geocode on a DEM, found none")
     located = geocode_points(points, force=True)
+    check_dem_covers(dem, located["lat"].values, located["lon"].values, source="dem")
     previous = np.full(located.sizes["space"], np.inf)
     for _ in range(DEM_ITERATIONS):
         height = np.asarray(dem.interp(lat=xr.DataArray(located["lat"].values, dims="space"),
@@ -745,6 +848,8 @@ __all__ = [
     "RadarGrid",
     "StackGeometry",
     "baselines",
+    "check_dem_covers",
+    "check_orbits_cover_epochs",
     "correct_positions",
     "geocode_points",
     "geocode_with_dem",

@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import os
+import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,11 +22,50 @@ from depsi.io.raster import (
     _epochs,
     _finish,
     _iq_to_complex64,
+    _parse_dates,
     _path_list,
     _raster,
 )
 
 BandLayout = Literal["complex", "iq"]
+
+#: A date written YYYYMMDD in a file name, not part of a longer number.
+NAME_DATE = re.compile(r"(?<!\d)((?:19|20)\d{6})(?!\d)")
+
+
+def date_in_name(path: str | os.PathLike) -> np.datetime64 | None:
+    """The one YYYYMMDD date in a file's name, or None (no date, several, or not a date).
+
+    Examples
+    --------
+    >>> str(date_in_name("stack/slc_20230319.tif")), date_in_name("lat.tif")
+    ('2023-03-19', None)
+    """
+    found = NAME_DATE.findall(Path(path).name)
+    if len(found) != 1:
+        return None
+    try:
+        return np.datetime64(f"{found[0][:4]}-{found[0][4:6]}-{found[0][6:]}", "D")
+    except ValueError:
+        return None
+
+
+def check_dates_in_names(paths: Sequence[str | os.PathLike], dates: Sequence[Any], *,
+                         field: str = "dates") -> None:
+    """Refuse ``dates`` (one per file, in the files' order) that contradict a YYYYMMDD date in
+    a file's name; files without a date in their name are not checked.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, the date in its name and the date given for it.
+    """
+    for k, (path, date) in enumerate(zip(paths, dates)):
+        named = date_in_name(path)
+        given = np.datetime64(date).astype("datetime64[D]")
+        if named is not None and named != given:
+            raise ValueError(f"{field}[{k}]: expected the date in the name of '{path}', "
+                             f"{named}, found {given}")
 
 
 def _require_rioxarray() -> Any:
@@ -133,6 +173,8 @@ def from_geotiff(
     if dates is None and metadata is None:
         raise ValueError("dates: expected one date per epoch (or metadata=), found neither")
     epochs = _epochs(n_epochs, names, dates=dates, metadata=metadata, wavelength=wavelength)
+    if dates is not None and all(n == 1 for n in per_file):
+        check_dates_in_names(paths, _parse_dates(dates, n_epochs))
     block = _chunks(chunks, shape, n_epochs)
 
     planes = []
@@ -199,6 +241,8 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
 
 __all__ = [
     "BandLayout",
+    "check_dates_in_names",
+    "date_in_name",
     "from_geotiff",
     "write_geotiff_stack",
 ]

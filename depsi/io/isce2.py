@@ -553,6 +553,12 @@ def _read_products(folder: Path, dates: Sequence[str]) -> _Products | None:
     stack has no ``reference/IW*.xml``."""
     reference_files = _swath_files(folder / "reference")
     if not reference_files:
+        secondary_files = sorted(p for p in (folder / "secondarys").glob("*/IW*.xml")
+                                 if _SWATH_XML.match(p.name))
+        if secondary_files:
+            raise ISCE2Error(f"ISCE2 stack '{folder}': expected the reference product "
+                             f"'{folder / 'reference' / 'IW*.xml'}' beside the secondaries' "
+                             f"(as '{secondary_files[0]}'), found no such file")
         return None
     reference = [read_swath_product(p) for p in reference_files]
     day = str(np.datetime64(min(s.sensing_start for s in reference), "D")).replace("-", "")

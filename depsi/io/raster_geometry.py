@@ -19,6 +19,7 @@ from depsi.io.geometry import (
     GeometryMode,
     StackGeometry,
     baselines,
+    check_orbits_cover_epochs,
     geodetic_to_ecef,
     look_geometry,
     radar_to_geo,
@@ -135,6 +136,7 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
     if len(geometry.orbits) != n_time:
         raise GeometryError(f"geometry: expected one orbit per epoch ({n_time}), found "
                             f"{len(geometry.orbits)}")
+    check_orbits_cover_epochs(geometry, stack["time"].values, source="geometry")
     out = stack.copy()
     out.attrs = dict(stack.attrs)
     azimuth = np.asarray(stack["azimuth"].values, np.float64)

@@ -245,6 +245,10 @@ def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
                             f"{sorted(str(d) for d in orbits)})")
     mother_day = first_line.astype("datetime64[D]") if mother is None else \
         np.datetime64(mother, "D")
+    if mother_day not in days:
+        raise GeometryError(f"SNAP metadata '{file}': expected the mother's product "
+                            f"({mother_day}, whose grid the stack is on) among the stack's "
+                            f"dates, found only {[str(d) for d in days]}")
     height = number("avg_scene_height") if "avg_scene_height" in fields else 0.0
     return StackGeometry(grid, tuple(orbits[d] for d in days),
                          int(np.flatnonzero(days == mother_day)[0]), wavelength, height)

@@ -130,6 +130,28 @@ def _open_raster(rioxarray: Any, path: Path) -> xr.DataArray:
         return rioxarray.open_rasterio(path, chunks={}, mask_and_scale=False)
 
 
+#: Valid WGS84 degrees of the position rasters, and the side of the decimated sample of each
+#: that is checked against them (a whole raster is not read before the pixel work).
+POSITION_LIMITS = {"lat": 90.0, "lon": 180.0}
+POSITION_SAMPLE = 512
+
+
+def _check_position_raster(path: Path, name: str) -> None:
+    """Refuse a lat/lon raster whose values (on a decimated sample) are not WGS84 degrees."""
+    import rasterio
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(path) as src:
+            sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),
+                                            min(src.width, POSITION_SAMPLE)))
+    sample = sample[np.isfinite(sample)]
+    limit = POSITION_LIMITS[name]
+    if sample.size and np.abs(sample).max() > limit:
+        raise ValueError(f"input.path: '{path}': expected {name} in WGS84 degrees within "
+                         f"-{limit:g}..{limit:g}, found {sample.min():g}..{sample.max():g}")
+
+
 def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     """A GeoTIFF stack: SLC rasters with dates and wavelength from the configuration, h2ph
     from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
@@ -138,6 +160,7 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     import rioxarray
 
     from depsi.io import from_geotiff
+    from depsi.io.geotiff import check_dates_in_names
 
     tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
     h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
@@ -153,6 +176,11 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
         raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(section.dates)} "
                          f"dates) in {str(h2ph_folder)!r}, found {len(h2ph_files)}: the chain "
                          "needs h2ph and GeoTIFF SLCs carry no orbits")
+    if len(slc_files) == len(section.dates):
+        check_dates_in_names(slc_files, section.dates, field="input.dates")
+    # the h2ph rasters are taken in their names' order, which must be the dates' time order
+    check_dates_in_names(h2ph_files, sorted(np.array(section.dates, dtype="datetime64[D]")),
+                         field="input.dates (in time order)")
     stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
     layers = []
     for path in h2ph_files:
@@ -167,6 +195,7 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
     if all(p.is_file() for p in position_files.values()):
         for name, path in position_files.items():
+            _check_position_raster(path, name)
             band = _open_raster(rioxarray, path)
             if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
                 raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
@@ -212,6 +241,8 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
     if dem is not None and "sar_geometry" not in stack.attrs:
         raise ValueError(f"{where}: input.dem needs the stack's orbits to geocode on it, found "
                          "no orbits in this stack")
+    if dem is not None:
+        _check_dem(dem, stack)
     geocodable = "sar_geometry" in stack.attrs or {"lat", "lon"} <= set(stack.variables)
     placed = sorted(set(config.output.exports) & set(EXPORTS_WITH_POSITIONS))
     if placed and not geocodable:
@@ -220,6 +251,22 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
                          "positions")
 
 
+
+
+def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
+    """The DEM georeferenced and over the scene (its corners and centre geocoded on the
+    orbits), before any pixel is read."""
+    from depsi.io.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
+
+    geometry = StackGeometry.from_attrs(stack.attrs)
+    azimuth = np.asarray(stack["azimuth"].values, np.float64)
+    range_ = np.asarray(stack["range"].values, np.float64)
+    corners_az = np.array([azimuth[0], azimuth[0], azimuth[-1], azimuth[-1],
+                           azimuth[len(azimuth) // 2]])
+    corners_rg = np.array([range_[0], range_[-1], range_[0], range_[-1],
+                           range_[len(range_) // 2]])
+    lat, lon = radar_to_geo(geometry, corners_az, corners_rg)
+    check_dem_covers(open_dem(dem), lat, lon, source=f"input.dem {str(dem)!r}")
 
 
 def stack_step(config: Any, *, product: Path, progress: bool = False

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from depsi.cli import main
@@ -79,3 +80,64 @@ def test_a_model_the_epochs_support_passes_the_check():
     time = np.datetime64("2020-01-01") + np.arange(12) * np.timedelta64(12, "D")
     model = ModelConfig(terms=["seasonal", "step"], step_dates=["2020-05-12"])
     assert check_model_support(model, time) == {"unknowns": 6, "epochs": 12}
+
+
+# ----------------------------------------------------------- the thermal term's temperatures
+#: The simulated input's epochs.
+EPOCHS = np.datetime64("2020-01-01", "ns") + np.arange(12) * np.timedelta64(12, "D")
+CELSIUS = [3.5 + i for i in range(12)]
+
+
+def _rows(values, separator=",", decimal="."):
+    return [f"{str(t)[:10]}{separator}{str(v).replace('.', decimal)}"
+            for t, v in zip(EPOCHS, values)]
+
+
+@pytest.mark.parametrize(("name", "write"), [
+    ("byte-order mark", lambda path: path.write_bytes(
+        ("\ufeffdate,temperature\n" + "\n".join(_rows(CELSIUS)) + "\n").encode("utf-8"))),
+    ("CRLF", lambda path: path.write_bytes(
+        ("date,temperature\r\n" + "\r\n".join(_rows(CELSIUS)) + "\r\n").encode("utf-8"))),
+    ("semicolons", lambda path: path.write_text(
+        "date;temperature\n" + "\n".join(_rows(CELSIUS, ";", ",")) + "\n")),
+    ("Excel CSV UTF-8 with semicolons and CRLF", lambda path: path.write_bytes(
+        ("\ufeffDate;Temperature\r\n" + "\r\n".join(_rows(CELSIUS, ";", ",")) + "\r\n")
+        .encode("utf-8"))),
+])
+def test_a_temperature_file_as_spreadsheets_write_it_is_read(tmp_path, name, write):
+    from depsi.processing.temporal_model import read_temperature
+
+    path = tmp_path / "temperature.csv"
+    write(path)
+    np.testing.assert_array_equal(read_temperature(path, EPOCHS), CELSIUS)
+
+
+def test_the_unit_of_the_temperatures_read_is_logged(tmp_path, caplog):
+    from depsi.processing.temporal_model import read_temperature
+
+    path = tmp_path / "temperature.csv"
+    path.write_text("date,temperature\n" + "\n".join(_rows([t + 273.15 for t in CELSIUS])))
+    with caplog.at_level(logging.INFO, logger="depsi.processing.temporal_model"):
+        read_temperature(path, EPOCHS)
+    assert "12 rows" in caplog.text and "read in kelvin" in caplog.text, caplog.text
+
+
+def test_a_header_with_both_separators_is_refused(tmp_path):
+    from depsi.processing.temporal_model import read_temperature
+
+    path = tmp_path / "temperature.csv"
+    path.write_text("date;temperature,station\n")
+    with pytest.raises(ValueError, match=r"model.temperature: expected columns separated by "
+                                         r"',' or by ';', found both"):
+        read_temperature(path, EPOCHS)
+
+
+def test_temperatures_in_mixed_units_are_refused_before_any_step(tmp_path, caplog):
+    mixed = CELSIUS[:9] + [t + 273.15 for t in CELSIUS[9:]]  # the last three rows in kelvin
+    path = tmp_path / "temperature.csv"
+    path.write_text("date,temperature\n" + "\n".join(_rows(mixed)) + "\n")
+    errors = refused_run(tmp_path, caplog, model={"terms": ["thermal"],
+                                                  "temperature": str(path)})
+    assert "model.temperature: expected one unit" in errors, errors
+    assert "kelvin (above 200) on lines 11, 12, 13 (3 rows)" in errors, errors
+    assert "degrees Celsius (at most 200) on lines 2, 3, 4, 5, 6, ... (9 rows)" in errors, errors

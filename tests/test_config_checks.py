@@ -141,3 +141,23 @@ def test_temperatures_in_mixed_units_are_refused_before_any_step(tmp_path, caplo
     assert "model.temperature: expected one unit" in errors, errors
     assert "kelvin (above 200) on lines 11, 12, 13 (3 rows)" in errors, errors
     assert "degrees Celsius (at most 200) on lines 2, 3, 4, 5, 6, ... (9 rows)" in errors, errors
+
+
+# ----------------------------------------------------------------- dates YAML reads as dates
+def test_unquoted_input_dates_are_read_as_iso_text():
+    from depsi.pipeline.config import parse_config
+
+    config = parse_config(yaml.safe_load(
+        "input:\n  format: geotiff\n  path: /data/stack\n"
+        "  dates: [2023-01-06, 2023-01-18, 2023-01-30 00:00:00]\n  wavelength: 0.0555\n"))
+    assert config.input.dates == ["2023-01-06", "2023-01-18", "2023-01-30"]
+
+
+def test_unquoted_step_and_breakpoint_dates_are_read_as_iso_text():
+    from depsi.pipeline.config import parse_config
+
+    config = parse_config(yaml.safe_load(
+        "model:\n  terms: [step, breakpoint]\n  step_dates: [2020-03-01]\n"
+        "  breakpoint_dates: [2020-04-01]\n"))
+    assert (config.model.step_dates, config.model.breakpoint_dates) == (
+        ["2020-03-01"], ["2020-04-01"])

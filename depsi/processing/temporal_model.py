@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import dask
 import dask.array as da
@@ -40,7 +40,7 @@ from scipy import stats
 
 from depsi.conventions import DAYS_PER_YEAR, phase_per_metre
 from depsi.kernels.periodogram import result_coherence
-from depsi.sections import Section, ordered_pair
+from depsi.sections import Section, iso_dates, ordered_pair
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,11 @@ class ModelConfig(Section):
     @classmethod
     def _ordered(cls, pair: tuple[float, float], info) -> tuple[float, float]:
         return ordered_pair(pair, info.field_name)
+
+    @field_validator("step_dates", "breakpoint_dates", mode="before")
+    @classmethod
+    def _date_objects(cls, dates: Any) -> Any:
+        return iso_dates(dates)
 
     @field_validator("step_dates", "breakpoint_dates")
     @classmethod

@@ -161,3 +161,10 @@ def test_unquoted_step_and_breakpoint_dates_are_read_as_iso_text():
         "  breakpoint_dates: [2020-04-01]\n"))
     assert (config.model.step_dates, config.model.breakpoint_dates) == (
         ["2020-03-01"], ["2020-04-01"])
+
+
+# ------------------------------------------------------------------------ compute resources
+def test_a_memory_limit_below_a_workers_own_needs_is_refused_naming_the_key(tmp_path, caplog):
+    errors = refused_run(tmp_path, caplog, compute={"scheduler": "local", "memory_limit": "1B"})
+    assert "compute.memory_limit: expected at least 268435456 bytes" in errors, errors
+    assert "found '1B' (1 byte)" in errors, errors

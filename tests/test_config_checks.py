@@ -168,3 +168,29 @@ def test_a_memory_limit_below_a_workers_own_needs_is_refused_naming_the_key(tmp_
     errors = refused_run(tmp_path, caplog, compute={"scheduler": "local", "memory_limit": "1B"})
     assert "compute.memory_limit: expected at least 268435456 bytes" in errors, errors
     assert "found '1B' (1 byte)" in errors, errors
+
+
+# ------------------------------------------------------------------------- the scene's size
+def test_a_ds_window_larger_than_the_scene_is_refused_before_any_step(tmp_path, caplog):
+    errors = refused_run(tmp_path, caplog,
+                         selection={"ds": {"enabled": True, "window": [11, 51]}})
+    assert "selection.ds.window: expected at most the scene's 40 x 40 pixels (azimuth x range)" \
+        ", found [11, 51]" in errors, errors
+
+
+def test_a_ds_window_larger_than_a_read_stack_is_refused_by_the_stack_step(tmp_path):
+    from depsi.pipeline.config import parse_config
+    from depsi.pipeline.stack import stack_step
+
+    config = parse_config({"input": SIMULATED, "output": {"workspace": str(tmp_path)},
+                           "selection": {"ds": {"enabled": True, "window": [41, 5]}}})
+    with pytest.raises(ValueError, match=r"selection.ds.window: .* 40 x 40 pixels .* \[41, 5\]"):
+        stack_step(config, product=tmp_path / "stack.zarr")
+
+
+def test_a_ds_window_is_not_checked_when_no_ds_are_selected():
+    from depsi.pipeline.config import parse_config
+    from depsi.pipeline.preflight import check_ds_window
+
+    config = parse_config({"selection": {"ds": {"enabled": False, "window": [99, 99]}}})
+    check_ds_window(config, (40, 40))

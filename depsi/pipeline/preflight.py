@@ -5,7 +5,8 @@ blocks and of the point chunks from the configuration alone (and a Zarr store's 
 and refuses, naming the key, the predicted bytes and the limit, what would otherwise be
 OOM-killed hours later; it also refuses absurd worker and thread counts, simulated scenes
 larger than the disk, stores whose metadata claim far more pixels than their files hold, and
-temporal models the epochs cannot determine (:func:`check_model`).
+temporal models the epochs cannot determine (:func:`check_model`) and DS windows larger than
+the scene (:func:`check_ds_window`).
 
 Examples
 --------
@@ -339,7 +340,7 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
     ResourceLimitError
         Naming the key (``arcs.height_step``, ``compute.threads``, ...), the predicted bytes
         or count, and the limit.
-    ModelSupportError
+    StackConfigError
         A temporal model the input's epochs cannot determine, when they are known before the
         stack is read (:func:`check_model`).
     """
@@ -373,6 +374,9 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
             f"{int(MEMORY_FRACTION * limit)} bytes ({source})")
     report["point_chunk_bytes"] = chunk
     report["model"] = check_model(config)
+    shape = known_shape(config)
+    if shape is not None:
+        check_ds_window(config, shape)
     logger.info("preflight: arcs grid %d nodes (%d bytes), memory limit %d bytes (%s)",
                 report["arcs"]["grid_nodes"], report["arcs"]["bytes"], limit, source)
     return report
@@ -580,9 +584,10 @@ def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epoch
 
 
 # ------------------------------------------------------------- can the epochs fit the model?
-class ModelSupportError(ValueError):
-    """A temporal model the epochs cannot determine (more unknowns than epochs, a step or
-    breakpoint without epochs on both sides); names the key, the value and the epochs. A
+class StackConfigError(ValueError):
+    """A configuration the stack cannot support: a temporal model its epochs cannot determine
+    (more unknowns than epochs, a step or breakpoint without epochs on both sides) or a DS
+    window larger than its scene; names the key, the value and the epochs or the scene. A
     ``ValueError``: bad input (exit code 2)."""
 
 
@@ -624,7 +629,7 @@ def _refuse_dates(key: str, dates: list[str], first: np.datetime64, last: np.dat
                   "is the same at every epoch, which the offset itself takes")
         where = ("after the first epoch and on or before the last" if inside_last
                  else "strictly between the first and the last epoch")
-        raise ModelSupportError(f"{key}: {text} has {side}; expected a date {where} "
+        raise StackConfigError(f"{key}: {text} has {side}; expected a date {where} "
                                 f"({first} to {last}): there it {effect}")
 
 
@@ -649,7 +654,7 @@ def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
 
     Raises
     ------
-    ModelSupportError
+    StackConfigError
         Naming the key (``model.terms``, ``model.step_dates``, ``model.breakpoint_dates``),
         its value and the epochs.
 
@@ -661,7 +666,7 @@ def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
     {'unknowns': 5, 'epochs': 6}
     >>> try:
     ...     check_model_support(ModelConfig(terms=["seasonal", "semi_annual"]), time)
-    ... except ModelSupportError as err:
+    ... except StackConfigError as err:
     ...     print(str(err)[:60])
     model.terms: ['seasonal', 'semi_annual'] make 7 unknowns per
     """
@@ -676,7 +681,7 @@ def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
         keys = ["model.terms"] + [f"model.{term}_dates" for term in ("step", "breakpoint")
                                   if term in model.terms and counts[term] > 1]
         parts = ", ".join(f"{name} {count}" for name, count in counts.items())
-        raise ModelSupportError(
+        raise StackConfigError(
             f"{', '.join(keys)}: {list(model.terms)} make {unknowns} unknowns per point "
             f"({parts}) for {n_epochs} epochs ({first} to {last}); expected fewer unknowns "
             "than epochs: each point's fit and its tests need at least one epoch to spare")
@@ -725,3 +730,48 @@ def check_model(config: Any, time: np.ndarray | None = None) -> dict[str, Any] |
     report = check_model_support(config.model, time)
     temporal_model(config.model, time)
     return report
+
+
+# ------------------------------------------------------------ does the DS window fit the scene?
+def _ds_selected(config: Any) -> bool:
+    """Whether selection adds distributed scatterers: ``selection.ds.enabled`` true, or
+    ``auto`` with an interferogram stack (the other cases of ``auto`` are known only once the
+    amplitudes are read)."""
+    enabled = config.selection.ds.enabled
+    return enabled is True or (enabled == "auto" and config.input.format == "interferograms")
+
+
+def check_ds_window(config: Any, shape: tuple[int, int]) -> None:
+    """Refuse a DS search window (``selection.ds.window``) larger than the scene ``shape``
+    (azimuth, range), when selection adds distributed scatterers.
+
+    Examples
+    --------
+    >>> from depsi.pipeline.config import parse_config
+    >>> config = parse_config({"selection": {"ds": {"enabled": True, "window": [11, 51]}}})
+    >>> try:
+    ...     check_ds_window(config, (40, 40))
+    ... except StackConfigError as err:
+    ...     print(str(err).split(" (azimuth")[0])
+    selection.ds.window: expected at most the scene's 40 x 40 pixels
+    """
+    window = tuple(int(n) for n in config.selection.ds.window)
+    if not _ds_selected(config):
+        return
+    if window[0] > shape[0] or window[1] > shape[1]:
+        raise StackConfigError(
+            f"selection.ds.window: expected at most the scene's {shape[0]} x {shape[1]} "
+            f"pixels (azimuth x range), found {list(window)}")
+
+
+def known_shape(config: Any) -> tuple[int, int] | None:
+    """The scene's (azimuth, range) when known before the stack step: a simulated stack's, or
+    the ``azimuth`` and ``range`` sizes in a Zarr store's metadata; None otherwise."""
+    if config.input.format == "simulated":
+        return tuple(config.input.simulate.shape)
+    if config.input.format == "zarr" and Path(config.input.path).is_dir():
+        for array in _store_arrays(Path(config.input.path)):
+            dims = list(array["dims"] or ())
+            if "azimuth" in dims and "range" in dims:
+                return (array["shape"][dims.index("azimuth")], array["shape"][dims.index("range")])
+    return None

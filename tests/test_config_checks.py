@@ -4,6 +4,7 @@ key, the value found and what was expected, and leaves the workspace without ste
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -194,3 +195,38 @@ def test_a_ds_window_is_not_checked_when_no_ds_are_selected():
 
     config = parse_config({"selection": {"ds": {"enabled": False, "window": [99, 99]}}})
     check_ds_window(config, (40, 40))
+
+
+# --------------------------------------------------------------- the documented configurations
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+#: A line put just before a ```yaml fence of the docs whose block is not a configuration of
+#: ``depsi run`` (a fragment, another tool's file): its block is not parsed.
+NOT_A_CONFIGURATION = "<!-- not a configuration -->"
+_FENCE = re.compile(r"^```ya?ml\s*$")
+
+
+def _documented_configurations() -> list:
+    blocks = []
+    for page in sorted(DOCS.rglob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
+            if not _FENCE.match(line.strip()):
+                continue
+            if number and lines[number - 1].strip() == NOT_A_CONFIGURATION:
+                continue
+            end = next(i for i in range(number + 1, len(lines)) if lines[i].strip() == "```")
+            where = f"{page.relative_to(DOCS.parent)}:{number + 1}"
+            blocks.append(pytest.param("\n".join(lines[number + 1:end]), id=where))
+    return blocks
+
+
+def test_the_docs_hold_configurations_to_check():
+    assert len(_documented_configurations()) >= 5
+
+
+@pytest.mark.parametrize("text", _documented_configurations())
+def test_every_documented_configuration_parses(text, request):
+    """Each ```yaml block of the docs is a configuration (its sections; the rest defaults)."""
+    from depsi.pipeline.config import parse_config
+
+    parse_config(yaml.safe_load(text), source=request.node.callspec.id)

@@ -92,8 +92,9 @@ class ModelConfig(Section):
         None, description="Terms densification's periodogram searches (a subset of terms); "
                           "null: all of terms.")
     temperature: Path | None = Field(
-        None, description="CSV file with columns date (YYYY-MM-DD) and temperature (K or "
-                          "degC), a row for every epoch: the thermal term's regressor.")
+        None, description="CSV file with columns date (YYYY-MM-DD) and temperature (K above "
+                          "200, else degC), a row for every epoch: the thermal term's "
+                          "regressor.")
     step_dates: list[str] = Field(
         [], description="Dates (YYYY-MM-DD) of the steps of the 'step' term.")
     breakpoint_dates: list[str] = Field(

@@ -230,3 +230,13 @@ def test_every_documented_configuration_parses(text, request):
     from depsi.pipeline.config import parse_config
 
     parse_config(yaml.safe_load(text), source=request.node.callspec.id)
+
+
+def test_two_steps_with_no_epoch_between_them_are_refused():
+    from depsi.pipeline.preflight import StackConfigError, check_model_support
+    from depsi.processing.temporal_model import ModelConfig
+
+    model = ModelConfig(terms=["step"], step_dates=["2020-02-05", "2020-02-01"])
+    with pytest.raises(StackConfigError, match=r"model.step_dates: 2020-02-01 and 2020-02-05 "
+                                               r"have no epoch between them"):
+        check_model_support(model, EPOCHS)

@@ -633,12 +633,26 @@ def _refuse_dates(key: str, dates: list[str], first: np.datetime64, last: np.dat
                                 f"({first} to {last}): there it {effect}")
 
 
+def _refuse_twin_steps(dates: list[str], time: np.ndarray) -> None:
+    """Two step dates with no epoch between them: their columns are the same."""
+    split: dict[int, str] = {}
+    for text in sorted(dates):
+        index = int(np.searchsorted(time, _day(text)))
+        if index in split:
+            raise StackConfigError(
+                f"model.step_dates: {split[index]} and {text} have no epoch between them; "
+                f"expected at least one epoch between two steps (the epochs before are to "
+                f"{time[index - 1]}, after from {time[index]}): their steps cannot be told "
+                "apart")
+        split[index] = text
+
+
 def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
     """Whether the epochs ``time`` can determine the temporal model ``model``: refuse a model
     with as many unknowns per point as epochs or more (the fit of each point and its F tests
     need at least one epoch to spare), a step date with no epoch before it or none on or after
-    it, and a breakpoint date at or outside the first or last epoch (its column is then the
-    velocity's or zero).
+    it, two step dates with no epoch between them, and a breakpoint date at or outside the
+    first or last epoch (its column is then the velocity's or zero).
 
     Parameters
     ----------
@@ -687,6 +701,7 @@ def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
             "than epochs: each point's fit and its tests need at least one epoch to spare")
     if "step" in model.terms:
         _refuse_dates("model.step_dates", model.step_dates, first, last, inside_last=True)
+        _refuse_twin_steps(model.step_dates, time)
     if "breakpoint" in model.terms:
         _refuse_dates("model.breakpoint_dates", model.breakpoint_dates, first, last,
                       inside_last=False)

@@ -189,6 +189,22 @@ def test_a_ds_window_larger_than_a_read_stack_is_refused_by_the_stack_step(tmp_p
         stack_step(config, product=tmp_path / "stack.zarr")
 
 
+def test_the_epochs_and_scene_of_a_zarr_store_are_checked_before_any_step(tmp_path):
+    from depsi.pipeline.config import parse_config
+    from depsi.pipeline.preflight import StackConfigError, check_feasible
+    from depsi.simulate import write_stack_zarr
+
+    store = tmp_path / "stack.zarr"
+    write_stack_zarr(store, shape=(30, 20), n_epochs=8)
+    with pytest.raises(StackConfigError, match=r"selection.ds.window: .* 30 x 20 pixels"):
+        check_feasible(parse_config({"input": {"path": str(store)},
+                                     "selection": {"ds": {"enabled": True, "window": [5, 21]}}}))
+    with pytest.raises(StackConfigError, match=r"model.step_dates: 2021-01-01 .* last epoch is "
+                                               r"2020-03-25"):
+        check_feasible(parse_config({"input": {"path": str(store)},
+                                     "model": {"terms": ["step"], "step_dates": ["2021-01-01"]}}))
+
+
 def test_a_ds_window_is_not_checked_when_no_ds_are_selected():
     from depsi.pipeline.config import parse_config
     from depsi.pipeline.preflight import check_ds_window

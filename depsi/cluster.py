@@ -48,6 +48,10 @@ SLURM_DRAIN_TIMEOUT_S = 15.0
 #: Schedulers :func:`scheduler` offers.
 SCHEDULERS = ("synchronous", "threads", "processes", "local", "slurm")
 
+#: Smallest ``compute.memory_limit`` of a local worker (bytes): a Dask worker process takes
+#: about 150 MB with nothing loaded, so below this it is paused or killed at its first task.
+MIN_MEMORY_LIMIT = 256 * 2**20
+
 _WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$|^\d+$")
 _SLURM_NAME = re.compile(r"^[\w.,:+@=/-]+$")
 
@@ -161,7 +165,16 @@ class ComputeConfig(Section):
     @field_validator("memory_limit")
     @classmethod
     def _memory_limit(cls, memory_limit: str | None) -> str | None:
-        return check_bytes(memory_limit)
+        from dask.utils import parse_bytes
+
+        check_bytes(memory_limit)
+        if memory_limit not in (None, "auto"):
+            size = int(parse_bytes(memory_limit))
+            if size < MIN_MEMORY_LIMIT:
+                raise ValueError(f"expected at least {MIN_MEMORY_LIMIT} bytes (256 MiB: a "
+                                 f"worker process alone takes about 150 MB) or auto or null, "
+                                 f"found {memory_limit!r} ({size} byte{'s' if size != 1 else ''})")
+        return memory_limit
 
 
 class SchedulerStartError(RuntimeError):

@@ -18,6 +18,7 @@ Examples
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,25 @@ def check_bytes(value: str | None, *, allow_auto: bool = True) -> str | None:
         return value
     raise ValueError(f"expected a size such as '4GB', '500MiB'{' or auto' if allow_auto else ''}, "
                      f"got {value!r}")
+
+
+def iso_dates(values: Any) -> Any:
+    """``values`` with each ``datetime.date`` or ``datetime.datetime`` as ISO text (YAML reads
+    an unquoted ``2023-01-06`` as a date); a datetime at midnight as its date alone. Anything
+    else is left for the field's own validation.
+
+    Examples
+    --------
+    >>> iso_dates([datetime.date(2023, 1, 6), datetime.datetime(2023, 1, 18), "2023-01-30"])
+    ['2023-01-06', '2023-01-18', '2023-01-30']
+    """
+    def text(value: Any) -> Any:
+        if isinstance(value, datetime.datetime):
+            return (value.date().isoformat() if value.time() == datetime.time()
+                    and value.tzinfo is None else value.isoformat())
+        return value.isoformat() if isinstance(value, datetime.date) else value
+
+    return [text(value) for value in values] if isinstance(values, (list, tuple)) else values
 
 
 def ordered_pair(pair: tuple[float, float], name: str) -> tuple[float, float]:

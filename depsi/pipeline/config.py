@@ -43,6 +43,7 @@ from depsi.processing.network import NetworkConfig
 from depsi.processing.selection import SelectionConfig
 from depsi.processing.temporal_model import ModelConfig
 from depsi.sections import Section as _Section
+from depsi.sections import iso_dates
 
 # the compute sections live with the schedulers, the base of every section below both;
 # imported here so that depsi.pipeline.config.ComputeConfig etc. keep working
@@ -216,6 +217,11 @@ class InputConfig(_Section):
     simulate: SimulateConfig | None = Field(
         None, description="Parameters of the simulated stack (format 'simulated' only; "
                           "defaults when left null).")
+
+    @field_validator("dates", mode="before")
+    @classmethod
+    def _date_objects(cls, dates: Any) -> Any:
+        return iso_dates(dates)
 
     @model_validator(mode="after")
     def _resolve_format(self) -> InputConfig:

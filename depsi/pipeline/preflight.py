@@ -4,7 +4,9 @@
 blocks and of the point chunks from the configuration alone (and a Zarr store's metadata),
 and refuses, naming the key, the predicted bytes and the limit, what would otherwise be
 OOM-killed hours later; it also refuses absurd worker and thread counts, simulated scenes
-larger than the disk, and stores whose metadata claim far more pixels than their files hold.
+larger than the disk, stores whose metadata claim far more pixels than their files hold, and
+temporal models the epochs cannot determine (:func:`check_model`) and DS windows larger than
+the scene (:func:`check_ds_window`).
 
 Examples
 --------
@@ -338,6 +340,9 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
     ResourceLimitError
         Naming the key (``arcs.height_step``, ``compute.threads``, ...), the predicted bytes
         or count, and the limit.
+    StackConfigError
+        A temporal model the input's epochs cannot determine, when they are known before the
+        stack is read (:func:`check_model`).
     """
 
     _check_counts(config)
@@ -368,6 +373,10 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
             f"compute: point chunks of {chunk} bytes; expected at most "
             f"{int(MEMORY_FRACTION * limit)} bytes ({source})")
     report["point_chunk_bytes"] = chunk
+    report["model"] = check_model(config)
+    shape = known_shape(config)
+    if shape is not None:
+        check_ds_window(config, shape)
     logger.info("preflight: arcs grid %d nodes (%d bytes), memory limit %d bytes (%s)",
                 report["arcs"]["grid_nodes"], report["arcs"]["bytes"], limit, source)
     return report
@@ -572,3 +581,212 @@ def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epoch
     report["warnings"].append(
         f"input: {spread} {found}: height errors cannot be resolved and the height term "
         "should be dropped (not done automatically)")
+
+
+# ------------------------------------------------------------- can the epochs fit the model?
+class StackConfigError(ValueError):
+    """A configuration the stack cannot support: a temporal model its epochs cannot determine
+    (more unknowns than epochs, a step or breakpoint without epochs on both sides) or a DS
+    window larger than its scene; names the key, the value and the epochs or the scene. A
+    ``ValueError``: bad input (exit code 2)."""
+
+
+def model_unknowns(model: Any) -> dict[str, int]:
+    """Unknowns per point of ``model`` (a :class:`~depsi.processing.temporal_model.ModelConfig`):
+    the linear model's and each term's columns, in order.
+
+    Examples
+    --------
+    >>> from depsi.processing.temporal_model import ModelConfig
+    >>> model_unknowns(ModelConfig(terms=["seasonal", "step"], step_dates=["2021-05-01"]))
+    {'offset': 1, 'velocity': 1, 'height_error': 1, 'seasonal': 2, 'step': 1}
+    """
+    counts = {name: 1 for name in ARC_MODEL_PARAMETERS}
+    columns = {"seasonal": 2, "semi_annual": 2, "thermal": 1,
+               "step": len(model.step_dates), "breakpoint": len(model.breakpoint_dates)}
+    counts.update({term: columns[term] for term in model.terms})
+    return counts
+
+
+def _day(text: str) -> np.datetime64:
+    return np.datetime64(text, "D")
+
+
+def _refuse_dates(key: str, dates: list[str], first: np.datetime64, last: np.datetime64,
+                  *, inside_last: bool) -> None:
+    """A date of ``key`` without epochs on both sides: a step needs one before its date and
+    one on or after it; a breakpoint one before it and one after it."""
+    for text in dates:
+        day = _day(text)
+        if day <= first:
+            side = f"no epoch before it (the first epoch is {first})"
+        elif day > last or (day == last and not inside_last):
+            side = f"no epoch {'on or ' if inside_last else ''}after it (the last epoch is {last})"
+        else:
+            continue
+        effect = ("changes the velocity at no epoch or at every epoch alike, which the "
+                  "velocity itself takes" if key.endswith("breakpoint_dates") else
+                  "is the same at every epoch, which the offset itself takes")
+        where = ("after the first epoch and on or before the last" if inside_last
+                 else "strictly between the first and the last epoch")
+        raise StackConfigError(f"{key}: {text} has {side}; expected a date {where} "
+                                f"({first} to {last}): there it {effect}")
+
+
+def _refuse_twin_steps(dates: list[str], time: np.ndarray) -> None:
+    """Two step dates with no epoch between them: their columns are the same."""
+    split: dict[int, str] = {}
+    for text in sorted(dates):
+        index = int(np.searchsorted(time, _day(text)))
+        if index in split:
+            raise StackConfigError(
+                f"model.step_dates: {split[index]} and {text} have no epoch between them; "
+                f"expected at least one epoch between two steps (the epochs before are to "
+                f"{time[index - 1]}, after from {time[index]}): their steps cannot be told "
+                "apart")
+        split[index] = text
+
+
+def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
+    """Whether the epochs ``time`` can determine the temporal model ``model``: refuse a model
+    with as many unknowns per point as epochs or more (the fit of each point and its F tests
+    need at least one epoch to spare), a step date with no epoch before it or none on or after
+    it, two step dates with no epoch between them, and a breakpoint date at or outside the
+    first or last epoch (its column is then the velocity's or zero).
+
+    Parameters
+    ----------
+    model
+        The :class:`~depsi.processing.temporal_model.ModelConfig`.
+    time
+        The stack's epochs (datetime64), sorted.
+
+    Returns
+    -------
+    dict
+        ``unknowns`` (per point) and ``epochs``.
+
+    Raises
+    ------
+    StackConfigError
+        Naming the key (``model.terms``, ``model.step_dates``, ``model.breakpoint_dates``),
+        its value and the epochs.
+
+    Examples
+    --------
+    >>> from depsi.processing.temporal_model import ModelConfig
+    >>> time = np.datetime64("2021-01-01") + np.arange(6) * np.timedelta64(12, "D")
+    >>> check_model_support(ModelConfig(terms=["seasonal"]), time)
+    {'unknowns': 5, 'epochs': 6}
+    >>> try:
+    ...     check_model_support(ModelConfig(terms=["seasonal", "semi_annual"]), time)
+    ... except StackConfigError as err:
+    ...     print(str(err)[:60])
+    model.terms: ['seasonal', 'semi_annual'] make 7 unknowns per
+    """
+    time = np.sort(np.asarray(time).astype("datetime64[D]"))
+    n_epochs = int(time.size)
+    counts = model_unknowns(model)
+    unknowns = sum(counts.values())
+    if n_epochs == 0:
+        return {"unknowns": unknowns, "epochs": 0}
+    first, last = time[0], time[-1]
+    if unknowns >= n_epochs:
+        keys = ["model.terms"] + [f"model.{term}_dates" for term in ("step", "breakpoint")
+                                  if term in model.terms and counts[term] > 1]
+        parts = ", ".join(f"{name} {count}" for name, count in counts.items())
+        raise StackConfigError(
+            f"{', '.join(keys)}: {list(model.terms)} make {unknowns} unknowns per point "
+            f"({parts}) for {n_epochs} epochs ({first} to {last}); expected fewer unknowns "
+            "than epochs: each point's fit and its tests need at least one epoch to spare")
+    if "step" in model.terms:
+        _refuse_dates("model.step_dates", model.step_dates, first, last, inside_last=True)
+        _refuse_twin_steps(model.step_dates, time)
+    if "breakpoint" in model.terms:
+        _refuse_dates("model.breakpoint_dates", model.breakpoint_dates, first, last,
+                      inside_last=False)
+    return {"unknowns": unknowns, "epochs": n_epochs}
+
+
+def known_epochs(config: Any) -> np.ndarray | None:
+    """The input's epochs when they are known before the stack step: those of a simulated
+    stack, or the ``time`` coordinate of a Zarr store; None otherwise."""
+    if config.input.format == "simulated":
+        from depsi.simulate.scene import DEFAULT_REVISIT_DAYS, DEFAULT_START
+
+        sim = config.input.simulate
+        step = np.timedelta64(round(DEFAULT_REVISIT_DAYS * 86400), "s")
+        return (np.datetime64(DEFAULT_START, "ns") + np.arange(sim.n_epochs) * step
+                ).astype("datetime64[ns]")
+    if config.input.format == "zarr" and Path(config.input.path).is_dir():
+        import xarray as xr
+
+        try:
+            with xr.open_zarr(config.input.path) as store:
+                time = np.asarray(store["time"].values)
+        except Exception:  # noqa: BLE001 - an unreadable store is the stack step's to name
+            return None
+        return time if time.dtype.kind == "M" else None
+    return None
+
+
+def check_model(config: Any, time: np.ndarray | None = None) -> dict[str, Any] | None:
+    """:func:`check_model_support` of ``config.model`` at the epochs ``time`` (default
+    :func:`known_epochs`), then its terms' regressors built there (the temperature file read,
+    each column checked to vary); None when the epochs are not known yet."""
+    from depsi.processing.temporal_model import temporal_model
+
+    if not config.model.terms:
+        return None
+    if time is None:
+        time = known_epochs(config)
+    if time is None:
+        return None
+    report = check_model_support(config.model, time)
+    temporal_model(config.model, time)
+    return report
+
+
+# ------------------------------------------------------------ does the DS window fit the scene?
+def _ds_selected(config: Any) -> bool:
+    """Whether selection adds distributed scatterers: ``selection.ds.enabled`` true, or
+    ``auto`` with an interferogram stack (the other cases of ``auto`` are known only once the
+    amplitudes are read)."""
+    enabled = config.selection.ds.enabled
+    return enabled is True or (enabled == "auto" and config.input.format == "interferograms")
+
+
+def check_ds_window(config: Any, shape: tuple[int, int]) -> None:
+    """Refuse a DS search window (``selection.ds.window``) larger than the scene ``shape``
+    (azimuth, range), when selection adds distributed scatterers.
+
+    Examples
+    --------
+    >>> from depsi.pipeline.config import parse_config
+    >>> config = parse_config({"selection": {"ds": {"enabled": True, "window": [11, 51]}}})
+    >>> try:
+    ...     check_ds_window(config, (40, 40))
+    ... except StackConfigError as err:
+    ...     print(str(err).split(" (azimuth")[0])
+    selection.ds.window: expected at most the scene's 40 x 40 pixels
+    """
+    window = tuple(int(n) for n in config.selection.ds.window)
+    if not _ds_selected(config):
+        return
+    if window[0] > shape[0] or window[1] > shape[1]:
+        raise StackConfigError(
+            f"selection.ds.window: expected at most the scene's {shape[0]} x {shape[1]} "
+            f"pixels (azimuth x range), found {list(window)}")
+
+
+def known_shape(config: Any) -> tuple[int, int] | None:
+    """The scene's (azimuth, range) when known before the stack step: a simulated stack's, or
+    the ``azimuth`` and ``range`` sizes in a Zarr store's metadata; None otherwise."""
+    if config.input.format == "simulated":
+        return tuple(config.input.simulate.shape)
+    if config.input.format == "zarr" and Path(config.input.path).is_dir():
+        for array in _store_arrays(Path(config.input.path)):
+            dims = list(array["dims"] or ())
+            if "azimuth" in dims and "range" in dims:
+                return (array["shape"][dims.index("azimuth")], array["shape"][dims.index("range")])
+    return None

@@ -17,8 +17,7 @@ import xarray as xr
 from depsi.io.lock import write_lock
 from depsi.io.paths import temporary_sibling
 from depsi.io.store import move_into_place, recover_interrupted
-from depsi.pipeline.preflight import check_stack_support
-from depsi.processing.temporal_model import temporal_model
+from depsi.pipeline.preflight import check_ds_window, check_model, check_stack_support
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +286,8 @@ def stack_step(config: Any, *, product: Path, progress: bool = False
     _check_stack_geometry(stack, config)
     support = check_stack_support(stack, config)  # before selection: refuse too few epochs
     # the model's terms at the stack's epochs (a temperature for each, dates within them)
-    temporal_model(config.model, stack["time"].values)
+    check_model(config, stack["time"].values)
+    check_ds_window(config, (int(stack.sizes["azimuth"]), int(stack.sizes["range"])))
     return path, {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
                   "epochs": int(stack.sizes["time"]), **_support_counts(support)}
 

@@ -97,7 +97,7 @@ MODEL_TERMS = ("model.terms", "model.temperature", "model.step_dates", "model.br
 STEPS = (
     Step("stack", "opens the input stack, or simulates one", (), ("input",), "stack.zarr",
          "stack:stack_step", chain=False,
-         checks=("output.exports", "selection.method", *MODEL_TERMS),
+         checks=("output.exports", "selection.method", "selection.ds", *MODEL_TERMS),
          devices=False),
     Step("selection", "PS candidates by amplitude dispersion (and DS)", ("stack",),
          ("selection", "input.dem"), "ps.zarr", "stack:selection_step", chain=False,

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import dask
 import dask.array as da
@@ -40,7 +40,7 @@ from scipy import stats
 
 from depsi.conventions import DAYS_PER_YEAR, phase_per_metre
 from depsi.kernels.periodogram import result_coherence
-from depsi.sections import Section, ordered_pair
+from depsi.sections import Section, iso_dates, ordered_pair
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,9 @@ class ModelConfig(Section):
         None, description="Terms densification's periodogram searches (a subset of terms); "
                           "null: all of terms.")
     temperature: Path | None = Field(
-        None, description="CSV file with columns date (YYYY-MM-DD) and temperature (K or "
-                          "degC), a row for every epoch: the thermal term's regressor.")
+        None, description="CSV file with columns date (YYYY-MM-DD) and temperature (K above "
+                          "200, else degC), a row for every epoch: the thermal term's "
+                          "regressor.")
     step_dates: list[str] = Field(
         [], description="Dates (YYYY-MM-DD) of the steps of the 'step' term.")
     breakpoint_dates: list[str] = Field(
@@ -122,6 +123,11 @@ class ModelConfig(Section):
     @classmethod
     def _ordered(cls, pair: tuple[float, float], info) -> tuple[float, float]:
         return ordered_pair(pair, info.field_name)
+
+    @field_validator("step_dates", "breakpoint_dates", mode="before")
+    @classmethod
+    def _date_objects(cls, dates: Any) -> Any:
+        return iso_dates(dates)
 
     @field_validator("step_dates", "breakpoint_dates")
     @classmethod
@@ -208,8 +214,58 @@ def _day_number(value) -> float:
     return float(np.datetime64(value, "ns").astype("datetime64[ns]").astype(np.int64)) / 86400e9
 
 
+#: Temperatures above this are read as kelvin, those at or below it as degrees Celsius: the
+#: coldest air ever measured is 184 K (-89 degC), the hottest 57 degC, so the two ranges of
+#: real temperatures do not meet near 200. A file with both is refused.
+KELVIN_ABOVE = 200.0
+
+#: Rows named in a message about a file's rows.
+_ROWS_SHOWN = 5
+
+
+def _delimiter(header: str, path: Path) -> str:
+    """``,`` or ``;`` (Excel's CSV where the decimal mark is a comma), from the header line."""
+    commas, semicolons = "," in header, ";" in header
+    if commas and semicolons:
+        raise ValueError(f"model.temperature: expected columns separated by ',' or by ';', "
+                         f"found both in the header {header.strip()!r} of {str(path)!r}")
+    return ";" if semicolons else ","
+
+
+def _number(text: str | None, delimiter: str) -> float:
+    """A temperature as written; with ``;`` separators a decimal comma is read as a point."""
+    text = (text or "").strip()
+    if delimiter == ";" and "," in text and "." not in text:
+        text = text.replace(",", ".")
+    return float(text)
+
+
+def _lines(lines: list[int]) -> str:
+    shown = ", ".join(str(line) for line in lines[:_ROWS_SHOWN])
+    return f"{shown}{', ...' if len(lines) > _ROWS_SHOWN else ''} ({len(lines)} rows)"
+
+
+def _temperature_unit(table: dict[str, float], lines: dict[str, int], path: Path) -> str:
+    """``"K"`` or ``"degC"`` by :data:`KELVIN_ABOVE`; a file with both is refused, naming rows
+    of each."""
+    kelvin = [lines[day] for day, value in table.items() if value > KELVIN_ABOVE]
+    celsius = [lines[day] for day, value in table.items() if value <= KELVIN_ABOVE]
+    if kelvin and celsius:
+        raise ValueError(
+            f"model.temperature: expected one unit in {str(path)!r}, found kelvin (above "
+            f"{KELVIN_ABOVE:g}) on lines {_lines(kelvin)} and degrees Celsius (at most "
+            f"{KELVIN_ABOVE:g}) on lines {_lines(celsius)}")
+    return "K" if kelvin else "degC"
+
+
 def read_temperature(path: str | Path, time: np.ndarray) -> np.ndarray:
     """The temperature of each epoch from a CSV of ``date,temperature`` rows.
+
+    The file may start with a UTF-8 byte-order mark (Excel's "CSV UTF-8") and end its lines
+    in CRLF; its columns are separated by ``,`` or, where the header has no comma, by ``;``
+    (then a decimal comma is read as a point). Temperatures are kelvin above
+    :data:`KELVIN_ABOVE`, degrees Celsius below; the unit read is logged, and a file with both
+    is refused. The thermal term uses the temperatures less their mean, the same in either.
 
     Parameters
     ----------
@@ -222,13 +278,15 @@ def read_temperature(path: str | Path, time: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        float64 ``(T,)``, one temperature per epoch (the row of the epoch's date).
+        float64 ``(T,)``, one temperature per epoch (the row of the epoch's date), in the
+        file's unit.
 
     Raises
     ------
     ValueError
         For a file without those columns, a value that is not a finite number, a date twice,
-        or epochs without a row (naming the first few).
+        temperatures in both units (naming rows of each), or epochs without a row (naming the
+        first few).
 
     Examples
     --------
@@ -242,8 +300,11 @@ def read_temperature(path: str | Path, time: np.ndarray) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(f"model.temperature: {str(path)!r} does not exist")
     table: dict[str, float] = {}
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
+    lines: dict[str, int] = {}
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        delimiter = _delimiter(handle.readline(), path)
+        handle.seek(0)  # the decoder starts anew: a byte-order mark is skipped again
+        reader = csv.DictReader(handle, delimiter=delimiter)
         fields = [f.strip().lower() for f in (reader.fieldnames or [])]
         if "date" not in fields or "temperature" not in fields:
             raise ValueError(f"model.temperature: expected columns 'date' and 'temperature' in "
@@ -253,7 +314,7 @@ def read_temperature(path: str | Path, time: np.ndarray) -> np.ndarray:
             day = (row["date"] or "").strip()[:10]
             try:
                 date.fromisoformat(day)
-                value = float(row["temperature"])
+                value = _number(row["temperature"], delimiter)
             except (TypeError, ValueError):
                 raise ValueError(f"model.temperature: line {line} of {str(path)!r}: expected "
                                  f"a date YYYY-MM-DD and a number, found {row['date']!r}, "
@@ -263,7 +324,10 @@ def read_temperature(path: str | Path, time: np.ndarray) -> np.ndarray:
                                  f"finite temperature, found {value}")
             if day in table:
                 raise ValueError(f"model.temperature: date {day} twice in {str(path)!r}")
-            table[day] = value
+            table[day], lines[day] = value, line
+    unit = _temperature_unit(table, lines, path)
+    logger.info("model.temperature: %d rows of %r read in %s (kelvin above %g)", len(table),
+                str(path), "kelvin" if unit == "K" else "degrees Celsius", KELVIN_ABOVE)
     days = [str(np.datetime64(t, "D")) for t in np.asarray(time)]
     missing = [d for d in days if d not in table]
     if missing:

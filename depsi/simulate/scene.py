@@ -70,6 +70,9 @@ TILE_SIZE = 256
 DEFAULT_SHAPE = (200, 200)
 DEFAULT_N_EPOCHS = 30
 DEFAULT_SEED = 0
+#: First acquisition and revisit interval of a simulated stack (Sentinel-1's 12 days).
+DEFAULT_START = "2020-01-01"
+DEFAULT_REVISIT_DAYS = 12
 DEFAULT_PS_FRACTION = 0.02
 
 #: Target bytes of ``complex`` per chunk when ``chunks="auto"`` (chunk edges are tile multiples).
@@ -616,8 +619,8 @@ def simulate_stack(
     seed: int = DEFAULT_SEED,
     ps_fraction: float = DEFAULT_PS_FRACTION,
     wavelength: float = 0.0556,
-    start: str | np.datetime64 = "2020-01-01",
-    revisit_days: float = 12,
+    start: str | np.datetime64 = DEFAULT_START,
+    revisit_days: float = DEFAULT_REVISIT_DAYS,
     mother_index: int | None = None,
     velocity_max: float = 0.02,
     seasonal_amplitude: float = 0.0,

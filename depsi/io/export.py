@@ -726,8 +726,9 @@ def qgis_table(result: xr.Dataset) -> pd.DataFrame:
 
 
 def _write_table(table: pd.DataFrame, path: str | os.PathLike) -> Path:
+    # 12 digits: projected coordinates of 7 integer digits keep their millimetres
     with _atomic_path(path) as tmp:
-        table.to_csv(tmp, index=False, float_format="%.9g")
+        table.to_csv(tmp, index=False, float_format="%.12g")
     logger.info("wrote %d points to %s", len(table), path)
     return Path(path)
 

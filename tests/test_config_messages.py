@@ -62,7 +62,8 @@ def assert_plain(message: str) -> None:
      "integration.reference_noise: expected true or false, found 5"),
     ({"input": {"path": 5}}, "input.path: expected a path or null, found 5"),
     ({"output": {"exports": "csv"}},
-     "output.exports: expected a list of 'csv', 'gpkg', 'geotiff' or 'plots', found 'csv'"),
+     "output.exports: expected a list of 'csv', 'gpkg', 'geotiff', 'plots', 'egms' or "
+     "'qgis', found 'csv'"),
     ({"input": {"dates": "2020-01-01"}},
      "input.dates: expected a list of strings or null, found '2020-01-01'"),
     ({"compute": {"devices": [[0]]}},

@@ -4,7 +4,26 @@ Every writer takes a point STM ``(space, time)`` with the result variables of
 :func:`depsi.pipeline.chain.run_ps_chain` (``velocity``, ``height_error``,
 ``temporal_coherence``, ``displacement``) and writes its file atomically: to a hidden temporary
 sibling first, moved into place when complete, so an interrupted export never leaves a
-half-written file under the final name. Values stay in SI units (m, m/yr).
+half-written file under the final name. Values stay in SI units (m, m/yr), except in the
+tables for other viewers, which keep those viewers' names and units:
+
+- ``egms`` (:func:`egms_table`): the columns of the EGMS (European Ground Motion Service)
+  point product, displacement in mm and velocity in mm/yr, as described in "European Ground
+  Motion Service (EGMS) - Product Description and Format Specification", Copernicus Land
+  Monitoring Service, EEA, 2025
+  (https://eea.github.io/CLMS_documents/develop/DOCS/products/EGMS_product_description_2023.html).
+  Over Europe ``easting``/``northing`` are in ETRS89-LAEA (EPSG:3035) as in EGMS; ``height``
+  is the result's terrain height as given. Always empty (NaN), for depsi estimates none of
+  them: ``height_wgs84``, ``rmse``, ``acceleration``, ``acceleration_std``; empty where the
+  result lacks its source: ``mp_type`` (``scatterer``), ``easting``/``northing`` (pyproj),
+  ``height``, ``amplitude_dispersion``, the geometry columns, ``mean_velocity_std``,
+  ``seasonality`` and its std (a model without the seasonal term).
+- ``qgis`` (:func:`qgis_table`): the fields MintPy's ``save_qgis`` writes (``CODE``,
+  ``HEIGHT``, ``H_STDEV``, ``VEL``, ``V_STDEV``, ``COHERENCE``, ``D{YYYYMMDD}`` in mm;
+  https://github.com/insarlab/MintPy, ``src/mintpy/save_qgis.py``), which the QGIS plugin
+  InSAR Explorer reads: a velocity field named ``velocity``, ``VEL`` or ``mean_velocity`` and
+  one field per date named ``DYYYYMMDD``, ``YYYYMMDD`` or ``D_YYYYMMDD``
+  (https://github.com/luhipi/insar-explorer, "Data Structure").
 
 Examples
 --------
@@ -94,6 +113,13 @@ def point_ids(result: xr.Dataset) -> np.ndarray:
     return np.char.add(np.char.add(np.char.add("L", azimuth), "P"), range_)
 
 
+def _scatterer_names(result: xr.Dataset) -> np.ndarray:
+    """The kind of each point by name (``ps``, ``ds``), as its flag's CF meanings say."""
+    meanings = np.asarray(result["scatterer"].attrs["flag_meanings"].split(), dtype=object)
+    values = list(np.asarray(result["scatterer"].attrs["flag_values"]).tolist())
+    return meanings[np.searchsorted(values, np.asarray(result["scatterer"].values))]
+
+
 def point_table(result: xr.Dataset) -> pd.DataFrame:
     """One row per point: :data:`POINT_COLUMNS` present in ``result``, the model each point
     kept (``model``) and its terms' coefficients and stds (``seasonal_sin``,
@@ -130,10 +156,7 @@ def point_table(result: xr.Dataset) -> pd.DataFrame:
         if name in result.variables:
             columns[name] = np.asarray(result[name].values)
     if "scatterer" in columns and "flag_meanings" in result["scatterer"].attrs:
-        # the kind of each point by name (ps, ds), as its flag's CF meanings say
-        meanings = np.asarray(result["scatterer"].attrs["flag_meanings"].split(), dtype=object)
-        values = list(np.asarray(result["scatterer"].attrs["flag_values"]).tolist())
-        columns["scatterer"] = meanings[np.searchsorted(values, columns["scatterer"])]
+        columns["scatterer"] = _scatterer_names(result)
     if "model_choice" in result.variables and "model_names" in result.attrs:
         # the model each point kept, by name, and its terms' coefficients with their stds
         names = np.asarray(list(result.attrs["model_names"]), dtype=object)
@@ -501,10 +524,281 @@ def plot_time_series(result: xr.Dataset, path: str | os.PathLike, *,
     return _save_figure(fig, path)
 
 
+# ------------------------------------------------------------------- tables for viewers
+#: Decimals kept of every value in millimetres (mm, mm/yr) in the viewers' tables: 0.01 mm,
+#: the precision of MintPy's ``save_qgis`` fields.
+MM_DECIMALS = 2
+
+#: Per-point columns of the EGMS point product (Basic and Calibrated, Product Description and
+#: Format Specification), in its order; one ``YYYYMMDD`` column per date follows (mm).
+EGMS_COLUMNS = ("pid", "mp_type", "latitude", "longitude", "easting", "northing", "height",
+                "height_wgs84", "line", "pixel", "rmse", "temporal_coherence",
+                "amplitude_dispersion", "incidence_angle", "track_angle", "los_east",
+                "los_north", "los_up", "mean_velocity", "mean_velocity_std", "acceleration",
+                "acceleration_std", "seasonality", "seasonality_std")
+
+#: EGMS's projected coordinates: ETRS89-LAEA over Europe (its area of use); elsewhere the
+#: local UTM zone of the points.
+EGMS_PROJECTED_CRS = "EPSG:3035"
+
+#: Fields of MintPy's ``save_qgis`` (also read by InSAR Explorer), in order; one
+#: ``DYYYYMMDD`` field per date follows (mm).
+QGIS_FIELDS = ("CODE", "HEIGHT", "H_STDEV", "VEL", "V_STDEV", "COHERENCE")
+
+
+def _values(result: xr.Dataset, name: str, scale: float = 1.0) -> np.ndarray | None:
+    """``result[name]`` times ``scale`` as float64, or None where the result lacks it."""
+    if name not in result.variables:
+        return None
+    return scale * np.asarray(result[name].values, dtype=np.float64)
+
+
+def _mm(values: np.ndarray | None) -> np.ndarray | None:
+    return None if values is None else np.round(values, MM_DECIMALS)
+
+
+def _seasonal_amplitude(result: xr.Dataset) -> tuple[np.ndarray, np.ndarray] | None:
+    """Amplitude (m) of the annual term ``sqrt(sin^2 + cos^2)`` and its std (first-order
+    propagation of the two coefficients' stds, NaN without them), where the model has it."""
+    if not {"seasonal_sin", "seasonal_cos"} <= set(result.attrs.get("model_columns", ())):
+        return None
+    sin, cos = _values(result, "seasonal_sin"), _values(result, "seasonal_cos")
+    if sin is None or cos is None:
+        return None
+    amplitude = np.hypot(sin, cos)
+    sin_std, cos_std = _values(result, "seasonal_sin_std"), _values(result, "seasonal_cos_std")
+    if sin_std is None or cos_std is None:
+        return amplitude, np.full_like(amplitude, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.hypot(sin * sin_std, cos * cos_std) / amplitude
+    return amplitude, std
+
+
+def _projected(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """Easting and northing (m) in :data:`EGMS_PROJECTED_CRS` where every point lies in its
+    area of use, else in the points' UTM zone, with the CRS used; None without pyproj."""
+    try:
+        from pyproj import CRS, Transformer
+        from pyproj.aoi import AreaOfInterest
+        from pyproj.database import query_utm_crs_info
+    except ImportError:
+        return None
+    finite = np.isfinite(lat) & np.isfinite(lon)
+    if not finite.any():
+        return None
+    west, east = float(lon[finite].min()), float(lon[finite].max())
+    south, north = float(lat[finite].min()), float(lat[finite].max())
+    target = CRS.from_user_input(EGMS_PROJECTED_CRS)
+    area = target.area_of_use
+    if not (area.west <= west and east <= area.east and area.south <= south
+            and north <= area.north):
+        zones = query_utm_crs_info(datum_name="WGS 84", area_of_interest=AreaOfInterest(
+            west_lon_degree=west, south_lat_degree=south, east_lon_degree=east,
+            north_lat_degree=north))
+        target = CRS.from_epsg(int(zones[0].code))
+    easting, northing = Transformer.from_crs("EPSG:4326", target, always_xy=True).transform(
+        lon, lat)
+    name = f"EPSG:{target.to_epsg()}"
+    return np.asarray(easting, dtype=np.float64), np.asarray(northing, dtype=np.float64), name
+
+
+def _dates(result: xr.Dataset) -> pd.Index:
+    return pd.DatetimeIndex(result["time"].values).strftime("%Y%m%d")
+
+
+def _displacement_mm(result: xr.Dataset, prefix: str) -> pd.DataFrame:
+    return pd.DataFrame(
+        _mm(1e3 * np.asarray(result["displacement"].transpose("space", "time").values,
+                             dtype=np.float64)),
+        columns=[f"{prefix}{date}" for date in _dates(result)])
+
+
+def _viewer_input(result: xr.Dataset, what: str) -> xr.Dataset:
+    """The result, computed, once checked for the variables every viewer table needs."""
+    _require(result, ("velocity", "temporal_coherence", "displacement", "azimuth", "range",
+                      "lat", "lon"), what)
+    return result.compute() if any(v.chunks for v in result.variables.values()) else result
+
+
+def egms_table(result: xr.Dataset) -> pd.DataFrame:
+    """One row per point with the columns and units of the EGMS point product.
+
+    :data:`EGMS_COLUMNS`, then displacement per date as ``YYYYMMDD`` columns in mm (velocity
+    in mm/yr, angles in degrees, heights and coordinates in m). Filled from the result:
+    ``pid`` (the point's name, :func:`point_ids`), ``mp_type`` (``PS``/``DS``, where the result
+    has ``scatterer``), ``latitude``/``longitude``, ``easting``/``northing`` (in
+    :data:`EGMS_PROJECTED_CRS` over Europe, else the points' UTM zone; needs pyproj),
+    ``height``, ``line``/``pixel`` (azimuth/range), ``temporal_coherence``,
+    ``amplitude_dispersion``, ``incidence_angle``, ``track_angle`` (the heading),
+    ``los_east``/``los_north``/``los_up``, ``mean_velocity`` and its std, ``seasonality`` and
+    its std (amplitude of the annual term of the temporal model, mm). Columns the result has
+    no estimate for are empty (NaN), and a log line names them: always ``height_wgs84``,
+    ``rmse``, ``acceleration`` and ``acceleration_std``.
+
+    Parameters
+    ----------
+    result
+        Result STM with ``velocity``, ``temporal_coherence``, ``displacement`` (m),
+        ``azimuth``/``range`` and ``lat``/``lon``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table, millimetre values rounded to :data:`MM_DECIMALS` decimals.
+
+    Raises
+    ------
+    KeyError
+        Where the result lacks one of those variables (``lat``/``lon`` included), naming it.
+    """
+    result = _viewer_input(result, "egms_table")
+    n = result.sizes["space"]
+    lat, lon = _values(result, "lat"), _values(result, "lon")
+    seasonal = _seasonal_amplitude(result)
+    projected = _projected(lat, lon)
+    columns = {
+        "pid": point_ids(result),
+        "mp_type": (np.char.upper(_scatterer_names(result).astype(str))
+                    if "scatterer" in result.variables
+                    and "flag_meanings" in result["scatterer"].attrs else None),
+        "latitude": lat, "longitude": lon,
+        "easting": None if projected is None else projected[0],
+        "northing": None if projected is None else projected[1],
+        "height": _values(result, "height"),
+        "line": np.asarray(result["azimuth"].values), "pixel": np.asarray(result["range"].values),
+        "temporal_coherence": _values(result, "temporal_coherence"),
+        "amplitude_dispersion": _values(result, "amplitude_dispersion"),
+        "incidence_angle": _values(result, "incidence_angle"),
+        "track_angle": _values(result, "heading"),
+        "los_east": _values(result, "los_east"), "los_north": _values(result, "los_north"),
+        "los_up": _values(result, "los_up"),
+        "mean_velocity": _mm(_values(result, "velocity", 1e3)),
+        "mean_velocity_std": _mm(_values(result, "velocity_std", 1e3)),
+        "seasonality": None if seasonal is None else _mm(1e3 * seasonal[0]),
+        "seasonality_std": None if seasonal is None else _mm(1e3 * seasonal[1]),
+    }
+    empty = [name for name in EGMS_COLUMNS if columns.get(name) is None]
+    table = pd.DataFrame({name: (np.full(n, np.nan) if columns.get(name) is None
+                                 else columns[name]) for name in EGMS_COLUMNS})
+    if projected is not None:
+        logger.info("egms: easting/northing in %s", projected[2])
+    logger.info("egms: no estimate in this result for %s; left empty", empty)
+    return pd.concat([table, _displacement_mm(result, "")], axis=1)
+
+
+def qgis_table(result: xr.Dataset) -> pd.DataFrame:
+    """One row per point with the fields of MintPy's ``save_qgis``, as InSAR Explorer reads.
+
+    :data:`QGIS_FIELDS`, then displacement per date as ``DYYYYMMDD`` fields in mm: ``CODE``
+    (the point's name, :func:`point_ids`), ``HEIGHT`` (m: the height error, plus the terrain
+    ``height`` where the result has it), ``H_STDEV`` (m, the height error's std), ``VEL`` and
+    ``V_STDEV`` (mm/yr), ``COHERENCE`` (temporal coherence). A result without a height term
+    (a stack without baselines) leaves ``HEIGHT`` and ``H_STDEV`` empty (NaN).
+
+    Parameters
+    ----------
+    result
+        Result STM as for :func:`egms_table`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The table with ``lat``/``lon`` beside the fields (the points' positions), millimetre
+        values rounded to :data:`MM_DECIMALS` decimals.
+    """
+    result = _viewer_input(result, "qgis_table")
+    n = result.sizes["space"]
+    nan = np.full(n, np.nan)
+    height = _values(result, "height_error")
+    if height is not None and "height" in result.variables:
+        height = height + _values(result, "height")
+    height_std = _values(result, "height_error_std") if height is not None else None
+    velocity_std = _values(result, "velocity_std", 1e3)
+    table = pd.DataFrame({
+        "CODE": point_ids(result),
+        "HEIGHT": nan if height is None else height,
+        "H_STDEV": nan if height_std is None else height_std,
+        "VEL": _mm(_values(result, "velocity", 1e3)),
+        "V_STDEV": nan if velocity_std is None else _mm(velocity_std),
+        "COHERENCE": _values(result, "temporal_coherence"),
+        "lat": _values(result, "lat"), "lon": _values(result, "lon")})
+    return pd.concat([table, _displacement_mm(result, "D")], axis=1)
+
+
+def _write_table(table: pd.DataFrame, path: str | os.PathLike) -> Path:
+    # 12 digits: projected coordinates of 7 integer digits keep their millimetres
+    with _atomic_path(path) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.12g")
+    logger.info("wrote %d points to %s", len(table), path)
+    return Path(path)
+
+
+def _write_points(table: pd.DataFrame, path: str | os.PathLike, *, lat: str, lon: str,
+                  layer: str, what: str) -> Path:
+    try:
+        import geopandas as gpd
+    except ImportError as err:
+        raise ImportError(f"{what} needs geopandas ({err}); {_GEO_HINT}") from None
+    frame = gpd.GeoDataFrame(table, geometry=gpd.points_from_xy(table[lon], table[lat]),
+                             crs="EPSG:4326")
+    with _atomic_path(path) as tmp:
+        frame.to_file(tmp, layer=layer, driver="GPKG")
+    logger.info("wrote %d points to %s", len(frame), path)
+    return Path(path)
+
+
+def to_egms_csv(result: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write :func:`egms_table` as a CSV file, as the EGMS point product is distributed."""
+    return _write_table(egms_table(result), path)
+
+
+def to_egms_geopackage(result: xr.Dataset, path: str | os.PathLike, *,
+                       layer: str = "egms") -> Path:
+    """Write :func:`egms_table` as GeoPackage points in WGS84 (EPSG:4326).
+
+    Needs the optional ``geo`` extra (geopandas, pyogrio).
+    """
+    return _write_points(egms_table(result), path, lat="latitude", lon="longitude",
+                         layer=layer, what="to_egms_geopackage")
+
+
+def to_qgis_geopackage(result: xr.Dataset, path: str | os.PathLike, *,
+                       layer: str = "points") -> Path:
+    """Write :func:`qgis_table` as GeoPackage points in WGS84 (EPSG:4326), for QGIS and its
+    InSAR Explorer plugin.
+
+    Needs the optional ``geo`` extra (geopandas, pyogrio).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import geopandas, numpy as np, xarray as xr
+    >>> result = xr.Dataset(
+    ...     {"velocity": ("space", [0.002, -0.001]), "height_error": ("space", [1.5, -0.5]),
+    ...      "temporal_coherence": ("space", [0.95, 0.90]),
+    ...      "displacement": (("space", "time"), [[0.0, 0.1e-3], [0.0, -0.2e-3]])},
+    ...     coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]"),
+    ...             "azimuth": ("space", [12, 40]), "range": ("space", [305, 11]),
+    ...             "lat": ("space", [52.370, 52.371]), "lon": ("space", [4.890, 4.891])})
+    >>> frame = geopandas.read_file(to_qgis_geopackage(result, tempfile.mkdtemp() + "/q.gpkg"))
+    >>> frame.columns[:6].tolist(), frame["D20200113"].tolist(), frame.crs.to_epsg()
+    (['CODE', 'HEIGHT', 'H_STDEV', 'VEL', 'V_STDEV', 'COHERENCE'], [0.1, -0.2], 4326)
+    """
+    return _write_points(qgis_table(result), path, lat="lat", lon="lon", layer=layer,
+                         what="to_qgis_geopackage")
+
+
+def to_qgis_csv(result: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write :func:`qgis_table` as a CSV file (``lat``/``lon`` columns place the points)."""
+    return _write_table(qgis_table(result), path)
+
+
 #: Writers of the ``output.exports`` names of the pipeline configuration, with file names.
 EXPORTERS: dict[str, tuple[tuple[str, Callable[..., Path]], ...]] = {
     "csv": (("points.csv", to_csv),),
     "gpkg": (("points.gpkg", to_geopackage),),
     "geotiff": (("velocity.tif", to_geotiff),),
     "plots": (("velocity_map.png", plot_velocity_map), ("time_series.png", plot_time_series)),
+    "egms": (("egms.csv", to_egms_csv), ("egms.gpkg", to_egms_geopackage)),
+    "qgis": (("qgis.gpkg", to_qgis_geopackage), ("qgis.csv", to_qgis_csv)),
 }

@@ -56,7 +56,7 @@ INPUT_FORMATS = ("zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "
                  "interferograms",
                  "simulated")
 #: Products the export step can write.
-EXPORTS = ("csv", "gpkg", "geotiff", "plots")
+EXPORTS = ("csv", "gpkg", "geotiff", "plots", "egms", "qgis")
 
 
 class ConfigError(ValueError):
@@ -282,9 +282,12 @@ class OutputConfig(_Section):
     workspace: Path = Field(
         Path("depsi-workspace"), description="Folder for the products of every step, the log "
                                              "and the exports; created when missing.")
-    exports: list[Literal["csv", "gpkg", "geotiff", "plots"]] = Field(
+    exports: list[Literal["csv", "gpkg", "geotiff", "plots", "egms", "qgis"]] = Field(
         ["csv", "plots"], description="Exports of the result: csv, gpkg (needs the geo extra), "
-                                      "geotiff (velocity grid), plots.")
+                                      "geotiff (velocity grid), plots, egms (CSV and GPKG "
+                                      "with the EGMS point product's columns, mm), qgis (GPKG "
+                                      "and CSV with MintPy's save_qgis fields, read by InSAR "
+                                      "Explorer).")
 
     @field_validator("exports")
     @classmethod

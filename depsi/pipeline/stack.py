@@ -215,7 +215,7 @@ def _support_counts(support: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Exports that place points on a map and so need their positions.
-EXPORTS_WITH_POSITIONS = ("gpkg", "geotiff")
+EXPORTS_WITH_POSITIONS = ("gpkg", "geotiff", "egms", "qgis")
 
 
 def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:

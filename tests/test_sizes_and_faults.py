@@ -1,0 +1,155 @@
+"""Faults met by the exports, and sizes checked against what the machine and the disk hold.
+
+A full disk is simulated by raising, inside a writer, the exception its driver raises on one
+(the tests run as root, where a file system cannot be filled without mounting one).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pyogrio.errors
+import pytest
+import xarray as xr
+import yaml
+
+import depsi.io.export as export
+from depsi.cli import LOG_FORMAT, main
+from depsi.errors import ExitCode, classify
+
+SIMULATE = {"shape": [30, 30], "n_epochs": 8, "seed": 1}
+
+
+def write_config(folder: Path, workspace: Path, exports: list[str]) -> Path:
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump({"input": {"simulate": dict(SIMULATE)},
+                                    "output": {"workspace": str(workspace),
+                                               "exports": exports}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def modelled(tmp_path_factory) -> Path:
+    """A workspace whose steps up to the model have finished."""
+    folder = tmp_path_factory.mktemp("modelled")
+    workspace = folder / "ws"
+    assert main(["run", str(write_config(folder, workspace, [])), "--to", "model",
+                 "--no-progress"]) == 0
+    return workspace
+
+
+class TerminalHandler(logging.StreamHandler):
+    """Writes to the ``sys.stderr`` of the moment (pytest swaps it between a test's phases)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+@pytest.fixture
+def console(capsys):
+    handler = TerminalHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield lambda: capsys.readouterr().err
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if " ERROR " in line]
+
+
+def result_stm(n: int = 5) -> xr.Dataset:
+    rng = np.random.default_rng(0)
+    return xr.Dataset(
+        {"velocity": ("space", rng.normal(size=n)),
+         "height_error": ("space", rng.normal(size=n)),
+         "temporal_coherence": ("space", rng.uniform(size=n)),
+         "displacement": (("space", "time"), rng.normal(size=(n, 2)))},
+        coords={"time": np.array(["2020-01-01", "2020-01-13"], "datetime64[ns]"),
+                "azimuth": ("space", np.arange(n)), "range": ("space", np.arange(n)),
+                "lat": ("space", 52 + rng.uniform(size=n) / 100),
+                "lon": ("space", 4 + rng.uniform(size=n) / 100)})
+
+
+def gpkg_driver_fails(monkeypatch, message: str) -> None:
+    """GDAL's GeoPackage driver fails part-way with ``message`` (pyogrio's exception)."""
+
+    def failing(frame, path, *args, **kwargs):
+        Path(path).write_bytes(b"SQLite format 3\0 half a table")
+        Path(f"{path}-journal").write_bytes(b"journal")
+        raise pyogrio.errors.FeatureError(message)
+
+    monkeypatch.setattr(gpd.GeoDataFrame, "to_file", failing)
+
+
+# ---------------------------------------------------------------------- a full disk in exports
+def test_disk_full_in_the_geopackage_export_exits_3_naming_the_file(tmp_path, modelled,
+                                                                   console, monkeypatch):
+    workspace = tmp_path / "ws"
+    shutil.copytree(modelled, workspace)
+    config = write_config(tmp_path, workspace, ["csv", "gpkg"])
+    gpkg_driver_fails(monkeypatch, "Could not add feature to layer at index 0: "
+                                   "sqlite3_exec(...) failed: No space left on device")
+    assert main(["run", str(config), "--resume", "--no-progress"]) == ExitCode.DISK_FULL
+    text = console()
+    [line] = error_lines(text)
+    assert "disk full (ENOSPC" in line and "points.gpkg" in line, line
+    assert "while writing exports" in line and f"depsi run {config} --resume" in line, line
+    assert "Traceback" not in text
+    assert not (workspace / "exports").exists()
+    assert not list(workspace.glob(".exports.*"))
+    monkeypatch.undo()
+    assert main(["run", str(config), "--resume", "--no-progress"]) == 0
+    assert sorted(p.name for p in (workspace / "exports").iterdir()) == ["points.csv",
+                                                                        "points.gpkg"]
+
+
+def test_a_driver_error_on_a_full_file_system_is_disk_full(tmp_path, monkeypatch):
+    # SQLite on a full disk may say only that it could not create its tables
+    gpkg_driver_fails(monkeypatch, "sqlite3_exec(...) failed: no such table: gpkg_contents")
+    monkeypatch.setattr(export, "_free_bytes", lambda folder: 4096)
+    path = tmp_path / "points.gpkg"
+    with pytest.raises(OSError) as raised:
+        export.to_geopackage(result_stm(), path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    assert classify(raised.value)[0] == ExitCode.DISK_FULL
+    assert list(tmp_path.iterdir()) == []  # neither the half-written file nor its journal
+
+
+def test_a_driver_error_with_space_left_stays_what_it_was(tmp_path, monkeypatch):
+    gpkg_driver_fails(monkeypatch, "sqlite3_exec(...) failed: no such table: gpkg_contents")
+    monkeypatch.setattr(export, "_free_bytes", lambda folder: 1 << 40)
+    with pytest.raises(pyogrio.errors.FeatureError):
+        export.to_geopackage(result_stm(), tmp_path / "points.gpkg")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_that_names_no_file_is_given_the_export_file(tmp_path, monkeypatch):
+    def failing(table, path, **kwargs):
+        Path(path).write_text("pnt_id,lat")
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a buffered flush raises
+
+    monkeypatch.setattr(export.pd.DataFrame, "to_csv", failing)
+    path = tmp_path / "points.csv"
+    with pytest.raises(OSError) as raised:
+        export.to_csv(result_stm(), path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    code, message = classify(raised.value)
+    assert code == ExitCode.DISK_FULL and f"at '{path}'" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_quota_exceeded_in_a_driver_message_is_edquot(tmp_path, monkeypatch):
+    gpkg_driver_fails(monkeypatch, "Write error: Disk quota exceeded")
+    with pytest.raises(OSError) as raised:
+        export.to_geopackage(result_stm(), tmp_path / "q.gpkg")
+    assert raised.value.errno == errno.EDQUOT

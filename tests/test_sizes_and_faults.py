@@ -20,8 +20,12 @@ import xarray as xr
 import yaml
 
 import depsi.io.export as export
+import depsi.pipeline.preflight as preflight
 from depsi.cli import LOG_FORMAT, main
 from depsi.errors import ExitCode, classify
+from depsi.pipeline.config import parse_config
+from depsi.pipeline.preflight import ResourceLimitError, check_disk, check_feasible
+from depsi.pipeline.runner import manifest_path
 
 SIMULATE = {"shape": [30, 30], "n_epochs": 8, "seed": 1}
 
@@ -153,3 +157,42 @@ def test_a_quota_exceeded_in_a_driver_message_is_edquot(tmp_path, monkeypatch):
     with pytest.raises(OSError) as raised:
         export.to_geopackage(result_stm(), tmp_path / "q.gpkg")
     assert raised.value.errno == errno.EDQUOT
+
+
+# ------------------------------------------------------------ the disk a resume needs
+def nearly_full_disk(monkeypatch) -> int:
+    """The workspace's file system has room for exports but not for the simulated stack."""
+    free = 10**4  # the stack needs 30 x 30 x 8 x 12 bytes
+    monkeypatch.setattr(preflight, "_free_disk", lambda folder: free)
+    return free
+
+
+def test_a_resume_that_only_exports_is_not_refused_for_the_stack(tmp_path, modelled,
+                                                                monkeypatch):
+    workspace = tmp_path / "ws"
+    shutil.copytree(modelled, workspace)
+    config = write_config(tmp_path, workspace, ["csv"])
+    nearly_full_disk(monkeypatch)
+    assert main(["run", str(config), "--resume", "--no-progress"]) == 0
+    assert (workspace / "exports" / "points.csv").is_file()
+
+
+def test_a_resume_that_redoes_the_stack_is_refused_naming_the_bytes(tmp_path, modelled,
+                                                                   console, monkeypatch):
+    workspace = tmp_path / "ws"
+    shutil.copytree(modelled, workspace)
+    manifest_path(workspace, "stack").unlink()
+    config = write_config(tmp_path, workspace, ["csv"])
+    free = nearly_full_disk(monkeypatch)
+    assert main(["run", str(config), "--resume", "--no-progress"]) == ExitCode.RESOURCE_LIMIT
+    [line] = error_lines(console())
+    assert "input.simulate.shape" in line and f"at most the {free} bytes free" in line, line
+
+
+def test_check_disk_counts_only_the_steps_that_will_run(monkeypatch):
+    free = nearly_full_disk(monkeypatch)
+    config = parse_config({"input": {"simulate": dict(SIMULATE)}})
+    assert check_disk(config, ["export"]) == {}
+    with pytest.raises(ResourceLimitError, match=rf"needs \d+ bytes on disk; .* {free} bytes"):
+        check_disk(config, ["stack", "selection"])
+    assert "simulated" not in check_feasible(config, steps=())

@@ -196,3 +196,35 @@ def test_check_disk_counts_only_the_steps_that_will_run(monkeypatch):
     with pytest.raises(ResourceLimitError, match=rf"needs \d+ bytes on disk; .* {free} bytes"):
         check_disk(config, ["stack", "selection"])
     assert "simulated" not in check_feasible(config, steps=())
+
+
+# ------------------------------------------------------------------------ sizes against the scene
+def write_slc_store(path: Path, shape: tuple[int, int], n_epochs: int,
+                    chunks: dict[str, int]) -> np.ndarray:
+    rng = np.random.default_rng(3)
+    slc = (rng.normal(size=(*shape, n_epochs))
+           + 1j * rng.normal(size=(*shape, n_epochs))).astype(np.complex64)
+    dates = np.datetime64("2020-01-01") + 12 * np.arange(n_epochs)
+    xr.Dataset({"complex": (("azimuth", "range", "time"), slc)},
+               coords={"time": dates.astype("datetime64[ns]")},
+               attrs={"wavelength": 0.0555}).chunk(chunks).to_zarr(path, zarr_format=2)
+    return slc
+
+
+def test_a_store_in_one_pixel_chunks_is_read_in_blocks_of_many(tmp_path):
+    from depsi.io.slc_zarr import open_slc_zarr
+
+    slc = write_slc_store(tmp_path / "slc.zarr", (40, 30), 3, {"azimuth": 1, "range": 1})
+    ds = open_slc_zarr(tmp_path / "slc.zarr")
+    assert ds["complex"].data.numblocks == (1, 1, 1)  # not 40 x 30 tasks of one pixel
+    np.testing.assert_array_equal(ds["complex"].values, slc)
+
+
+def test_a_store_in_large_chunks_keeps_them(tmp_path, monkeypatch):
+    import depsi.io.slc_zarr as slc_zarr
+
+    monkeypatch.setattr(slc_zarr, "MIN_STORED_BLOCK_BYTES", 8 * 4 * 10 * 10)
+    monkeypatch.setattr(slc_zarr, "MAX_STORED_BLOCKS", 1)
+    write_slc_store(tmp_path / "slc.zarr", (24, 20), 4, {"azimuth": 12, "range": 10})
+    ds = slc_zarr.open_slc_zarr(tmp_path / "slc.zarr")
+    assert ds["complex"].chunks[:2] == ((12, 12), (10, 10))

@@ -7,9 +7,11 @@ A full disk is simulated by raising, inside a writer, the exception its driver r
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import geopandas as gpd
@@ -228,3 +230,35 @@ def test_a_store_in_large_chunks_keeps_them(tmp_path, monkeypatch):
     write_slc_store(tmp_path / "slc.zarr", (24, 20), 4, {"azimuth": 12, "range": 10})
     ds = slc_zarr.open_slc_zarr(tmp_path / "slc.zarr")
     assert ds["complex"].chunks[:2] == ((12, 12), (10, 10))
+
+
+def claim_elements(store: Path, name: str, n: int) -> None:
+    """Edit an array's metadata to claim ``n`` elements along its one dimension."""
+    metadata = store / name / "zarr.json"
+    document = json.loads(metadata.read_text())
+    document["shape"] = [n]
+    metadata.write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["written whole", "of another writer"])
+def test_a_point_store_claiming_a_trillion_elements_is_refused_with_the_numbers(tmp_path,
+                                                                               whole):
+    from depsi.io.store import STORE_ATTR, StoreIntegrityError, open_stm, save_stm
+
+    store = tmp_path / "ps.zarr"
+    save_stm(result_stm(10), store)
+    if not whole:
+        root = json.loads((store / "zarr.json").read_text())
+        root["attributes"].pop(STORE_ATTR)
+        (store / "zarr.json").write_text(json.dumps(root))
+    for name in ("velocity", "azimuth", "range"):
+        claim_elements(store, name, 10**12)
+    began = time.perf_counter()
+    variable = r"'(velocity|azimuth|range)'"
+    expected = variable + (r".*expected all 100000000000 chunks of a store written whole, "
+                           r"found 1" if whole else
+                           r".*claim shape \(1000000000000,\) \(8000000000000 bytes\), its "
+                           r"chunk files hold \d+ bytes; expected at most 1000")
+    with pytest.raises(StoreIntegrityError, match=expected):
+        open_stm(store)
+    assert time.perf_counter() - began < 5.0

@@ -33,6 +33,7 @@ from depsi.io.raster import (
     _iq_to_complex64,
     _parse_dates,
 )
+from depsi.io.store import ZARR_METADATA_FILES
 from depsi.io.validate import check_epoch_span
 from depsi.stm.schema import STMValidationError
 
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 ZARR_CHECKED_VARIABLES = ("complex", "real", "imag", "h2ph", "lat", "lon")
 #: Missing chunk keys shown in a message (the count is always given).
 _SHOWN_KEYS = 5
-_ZARR_METADATA_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _present_chunks(folder: Path, claim: _ZarrArray) -> set[tuple[int, ...]]:
     for root, _, files in os.walk(folder):
         relative = Path(root).relative_to(folder)
         for file in files:
-            if file in _ZARR_METADATA_FILES:
+            if file in ZARR_METADATA_FILES:
                 continue
             key = (relative / file).as_posix()
             index = _chunk_index(key if claim.separator == "/" else file, claim)

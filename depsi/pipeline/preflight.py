@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from depsi.io.store import MAX_CLAIMED_TO_STORED, MIN_CLAIMED_BYTES_CHECKED
+
 logger = logging.getLogger(__name__)
 
 #: Most threads or worker processes per core: beyond this a pool only adds start-up time and
@@ -61,11 +63,6 @@ SIMULATED_BYTES_PER_PIXEL_EPOCH = 12
 #: Fraction of the memory limit the predicted peak may take (the rest: Python, Dask, the graph).
 MEMORY_FRACTION = 0.8
 
-#: A Zarr store may claim this many times the bytes its files hold (compression of noisy SAR
-#: phase is under 2x; an all-fill array is not stored at all, so the ratio is generous)...
-MAX_CLAIMED_TO_STORED = 1000
-#: ... once it claims more than this many bytes (small stores are not worth refusing).
-MIN_CLAIMED_BYTES_CHECKED = 1 * 2**30
 
 
 class ResourceLimitError(ValueError):

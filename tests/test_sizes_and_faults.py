@@ -262,3 +262,28 @@ def test_a_point_store_claiming_a_trillion_elements_is_refused_with_the_numbers(
     with pytest.raises(StoreIntegrityError, match=expected):
         open_stm(store)
     assert time.perf_counter() - began < 5.0
+
+
+def test_a_point_store_with_variables_chunked_differently_opens_with_one_chunking(tmp_path):
+    from depsi.io.store import open_stm
+
+    result = result_stm(12)
+    encoding = {"velocity": {"chunks": (4,)}, "height_error": {"chunks": (5,)},
+                "displacement": {"chunks": (3, 2)}, "azimuth": {"chunks": (6,)}}
+    result.to_zarr(tmp_path / "ps.zarr", zarr_format=3, encoding=encoding)
+    ds = open_stm(tmp_path / "ps.zarr")
+    assert dict(ds.chunks) == {"space": (3, 3, 3, 3), "time": (2,)}  # the largest variable's
+    mean = ds.map_blocks(lambda block: block.mean("time")).compute()
+    np.testing.assert_allclose(mean["displacement"], result["displacement"].mean("time"))
+
+
+def test_an_slc_store_with_variables_chunked_differently_opens_with_one_chunking(tmp_path):
+    from depsi.io.slc_zarr import open_slc_zarr
+
+    write_slc_store(tmp_path / "slc.zarr", (24, 20), 4, {"azimuth": 12, "range": 10})
+    lat = xr.Dataset({"lat": (("azimuth", "range"), np.full((24, 20), 52.0)),
+                      "h2ph": (("azimuth", "range", "time"), np.ones((24, 20, 4), "f4"))})
+    lat.chunk({"azimuth": 8, "range": 5}).to_zarr(tmp_path / "slc.zarr", mode="a")
+    ds = open_slc_zarr(tmp_path / "slc.zarr")
+    assert dict(ds.chunks) == {"azimuth": (12, 12), "range": (10, 10), "time": (4,)}
+    assert float(ds["h2ph"].sum()) == 24 * 20 * 4

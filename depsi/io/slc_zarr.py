@@ -33,7 +33,7 @@ from depsi.io.raster import (
     _iq_to_complex64,
     _parse_dates,
 )
-from depsi.io.store import ZARR_METADATA_FILES
+from depsi.io.store import ZARR_METADATA_FILES, one_chunking
 from depsi.io.validate import check_epoch_span
 from depsi.stm.schema import STMValidationError
 
@@ -368,7 +368,7 @@ def open_slc_zarr(
         ds.attrs["wavelength"] = wavelength
     block = _chunks(chunks, (ds.sizes["azimuth"], ds.sizes["range"]), ds.sizes["time"])
     if chunks is None:
-        ds = ds.chunk({"time": -1})
+        ds = one_chunking(ds.chunk({"time": -1}))
     else:
         ds = ds.chunk(dict(zip(RASTER_DIMS, block)))
     return _finish(ds, "depsi.io.slc_zarr.open_slc_zarr")

@@ -56,6 +56,27 @@ def space_chunk_size(ds: xr.Dataset, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     return max(1, min(n, ds.sizes[dim]))
 
 
+def one_chunking(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with one chunking per dimension: where its variables are chunked differently
+    along a dimension (as stores of other writers may be), all take the chunks of the largest
+    variable chunked along it, so that ``ds.chunks`` and ``xr.map_blocks`` work.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> ds = xr.Dataset({"a": ("space", np.zeros(6)), "b": ("space", np.ones(6))})
+    >>> ds = ds.assign(a=ds.a.chunk(3), b=ds.b.chunk(2))
+    >>> dict(one_chunking(ds).chunks)
+    {'space': (3, 3)}
+    """
+    chosen: dict[str, tuple[int, ...]] = {}
+    consistent = True
+    for var in sorted(ds.variables.values(), key=lambda v: v.nbytes, reverse=True):
+        for dim, chunks in zip(var.dims, var.chunks or ()):
+            consistent &= chosen.setdefault(dim, chunks) == chunks
+    return ds if consistent else ds.chunk(chosen)
+
+
 def is_morton_ordered(ds: xr.Dataset) -> bool:
     """Whether the points of ``ds`` are already in Morton order of (azimuth, range)."""
     order = morton_order(np.asarray(ds["azimuth"].values), np.asarray(ds["range"].values))
@@ -574,6 +595,7 @@ def open_stm(
         ds = ds.chunk({"time": -1} | (chunks or {}))
     elif chunks:
         ds = ds.chunk(chunks)
+    ds = one_chunking(ds)
     if check:
         validate(ds, kind=kind or infer_kind(ds))
     return ds

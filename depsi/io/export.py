@@ -4,7 +4,9 @@ Every writer takes a point STM ``(space, time)`` with the result variables of
 :func:`depsi.pipeline.chain.run_ps_chain` (``velocity``, ``height_error``,
 ``temporal_coherence``, ``displacement``) and writes its file atomically: to a hidden temporary
 sibling first, moved into place when complete, so an interrupted export never leaves a
-half-written file under the final name. Values stay in SI units (m, m/yr), except in the
+half-written file under the final name; a full disk or exceeded quota raises ``OSError``
+(``ENOSPC``, ``EDQUOT``) naming the file, whatever exception the driver behind the writer
+(GDAL, SQLite) raised. Values stay in SI units (m, m/yr), except in the
 tables for other viewers, which keep those viewers' names and units:
 
 - ``egms`` (:func:`egms_table`): the columns of the EGMS (European Ground Motion Service)
@@ -48,8 +50,11 @@ Examples
 
 from __future__ import annotations
 
+import errno
+import glob
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +64,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from depsi.errors import DISK_FULL_ERRNOS
 from depsi.io.cf import cf_attributes
 
 logger = logging.getLogger(__name__)
@@ -91,11 +97,61 @@ def _atomic_path(path: str | os.PathLike):
             stale.unlink(missing_ok=True)
         tmp = temporary_sibling(path, keep_suffix=True)
         try:
-            yield tmp
+            try:
+                yield tmp
+            except Exception as err:  # a driver's own type: a full disk is still exit 3
+                disk_full = _disk_full_error(err, path)
+                if disk_full is None:
+                    raise
+                raise disk_full from err
             os.replace(tmp, path)
         finally:
-            if tmp.exists():
-                tmp.unlink()
+            # the file and what its driver kept beside it (SQLite's journal, GDAL's .aux.xml)
+            for leftover in tmp.parent.glob(glob.escape(tmp.name) + "*"):
+                leftover.unlink(missing_ok=True)
+
+
+#: How the drivers behind the exports (GDAL through pyogrio and rasterio, SQLite under
+#: GeoPackage) word a full disk or an exceeded quota inside their own exception types.
+_DISK_FULL_TEXTS = ((errno.ENOSPC, re.compile(r"no space left on device|disk is full|"
+                                              r"disk full", re.IGNORECASE)),
+                    (errno.EDQUOT, re.compile(r"quota exceeded", re.IGNORECASE)))
+
+#: Free bytes under which a file system counts as full when a driver's write fails: GDAL and
+#: SQLite often report a full disk only as a failed write or a table they could not create.
+FULL_DISK_BYTES = 1 << 20
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Bytes free to this user on the file system of ``folder`` (nothing when unknown)."""
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _disk_full_error(err: BaseException, path: Path) -> OSError | None:
+    """The ``OSError`` of a full disk at ``path`` when the writer's exception ``err`` came from
+    one: an ``OSError`` of a full disk that names no file, or a driver's exception whose text (or
+    that of an exception it was raised from) says so, or after which the file system of ``path``
+    has (almost) no space left; else nothing."""
+    if isinstance(err, OSError) and err.errno is not None:
+        if err.errno in DISK_FULL_ERRNOS and not err.filename:
+            return OSError(err.errno, err.strerror, str(path))
+        return None  # the operating system's own error, which names its cause
+    seen: set[int] = set()
+    inner: BaseException | None = err
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        for code, text in _DISK_FULL_TEXTS:
+            if text.search(str(inner)):
+                return OSError(code, os.strerror(code), str(path))
+        inner = inner.__cause__ or inner.__context__
+    free = _free_bytes(path.parent)
+    if free is not None and free < FULL_DISK_BYTES:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
 
 
 def _require(result: xr.Dataset, names: Sequence[str], what: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import warnings
@@ -32,6 +33,7 @@ from depsi.io.raster import (
     _iq_to_complex64,
     _parse_dates,
 )
+from depsi.io.store import ZARR_METADATA_FILES, one_chunking
 from depsi.io.validate import check_epoch_span
 from depsi.stm.schema import STMValidationError
 
@@ -43,7 +45,6 @@ logger = logging.getLogger(__name__)
 ZARR_CHECKED_VARIABLES = ("complex", "real", "imag", "h2ph", "lat", "lon")
 #: Missing chunk keys shown in a message (the count is always given).
 _SHOWN_KEYS = 5
-_ZARR_METADATA_FILES = {".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"}
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _present_chunks(folder: Path, claim: _ZarrArray) -> set[tuple[int, ...]]:
     for root, _, files in os.walk(folder):
         relative = Path(root).relative_to(folder)
         for file in files:
-            if file in _ZARR_METADATA_FILES:
+            if file in ZARR_METADATA_FILES:
                 continue
             key = (relative / file).as_posix()
             index = _chunk_index(key if claim.separator == "/" else file, claim)
@@ -225,6 +226,46 @@ def _check_h2ph_chunks(deferred: list[tuple[_ZarrArray, int]], ds: xr.Dataset,
                 f" mother {mother!r}): a missing chunk reads as zeros")
 
 
+#: Stored (azimuth, range) chunks whose blocks, with time whole, hold fewer bytes than this are
+#: read in blocks of many of them when there are more than :data:`MAX_STORED_BLOCKS`: one Dask
+#: task per tiny chunk (a store chunked in 1 x 1 pixels has one per pixel) costs more in
+#: scheduling than its pixels in work.
+MIN_STORED_BLOCK_BYTES = 2**20
+#: Stored (azimuth, range) blocks up to which a store's own chunks are kept however small.
+MAX_STORED_BLOCKS = 1024
+
+
+def _whole_chunks(target: int, stored: int) -> int:
+    """The multiple of ``stored`` nearest below ``target`` (at least ``stored``)."""
+    return max(stored, target // stored * stored)
+
+
+def _default_blocks(path: Path, consolidated: bool) -> dict[str, int]:
+    """Dask chunks to open a store with by default: its stored (azimuth, range) chunks with
+    time whole, or, when those are tiny and many (:data:`MIN_STORED_BLOCK_BYTES`), blocks of whole
+    stored chunks about :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES` large."""
+    lazy = xr.open_zarr(path, consolidated=consolidated, chunks=None)
+    variable = next((lazy[n] for n in ("complex", "real") if n in lazy.data_vars), None)
+    stored = variable.encoding.get("chunks") if variable is not None else None
+    if stored is None or not set(RASTER_DIMS) <= set(variable.dims):
+        return {"time": -1}  # refused with its layout once opened
+    step = dict(zip(variable.dims, stored))
+    shape = (lazy.sizes["azimuth"], lazy.sizes["range"])
+    n_time = lazy.sizes["time"]
+    itemsize = np.dtype(np.complex64).itemsize
+    n_blocks = math.ceil(shape[0] / step["azimuth"]) * math.ceil(shape[1] / step["range"])
+    if (step["azimuth"] * step["range"] * n_time * itemsize >= MIN_STORED_BLOCK_BYTES
+            or n_blocks <= MAX_STORED_BLOCKS):
+        return {"time": -1}
+    azimuth, range_, _ = _chunks(None, shape, n_time)
+    blocks = {"azimuth": _whole_chunks(azimuth, step["azimuth"]),
+              "range": _whole_chunks(range_, step["range"]), "time": -1}
+    logger.info("SLC store '%s' is stored in chunks of %d x %d pixels: reading it in blocks "
+                "of %d x %d", path, step["azimuth"], step["range"], blocks["azimuth"],
+                blocks["range"])
+    return blocks
+
+
 def open_slc_zarr(
     path: str | os.PathLike,
     *,
@@ -248,7 +289,8 @@ def open_slc_zarr(
         Radar wavelength (m) when the store's attrs have none.
     chunks
         Block shape as in :func:`~depsi.io.binary.from_binary`; default: the store's chunks
-        with time whole.
+        with time whole, or blocks of many of them when they are tiny
+        (:data:`MIN_STORED_BLOCK_BYTES`).
 
     Raises
     ------
@@ -283,8 +325,8 @@ def open_slc_zarr(
     # By default each Dask chunk spans every stored time chunk of its (azimuth, range) block:
     # zarr then decodes them straight into one array, where a rechunk after opening would
     # copy every block once more to join its time chunks.
-    ds = xr.open_zarr(path, consolidated=consolidated, chunks={"time": -1} if chunks is None
-                      else {})
+    ds = xr.open_zarr(path, consolidated=consolidated,
+                      chunks=_default_blocks(path, consolidated) if chunks is None else {})
     layout = "; ".join(f"{n} {tuple(v.dims)}" for n, v in ds.data_vars.items()) or "nothing"
     if deferred and "h2ph" in ds.data_vars:
         _check_h2ph_chunks(deferred, ds, path)
@@ -326,7 +368,7 @@ def open_slc_zarr(
         ds.attrs["wavelength"] = wavelength
     block = _chunks(chunks, (ds.sizes["azimuth"], ds.sizes["range"]), ds.sizes["time"])
     if chunks is None:
-        ds = ds.chunk({"time": -1})
+        ds = one_chunking(ds.chunk({"time": -1}))
     else:
         ds = ds.chunk(dict(zip(RASTER_DIMS, block)))
     return _finish(ds, "depsi.io.slc_zarr.open_slc_zarr")

@@ -56,6 +56,27 @@ def space_chunk_size(ds: xr.Dataset, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     return max(1, min(n, ds.sizes[dim]))
 
 
+def one_chunking(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with one chunking per dimension: where its variables are chunked differently
+    along a dimension (as stores of other writers may be), all take the chunks of the largest
+    variable chunked along it, so that ``ds.chunks`` and ``xr.map_blocks`` work.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> ds = xr.Dataset({"a": ("space", np.zeros(6)), "b": ("space", np.ones(6))})
+    >>> ds = ds.assign(a=ds.a.chunk(3), b=ds.b.chunk(2))
+    >>> dict(one_chunking(ds).chunks)
+    {'space': (3, 3)}
+    """
+    chosen: dict[str, tuple[int, ...]] = {}
+    consistent = True
+    for var in sorted(ds.variables.values(), key=lambda v: v.nbytes, reverse=True):
+        for dim, chunks in zip(var.dims, var.chunks or ()):
+            consistent &= chosen.setdefault(dim, chunks) == chunks
+    return ds if consistent else ds.chunk(chosen)
+
+
 def is_morton_ordered(ds: xr.Dataset) -> bool:
     """Whether the points of ``ds`` are already in Morton order of (azimuth, range)."""
     order = morton_order(np.asarray(ds["azimuth"].values), np.asarray(ds["range"].values))
@@ -448,6 +469,9 @@ def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
     from dask.base import tokenize
 
     record = _store_record(path)
+    group = _store_arrays(path)
+    complete = bool(record.get("complete"))
+    _check_claims(path, group, complete)  # before any index is decoded
     try:
         raw = xr.open_dataset(path, engine="zarr", consolidated=consolidated, chunks=None,
                               cache=False)
@@ -458,15 +482,12 @@ def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
                 f"checksums, found damaged data ({err})") from None
         raise _MidPublish(f"STM store {str(path)!r}: expected consistent metadata, found "
                           f"{err}") from err
-    group = _store_arrays(path)
-    complete = bool(record.get("complete"))
     if complete:
         missing = sorted(set(record.get("arrays") or ()) - set(group))
         if missing:
             raise StoreIntegrityError(
                 f"STM store {str(path)!r}: expected the arrays {missing} of a store written "
                 f"whole, found no metadata (zarr.json) for them")
-        _check_all_chunks(path, group)
     stamp = (path / "zarr.json").stat().st_mtime_ns if (path / "zarr.json").exists() else 0
     for name in list(raw.variables):
         if name in raw.indexes:
@@ -487,12 +508,45 @@ def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
     return raw
 
 
-def _check_all_chunks(path: Path, group) -> None:
+#: Metadata files of a Zarr array or group (v2 and v3); every other file is a chunk.
+ZARR_METADATA_FILES = frozenset({".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json"})
+#: A store's metadata may claim this many times the bytes its chunk files hold (compression of
+#: noisy SAR phase is under 2x; an all-fill chunk is not stored at all, so the ratio is
+#: generous)...
+MAX_CLAIMED_TO_STORED = 1000
+#: ... once an array claims more than this many bytes (small arrays are not worth refusing).
+MIN_CLAIMED_BYTES_CHECKED = 1 * 2**30
+
+
+def _chunk_files(folder: Path) -> tuple[int, int]:
+    """Number and bytes of the chunk files of an array (its metadata files aside)."""
+    count = size = 0
+    for root, _, files in os.walk(folder):
+        for file in files:
+            if file not in ZARR_METADATA_FILES:
+                count += 1
+                size += (Path(root) / file).stat().st_size
+    return count, size
+
+
+def _check_claims(path: Path, group: dict, complete: bool) -> None:
+    """Refuse arrays whose metadata claim what their chunk files cannot hold, counting the
+    files (never walking the claimed chunk grid, which may be astronomically large): a store
+    written whole must have every chunk, and no array may claim more than
+    :data:`MAX_CLAIMED_TO_STORED` times the bytes of its files (beyond
+    :data:`MIN_CLAIMED_BYTES_CHECKED`)."""
     for name, array in group.items():
-        if array.nchunks_initialized != array.nchunks:
+        count, stored = _chunk_files(path / name)
+        if complete and count != array.nchunks:
             raise StoreIntegrityError(
                 f"variable {name!r} in {str(path)!r}: expected all {array.nchunks} chunks of a "
-                f"store written whole, found {array.nchunks_initialized}")
+                f"store written whole, found {count}")
+        claimed = int(np.prod(array.shape, dtype=object)) * array.dtype.itemsize
+        if claimed > max(MAX_CLAIMED_TO_STORED * stored, MIN_CLAIMED_BYTES_CHECKED):
+            raise StoreIntegrityError(
+                f"variable {name!r} in {str(path)!r}: its metadata claim shape {array.shape} "
+                f"({claimed} bytes), its chunk files hold {stored} bytes; expected at most "
+                f"{MAX_CLAIMED_TO_STORED} times the stored bytes")
 
 
 def open_stm(
@@ -541,6 +595,7 @@ def open_stm(
         ds = ds.chunk({"time": -1} | (chunks or {}))
     elif chunks:
         ds = ds.chunk(chunks)
+    ds = one_chunking(ds)
     if check:
         validate(ds, kind=kind or infer_kind(ds))
     return ds

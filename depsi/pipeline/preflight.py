@@ -23,10 +23,13 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from depsi.io.store import MAX_CLAIMED_TO_STORED, MIN_CLAIMED_BYTES_CHECKED
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +63,6 @@ SIMULATED_BYTES_PER_PIXEL_EPOCH = 12
 #: Fraction of the memory limit the predicted peak may take (the rest: Python, Dask, the graph).
 MEMORY_FRACTION = 0.8
 
-#: A Zarr store may claim this many times the bytes its files hold (compression of noisy SAR
-#: phase is under 2x; an all-fill array is not stored at all, so the ratio is generous)...
-MAX_CLAIMED_TO_STORED = 1000
-#: ... once it claims more than this many bytes (small stores are not worth refusing).
-MIN_CLAIMED_BYTES_CHECKED = 1 * 2**30
 
 
 class ResourceLimitError(ValueError):
@@ -267,7 +265,30 @@ def _free_disk(folder: Path) -> int:
     return int(shutil.disk_usage(folder).free)
 
 
-def _check_simulated(config: Any, limit: int, source: str) -> dict[str, Any]:
+def check_disk(config: Any, steps: Collection[str]) -> dict[str, Any]:
+    """Refuse a run whose ``steps`` (those that will write their products) would not fit the
+    free space of the workspace's file system.
+
+    Only the stack step's product is predicted (a simulated stack, from the configuration
+    alone): the later products are small beside it. A resume that skips the finished stack is
+    therefore never refused for it.
+
+    Returns
+    -------
+    dict
+        ``disk_bytes`` (predicted) and ``free_disk_bytes``; empty when nothing is predicted.
+
+    Raises
+    ------
+    ResourceLimitError
+        Naming the key, the predicted bytes and the free bytes.
+    """
+    if "stack" not in steps or config.input.format != "simulated":
+        return {}
+    return _check_simulated(config)
+
+
+def _check_simulated(config: Any) -> dict[str, Any]:
     sim = config.input.simulate
     rows, cols = sim.shape
     disk = rows * cols * sim.n_epochs * SIMULATED_BYTES_PER_PIXEL_EPOCH
@@ -318,7 +339,8 @@ def point_chunk_bytes(config: Any) -> int:
         return DEFAULT_CHUNK_BYTES
     return int(max(2**18, min(DEFAULT_CHUNK_BYTES, limit * CHUNK_FRACTION_OF_WORKER_MEMORY)))
 
-def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str, Any]:
+def check_feasible(config: Any, *, memory_bytes: int | None = None,
+                   steps: Collection[str] | None = None) -> dict[str, Any]:
     """Predict the memory of the run's largest allocations and refuse what cannot fit.
 
     Parameters
@@ -328,6 +350,9 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
     memory_bytes
         Memory of one worker process; default from ``compute`` (SLURM memory per process, a
         local ``memory_limit``) or the machine's available memory (psutil).
+    steps
+        The steps that will write their products, for the disk (:func:`check_disk`); default
+        every step. A resume passes none and checks the disk once it knows which it redoes.
 
     Returns
     -------
@@ -355,7 +380,9 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None) -> dict[str,
     if config.input.format == "simulated":
         sim = config.input.simulate
         n_epochs = sim.n_epochs
-        report["simulated"] = _check_simulated(config, limit, source)
+        disk = check_disk(config, ("stack",) if steps is None else steps)
+        if disk:
+            report["simulated"] = disk
         if sim.chunks is not None:
             # chunks larger than the scene are clipped to it by Zarr
             block = (min(sim.chunks[0], sim.shape[0]), min(sim.chunks[1], sim.shape[1]))

@@ -57,7 +57,7 @@ from depsi.pipeline.manifest import (
     section_hash,
     write_json_atomic,
 )
-from depsi.pipeline.preflight import check_feasible, point_chunk_bytes
+from depsi.pipeline.preflight import check_disk, check_feasible, point_chunk_bytes
 from depsi.pipeline.stack import open_stack
 from depsi.pipeline.steps import BY_NAME, STEP_NAMES, call_step, config_for, counts
 from depsi.pipeline.workspace import (
@@ -594,8 +594,10 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     """
     from depsi.cluster import scheduler
 
-    check_feasible(config)  # before any step: refuse what cannot fit, naming the key
     steps = _step_range(start, stop)
+    # before any step: refuse what cannot fit, naming the key; a resume checks the disk for
+    # the steps it will redo once it knows them
+    check_feasible(config, steps=() if resume else steps)
     began = time.perf_counter()
     workspace = Path(config.output.workspace).absolute()
     workspace.mkdir(parents=True, exist_ok=True)
@@ -619,6 +621,8 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
             if resume:
                 summary.resume_plan = _resume_message(plan, read_failure(workspace))
                 logger.info("%s", summary.resume_plan)
+                check_disk(config, [step for step, (manifest, _) in plan.items()
+                                    if manifest is None])
             for step in tqdm(steps, desc="depsi run", unit="step", disable=not progress):
                 _run_step(ctx, step, summary.steps[step], resume=resume,
                           planned=plan.get(step))

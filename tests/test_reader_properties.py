@@ -437,7 +437,8 @@ def _damage_interferograms(root: Path, data) -> list[str]:
     if kind == "amplitude_removed":
         amplitude = data.draw(st.sampled_from(sorted((root / "amplitude").glob("*.amp"))))
         amplitude.unlink()
-        return [amplitude.name, amplitude.stem]
+        date = amplitude.stem
+        return [amplitude.name, f"{date[:4]}-{date[4:6]}-{date[6:]}"]
     new = "20200125_20200206.int"
     shutil.copy(path, root / "igrams" / new)
     return [new]

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from depsi.conventions import MONTH_ABBREVIATIONS
 from depsi.io.interferograms import from_interferograms
 from depsi.io.writers import STACK_FORMATS, write_slc_stack
 from depsi.pipeline.config import parse_config
@@ -31,10 +32,13 @@ from depsi.pipeline.stack import _open_stack_unchecked
 from depsi.simulate import simulate_stack
 from depsi.simulate.scene import simulated_geometry
 
+#: every example writes and reads a whole stack: about two minutes on 2 cores
+pytestmark = pytest.mark.slow
+
 PROPERTY = settings(max_examples=3, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 
-MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+MONTHS = MONTH_ABBREVIATIONS
 
 
 # ---------------------------------------------------------------- writing and reading a stack

@@ -725,6 +725,7 @@ def open_dem(path: str | Any) -> xr.DataArray:
     import rioxarray
 
     with warnings.catch_warnings():
+        # a DEM without a geotransform is refused below, by name, instead of a warning
         warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
         with rasterio.open(path) as src:
             crs, transform = src.crs, src.transform

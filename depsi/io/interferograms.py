@@ -39,6 +39,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,9 +155,10 @@ def _isce2_shape(file: Path) -> tuple[int, int]:
 class _PseudoSlcs:
     """Array-like ``(azimuth, range, time)`` of pseudo-SLCs; indexing reads only its window.
 
-    ``sources[t]``: ``(kind, path, sign)`` of date ``t``'s interferogram (None on the reference
+    ``sources[t]``: ``(path, sign)`` of date ``t``'s interferogram (None on the reference
     date) with ``sign`` +1 or -1 (the phase's direction), and ``amplitudes[t]`` its amplitude
-    file or None (then the square root of the interferogram's modulus).
+    file or None (then the square root of the interferogram's modulus; the reference's, the
+    median of the others').
     """
 
     def __init__(self, sources, amplitudes, shape, reader):
@@ -180,38 +183,47 @@ class _PseudoSlcs:
         cols = range(self.file_shape[1])[range_]
         dates = range(len(self.sources))[epochs]
         out = np.empty((len(rows), len(cols), len(dates)), dtype=np.complex64)
-        moduli = []
+        moduli, reference = [], None
         for k, t in enumerate(dates):
             source = self.sources[t]
             amplitude = (None if self.amplitudes[t] is None
                          else _read_window(self.amplitudes[t], self.file_shape, "<f4",
                                            azimuth, range_))
-            if source is None:
+            if source is None:  # the reference date: phase zero
+                reference = k
                 out[:, :, k] = 1.0 if amplitude is None else amplitude
                 continue
             path, sign = source
             ifg = _read_window(path, self.file_shape, "<c8", azimuth, range_)
-            phasor = np.exp(1j * (sign * np.angle(ifg)))
             if amplitude is None:
                 amplitude = np.sqrt(np.abs(ifg))
                 moduli.append(amplitude)
-            out[:, :, k] = amplitude * phasor
-        if moduli and any(s is None for s in (self.sources[t] for t in dates)) and \
-                self.amplitudes[[t for t in dates if self.sources[t] is None][0]] is None:
-            reference = [k for k, t in enumerate(dates) if self.sources[t] is None][0]
+            out[:, :, k] = amplitude * np.exp(1j * (sign * np.angle(ifg)))
+        if reference is not None and self.amplitudes[dates[reference]] is None and moduli:
             out[:, :, reference] = np.median(np.stack(moduli), axis=0)
         return out
+
+
+@contextmanager
+def _radar_raster(path: Path):
+    """A GeoTIFF opened with rasterio; interferograms in radar geometry have no geotransform
+    by nature, so rasterio's warning that says so is not passed on."""
+    import rasterio
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(path) as source:
+            yield source
 
 
 def _read_window(path: Path, shape: tuple[int, int], dtype: str, azimuth: slice,
                  range_: slice) -> np.ndarray:
     if path.suffix.lower() in (".tif", ".tiff"):
-        import rasterio
         from rasterio.windows import Window
 
         rows = range(shape[0])[azimuth]
         cols = range(shape[1])[range_]
-        with rasterio.open(path) as source:
+        with _radar_raster(path) as source:
             window = Window(cols.start, rows.start, len(cols), len(rows))
             return source.read(1, window=window).astype(np.dtype(dtype).newbyteorder("="))
     mapped = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=shape)
@@ -222,12 +234,18 @@ def _read_window(path: Path, shape: tuple[int, int], dtype: str, azimuth: slice,
 
 
 def _raster_shape(path: Path) -> tuple[int, int]:
-    import rasterio
-
-    with rasterio.open(path) as source:
+    with _radar_raster(path) as source:
         if source.count != 1:
             raise InterferogramStackError(f"{path}: expected one band, found {source.count}")
         return source.height, source.width
+
+
+def _one_shape(shapes: set[tuple[int, int]], where: Path) -> tuple[int, int]:
+    """The one shape of a stack's interferograms, else a refusal listing them."""
+    if len(shapes) != 1:
+        raise InterferogramStackError(f"{where}: interferograms of different shapes "
+                                      f"{sorted(shapes)}")
+    return next(iter(shapes))
 
 
 def _check_size(path: Path, shape: tuple[int, int], itemsize: int, what: str) -> None:
@@ -317,11 +335,7 @@ def from_interferograms(path: str | os.PathLike, *, wavelength: float,
         base = folder if folder.name == "interferograms" else folder / "merged" / "interferograms"
         files = sorted(base.glob("*/fine.int"))
         pairs = _pairs(files, "interferogram merged/interferograms/*/fine.int")
-        shapes = {_isce2_shape(p) for p in files}
-        if len(shapes) != 1:
-            raise InterferogramStackError(f"{base}: interferograms of different shapes "
-                                          f"{sorted(shapes)}")
-        found_shape = shapes.pop()
+        found_shape = _one_shape({_isce2_shape(p) for p in files}, base)
         if shape is not None and tuple(shape) != found_shape:
             raise InterferogramStackError(f"input.shape {list(shape)} contradicts the "
                                           f"headers' {list(found_shape)}")
@@ -332,17 +346,14 @@ def from_interferograms(path: str | os.PathLike, *, wavelength: float,
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".tif", ".tiff")
                        and _PAIR.search(p.name))
         pairs = _pairs(files, "interferogram A_B.tif")
-        shapes = {_raster_shape(p) for p in files}
-        if len(shapes) != 1:
-            raise InterferogramStackError(f"{folder}: rasters of different shapes "
-                                          f"{sorted(shapes)}")
-        shape = shapes.pop()
+        shape = _one_shape({_raster_shape(p) for p in files}, folder)
         candidates = [*folder.glob("*.amp.tif"), *(folder / "amplitude").glob("*.tif")]
         for amp in candidates:
             found = _DATE.findall(amp.name)
             if len(found) == 1:
-                if _raster_shape(amp) != shape:
-                    raise InterferogramStackError(f"{amp}: shape {_raster_shape(amp)}, the "
+                found_shape = _raster_shape(amp)
+                if found_shape != shape:
+                    raise InterferogramStackError(f"{amp}: shape {found_shape}, the "
                                                   f"interferograms' {shape}")
                 amplitude_files[_date(found[0], amp)] = amp
 

@@ -140,6 +140,7 @@ def _check_position_raster(path: Path, name: str) -> None:
     import rasterio
 
     with warnings.catch_warnings():
+        # a lat/lon raster in radar geometry has no geotransform by nature
         warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
         with rasterio.open(path) as src:
             sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),

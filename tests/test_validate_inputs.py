@@ -16,10 +16,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from depsi.io import from_csv, open_binary_folder, open_slc_zarr
 from depsi.io.csv import MAX_LINE_BYTES
-from depsi.io.validate import H2PH_MAX, InputValidationError, validate_stack
+from depsi.io.validate import (
+    H2PH_MAX,
+    SAMPLE_GRID,
+    SAMPLE_WINDOW,
+    InputValidationError,
+    sample_windows,
+    validate_stack,
+)
 from depsi.simulate import simulate_stack, write_stack_binary
 from depsi.stm.schema import STMValidationError
 
@@ -165,7 +174,63 @@ def test_non_finite_phase_is_refused(stack):
 @pytest.mark.slow
 def test_the_sample_is_bounded_for_a_large_lazy_stack():
     big = simulate_stack(shape=(2000, 2000), n_epochs=3, chunks=500)[0]
-    assert validate_stack(big) is big  # reads 9 windows, not 4 million pixels x 3
+    assert validate_stack(big) is big  # reads 3 windows, not 4 million pixels x 3
+
+
+def _chunk_of(edges: np.ndarray, window: slice) -> int:
+    first = int(np.searchsorted(edges, window.start, side="right")) - 1
+    last = int(np.searchsorted(edges, window.stop - 1, side="right")) - 1
+    assert first == last, f"window {window} crosses a chunk edge ({edges.tolist()})"
+    return first
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.tuples(st.integers(1, 3000), st.integers(1, 3000)),
+       chunk=st.tuples(st.integers(1, 700), st.integers(1, 700)))
+def test_the_sample_reads_at_most_sample_grid_chunks(shape, chunk):
+    import dask.array as da
+
+    data = da.zeros((*shape, 2), chunks=(*chunk, 2))
+    windows = sample_windows(data)
+    edges = [np.concatenate([[0], np.cumsum(c)]) for c in data.chunks[:2]]
+    touched = {tuple(_chunk_of(e, w) for e, w in zip(edges, pair)) for pair in windows}
+    assert 1 <= len(touched) <= SAMPLE_GRID
+    for a, r in windows:
+        assert 0 <= a.start < a.stop <= shape[0] and 0 <= r.start < r.stop <= shape[1]
+    # as many pixels as the chunks allow, up to SAMPLE_GRID**2 x SAMPLE_WINDOW**2
+    pixels = sum((a.stop - a.start) * (r.stop - r.start) for a, r in windows)
+    assert pixels <= SAMPLE_GRID**2 * SAMPLE_WINDOW**2
+    if min(chunk) >= 64 and min(shape) >= 3 * 64:
+        assert pixels >= SAMPLE_GRID * 55**2
+
+
+def test_validation_decodes_three_chunks_of_a_sixteen_chunk_stack():
+    """Every block the validation computes is recorded: 3 of each variable's 16, not all."""
+    import threading
+
+    import dask.array as da
+
+    small = simulate_stack(shape=(200, 200), n_epochs=3)[0]
+    computed, lock = [], threading.Lock()
+
+    def recorded(name):
+        values = small[name].transpose("azimuth", "range", "time").values
+
+        def block(block_info=None):
+            where = block_info[None]["array-location"]
+            with lock:
+                computed.append((name, *(start for start, _ in where[:2])))
+            return values[tuple(slice(*span) for span in where)]
+        return da.map_blocks(block, chunks=((50,) * 4, (50,) * 4, (3,)), dtype=values.dtype,
+                             meta=np.empty((0, 0, 0), values.dtype))
+
+    stack = small.assign(complex=(("azimuth", "range", "time"), recorded("complex")),
+                         h2ph=(("azimuth", "range", "time"), recorded("h2ph")))
+    assert validate_stack(stack) is stack
+    for name in ("complex", "h2ph"):
+        blocks = {c[1:] for c in computed if c[0] == name}
+        assert 1 <= len(blocks) <= SAMPLE_GRID, blocks
+
 
 
 # ------------------------------------------------------------------------ epoch span

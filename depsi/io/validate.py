@@ -26,10 +26,11 @@ logger = logging.getLogger(__name__)
 #: |h2ph| < 1e-3; a float64 file read as float32 gives values up to 1e19.
 H2PH_MAX = 0.05
 
-#: Windows per axis sampled by :func:`validate_stack` (SAMPLE_GRID**2 windows, every epoch).
+#: Windows sampled by :func:`validate_stack`, on the scene's diagonal, each in its own stored
+#: chunk: the sample reads at most this many chunks of a variable, every epoch.
 SAMPLE_GRID = 3
-#: Largest side (pixels) of one sampled window: the sample is at most
-#: SAMPLE_GRID**2 x SAMPLE_WINDOW**2 pixels per epoch, whatever the scene's size.
+#: The sample is at most SAMPLE_GRID**2 x SAMPLE_WINDOW**2 pixels per epoch (SAMPLE_GRID
+#: square windows of side sqrt(SAMPLE_GRID) x SAMPLE_WINDOW), whatever the scene's size.
 SAMPLE_WINDOW = 32
 
 #: Shortest span of a stack's epochs: a deformation time series needs epochs on distinct days
@@ -69,19 +70,54 @@ def check_epoch_span(time: np.ndarray, what: str) -> None:
             f"within {hours:.3g} hours: {shown}")
 
 
-def _windows(n: int) -> list[slice]:
-    """SAMPLE_GRID windows of at most SAMPLE_WINDOW pixels, spread evenly along an axis."""
-    side = max(1, min(SAMPLE_WINDOW, -(-n // SAMPLE_GRID)))
-    starts = sorted({min(n - side, max(0, int((k + 0.5) * n / SAMPLE_GRID) - side // 2))
-                     for k in range(SAMPLE_GRID)})
-    return [slice(s, s + side) for s in starts]
+def _axis_chunks(data, axis: int) -> tuple[int, ...]:
+    """Stored chunk sizes along ``axis`` (a Dask array's blocks; one chunk for NumPy)."""
+    chunks = getattr(data, "chunks", None)
+    if chunks is None or not isinstance(chunks[axis], tuple):
+        return (data.shape[axis],)
+    return tuple(int(c) for c in chunks[axis])
+
+
+def _window_in_chunk(chunks: tuple[int, ...], fraction: float, side: int) -> slice:
+    """A window of at most ``side`` pixels inside the chunk that holds ``fraction`` of the
+    axis, centred on that point as far as the chunk allows."""
+    edges = np.concatenate([[0], np.cumsum(chunks)])
+    target = min(int(fraction * edges[-1]), int(edges[-1]) - 1)
+    k = int(np.searchsorted(edges, target, side="right")) - 1
+    low, high = int(edges[k]), int(edges[k + 1])
+    side = min(side, high - low)
+    start = min(high - side, max(low, target - side // 2))
+    return slice(start, start + side)
+
+
+def sample_windows(data) -> list[tuple[slice, slice]]:
+    """The ``(azimuth, range)`` windows :func:`validate_stack` reads: SAMPLE_GRID windows on
+    the scene's diagonal (near its two corners and its centre), each inside one stored chunk
+    and SAMPLE_GRID x SAMPLE_WINDOW**2 pixels at most.
+
+    The sample touches at most SAMPLE_GRID chunks of each variable, whatever the scene's size
+    and chunking: a stack of a few chunks is not read whole before the selection reads it.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> [a for a, r in sample_windows(da.zeros((1000, 1000, 4), chunks=(250, 250, 4)))]
+    [slice(139, 194, None), slice(500, 555, None), slice(806, 861, None)]
+    """
+    side = int(np.sqrt(SAMPLE_GRID) * SAMPLE_WINDOW)
+    fractions = [(k + 0.5) / SAMPLE_GRID for k in range(SAMPLE_GRID)]
+    windows = {}
+    for f in fractions:
+        a = _window_in_chunk(_axis_chunks(data, 0), f, side)
+        r = _window_in_chunk(_axis_chunks(data, 1), f, side)
+        windows[(a.start, a.stop, r.start, r.stop)] = (a, r)  # small scenes: one window once
+    return list(windows.values())
 
 
 def _sample(variable: xr.DataArray) -> np.ndarray:
     """``(pixels, time)`` values of the sampled windows (one compute for all windows)."""
     data = variable.transpose("azimuth", "range", "time").data
-    windows = [data[a, r, :].reshape(-1, data.shape[2])
-               for a in _windows(data.shape[0]) for r in _windows(data.shape[1])]
+    windows = [data[a, r, :].reshape(-1, data.shape[2]) for a, r in sample_windows(data)]
     if hasattr(data, "dask"):
         windows = dask.compute(*windows)
     return np.concatenate([np.asarray(w) for w in windows], axis=0)
@@ -185,10 +221,10 @@ def validate_stack(stack: xr.Dataset, *, on_bad_epoch: BadEpochPolicy = "fail",
                    source: str = "stack") -> xr.Dataset:
     """Check a raster stack's values on a bounded sample; the stack, bad epochs dropped if asked.
 
-    Reads ``SAMPLE_GRID**2`` windows of at most ``SAMPLE_WINDOW**2`` pixels, every epoch, of
-    ``complex`` and ``h2ph`` (never the whole stack) and checks: the epochs span at least a day
-    (:func:`check_epoch_span`); complex values are finite and each epoch's amplitude is neither
-    all zero nor constant; ``|h2ph| <= H2PH_MAX``; h2ph is not zero at every epoch.
+    Reads the windows of :func:`sample_windows` (at most ``SAMPLE_GRID`` stored chunks), every
+    epoch, of ``complex`` and ``h2ph`` (never the whole stack) and checks: the epochs span at
+    least a day (:func:`check_epoch_span`); complex values are finite and each epoch's amplitude
+    is neither all zero nor constant; ``|h2ph| <= H2PH_MAX``; h2ph is not zero at every epoch.
 
     Parameters
     ----------
@@ -244,5 +280,6 @@ __all__ = [
     "SAMPLE_WINDOW",
     "InputValidationError",
     "check_epoch_span",
+    "sample_windows",
     "validate_stack",
 ]

@@ -175,6 +175,8 @@ class _Context:
     input_fingerprint: dict[str, Any] | None = None
     #: Id of this run (in ``failed.json``).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: The stack as opened and checked, once a run (its checks read a sample of its chunks).
+    stack: Any = None
 
 
 def _input_product(config: PipelineConfig, workspace: Path) -> Path:
@@ -192,7 +194,9 @@ def _opened(ctx: _Context, name: str, *, computed: bool = False) -> Any:
 
     path = ctx.products[name]
     if name == "stack":
-        return open_stack(ctx.config, path=path)
+        if ctx.stack is None:
+            ctx.stack = open_stack(ctx.config, path=path)
+        return ctx.stack
     if name == "selection":
         return prepare_points(open_stm(path))
     product = open_stm(path)
@@ -207,7 +211,8 @@ def _execute(ctx: _Context, step: str) -> dict[str, Any]:
     target = ctx.workspace / spec.product
     view = config_for(step, ctx.config)
     if step == "stack":
-        ctx.products[step], counted = spec.run(view, product=target, progress=ctx.progress)
+        ctx.products[step], counted, ctx.stack = spec.run(view, product=target,
+                                                          progress=ctx.progress)
         return counted
     if step == "export":
         ctx.products[step], counted = spec.run(_opened(ctx, "model"), view, product=target)

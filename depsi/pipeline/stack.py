@@ -270,9 +270,12 @@ def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
 
 
 def stack_step(config: Any, *, product: Path, progress: bool = False
-               ) -> tuple[Path, dict[str, Any]]:
+               ) -> tuple[Path, dict[str, Any], xr.Dataset]:
     """The input stack: simulated into ``product`` (``input.format: simulated``) or the input
-    read in place; opened and checked (geometry, epochs) before any pixel is read."""
+    read in place; opened and checked (geometry, epochs) before any pixel is read.
+
+    Returns the stack's path, its counts, and the stack as opened and checked, which the
+    following steps of the run take instead of opening and checking it again."""
     path = product if config.input.format == "simulated" else Path(config.input.path)
     if config.input.format == "simulated":
         from depsi.simulate import write_stack_zarr
@@ -289,8 +292,9 @@ def stack_step(config: Any, *, product: Path, progress: bool = False
     # the model's terms at the stack's epochs (a temperature for each, dates within them)
     check_model(config, stack["time"].values)
     check_ds_window(config, (int(stack.sizes["azimuth"]), int(stack.sizes["range"])))
-    return path, {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
-                  "epochs": int(stack.sizes["time"]), **_support_counts(support)}
+    counted = {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
+               "epochs": int(stack.sizes["time"]), **_support_counts(support)}
+    return path, counted, stack
 
 
 def selection_step(stack: xr.Dataset, config: Any, *, progress: bool = False) -> xr.Dataset:

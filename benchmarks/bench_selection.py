@@ -5,8 +5,8 @@ simulated once with ``depsi.simulate.write_stack_zarr`` into a cache folder (``-
 ``$TMPDIR/depsi-bench``) and reused. With ``--foreign`` the stack is instead written as another
 tool would write it: ``xarray.Dataset.to_zarr`` with Zarr's default codecs and no depsi helper
 (``complex`` and ``h2ph``, chunks ``--chunk`` x ``--chunk`` x ``--time-chunk``), and opened with
-``depsi.io.slc_zarr.open_slc_zarr``; the issue's case is ``--foreign --shape 1000 1000 --epochs 40
---chunk 250`` (time whole) and the same with ``--time-chunk 10``. Every case runs in a fresh
+``depsi.io.slc_zarr.open_slc_zarr``; the reference case is ``--foreign --shape 1000 1000 --epochs
+40 --chunk 250`` (time whole) and the same with ``--time-chunk 10``. Every case runs in a fresh
 child process, which first does its work on one block (a selection on the first block, a read
 of the first chunk: imports, thread pools, zarr's event loop and the allocator's first blocks
 are one-time costs of a process, left untimed) and then reports its wall time and its peak
@@ -25,6 +25,10 @@ Cases, all over ``complex`` and ``h2ph`` (the bytes a selection must read):
   worker threads (the cores) and with one;
 - dask engine: ``ps_selection(engine="dask")`` to the lazy STM (reads ``complex`` once), and
   then ``.compute()`` of the point values (reads ``complex`` and ``h2ph`` again);
+- pipeline: what ``depsi run`` does up to the points, the stack step (opening, the values
+  checked on a sample, geometry and epochs) and the selection step;
+- with ``--peer``: TU Delft DePSI 0.1.2's ``ps_selection`` (NAD) on the same store, in its own
+  venv (``_peer_selection_driver.py``);
 - with ``--compare DIR``: the two engines again with the depsi package of ``DIR`` (a checkout
   of an earlier commit), in the same rounds, for before/after ratios under the same load.
 """
@@ -178,6 +182,42 @@ def case_default(path: str) -> dict:
             "points": ps.sizes["space"], "engine": ps.attrs["selection_engine"]}
 
 
+def case_pipeline(path: str) -> dict:
+    """What ``depsi run`` does up to the points: the stack step (open the store, check its
+    values on a sample, its geometry and epochs) and the selection step, as in a run."""
+    from depsi.pipeline.config import parse_config
+    from depsi.pipeline.stack import selection_step, stack_step
+
+    config = parse_config({"input": {"format": "zarr", "path": path},
+                           "selection": {"method": "nad", "threshold": THRESHOLD,
+                                         "ds": {"enabled": False}}})
+    _warm_up(_open(path))
+    base, cpu = _rss_mb(), _cpu_seconds()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work:
+        _, _, stack = stack_step(config, product=Path(work) / "stack.zarr")
+        ps = selection_step(stack, config).compute()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_mb": _peak_mb() - base, "cpu": _cpu_seconds() - cpu,
+            "points": ps.sizes["space"]}
+
+
+def case_peer(path: str, python: str) -> dict | None:
+    """TU Delft DePSI's ``ps_selection`` (NAD) on the same store, in its own venv, points
+    computed (``_peer_selection_driver.py``)."""
+    import json
+    import subprocess
+
+    driver = Path(__file__).with_name("_peer_selection_driver.py")
+    done = subprocess.run([python, str(driver), path, str(THRESHOLD)], capture_output=True,
+                          text=True, cwd=tempfile.gettempdir(),
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if done.returncode != 0:
+        print(f"peer selection failed: {done.stderr[-2000:]}", flush=True)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _in_child(func, *args) -> dict:
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
         return pool.submit(func, *args).result()
@@ -236,6 +276,11 @@ def ensure_foreign_stack(cache: Path, shape: tuple[int, int], epochs: int, chunk
         ds.chunk({"azimuth": chunk, "range": chunk, "time": tc}).to_zarr(
             tmp, mode="w", zarr_format=3, consolidated=False)
         tmp.rename(path)
+    import zarr
+
+    group = zarr.open_group(path, mode="r+")
+    if "wavelength" not in group.attrs:  # stores written before it carried its wavelength
+        group.attrs["wavelength"] = WAVELENGTH  # (depsi run reads it from the store)
     return path
 
 
@@ -250,6 +295,9 @@ def main() -> None:
                         help="time chunk of the --foreign stack (default: time whole)")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "depsi-bench")
     parser.add_argument("--repeat", type=int, default=2, help="best of this many runs")
+    parser.add_argument("--peer", action="store_true",
+                        help="also TU Delft DePSI's ps_selection, in its own venv (created "
+                             "once: benchmarks/bench_peer.py's ensure_peer_venv)")
     parser.add_argument("--compare", type=str, default=None, metavar="DIR",
                         help="also run the engines with the depsi package found in DIR "
                              "(a checkout of an earlier commit), in the same rounds")
@@ -272,7 +320,12 @@ def main() -> None:
     # that round's read limit
     cases = {"read1": (case_read, 1), "read_n": (case_read, cores),
              "stream": (case_stream, 2), "stream1": (case_stream, 2, 1), "default": (case_default,),
-             "dask": (case_dask,)}
+             "dask": (case_dask,), "pipeline": (case_pipeline,)}
+    if args.peer:
+        from bench_peer import ensure_peer_venv
+
+        python = str(ensure_peer_venv(Path.home() / ".cache" / "depsi-bench" / "peer-venv"))
+        cases["peer"] = (case_peer, python)
     if args.compare:
         cases |= {"stream_before": (case_stream, 2, None, args.compare),
                   "dask_before": (case_dask, args.compare)}
@@ -309,7 +362,8 @@ def report(args, cores: int, rounds: list[dict]) -> None:
     labels = {"read1": "read limit, 1 thread", "read_n": f"read limit, {cores} threads",
               "default": f"default (auto: {runs['default']['engine']}), computed",
               "stream": "stream, default workers", "stream1": "stream, 1 worker",
-              "dask": "dask engine, computed", "stream_before": "before: stream engine",
+              "dask": "dask engine, computed", "pipeline": "depsi run: stack + selection",
+              "peer": "TU Delft DePSI ps_selection", "stream_before": "before: stream engine",
               "dask_before": "before: dask, computed"}
     print(f"{'case':30s} {'seconds':>8s} {'x limit':>8s} {'median x':>8s} {'CPU s':>6s} "
           f"{'x CPU':>6s} {'peak MB':>8s}")
@@ -326,6 +380,10 @@ def report(args, cores: int, rounds: list[dict]) -> None:
                   f" {run['lazy_cpu']:6.2f} {run['lazy_cpu'] / cpu_limit:6.2f}")
     print("x limit: fastest run over the fastest read; median x: median over rounds of the "
           "ratio to that round's read; x CPU: CPU seconds over those of the 1-thread read")
+    peer, default = runs.get("peer"), runs["default"]
+    if peer is not None:
+        print(f"TU Delft DePSI over the default: {peer['seconds'] / default['seconds']:.1f}x "
+              f"(wall), {peer['cpu'] / default['cpu']:.1f}x (CPU)")
     stream, dask_run = runs["stream"], runs["dask"]
     print(f"peak memory relative to the stack's {gb * 1e3:.0f} MB: stream "
           f"{stream['peak_mb'] / (gb * 1e3):.1%}, dask {dask_run['peak_mb'] / (gb * 1e3):.1%}")

@@ -157,13 +157,19 @@ SCORED = ("point_index", "azimuth", "range", "temporal_coherence", "velocity", "
           "order")
 
 
-def accuracy(result, truth_path: Path) -> dict:
-    """The result against the truth: RMSEs on coherent points and the floors on the same."""
+def accuracy(result, truth_path: Path, store: Path | None = None) -> dict:
+    """The result against the truth: RMSEs on coherent points and the floors on the same.
+    ``store``: the chain's input, whose ``scene_index`` (a reordered copy's) maps its points to
+    the truth's."""
     import xarray as xr
 
     truth = xr.open_zarr(truth_path, consolidated=False)
     n = truth.sizes["space"]
     index = np.asarray(result["point_index"].values)
+    if store is not None:
+        points = xr.open_zarr(store, consolidated=False)
+        if "scene_index" in points:
+            index = np.asarray(points["scene_index"].values)[index]
     same = (np.array_equal(truth["azimuth"].values[index], result["azimuth"].values)
             and np.array_equal(truth["range"].values[index], result["range"].values))
     if not same:
@@ -271,7 +277,7 @@ class _StackSampler:
 
 
 def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster: bool,
-               stack_sample_s: float = 0.0) -> int:
+               stack_sample_s: float = 0.0, layout: str = "raster") -> int:
     """Run in the chain's child process: open, run, score; write the figures to ``out_path``.
 
     With ``stack_sample_s`` every thread's stack is written to ``<out>.stacks`` that often
@@ -300,7 +306,8 @@ def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster:
             from depsi.io.store import open_stm
 
             wall, cpu = time.perf_counter(), time.process_time()
-            ps_stm = record("open", lambda: open_stm(scene_folder / scene_module.PS_STORE))
+            store = scene_folder / LAYOUT_STORES[layout]
+            ps_stm = record("open", lambda: open_stm(store))
             result = run_chain(ps_stm, options, record)
             out["chain_wall_s"] = time.perf_counter() - wall
             out["chain_cpu_s"] = time.process_time() - cpu
@@ -312,10 +319,10 @@ def child_main(scene_folder: Path, out_path: Path, options: dict, local_cluster:
                 # the scoring reads come here before the cluster closes
                 result = result[[n for n in SCORED if n in result.variables]].compute()
         out["steps"] = record.steps
-        out["accuracy"] = accuracy(result, scene_folder / scene_module.TRUTH_STORE)
+        out["accuracy"] = accuracy(result, scene_folder / scene_module.TRUTH_STORE, store)
         del result
-        out["read_s"] = min(read_baseline(scene_folder / scene_module.PS_STORE)
-                            for _ in range(2))  # the first pays for imports and cold caches
+        # the first read pays for imports and cold caches
+        out["read_s"] = min(read_baseline(store) for _ in range(2))
         out["status"] = "ok"
     except BaseException as err:  # reported to the parent, which carries on with the next size
         out.update(status="failed", error=f"{type(err).__name__}: {err}",
@@ -407,6 +414,25 @@ def ensure_scene(cache: Path, n_points: int, seed: int, max_rss: float | None) -
             usage["peak_rss_bytes"]}
 
 
+#: The point store of each layout: the generator's raster order (row by row of tiles, as other
+#: tools write their STMs), and the same points in Morton order (as ``depsi run`` stores them).
+LAYOUT_STORES = {"raster": scene_module.PS_STORE, "morton": "ps_morton.zarr"}
+
+
+def ensure_layout(folder: Path, layout: str) -> Path:
+    """The scene's point store in ``layout``: the Morton copy written once (atomically)."""
+    store = folder / LAYOUT_STORES[layout]
+    if layout == "raster" or (store / "zarr.json").exists():
+        return store
+    from depsi.io.store import open_stm, save_stm
+
+    points = open_stm(folder / scene_module.PS_STORE)
+    # each point's position in the generator's store, which indexes the truth
+    points = points.assign(scene_index=("space", np.arange(points.sizes["space"])))
+    save_stm(points, store, overwrite=True, reorder=True)
+    return store
+
+
 def busy_stacks(dump: str) -> str:
     """The threads of a faulthandler dump that are somewhere outside the standard library
     (idle pool and event-loop threads left out; the full dump stays in the log)."""
@@ -474,22 +500,23 @@ def _progress(path: Path) -> tuple[list[dict], str | None]:
     return steps, running
 
 
-def bench_size(n_points: int, args) -> dict:
+def bench_size(n_points: int, args, layout: str = "raster") -> dict:
     """Scene, chain in a child, figures: one size, never raising."""
-    row = {"n_points": n_points}
+    row = {"n_points": n_points, "layout": layout}
     try:
         row["scene"] = ensure_scene(args.cache, n_points, args.seed, args.max_rss)
+        ensure_layout(scene_folder(args.cache, n_points, args.seed), layout)
     except Exception as err:  # reported per size
         return {**row, "status": "scene failed", "error": repr(err)}
     folder = scene_folder(args.cache, n_points, args.seed)
     mode = "local" if args.local_cluster else "chain"
-    out = args.cache / f"{folder.name}.{mode}.json"
+    out = args.cache / f"{folder.name}.{layout}.{mode}.json"
     log = out.with_suffix(".log")
     for stale in (out, out.with_suffix(".progress"), out.with_suffix(".stacks")):
         stale.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--child", str(folder), str(out),
                "--options", json.dumps(args.options),
-               "--stack-sample-s", str(args.stack_sample_s)] + (
+               "--stack-sample-s", str(args.stack_sample_s), "--layout", layout] + (
         ["--local-cluster"] * args.local_cluster)
     row["child"] = run_child(command, log, timeout=args.timeout, max_rss=args.max_rss)
     row["log"] = str(log)
@@ -523,11 +550,11 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| points | scene | generate s (peak GB) | status | wall s | CPU s | points/s | "
-            "x read | peak RSS GB | velocity RMSE mm/yr (floors noise / no corr.) | height RMSE m "
-            "(floors) | first order kept | in result | coherent | growth |")
+    head = ("| points | order | scene | generate s (peak GB) | status | wall s | CPU s | "
+            "points/s | x read | peak RSS GB | velocity RMSE mm/yr (floors noise / no corr.) | "
+            "height RMSE m (floors) | first order kept | in result | coherent | growth |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    previous = None
+    previous = {}  # the last size of each layout
     for row in rows:
         n, scene = row["n_points"], row.get("scene", {})
         generate = ("cached" if scene.get("cached") else
@@ -536,8 +563,10 @@ def markdown(rows: list[dict]) -> str:
         acc = row.get("accuracy", {})
         wall = row.get("chain_wall_s")
         growth = "-"
-        if wall and previous and n != previous[0]:  # rows of one size (options) have none
-            growth = f"{math.log(wall / previous[1]) / math.log(n / previous[0]):.2f}"
+        layout = row.get("layout", "raster")
+        last = previous.get(layout)
+        if wall and last and n != last[0]:  # rows of one size (options) have none
+            growth = f"{math.log(wall / last[1]) / math.log(n / last[0]):.2f}"
         peak = row.get("child", {}).get("peak_rss_bytes")
         velocity = (f"{_fmt(acc.get('velocity_rmse', float('nan')) * 1e3, '.2f')} "
                     f"({_fmt(acc.get('floor_velocity_noise', float('nan')) * 1e3, '.2f')} / "
@@ -549,7 +578,8 @@ def markdown(rows: list[dict]) -> str:
         if status != "ok":
             status += f" in {row.get('running_step') or '?'}"
         lines.append(
-            f"| {n:,} | {_fmt(scene.get('extent_km'), '.0f')} km | {generate} | {status} | "
+            f"| {n:,} | {row.get('layout', 'raster')} | {_fmt(scene.get('extent_km'), '.0f')} km "
+            f"| {generate} | {status} | "
             f"{_fmt(wall, '.1f')} | {_fmt(row.get('chain_cpu_s'), '.1f')} | "
             f"{_fmt(n / wall if wall else None, ',.0f')} | "
             f"{_fmt(wall / row['read_s'] if wall and row.get('read_s') else None, ',.0f')} | "
@@ -559,7 +589,7 @@ def markdown(rows: list[dict]) -> str:
             f"{_count(acc.get('n_coherent'), n)} | "
             f"{growth} |")
         if wall:
-            previous = (n, wall)
+            previous[layout] = (n, wall)
     return "\n".join(lines)
 
 
@@ -579,7 +609,8 @@ def steps_markdown(rows: list[dict]) -> str:
     if not names:
         return ""
     head = "| step | " + " | ".join(
-        f"{r['n_points']:,}: wall s / CPU s (of it system) / peak GB / minor faults"
+        f"{r['n_points']:,} {r.get('layout', 'raster')}: wall s / CPU s (of it system) / "
+        "peak GB / minor faults"
         for r in rows) + " |"
     lines = [head, "|---|" + "---|" * len(rows)]
     for name in names:
@@ -640,12 +671,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", nargs="+", type=Path, metavar="RESULTS_JSON",
                         help="print the tables of saved results-*.json files (rows in the "
                              "order given) instead of running")
+    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUT_STORES),
+                        default=["raster", "morton"],
+                        help="orders of the points in the store: the generator's raster order "
+                             "and a Morton-ordered copy (default: both)")
+    parser.add_argument("--layout", default="raster", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=2, metavar=("SCENE", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         sys.exit(child_main(Path(args.child[0]), Path(args.child[1]), json.loads(args.options),
-                            args.local_cluster, args.stack_sample_s))
+                            args.local_cluster, args.stack_sample_s, args.layout))
     if args.report:
         rows = [row for path in args.report for row in json.loads(path.read_text())]
         print_report(rows, "from " + ", ".join(p.name for p in args.report))
@@ -658,10 +694,11 @@ def main(argv: list[str] | None = None) -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     rows = []
     for size in args.sizes:
-        row = bench_size(int(size), args)
-        rows.append(row)
-        print(f"{int(size):,} points: {row.get('status')}"
-              + (f" ({row.get('error')})" if row.get("status") != "ok" else ""), flush=True)
+        for layout in args.layouts:
+            row = bench_size(int(size), args, layout)
+            rows.append(row)
+            print(f"{int(size):,} points, {layout} order: {row.get('status')}"
+                  + (f" ({row.get('error')})" if row.get("status") != "ok" else ""), flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (args.cache / f"results-{stamp}.json").write_text(json.dumps(rows, indent=1, default=str))
     mode = "LocalCluster 2 x 2 GB" if args.local_cluster else "threads"

@@ -84,9 +84,16 @@ def _aligned_truth(truth: xr.Dataset, result: xr.Dataset) -> np.ndarray:
     return true - true[:, zero:zero + 1]
 
 
+def _std(result: xr.Dataset, name: str, scale: float) -> np.ndarray | None:
+    """``name``'s standard deviation in the plot's unit, or None where the result has none."""
+    std = f"{name}_std"
+    return scale * result[std].values if std in result.variables else None
+
+
 def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     """Velocity maps (estimated and true), estimated vs true velocity and height with 1:1
-    lines, temporal coherence, and displacement series beside the truth, as one PNG.
+    lines and error bars, temporal coherence, and displacement series with their error bars
+    beside the truth, as one PNG.
 
     Line of sight: positive towards the satellite (docs/concepts.md); maps on lon/lat axes
     with equal ground scale; symmetric colour limits at the 98th percentile of |velocity|.
@@ -117,10 +124,11 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
         ax.legend(loc="lower right", fontsize=8)
         bar = fig.colorbar(sc, ax=ax, extend="both", shrink=0.85)
         bar.set_label("LOS velocity (mm/yr), + towards satellite")
-    one_to_one(axes[0, 2], true_v, v_mm, "mm/yr", "velocity")
+    one_to_one(axes[0, 2], true_v, v_mm, "mm/yr", "velocity", std=_std(result, "velocity", 1e3))
 
     one_to_one(axes[1, 0], relative_truth(truth, result, "height_error"),
-               result["height_error"].values, "m", "height error")
+               result["height_error"].values, "m", "height error",
+               std=_std(result, "height_error", 1.0))
 
     coherence = result["temporal_coherence"].values
     low = float(np.nanpercentile(coherence, 100 - COLOUR_PERCENTILE)) if np.isfinite(
@@ -138,10 +146,15 @@ def plot_results(result: xr.Dataset, truth: xr.Dataset, path: Path) -> Path:
     for k, index in enumerate((order[0], order[len(order) // 2], order[-1])):
         colour = f"C{k}"
         label = f"point {int(result['point_index'].values[index])}"
-        ax.plot(times, 1e3 * result["displacement"].values[index], ".", color=colour,
-                label=f"{label} estimated")
+        series = 1e3 * result["displacement"].values[index]
+        std = _std(result, "displacement", 1e3)
+        if std is None:
+            ax.plot(times, series, ".", color=colour, label=f"{label} estimated")
+        else:
+            ax.errorbar(times, series, yerr=std[index], fmt=".", color=colour, elinewidth=0.6,
+                        capsize=0, label=f"{label} estimated +-1 sigma")
         ax.plot(times, true_d[index], "-", color=colour, lw=1.2, label=f"{label} true")
-    ax.set(title="LOS displacement: estimated (dots) and true (lines)",
+    ax.set(title="LOS displacement\nestimated (dots, +-1 sigma) and true (lines)",
            ylabel="LOS displacement (mm), + towards satellite")
     ax.axhline(0, color="0.6", lw=0.5)
     locator = mdates.AutoDateLocator()

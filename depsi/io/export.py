@@ -468,15 +468,34 @@ def lon_lat_axes(ax, lat: np.ndarray) -> None:
     ax.tick_params(axis="x", labelrotation=0)
 
 
-def one_to_one(ax, true: np.ndarray, estimated: np.ndarray, unit: str, what: str) -> None:
-    """Estimated against true with the 1:1 line, equal axes and the RMSE in the title."""
+#: Points drawn with their error bars in :func:`one_to_one` (a spread sample: thousands of bars
+#: hide the points they belong to).
+ERROR_BAR_POINTS = 200
+
+
+def one_to_one(ax, true: np.ndarray, estimated: np.ndarray, unit: str, what: str,
+               std: np.ndarray | None = None) -> None:
+    """Estimated against true with the 1:1 line, equal axes and the RMSE in the title.
+
+    With ``std`` (the estimates' standard deviations): +-1 sigma bars on a spread sample of
+    :data:`ERROR_BAR_POINTS` points, and in the title the share of all points whose error is
+    within 2 sigma (about 95 % when the standard deviations are calibrated)."""
     ok = np.isfinite(true) & np.isfinite(estimated)
     ax.plot(true[ok], estimated[ok], ".", ms=3, alpha=0.6, label="points")
+    within = ""
+    if std is not None:
+        ok &= np.isfinite(std)
+        shown = np.flatnonzero(ok)[::max(1, int(ok.sum()) // ERROR_BAR_POINTS)]
+        ax.errorbar(true[shown], estimated[shown], yerr=std[shown], fmt="none", ecolor="C1",
+                    elinewidth=0.6, alpha=0.7, label="+-1 sigma (sample)")
+        if ok.any():
+            share = float(np.mean(np.abs(estimated[ok] - true[ok]) <= 2 * std[ok]))
+            within = f", {share:.0%} within 2 sigma"
     low = float(min(true[ok].min(), estimated[ok].min())) if ok.any() else -1.0
     high = float(max(true[ok].max(), estimated[ok].max())) if ok.any() else 1.0
     ax.plot([low, high], [low, high], "k-", lw=1, label="1:1")
     rmse = float(np.sqrt(np.mean((estimated[ok] - true[ok]) ** 2))) if ok.any() else np.nan
-    ax.set(title=f"{what}: estimated vs true (RMSE {rmse:.2f} {unit})",
+    ax.set(title=f"{what}: estimated vs true\n(RMSE {rmse:.2f} {unit}{within})",
            xlabel=f"true {what} ({unit})", ylabel=f"estimated {what} ({unit})",
            xlim=(low, high), ylim=(low, high))
     ax.set_aspect("equal")

@@ -1,7 +1,7 @@
 """Schedulers for depsi's Dask graphs: one context manager, :func:`scheduler`, gives the
 computation inside it synchronous, threaded, multi-process, LocalCluster or SLURMCluster
 execution, and closes every pool, cluster, client and job on the way out (success, error or
-Ctrl-C). The same graph gives the same numbers on each (DESIGN.md §6).
+Ctrl-C). The same graph gives the same numbers on each (docs/design.md, "Hardware mapping").
 
 The ``compute`` section of the configuration (:class:`ComputeConfig`, with
 :class:`SlurmConfig` and :class:`AdaptiveConfig`) is defined here, beside the schedulers it

@@ -1,5 +1,6 @@
-"""The conventions every module of depsi follows, defined once: phase wrapping, the
-phase-per-metre factor ``m2ph``, time baselines, sentinels and physical constants (DESIGN.md §3).
+"""The conventions every module of depsi follows, defined once: phase wrapping, the phase-per-metre
+factor ``m2ph``, time baselines, sentinels and physical constants (docs/design.md, "Conventions:
+signs and units").
 
 This is the lowest layer: it imports only NumPy and the standard library, and its array
 functions use plain operators, so they work unchanged on NumPy, CuPy, Dask and xarray objects.

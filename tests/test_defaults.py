@@ -9,12 +9,13 @@ name, the two defaults must be equal, and written as the same named constant in 
 equal literals drift apart at the next edit. ``None`` (no value) needs no constant.
 
 Which functions implement a section: those of the module that defines it (a step's section is
-defined beside its code, DESIGN.md §2), plus the modules listed in :data:`ALSO_IMPLEMENTED_IN`
-(a section whose parameters are also taken by another module's functions, e.g. the arc search's
-ranges by the periodogram kernel). Matching by name alone across modules would compare
-unrelated parameters that share a name: ``NetworkConfig.k`` (neighbours per direction sector)
-with ``densify``'s ``k`` (first-order points per candidate), ``IntegrationConfig.min_coherence``
-(arcs) with ``DensificationConfig.min_coherence`` (points), every ``method``.
+defined beside its code, docs/design.md, "Layers"), plus the modules listed in
+:data:`ALSO_IMPLEMENTED_IN` (a section whose parameters are also taken by another module's
+functions, e.g. the arc search's ranges by the periodogram kernel). Matching by name alone across
+modules would compare unrelated parameters that share a name: ``NetworkConfig.k`` (neighbours per
+direction sector) with ``densify``'s ``k`` (first-order points per candidate),
+``IntegrationConfig.min_coherence`` (arcs) with ``DensificationConfig.min_coherence`` (points),
+every ``method``.
 
 A function may keep another default on purpose (a DePSI- or stmtools-compatible name keeping
 the peer's default, a ``None`` meaning "read it from the data"): then one sentence of its

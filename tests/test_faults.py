@@ -1,6 +1,6 @@
-"""Faults the pipeline survives (DESIGN.md §6-7, issue 6): the `depsi run` process SIGKILLed in
-the middle of a step, the same config on a LocalCluster, a process pool and a real SLURM cluster,
-and workers whose memory limit is several times smaller than the stack.
+"""Faults the pipeline survives (docs/design.md, "Errors and bad input"): the `depsi run` process
+SIGKILLed in the middle of a step, the same config on a LocalCluster, a process pool and a real
+SLURM cluster, and workers whose memory limit is several times smaller than the stack.
 
 Every run is compared with one undisturbed threads run of the same config."""
 

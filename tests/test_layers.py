@@ -1,5 +1,5 @@
-"""The layers of DESIGN.md §2: every import of a depsi module points down (or within its layer),
-and no modules import each other, directly or round a longer loop.
+"""The layers of docs/design.md, "Layers": every import of a depsi module points down (or within its
+layer), and no modules import each other, directly or round a longer loop.
 
 Every module of depsi/ is parsed with ``ast``; its ``depsi.*`` imports are collected wherever they
 are (top level, inside functions, under ``TYPE_CHECKING``), since a deferred import is still a
@@ -41,7 +41,8 @@ LAYERS = (
     ("faces", ("depsi.cli", "depsi.demo", "depsi")),
 )
 
-#: Third-party packages a layer must not import (DESIGN.md §2 "never knows about").
+#: Third-party packages a layer must not import (docs/design.md, "Layers", the column
+#: "never imports").
 FORBIDDEN_PACKAGES = {
     "conventions": {"xarray", "dask", "zarr", "scipy", "pandas", "distributed"},
     "kernels": {"xarray", "dask", "zarr", "pydantic", "distributed"},
@@ -209,7 +210,8 @@ def test_every_module_has_a_layer():
 
 def test_no_import_goes_up_a_layer():
     upward = upward_imports(import_graph(packages=True))
-    assert not upward, "imports against the layers of DESIGN.md §2:\n" + "\n".join(upward)
+    assert not upward, ('imports against the layers of docs/design.md, "Layers":\n'
+                        + "\n".join(upward))
 
 
 def test_no_modules_import_each_other():

@@ -1,9 +1,9 @@
 """Differential tests against the real peers: stmtools 0.1.4 and sarxarray 1.4.0.
 
 Each test calls the peer and depsi the same way on the same input and compares what comes
-back, including which bad inputs raise. Where depsi differs on purpose (the peers' known bugs,
-or a convention of DESIGN.md §3), the test says so in its name and docstring; docs/migration.md
-lists the same differences.
+back, including which bad inputs raise. Where depsi differs on purpose (the peers' known bugs, or a
+convention of docs/design.md, "Data model"), the test says so in its name and docstring;
+docs/migration.md lists the same differences.
 
 Both peers register accessors on ``xr.Dataset`` (``.stm``, ``.slcstack``) on import. The
 ``peers`` fixture imports them once, keeps their accessor classes, and puts depsi's back, so
@@ -181,8 +181,9 @@ def test_from_csv_without_keywords_equals_stmtools(peers, realdata):
 
 
 def test_from_csv_names_depsi_keeps_depsi_conventions(peers, realdata):
-    """``names="depsi"``: DESIGN.md §3 names (``displacement``, ``azimuth``, ``range``,
-    ``point_id``), float32 epochs, Morton order; the same values per point as stmtools."""
+    """``names="depsi"``: docs/design.md, "Data model" names (``displacement``, ``azimuth``,
+    ``range``, ``point_id``), float32 epochs, Morton order; the same values per point as
+    stmtools."""
     stmtools = peers[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

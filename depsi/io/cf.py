@@ -1,12 +1,11 @@
 """CF-style attributes (``units``, ``long_name``, ``standard_name``) for what depsi writes.
 
-:func:`with_cf_attributes` fills them in on a copy of a Dataset from one table, ``CF``,
-keyed by depsi's conventional names (DESIGN.md §3). Whatever depsi hands back goes through it:
-the readers' stacks, ``ps_selection``, every step of the PS chain, ``estimate_model``, and
-:func:`~depsi.io.store.save_stm` and the exports, so results in memory carry the units a
-saved store has (``result.velocity.plot()`` labels its axis in m year-1) and the two cannot
-diverge. The steps' algorithms never read attributes. Attributes a variable already has are
-kept.
+:func:`with_cf_attributes` fills them in on a copy of a Dataset from one table, ``CF``, keyed by
+depsi's conventional names (docs/design.md, "Data model"). Whatever depsi hands back goes through
+it: the readers' stacks, ``ps_selection``, every step of the PS chain, ``estimate_model``, and
+:func:`~depsi.io.store.save_stm` and the exports, so results in memory carry the units a saved store
+has (``result.velocity.plot()`` labels its axis in m year-1) and the two cannot diverge. The steps'
+algorithms never read attributes. Attributes a variable already has are kept.
 
 Sign convention (docs/concepts.md): ``phase = m2ph * (displacement + h2ph * height_error)``
 with ``m2ph = -4 pi / wavelength``; a positive line-of-sight displacement is a movement

@@ -3,7 +3,7 @@
 Columns ``pnt_*`` are per-point attributes; columns ``<prefix>_YYYYMMDD`` are per-epoch values,
 grouped by prefix into (space, time) variables. ``from_csv`` carries stmtools' name and by
 default returns what ``stmtools.from_csv`` returns; ``names="depsi"`` gives depsi's names
-(DESIGN.md §3) in Morton order of (azimuth, range).
+(docs/design.md, "Data model") in Morton order of (azimuth, range).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ UNITS = {"displacement": "m", "lat": "degrees_north", "lon": "degrees_east", "h2
 _EPOCH_COLUMN = re.compile(r"^(?P<prefix>.+)_(?P<date>\d+)$")
 
 #: The naming conventions of ``from_csv``: stmtools' (the default, as stmtools' own
-#: ``from_csv``) or depsi's (DESIGN.md §3).
+#: ``from_csv``) or depsi's (docs/design.md, "Data model").
 NAMES = ("stmtools", "depsi")
 
 #: stmtools 0.1.4's defaults (``stmtools._io.from_csv``), the defaults of ``from_csv``.
@@ -406,7 +406,7 @@ def from_csv(
         NumPy-backed result).
     names
         ``"stmtools"`` (default): stmtools' names, dtypes and file order, Dask-backed.
-        ``"depsi"``: DESIGN.md §3 names (``displacement``, ``amplitude``, ``h2ph``,
+        ``"depsi"``: docs/design.md, "Data model" names (``displacement``, ``amplitude``, ``h2ph``,
         ``point_id``, ``lat``, ``lon``, ``azimuth``, ``range``; other ``pnt_*`` columns lose
         the prefix), float32 per-epoch values (``EPOCH_DTYPE``), Morton order of (azimuth,
         range), unique positions required.

@@ -1,9 +1,9 @@
 """Background reading: load the next blocks on worker threads while the caller computes.
 
-:func:`prefetched` is the reusable piece (one or more worker threads, a bounded look-ahead,
-results in item order, errors re-raised in the consumer, the threads always joined);
-:func:`iter_blocks` uses it to walk a raster stack ``(azimuth, range, time)`` block by block, so
-reading block n+1 overlaps the compute on block n (DESIGN.md §5, "IO overlaps compute").
+:func:`prefetched` is the reusable piece (one or more worker threads, a bounded look-ahead, results
+in item order, errors re-raised in the consumer, the threads always joined); :func:`iter_blocks`
+uses it to walk a raster stack ``(azimuth, range, time)`` block by block, so reading block n+1
+overlaps the compute on block n (docs/design.md, "Hardware mapping").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Batched numerical kernels on NumPy or CuPy: pure array code, no xarray or Dask (DESIGN.md §4).
+"""Batched numerical kernels on NumPy or CuPy: pure array code, no xarray or Dask (docs/design.md,
+"Kernels").
 
 Every kernel takes the array namespace of its inputs (:func:`backend.array_namespace`), so the
 same call runs on host (NumPy) or device (CuPy) arrays and returns arrays on that device.

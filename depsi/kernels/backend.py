@@ -1,8 +1,8 @@
 """Where kernels run: the array namespace (NumPy or CuPy), the devices, and batch sizes.
 
-This is the one place that decides between NumPy and CuPy, which devices a computation uses,
-and how many items fit in a batch in the memory free at run time (DESIGN.md §2, §5). Kernels
-themselves never choose: they take the namespace of the arrays they are given
+This is the one place that decides between NumPy and CuPy, which devices a computation uses, and how
+many items fit in a batch in the memory free at run time (docs/design.md, "Layers" and "Hardware
+mapping"). Kernels themselves never choose: they take the namespace of the arrays they are given
 (:func:`array_namespace`), so one code path serves both.
 """
 
@@ -558,7 +558,7 @@ def resolve_devices(devices: Sequence[Device | str | int] | None = None) -> list
 
 def chunk_device(devices: Sequence[Device], chunk_index: int) -> Device:
     """The device of chunk ``chunk_index``: round-robin over ``devices``, the same assignment
-    for every step (DESIGN.md §5).
+    for every step (docs/design.md, "Hardware mapping").
 
     Examples
     --------

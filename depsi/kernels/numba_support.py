@@ -1,5 +1,5 @@
 """Numba for depsi's fused CPU kernels: the optional import, and a compilation cache that never
-breaks a read-only install (DESIGN.md §4).
+breaks a read-only install (docs/design.md, "Kernels").
 
 Numba's own cache locators write beside the package's sources when they can, and make the
 decoration fail when no locator can write at all. :func:`jit_cached` caches only in

@@ -6,8 +6,9 @@ ensemble coherence
     gamma_k(theta) = | mean_t exp(j (phase_kt - model_kt(theta))) |,
     model_kt = m2ph * (velocity * t + h2ph_kt * height_error + sum_e coef_e * g_et),
 
-with ``m2ph = -4 pi / wavelength`` (DESIGN.md §3). A constant phase per item (the argument of
-the mean above, returned as ``offset``) is implied, since the coherence ignores it.
+with ``m2ph = -4 pi / wavelength`` (docs/design.md, "Conventions: signs and units"). A constant
+phase per item (the argument of the mean above, returned as ``offset``) is implied, since the
+coherence ignores it.
 
 The search has two stages, both vectorised over items:
 

@@ -1,5 +1,6 @@
 """The periodogram's fused CPU kernel (Numba): the grid search and the refinement of each item in
-compiled passes, beside the array-namespace kernel that stays the reference (DESIGN.md §4).
+compiled passes, beside the array-namespace kernel that stays the reference (docs/design.md,
+"Kernels").
 
 :func:`depsi.kernels.periodogram.periodogram` runs it for NumPy inputs with a height term when
 Numba can be imported (``fused``, :data:`~depsi.kernels.periodogram.USE_FUSED`). It computes

@@ -1,11 +1,12 @@
 """Temporal models of a point's displacement: design matrices (time baselines come from
 :func:`depsi.conventions.years_since`).
 
-Columns are in metres of displacement per unit of each coefficient, so the coefficients come
-out in SI units (m, m/yr) and one design serves every displacement-type observation. Under the
-phase model of DESIGN.md §3, ``phase = m2ph * (displacement + h2ph * height_error)``, the height
-error enters like a displacement of ``h2ph * height_error`` metres: its column is ``h2ph``.
-Pass ``wavelength`` to get the same design in radians (every column times ``m2ph``).
+Columns are in metres of displacement per unit of each coefficient, so the coefficients come out in
+SI units (m, m/yr) and one design serves every displacement-type observation. Under the phase model
+of docs/design.md, "Conventions: signs and units", ``phase = m2ph * (displacement + h2ph *
+height_error)``, the height error enters like a displacement of ``h2ph * height_error`` metres: its
+column is ``h2ph``. Pass ``wavelength`` to get the same design in radians (every column times
+``m2ph``).
 """
 
 from __future__ import annotations

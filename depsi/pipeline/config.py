@@ -1,8 +1,9 @@
 """The pipeline configuration: one pydantic model that is the single source of truth for the
 YAML file, the CLI and the defaults of every step.
 
-Every section forbids unknown keys, so a misspelt key fails before any work is done, naming the
-key and the file. Units follow DESIGN.md §3 (SI: metres, years, radians).
+Every section forbids unknown keys, so a misspelt key fails before any work is done, naming the key
+and the file. Units follow docs/design.md, "Conventions: signs and units" (SI: metres, years,
+radians).
 
 Examples
 --------

@@ -1,8 +1,9 @@
 """Arc estimation: height-error and velocity differences per arc by the periodogram.
 
-``estimate_arcs`` runs the ensemble-coherence search of :mod:`depsi.kernels.periodogram` on
-every arc of an arc STM, chunk by chunk and lazily (``xr.apply_ufunc`` over arc chunks), and
-adds ``height_error``, ``velocity``, ``temporal_coherence`` and ``ambiguity`` (DESIGN.md §1).
+``estimate_arcs`` runs the ensemble-coherence search of :mod:`depsi.kernels.periodogram` on every
+arc of an arc STM, chunk by chunk and lazily (``xr.apply_ufunc`` over arc chunks), and adds
+``height_error``, ``velocity``, ``temporal_coherence`` and ``ambiguity`` (docs/design.md,
+"Architecture").
 """
 
 from __future__ import annotations

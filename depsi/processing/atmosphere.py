@@ -5,7 +5,7 @@ phase (unwrapped phase minus the velocity / height-error model), removes unmodel
 with a temporal low-pass, and estimates the screen per epoch in space: ordinary kriging with a
 fitted exponential variogram (one Cholesky factorisation shared by all epochs) for small sets,
 Gaussian-weighted KD-tree neighbours for large ones. ``interpolate_aps`` carries the screen to
-any point set (DESIGN.md §1).
+any point set (docs/design.md, "Architecture").
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ LOS_NORM_TOLERANCE = 1e-3
 #: The per-point variables every input must have, each along ``space`` only.
 REQUIRED_VARIABLES = ("lat", "lon", "velocity", "los_east", "los_north", "los_up")
 
-#: ``velocity`` units taken as metres per year (DESIGN.md §3 writes ``m/yr``).
+#: ``velocity`` units taken as metres per year (docs/design.md, "Conventions: signs and units"
+#: writes ``m/yr``).
 VELOCITY_UNITS = ("m/yr", "m/year", "m year-1", "m yr-1", "m a-1", "m/a")
 
 METHODS = ("pairs", "grid")

@@ -6,10 +6,9 @@ velocities and heights, each neighbour brought to the nearest one's cycles): one
 periodogram per candidate, all of a space chunk in one batched call; candidates whose temporal
 coherence is below a threshold are rejected. To first order this is the mean of the ``k``
 arcs' estimates at a third of their cost (k = 3), and a datum shifted by constants moves every
-candidate by the same. Lazy, one task per space chunk, and embarrassingly
-parallel (DESIGN.md §1): each task gets its chunk's neighbours among the first-order points
-(found in the client on the whole network), not the whole network, so its memory follows the
-chunk size.
+candidate by the same. Lazy, one task per space chunk, and embarrassingly parallel (docs/design.md,
+"Architecture"): each task gets its chunk's neighbours among the first-order points (found in the
+client on the whole network), not the whole network, so its memory follows the chunk size.
 """
 
 from __future__ import annotations

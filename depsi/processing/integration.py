@@ -6,7 +6,7 @@ epoch) into per-point values relative to a reference point by sparse weighted le
 the network (:mod:`depsi.processing.network_solver`: one factorisation of ``A^T W A`` serves
 every right-hand side). Arcs failing a w-test are removed, weakly connected points and all but
 the largest connected component are dropped (:mod:`depsi.processing.arc_testing`), and the
-result says what was removed and why (DESIGN.md §1); its datum is
+result says what was removed and why (docs/design.md, "Architecture"); its datum is
 :mod:`depsi.processing.datum`'s.
 """
 

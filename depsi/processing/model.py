@@ -3,7 +3,7 @@
 ``estimate_model`` fits a linear displacement model to every point of a point STM by batched
 weighted least squares (:func:`depsi.kernels.lstsq.lstsq_batched`), space chunk by space chunk,
 lazily. Each chunk goes to one device (round-robin over the configured devices by block
-index), is moved there once and back once (DESIGN.md §5).
+index), is moved there once and back once (docs/design.md, "Hardware mapping").
 """
 
 from __future__ import annotations

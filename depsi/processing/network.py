@@ -2,7 +2,8 @@
 
 ``form_network`` connects the points of a point STM by Delaunay triangulation or by a redundant
 k-nearest-neighbour scheme spread over angular sectors, and returns an arc STM ``(arc, time)``
-(DESIGN.md §1, §3). Everything is vectorised over points and arcs (KD-tree, array sorts).
+(docs/design.md, "Architecture" and "Data model"). Everything is vectorised over points and arcs
+(KD-tree, array sorts).
 """
 
 from __future__ import annotations

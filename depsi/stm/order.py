@@ -1,7 +1,7 @@
 """Spatial order of points: Morton (Z-order) keys of (azimuth, range).
 
 Storing space in Morton order makes every space chunk a compact patch of the scene, so neighbour
-searches and spatial filters touch few chunks (DESIGN.md §3).
+searches and spatial filters touch few chunks (docs/design.md, "Data model").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Conventions of the space-time matrix (STM) and their validation.
 
-Every STM in depsi follows DESIGN.md §3; ``validate`` checks a Dataset against those
+Every STM in depsi follows docs/design.md, "Data model"; ``validate`` checks a Dataset against those
 conventions and raises :class:`STMValidationError` naming what is wrong before any work starts.
 """
 
@@ -178,7 +178,7 @@ def validate(
     require_wavelength: bool | None = False,
     unique_positions: bool = False,
 ) -> xr.Dataset:
-    """Check that ``ds`` follows the STM conventions of DESIGN.md §3.
+    """Check that ``ds`` follows the STM conventions of docs/design.md, "Data model".
 
     Parameters
     ----------
@@ -231,7 +231,7 @@ def years_since_mother(ds: xr.Dataset) -> np.ndarray:
     """Time baselines of ``ds`` in years of 365.25 days from its mother epoch.
 
     The origin is ``attrs["mother_time"]`` (single-mother products), else the first epoch: the
-    one origin of the chain's time baselines (DESIGN.md §3), through
+    one origin of the chain's time baselines (docs/design.md, "Data model"), through
     :func:`depsi.conventions.years_since`.
 
     Returns

@@ -321,13 +321,10 @@ def _shutdown_pool(pool: ProcessPoolExecutor) -> None:
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 4 * 2**20, "MALLOC_MMAP_THRESHOLD_": 4 * 2**20}
 
 
-#: The workers' memory fractions where managed data goes to disk (distributed's defaults:
-#: 0.6 and 0.7). A task's own arrays are not managed data: at 10^7 points the model step's
-#: merge and fit, with the result's series held on the workers, took 1 GB workers past 95 %
-#: of their limit (the nanny restarted one and the result was lost) where the data they held
-#: stayed in memory up to 60 %; spilled from 40 %, a 1 GB worker's peak in that step fell
-#: from 0.82 to 0.74 GiB at 3x10^6 points (docs/benchmarks.md, "twenty-fifth session").
-#: Pausing (0.8) and terminating (0.95) stay distributed's.
+#: The workers' memory fractions where managed data goes to disk (distributed's defaults: 0.6 and
+#: 0.7): a task's own arrays come on top of the data a worker holds, and at 10^7 points the model
+#: step's took 1 GB workers past 95 % (docs/benchmarks.md, "Dask graphs and the workers"). Pausing
+#: (0.8) and terminating (0.95) stay distributed's.
 WORKER_MEMORY = {"distributed.worker.memory.target": 0.4,
                  "distributed.worker.memory.spill": 0.5}
 

@@ -166,7 +166,7 @@ def test_the_screen_holds_a_few_copies_of_the_series_not_ten(monkeypatch):
     """The residual, its low-pass and the screen are made a block of points at a time: the
     step's peak beside its input is about three float64 copies of the series (0.7 GB each at
     10^7 points' first-order network), not the nine before (docs/benchmarks.md,
-    "twenty-second session"); the screen is that of one block of all the points."""
+    "Per-point work in blocks"); the screen is that of one block of all the points."""
     import tracemalloc
 
     import depsi.processing.atmosphere as atmosphere

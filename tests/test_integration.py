@@ -819,7 +819,7 @@ def test_reference_noise_holds_no_float64_copy_of_the_series(monkeypatch):
     """remove_reference_noise reads the neighbours' and the reference's rows in float64 and
     the rest a block at a time: beside its input it holds its output's three series (float32
     and int32) and blocks, not five float64 copies of the series (3.5 GB at 10^7 points, the
-    atmosphere step's peak there: docs/benchmarks.md, "twenty-third session")."""
+    atmosphere step's peak there: docs/benchmarks.md, "Per-point work in blocks")."""
     import tracemalloc
 
     from depsi.processing import datum

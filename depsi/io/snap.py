@@ -42,7 +42,7 @@ _SNAP_BAND = re.compile(r"^(?P<kind>i|q|h2ph)_(?:(?P<swath>[A-Z]{2}\d)_)?(?P<pol
 _SNAP_DATE = re.compile(r"(\d{2})([A-Za-z]{3})(\d{4})")
 #: Where pixel (azimuth, range) lies in the coordinates of a znap product's tie-point grids:
 #: rows at the line index itself, columns at the pixel's centre (as measured on the real pair:
-#: docs/benchmarks.md).
+#: docs/benchmarks.md, "Geometry from orbits").
 SNAP_TIE_POINT_CENTRE = (0.0, 0.5)
 #: SNAP writes UTC times as [days, seconds, microseconds] since 2000-01-01.
 _MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
@@ -182,7 +182,7 @@ def _snap_line_time(abstracted: dict, fields: dict[str, Any], what: str) -> np.d
     From the burst whose lines hold the subset's first line (``BurstBoundary``:
     ``FirstLineTime`` + (``subset_offset_y`` - ``FirstLineDeburst``) x ``line_time_interval``)
     where the product records its bursts, else ``first_line_time``, which can lie a line or so
-    later (figures of the real pair: docs/benchmarks.md).
+    later (figures of the real pair: docs/benchmarks.md, "Geometry from orbits").
     """
     stated = _snap_time(fields.get("first_line_time"), f"{what}/first_line_time")
     children = {e.get("name"): e for e in abstracted.get("elements", [])}

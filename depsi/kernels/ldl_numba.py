@@ -5,7 +5,7 @@ compiled pass (Numba), where QDLDL's binding solves one right-hand side per call
 ``qdldl.Solver.factors()`` returns it. The same operations in the same order as QDLDL's
 ``solve`` (the forward and backward sweeps, the multiplication by ``1 / D``), so each column
 is QDLDL's result to the bit; the sweeps visit each factor entry once for all columns instead
-of once per column. Figures: ``docs/benchmarks.md`` ("Fused periodogram", the tiles' solves).
+of once per column. Figures: ``docs/benchmarks.md`` ("The integration tiles' solves").
 """
 
 from __future__ import annotations

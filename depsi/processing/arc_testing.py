@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 #: solved once as a whole: the factorisations stay small and the cost grows linearly. The
 #: whole network's w-statistics, with the tiles' redundancy numbers, are then reported, not
 #: iterated on: more whole-network iterations remove fewer arcs than alpha's false alarms
-#: (docs/benchmarks.md, "Integration, 123.5 s to 53.1 s at 10^6").
+#: (docs/benchmarks.md, "The network solver's choices").
 TILE_POINTS = 8000
 #: Margin of each tile's sub-network, in median arc lengths: arcs near a tile's edge are
 #: tested with loops on both sides.
@@ -78,11 +78,11 @@ def _independent_worst(candidates, w_stat, source, target, n):
     """Arcs to remove in one iteration: the worst failing arc, and every other failing arc,
     worst first, that shares no point with an arc already chosen.
 
-    An arc's error enters the misclosures of the arcs at its two points; those arcs wait for
-    the next iteration. Blocking one ring more (every arc of the points' neighbours) removed
-    the same arcs in three times as many iterations (docs/benchmarks.md, "Integration, 123.5 s
-    to 53.1 s at 10^6"): the failing arcs of a real network are mostly wrong themselves, not
-    the neighbours of a wrong one."""
+    An arc's error enters the misclosures of the arcs at its two points; those arcs wait for the
+    next iteration. Blocking one ring more (every arc of the points' neighbours) removed the same
+    arcs in three times as many iterations (docs/benchmarks.md, "The network solver's choices"): the
+    failing arcs of a real network are mostly wrong themselves, not the neighbours of a wrong
+    one."""
     order = candidates[np.argsort(-w_stat[candidates], kind="stable")]
     blocked = np.zeros(n, dtype=bool)
     chosen = []
@@ -97,9 +97,8 @@ def _independent_worst(candidates, w_stat, source, target, n):
 
 #: Arcs per block of :func:`_largest_misclosure`: its buffers (8 MiB at 62 columns) stay below
 #: the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so every call of every tile's
-#: w-test reuses the same heap pages. At ARC_BLOCK each block's four 16-32 MiB temporaries were
-#: mapped and faulted in anew: a third of integration's page faults at 10^6 points, 5.6 M in
-#: all (docs/benchmarks.md, "twenty-seventh session").
+#: w-test reuses the same heap pages instead of faulting in ARC_BLOCK-sized temporaries anew
+#: (docs/benchmarks.md, "The network solver's choices").
 MISCLOSURE_BLOCK = 8192
 
 
@@ -491,7 +490,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     low = positions.min(axis=0)
     tile_of_arc, margin = _arc_tiles(positions, source, target, arc_ok, low, cell)
     # the tiles holding arcs, in row order (by their keys: np.unique over rows is slow at
-    # millions of arcs, docs/benchmarks.md "The w-test updates its factorisation")
+    # millions of arcs, docs/benchmarks.md, "The network solver's choices")
     used = tile_of_arc[arc_ok]
     tiles = used[np.unique(cell_keys(used), return_index=True)[1]]
     waves = _tile_waves(tiles, cell, margin)
@@ -561,8 +560,8 @@ def _test_network(source, target, arc_ok, arc_reason, weights, rhs, n, reference
             source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence, sd,
             critical, max_iterations)
         # the tiles' temporaries (on threads: freed around live arrays, in each thread's
-        # heap) back to the system before the whole network is factorised: 0.2 GB of the
-        # driver's peak at 10^6 points (docs/benchmarks.md, "seventeenth session")
+        # heap) back to the system before the whole network is factorised (docs/benchmarks.md,
+        # "The network solver's choices")
         release_memory()
         _spill_right_hand_sides(rhs)
         arc_ok, point_reason, values, ref, w_stat, _, iterations, _ = _test_arcs(

@@ -370,8 +370,8 @@ def _high_passed_residual(ds: xr.Dataset, years: np.ndarray, window: float,
     terms), less its temporal low-pass (:func:`lowpass`) and its value at the mother epoch:
     float64 ``(space, time)``, with the points whose phases and model are finite. Made in
     blocks of :data:`~depsi.processing.datum.POINT_BLOCK` points, each on a thread: the float64
-    phases, h2ph, model and residual (each 0.7 GB at 1.5 M points and 60 epochs) follow the
-    block, not the points (docs/benchmarks.md, "twenty-second session")."""
+    phases, h2ph, model and residual follow the block, not the points (docs/benchmarks.md,
+    "Per-point work in blocks")."""
     n, n_epochs = ds.sizes["space"], ds.sizes["time"]
     m2ph = phase_per_metre(ds.attrs["wavelength"])
     unwrapped_all = ds["unwrapped_phase"].transpose("space", "time").values

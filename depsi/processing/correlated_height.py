@@ -60,8 +60,7 @@ NEIGHBOURS = (48, 128)
 VARIOGRAM_POINTS = 3000
 #: Partners of each sampled centre above :data:`VARIOGRAM_POINTS` points: the point nearest to
 #: the centre moved by a random lag, so the pairs at short lags do not thin out as the scene
-#: grows (a fixed sample of 3,000 points over a 183 km scene held about one pair within the
-#: screen's range in ten; docs/benchmarks.md, "twenty-first session").
+#: grows (docs/benchmarks.md, "The correlated height's samples and batches").
 VARIOGRAM_PARTNERS = 16
 #: Centres of the screen's variogram sample above :data:`VARIOGRAM_POINTS` points, each with
 #: its own partners at log-spaced random lags (the rows read stay at VARIOGRAM_POINTS).
@@ -86,12 +85,11 @@ TARGETS_PER_CELL = 32
 #: Points per block of the per-point passes (leak gains, the moved phase): bounds their
 #: (points, epochs) float64 temporaries whatever the number of points.
 BLOCK = 65536
-#: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound):
-#: a batch's largest temporaries, its ``(cells, k, k)`` float64 covariances and their factors,
-#: stay below half the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so the batches
-#: reuse the same heap pages. At 4,000,000 they were mapped and faulted in anew for every batch:
-#: at 10^6 points 2 M page faults and 1 s more of the kriging (docs/benchmarks.md,
-#: "twenty-seventh session").
+#: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound): a
+#: batch's largest temporaries, its ``(cells, k, k)`` float64 covariances and their factors, stay
+#: below half the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so the batches reuse the
+#: same heap pages instead of being faulted in anew (docs/benchmarks.md, "The correlated height's
+#: samples and batches").
 _BATCH_ELEMENTS = MMAP_THRESHOLD // 16
 #: Kriging batches submitted at once per worker thread of a cluster (the rest wait in the
 #: driver as start indices).

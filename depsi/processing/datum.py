@@ -57,11 +57,10 @@ def _point_results(points, values, point_ok, point_reason, ref, years,
                    reference_phase=None) -> xr.Dataset:
     """Point Dataset of the integrated values, with ambiguities, displacement, coherence.
 
-    ``reference_phase`` (time,) is the datum the wrapped phases are taken relative to; by
-    default the reference point's own phase. Computed over blocks of :data:`POINT_BLOCK`
-    points into the result's float32/int32 arrays: the float64 temporaries (ten of the size of
-    the series) follow the block, not the points (docs/benchmarks.md, "The point results in
-    blocks")."""
+    ``reference_phase`` (time,) is the datum the wrapped phases are taken relative to; by default
+    the reference point's own phase. Computed over blocks of :data:`POINT_BLOCK` points into the
+    result's float32/int32 arrays: the float64 temporaries (ten of the size of the series) follow
+    the block, not the points (docs/benchmarks.md, "Per-point work in blocks")."""
     wavelength = float(points.attrs["wavelength"])
     m2ph = phase_per_metre(wavelength)
     n, n_epochs = points.sizes["space"], points.sizes["time"]

@@ -142,10 +142,9 @@ class ArcRightHandSides:
     array before to the bit: ``float32(2 pi ambiguity) + wrap(phase[target] - phase[source])``,
     the arc phase of :func:`~depsi.processing.network.arcs_from_edges`.
 
-    At 60 epochs an arc takes 68 bytes here against 248 as an array: at 10^7 points (14 M
-    arcs) 0.98 GB against 3.57 GB in the driver (docs/benchmarks.md, "twenty-second
-    session"). Where an arc's phase is not the difference of its points' phases (arcs made
-    elsewhere), :meth:`fill` stores every row as an array from then on: the values are
+    At 60 epochs an arc takes 68 bytes here against 248 as an array (docs/benchmarks.md, "The arcs'
+    observations in the driver"). Where an arc's phase is not the difference of its points' phases
+    (arcs made elsewhere), :meth:`fill` stores every row as an array from then on: the values are
     always the arcs' own.
     """
 
@@ -191,7 +190,7 @@ class ArcRightHandSides:
         values to the bit; :meth:`fill` is then refused. The whole network's solve after its
         tiles reads every row twice, in order (the normal equations' right-hand sides, the
         misclosures): the driver need not hold them through the factorisation and the point
-        results (0.98 GB at 10^7 points; docs/benchmarks.md, "twenty-fifth session").
+        results (docs/benchmarks.md, "The arcs' observations in the driver").
         Returns False (the values kept in memory, a warning logged) where the file cannot be
         written."""
         if self._file is not None:
@@ -429,8 +428,8 @@ def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
                                       points["phase"].transpose("space", "time").values)
     arcs = arcs[["phase", "velocity", "height_error", "temporal_coherence", "ambiguity",
                  "h2ph"]]
-    # a lazy arc STM (a stored one: `depsi run` reads its arcs step's product) is read a few
-    # of its chunks at a time, never whole (docs/benchmarks.md, "`depsi run` never holds...")
+    # a lazy arc STM (a stored one: `depsi run` reads its arcs step's product) is read a few of its
+    # chunks at a time, never whole (docs/benchmarks.md, "The arcs' observations in the driver")
     for start, stop in _read_batches(arcs["phase"].chunks, arcs.sizes["arc"]):
         fill_observations(observations, start, arcs.isel(arc=slice(start, stop)).compute())
     return observations

@@ -44,10 +44,9 @@ SOLVE_COLUMNS = 16
 SOLVE_ROWS = 65536
 
 #: Normal matrices up to this many unknowns go to QDLDL (:class:`_LDL`), larger ones to CHOLMOD
-#: (:class:`_Cholesky`): at a w-test tile's size QDLDL factorises faster and releases the GIL,
-#: so the tiles factorise on every core; CHOLMOD (simplicial, as cholespy sets it, NESDIS
-#: ordering) is the faster for the whole network (docs/benchmarks.md, "The w-test's tiles
-#: factorise on both cores").
+#: (:class:`_Cholesky`): at a w-test tile's size QDLDL factorises faster and releases the GIL, so
+#: the tiles factorise on every core; CHOLMOD (simplicial, as cholespy sets it, NESDIS ordering) is
+#: the faster for the whole network (docs/benchmarks.md, "The network solver's choices").
 LDL_MAX_UNKNOWNS = 50_000
 
 
@@ -135,8 +134,8 @@ class _NetworkSolve:
             self.lu = None
             self._x0 = self.x = None
         elif compiled:
-            # each arc's float32 row read once, in the sparse product's order: its result to
-            # the bit, without the float64 copies (docs/benchmarks.md)
+            # each arc's float32 row read once, in the sparse product's order: its result to the
+            # bit, without the float64 copies (docs/benchmarks.md, "The network solver's choices")
             from depsi.kernels import normal_rhs_numba
 
             normal_rhs = normal_rhs_numba.normal_rhs(col[source], col[target], weights,
@@ -265,15 +264,14 @@ def _normal_rhs_in_place(unknown, source, target, weights, kept, rhs, AtW, compi
 
 
 def _solved_in_place(lu, values, unknown, point_ok, reference) -> np.ndarray:
-    """The whole network's solution as :meth:`_NetworkSolve.values` gives it, ``(n, nrhs)``,
-    made in ``values`` (:func:`_normal_rhs_in_place`'s ``A^T W y``): solved through ``lu``
-    :data:`SOLVE_COLUMNS` columns at a time, each group's solution written back over its
-    right-hand sides. The same numbers to the bit as the unknowns' array and its copy, without
-    the second ``(points, nrhs)`` float64 array beside the first (0.73 GB at 10^7 points;
-    docs/benchmarks.md, "twenty-fifth session"). The values are copied to and from each
-    group's right-hand sides :data:`SOLVE_ROWS` rows at a time, their pages let go after each
-    (where ``values`` is pageable): beside the factor only those rows are resident
-    (docs/benchmarks.md, "twenty-sixth session")."""
+    """The whole network's solution as :meth:`_NetworkSolve.values` gives it, ``(n, nrhs)``, made in
+    ``values`` (:func:`_normal_rhs_in_place`'s ``A^T W y``): solved through ``lu``
+    :data:`SOLVE_COLUMNS` columns at a time, each group's solution written back over its right-hand
+    sides. The same numbers to the bit as the unknowns' array and its copy, without the second
+    ``(points, nrhs)`` float64 array beside the first. The values are copied to and from each
+    group's right-hand sides :data:`SOLVE_ROWS` rows at a time, their pages let go after each (where
+    ``values`` is pageable): beside the factor only those rows are resident (docs/benchmarks.md,
+    "The network solver's choices" and "The driver's allocator, pages and temporary files")."""
     n_rhs = values.shape[1]
     rows = np.flatnonzero(unknown)
     for first in range(0, n_rhs, SOLVE_COLUMNS):
@@ -307,10 +305,10 @@ class _Updated:
 
 
 class _Cholesky:
-    """A sparse symmetric positive definite matrix factorised once (CHOLMOD's Cholesky
-    through cholespy, which asks for the simplicial one: its multi-right-hand-side solves are
-    much faster than SuperLU's on the whole network: docs/benchmarks.md, "Why the whole
-    network goes to CHOLMOD"); ``solve(b)`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
+    """A sparse symmetric positive definite matrix factorised once (CHOLMOD's Cholesky through
+    cholespy, which asks for the simplicial one: its multi-right-hand-side solves are much faster
+    than SuperLU's on the whole network: docs/benchmarks.md, "The network solver's choices");
+    ``solve(b)`` for ``b`` of shape ``(n,)`` or ``(n, k)``."""
 
     def __init__(self, matrix: sp.spmatrix):
         import cholespy
@@ -331,8 +329,7 @@ class _Cholesky:
         (one to four) by its own loop and rounding, and a group of a multiple of four
         columns keeps every column in the block of four it had in one solve of them all, so
         the result is that solve's to the bit. The solver's workspace and the copies follow
-        the group, not ``k`` (at 10^7 points each ``(unknowns, 62)`` array is 0.73 GB;
-        docs/benchmarks.md, "twenty-second session")."""
+        the group, not ``k`` (docs/benchmarks.md, "The network solver's choices")."""
         if b.ndim == 1:
             b_in = np.ascontiguousarray(b, dtype=np.float64)
             x = np.zeros_like(b_in)
@@ -347,7 +344,7 @@ class _Cholesky:
                 x[:, group] = x_group
         if release and b.ndim == 2 and b.shape[1] > 1:
             # cholespy 2.2 never frees the last solve's (n, k) workspace (docs/benchmarks.md,
-            # "Peak RSS, 7.15 GB to 3.61 GB"): a one-column solve shrinks it to (n, 1)
+            # "The network solver's choices"): a one-column solve shrinks it to (n, 1)
             self._solver.solve(np.zeros(self.n), np.zeros(self.n))
         return x
 
@@ -373,7 +370,7 @@ class _LDL:
             from depsi.kernels import ldl_numba
 
             # every column in one compiled pass over the factors, QDLDL's result to the bit
-            # (3x faster at 64 columns; docs/benchmarks.md)
+            # (docs/benchmarks.md, "The integration tiles' solves")
             if self._factors is None:
                 self._factors = ldl_numba.LDLFactors(self._solver)
             return self._factors.solve(b)

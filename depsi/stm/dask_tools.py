@@ -48,7 +48,7 @@ def computed_in_place(ds: xr.Dataset, *, in_process: bool = False
     ``in_process=True`` computes on this process's threads whatever the current scheduler: for
     a graph whose inputs are this process's own arrays (views made by :func:`chunked_view`),
     which a distributed scheduler would otherwise copy whole into the graph it ships (see
-    docs/benchmarks.md, "Dask and memory helpers").
+    docs/benchmarks.md, "Dask graphs and the workers").
 
     Examples
     --------
@@ -77,7 +77,7 @@ def gathered_by_chunk(ds: xr.Dataset, client) -> xr.Dataset:
     each written into its place in one preallocated array a variable. ``ds.compute()`` on a
     distributed scheduler ends in a task that concatenates every chunk on one worker: at 10^7
     points the first-order points' phases and h2ph (0.7 GB) in a worker of 1 GB, which its
-    nanny restarted (docs/benchmarks.md, "twenty-second session"). Large variables are
+    nanny restarted. Large variables are
     :func:`pageable` (the first-order points' phases and h2ph: a step whose peak does not read
     them lets their pages go, :func:`page_out`)."""
     from distributed import as_completed
@@ -261,12 +261,8 @@ def bound_allocator() -> bool:
     is freed, glibc serves arrays up to 32 MB from heaps that stay resident). True when set;
     False in a Dask worker (distributed tunes its own workers), where the user set glibc's
     tuning (``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES``), or where the
-    C library has no ``mallopt``.
-
-    Measured on the chain's driver (docs/benchmarks.md, "twenty-fourth session"): at 3x10^6
-    points on a LocalCluster its peak fell from 2.60 to 2.11 GB (atmosphere) and 2.62 to 1.61
-    GB (densification); at 10^6 on threads the time did not change (a 64 KiB threshold, 1.5x
-    the time, was not taken).
+    C library has no ``mallopt``. Measured on the chain's driver: docs/benchmarks.md,
+    "The driver's allocator, pages and temporary files".
     """
     if _this_worker() is not None or any(name in os.environ for name in _USER_TUNING):
         return False
@@ -291,13 +287,11 @@ def no_hugepage_advice() -> bool:
     False where the user set :data:`HUGEPAGE_VARIABLE` (their choice stands) or this NumPy has
     no such switch.
 
-    With the kernel's ``transparent_hugepage`` at ``madvise`` (Debian's and many clusters'
-    default), every advised array is faulted in 2 MiB at a time from free blocks of that size,
-    compacted or, on a virtual machine that reports free pages to its host, backed anew by the
-    host. The chain's steps free and allocate block-sized arrays of 16-64 MiB all the time: on
-    this project's 2-core VM a fresh 512 MiB array took 1.8-4.2 s to touch advised against
-    0.2-0.35 s not, and the chain at 10^6 points took 94-107 s advised against 77-80 s
-    (docs/benchmarks.md, "twenty-seventh session"). Arrays allocated before the call keep the
+    With the kernel's ``transparent_hugepage`` at ``madvise`` (Debian's and many clusters' default),
+    every advised array is faulted in 2 MiB at a time from free blocks of that size, compacted or,
+    on a virtual machine that reports free pages to its host, backed anew by the host. The chain's
+    steps free and allocate block-sized arrays of 16-64 MiB all the time (docs/benchmarks.md, "The
+    driver's allocator, pages and temporary files"). Arrays allocated before the call keep the
     advice they had. Dask workers are processes of their own: :mod:`depsi.cluster` starts a
     LocalCluster's with the variable set to ``0``.
     """
@@ -680,8 +674,8 @@ def fused_kernels() -> bool | None:
 def workers_client():
     """The ``distributed.Client`` the current Dask scheduler submits to, or None (threads,
     synchronous, a process pool): where a step's product can stay on the workers, chunk by
-    chunk, instead of coming whole into this process (issue 34, "a driver that does not
-    grow").
+    chunk, instead of coming whole into this process (docs/hpc.md, "The driver: what stays in
+    the client process").
 
     Examples
     --------

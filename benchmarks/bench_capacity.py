@@ -1,6 +1,6 @@
-"""The capacity table's measured rows (issue 34, item 4: past one machine, on paper and in
-simulation): per chain step, CPU-seconds per point, bytes per point in the driver and in the
-busiest worker, and the bytes that leave the workers, on a ``distributed.LocalCluster``.
+"""The capacity table's measured rows (what a run needs past one machine): per chain step,
+CPU-seconds per point, bytes per point in the driver and in the busiest worker, and the bytes that
+leave the workers, on a ``distributed.LocalCluster``.
 
 For each size, a child process opens ``bench_scale.py``'s scene (``_scale_scene.py``, cached in
 ``--cache``, generated when missing) and runs the chain's steps as

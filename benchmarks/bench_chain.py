@@ -1,4 +1,4 @@
-"""Benchmark of the PS chain (issue 5): one run prints every figure the issue asks for.
+"""Benchmark of the PS chain: one run prints every figure below.
 
 1. Arc estimation: arcs per second of ``estimate_arcs`` (periodogram, 60 epochs).
 2. Spatial integration: ``integrate_network`` time for 10^3, 10^4, 10^5 points (Delaunay,

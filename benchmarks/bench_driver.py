@@ -1,5 +1,5 @@
-"""The driver's memory per chain step on a LocalCluster (issue 34, item 3: a driver that does
-not grow with the number of points).
+"""The driver's memory per chain step on a LocalCluster: what the client process holds as the
+number of points grows.
 
 For each size, a child process opens ``bench_scale.py``'s scene (``_scale_scene.py``, cached in
 ``--cache``; generated when missing) and runs the chain's steps of

@@ -137,7 +137,7 @@ def cases(scale: float) -> list[dict]:
          lambda a: design_matrix(a["time_years"], h2ph=a["h2ph"],
                                  terms=("offset", "velocity", "height_error", "seasonal")))
 
-    # distributed scatterers (issue 31): coherence matrices from looks, then phase linking
+    # distributed scatterers: coherence matrices from looks, then phase linking
     # (new names: the cases above bind K and T late, in their lambdas)
     n_pixels, n_looks, n_epochs = _n(20_000, scale), 50, 30
     looks = (rng.standard_normal((n_pixels, n_looks, n_epochs))

@@ -1,4 +1,4 @@
-"""Growth of the chain's steps with the number of points, on any layout (issue 34, item 1).
+"""Growth of the chain's steps with the number of points, on any layout.
 
 A user measured densification quadratic in the number of chunks on points stored in raster order
 (10^5 -> 10^6 PS: 2.2 s -> 256 s): every batch of chunks materialised the whole graph. This

@@ -1,4 +1,4 @@
-"""Side by side with the peer (issue 10, item 4): TU Delft DePSI 0.1.2's core chain and ours on
+"""Side by side with the peer: TU Delft DePSI 0.1.2's core chain and ours on
 the same simulated scene, accuracy against the truth and wall time of both, in one run.
 
 The peer's PyPI name is also ``depsi``, so it must never be installed in our environment: this
@@ -17,7 +17,7 @@ subprocess with that venv's python and without our ``PYTHONPATH`` (``_peer_drive
 3. Ours: ``ps_selection(stack, method="nad", threshold=0.25)`` + ``run_ps_chain`` (defaults).
 4. Figures: velocity RMSE (mm/yr) and height RMSE (m) after removing the median difference (the
    datum), with the noise and no-correction floors of ``scenes.oracle_floors`` on the same
-   points. Ours: on true PS with temporal coherence >= 0.8 (``scenes.score``, as issue 10).
+   points. Ours: on true PS with temporal coherence >= 0.8 (``scenes.score``).
    Peer: on every point it reports that is a true PS (it has no per-point coherence; the points
    passed its network testing). Times: from opening the store to the estimates in memory, wall
    and CPU (process time, all threads: steadier on a shared machine); ratios are peer / ours.

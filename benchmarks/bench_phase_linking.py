@@ -1,4 +1,4 @@
-"""Side by side with the peer (issue 31, item 5): dolphin 0.42.9's SHP selection and phase
+"""Side by side with the peer: dolphin 0.42.9's SHP selection and phase
 linking and ours on the same simulated DS stack, phase RMSE against the truth and the
 Cramér-Rao bound, and wall time, in one run.
 

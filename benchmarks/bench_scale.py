@@ -1,4 +1,4 @@
-"""Scale benchmark of the PS chain (issue 14, item 4): 10^5, 10^6 and 10^7 persistent scatterers.
+"""Scale benchmark of the PS chain: 10^5, 10^6 and 10^7 persistent scatterers.
 
 For each size:
 

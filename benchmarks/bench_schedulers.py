@@ -2,7 +2,7 @@
 
 Runs ``run_pipeline`` (stack, selection, chain, export) on one simulated config per scheduler,
 each in its own workspace, and prints the time per step and the ratio to the threads run
-measured in the same session. SLURM is used when ``sbatch`` works (start it with
+measured in the same run. SLURM is used when ``sbatch`` works (start it with
 ``scripts/slurm-up.sh``; its environment is read from ``$DEPSI_SLURM_DIR/env``).
 
     python benchmarks/bench_schedulers.py [--size 120] [--epochs 20]

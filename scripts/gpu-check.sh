@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 34): the CuPy tests, NumPy against CuPy for every kernel, and the PS chain
+# The GPU check: the CuPy tests, NumPy against CuPy for every kernel, and the PS chain
 # on the CPU and on the GPU for one scene, inside 8 minutes on one GPU; figures into OUTDIR.
 #
 #   bash scripts/gpu-check.sh OUTDIR

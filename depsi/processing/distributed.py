@@ -60,7 +60,7 @@ CPU_BATCH_BYTES = 256 * 2**20
 DEFAULT_WINDOW = (11, 11)
 
 #: A pixel is a DS candidate with at least this many SHP (itself included): fewer looks than
-#: this give coherence matrices too noisy to link (the issue's range is 20-200 looks).
+#: this give coherence matrices too noisy to link (DS are meant for 20-200 looks).
 DEFAULT_MIN_LOOKS = 20
 
 #: Ways the SHP threshold is set (``calibration``): from the scene's neighbouring pixel pairs

@@ -262,7 +262,7 @@ def scheduler(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None = N
     """
     compute = _as_compute_config(config, overrides)
     # before a cluster's threads take heap arenas of their own: the driver's freed memory goes
-    # back to the system (docs/hpc.md, "What still grows in the driver")
+    # back to the system (docs/hpc.md, "The driver: what stays in the client process")
     tune_memory()
     start = {"synchronous": _synchronous, "threads": _threads, "processes": _processes,
              "local": _local, "slurm": _slurm}[compute.scheduler]

@@ -7,7 +7,7 @@ padded grid, so the field is not periodic over the scene), perpendicular baselin
 slant-range geometry whose ``1 / (R sin(theta))`` varies by a chosen fraction across range,
 velocity as a bowl plus a planar ramp, height errors either spatially white or shared by blocks
 of buildings (one DEM error per block), and PS phase noise drawn straight in radians. The
-families of :data:`ATMOSPHERE_FAMILIES` (issue 29) draw other screens by spectral synthesis
+families of :data:`ATMOSPHERE_FAMILIES` draw other screens by spectral synthesis
 (Gaussian covariance, von Karman power laws of both turbulent regimes, anisotropic) and add a
 stratified part ``k_t * terrain height`` on a terrain raster given in the stack.
 
@@ -63,7 +63,7 @@ class Family:
     velocity_max: float = 0.02      # m/yr, bowl depth
     ramp: float = 0.004             # m/yr across the scene (planar ramp)
     seed: int = 0
-    # atmospheres we have not tuned to (issue 29): see _screen_spectrum and kriging_floor
+    # atmospheres we have not tuned to: see _screen_spectrum and kriging_floor
     atmosphere: str = "exponential"  # or "gaussian", "power-law", "anisotropic"
     aps_slope: float = 5.0 / 3.0    # power-law: slope of the 1-D spectrum (5/3 or 8/3)
     aps_outer: float = 3000.0       # m, power-law: outer scale (von Karman)
@@ -72,7 +72,7 @@ class Family:
     stratified_rate: float = 0.0    # rad/m, std of the per-epoch k_t of k_t * terrain height
     terrain_std: float = 150.0      # m, relief of the terrain height raster
     terrain_length: float = 800.0   # m, Gaussian correlation length of the terrain
-    # motion beyond a straight line (issue 29): drawn from a stream of their own, so a family
+    # motion beyond a straight line: drawn from a stream of their own, so a family
     # with them has the same screens, noise and heights as the family without
     seasonal_amplitude: tuple[float, float] = (0.0, 0.0)  # m, annual amplitude drawn in range
     thermal_coefficient: tuple[float, float] = (0.0, 0.0)  # m/K, |coefficient| drawn in range
@@ -512,7 +512,7 @@ SLOW_FAMILIES = ISSUE_FAMILIES + (
            h2ph_variation=0.4, height_blocks=300.0, seed=6),
 )
 
-#: Atmospheres we have not tuned to (issue 29), white height errors: smooth (Gaussian), turbulent
+#: Atmospheres we have not tuned to, white height errors: smooth (Gaussian), turbulent
 #: power-law screens of both regimes, anisotropic, and a stratified part on a terrain raster.
 ATMOSPHERE_FAMILIES = (
     Family("gaussian", shape=(300, 300), n_epochs=60, revisit_days=12, aps_std=1.0,
@@ -597,7 +597,7 @@ def simulated_points(*, shape=(100, 100), n_epochs=30, seed=1, ps_fraction=0.03,
     return points.copy(deep=True), true.copy(deep=True)
 
 
-# --- a mixed PS + DS scene (issue 31): depsi.simulate's DS patches beside its PS ---------------
+# --- a mixed PS + DS scene: depsi.simulate's DS patches beside its PS --------------------------
 
 #: The mixed scene of the DS tests: 1 km x 1 km, 30 epochs, about 300 PS and three 24 x 24
 #: patches of distributed scatterers; an atmosphere of 0.5 rad so that the phase noise is not

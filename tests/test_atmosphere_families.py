@@ -1,4 +1,4 @@
-"""The chain's accuracy and calibration on atmospheres it was not tuned to (issue 29, part 4).
+"""The chain's accuracy and calibration on atmospheres it was not tuned to.
 
 Scenes from ``tests/scenes.py`` (:data:`~scenes.ATMOSPHERE_FAMILIES`, a generator that shares
 no code with :mod:`depsi.simulate`): screens with a Gaussian (smooth) covariance, power-law
@@ -14,7 +14,7 @@ each family's own floors from its truth (true ambiguities): *noise* (atmosphere 
 perfectly), *kriging* (best linear correction of the heights with the generator's exact
 covariances, :func:`scenes.kriging_floor`) and *no correction* (atmosphere left in).
 
-Targets (issue 29): heights <= 1.2 x the kriging floor, velocity <= 1.1 x the no-correction
+Targets: heights <= 1.2 x the kriging floor, velocity <= 1.1 x the no-correction
 floor, and the 95 % intervals ``estimate +- 1.96 std`` of ``velocity_std`` and
 ``height_error_std`` holding 90-98 % of the truth. Where the chain misses a target today the
 test is a strict xfail carrying the measured figure, so the gap stays recorded and a fix shows

@@ -1,4 +1,4 @@
-"""Issue 5's accuracy test: the whole chain against the simulator's truth, at scene scale.
+"""The chain's accuracy test: the whole chain against the simulator's truth, at scene scale.
 
 Real path: ``simulate_stack`` (1000 x 1000 pixels of 10 m, 120 epochs of 12 days = 3.9 years,
 PS phase noise 0.4 rad, atmosphere 1 rad, velocities up to 30 mm/yr, height errors of 8 m std,
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 SCENE = dict(shape=(1000, 1000), n_epochs=120, seed=5, ps_fraction=0.01, aps_std=1.0,
              ps_noise_std=0.4, height_error_std=8.0, velocity_max=0.03)
-#: Issue 5's targets.
+#: The accuracy test's targets.
 VELOCITY_RMSE = 1e-3  # m/yr
 HEIGHT_RMSE = 2.0  # m
 RECOVERED = 0.95
@@ -111,8 +111,8 @@ def test_chain_meets_issue5_accuracy_on_a_1000x1000x120_scene(record_property):
     }
     for name, value in figures.items():
         record_property(name, value)
-    logger.info("issue 5 accuracy: %s", figures)
-    print(f"\nissue 5 accuracy figures: {figures}")
+    logger.info("chain accuracy: %s", figures)
+    print(f"\nchain accuracy figures: {figures}")
 
     for name in ("velocity", "height_error", "displacement", "temporal_coherence", "aps"):
         assert not np.isnan(result[name].values).any(), f"NaN in reported {name}: {figures}"

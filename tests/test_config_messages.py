@@ -1,4 +1,4 @@
-"""Configuration errors speak the user's terms (issue 28): what the key expects, named from its
+"""Configuration errors speak the user's terms: what the key expects, named from its
 type ("a list of two numbers", "one of 'nad', 'nmad'", "a section of keys"), one problem a line
 with its full key path, and YAML syntax errors with the file, line, column and a caret."""
 

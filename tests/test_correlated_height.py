@@ -233,7 +233,7 @@ def test_batches_as_wide_as_their_own_fullest_cell_predict_every_target(monkeypa
 @pytest.mark.slow  # a LocalCluster
 def test_on_a_cluster_the_kriging_batches_are_tasks_with_the_threads_numbers(monkeypatch):
     """On a distributed scheduler the kriging's batches of cells are tasks on the workers
-    (issue 34: the model step's kriging no longer takes the driver's cores); the prediction
+    (the model step's kriging no longer takes the driver's cores); the prediction
     and its variance are the threads', bit for bit, with some batches still waiting in the
     driver while others run."""
     from depsi.cluster import scheduler

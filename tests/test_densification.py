@@ -88,7 +88,7 @@ def test_densified_points_follow_the_reference_area_datum():
 @pytest.mark.slow
 def test_the_screen_is_factorised_once_for_every_chunk(monkeypatch):
     """Kriging the first-order screen to the candidates: one Cholesky factorisation per call
-    of densify, however many space chunks it has (issue 14)."""
+    of densify, however many space chunks it has."""
     import depsi.processing.atmosphere as atmosphere_module
     from depsi.processing.atmosphere import estimate_atmosphere, interpolate_aps
 

@@ -1,4 +1,4 @@
-"""A driver that does not grow (issue 34, item 3): on a cluster, densification and the model
+"""A driver that does not grow: on a cluster, densification and the model
 step leave every (space, time) series of their products on the workers, one persisted chunk
 per space chunk of the input, and give the numbers of the threads run bit for bit.
 

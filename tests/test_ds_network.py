@@ -1,4 +1,4 @@
-"""Distributed scatterers in the first-order network (issue 31, "DS in the first-order network
+"""Distributed scatterers in the first-order network ("DS in the first-order network
 for scenes with too few PS"): on a scene whose PS are too few and too far apart to carry the
 network, ``network.ds_first_order`` lets DS be first-order points, and the chain keeps the
 scene's DS at their velocity floors where the PS-only network loses many of them."""

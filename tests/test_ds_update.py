@@ -1,4 +1,4 @@
-"""New epochs into a stored DS product as its next mini-stacks (issue 31, item 3: "new epochs
+"""New epochs into a stored DS product as its next mini-stacks ("new epochs
 cost one mini-stack"): :func:`depsi.processing.scatterers.update_ds_selection` against the
 sequential estimator run on the whole stack with the same SHP, a patch that decorrelates in the
 new epochs, and what it refuses."""

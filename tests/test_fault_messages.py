@@ -1,4 +1,4 @@
-"""Faults reported as one clear line and an exit code (issue 32, :mod:`depsi.errors`).
+"""Faults reported as one clear line and an exit code (:mod:`depsi.errors`).
 
 Each ``depsi run`` below fails in the network step, after the stack and selection products are
 finished: the console gets exactly one ERROR line naming the path and what to do, no traceback

@@ -1,4 +1,4 @@
-"""Property-based attacks on the readers (issue 11): the CSV, DORIS and config readers and
+"""Property-based attacks on the readers: the CSV, DORIS and config readers and
 ``open_stm``, fed mutated copies of valid inputs. Every input either reads or raises one of our
 errors (a ``ValueError`` subclass with a message) or ``FileNotFoundError`` -- never another
 exception, never a hang (each example has a deadline)."""

@@ -1,4 +1,4 @@
-"""Input that cannot be right is refused with a message naming the file and field (issue 11):
+"""Input that cannot be right is refused with a message naming the file and field:
 hostile YAML configs, strings aimed at the SLURM batch script, malformed CSV tables, STMs
 with impossible coordinates, and stores asking for pickles. Each test names one input."""
 

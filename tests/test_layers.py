@@ -230,7 +230,7 @@ def test_the_lowest_layers_know_no_frameworks():
 
 def test_the_chain_is_composed_only_in_the_pipeline_layer():
     """Processing keeps the science: the steps (a ``<step>_step`` function for a step of the
-    table) and the composed chain configuration live in depsi.pipeline (issue 30), so no lower
+    table) and the composed chain configuration live in depsi.pipeline, so no lower
     module wires steps together."""
     from depsi.pipeline.steps import STEP_NAMES
 

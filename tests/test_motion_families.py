@@ -1,4 +1,4 @@
-"""Motion beyond a straight line through the whole chain (issue 29, items 1 and 2): seasonal and
+"""Motion beyond a straight line through the whole chain: seasonal and
 thermal scene families of tests/scenes.py against their matching linear family (the same scene,
 screens, noise and heights, without the term) and against the Cramér-Rao bound of each term.
 
@@ -142,7 +142,7 @@ def folder(tmp_path_factory):
 #: Targets the chain misses, pooled over the 24 scenes, as ``{test: {family: reason}}``: a strict
 #: xfail carrying the measured figure. Wrong ambiguities: 22 PS (of 64,594) against the linear
 #: family's 14, and 17 (of 63,925) against 14: a deep tail, about 3 in 10^4 PS. Point by point
-#: (twenty-seventh session), 9 of the seasonal family's 22 are also wrong in the linear family,
+#: (at `814308f`), 9 of the seasonal family's 22 are also wrong in the linear family,
 #: 13 only in the seasonal one (11 of them first-order points) and 5 only in the linear one (a
 #: sign test: p = 0.048); thermal 11 both, 6 and 3 (p = 0.25). No estimator can meet this target
 #: in expectation: estimating more unknowns from the same epochs widens the float ambiguities'

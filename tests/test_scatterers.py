@@ -1,4 +1,4 @@
-"""Distributed scatterers beside the PS (issue 31, items 4 and 6): the simulator's DS patches,
+"""Distributed scatterers beside the PS: the simulator's DS patches,
 ``ds_selection`` and ``merge_scatterers``, the selection step's ``ds:`` section, the exports, and
 the chain on a mixed PS + DS scene against floors computed from its truth."""
 

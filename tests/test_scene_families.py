@@ -17,7 +17,7 @@ datum), with three floors computed from the same truth with the true ambiguities
   sits above 2 m (issue-c: 2.17 m), so the height goal is ``max(2 m, 1.5 x noise floor,
   1.25 x kriging floor)``.
 
-Goals (issue 10): velocity <= 1.1 x the no-correction floor and heights within the goal above on
+Goals: velocity <= 1.1 x the no-correction floor and heights within the goal above on
 white-height families; on every family heights never above the no-correction floor, >= 95 % of
 the true PS in the result and no NaN in a reported point. Figures measured are in
 docs/benchmarks.md.

@@ -1,4 +1,4 @@
-"""Whether a stack can support the PS method (issue 28), and the record of a failed step.
+"""Whether a stack can support the PS method, and the record of a failed step.
 
 Too few epochs are refused when the stack opens, before selection; a short stack is warned about
 with the predicted velocity std; a failing step leaves ``failed.json`` beside the manifests and

@@ -1,4 +1,4 @@
-"""The steps are listed once, in :data:`depsi.pipeline.steps.STEPS` (issue 30): every other
+"""The steps are listed once, in :data:`depsi.pipeline.steps.STEPS`: every other
 list of them (the CLI's choices, the runner's products and upstreams, the executors' order,
 a test's or benchmark's loop) derives from it. A literal that names three or more steps by
 hand anywhere else fails here."""

@@ -1,4 +1,4 @@
-"""The chain as steps (issue 12): every config field reaches a step and changes what it
+"""The chain as steps: every config field reaches a step and changes what it
 computes, `depsi run` equals `run_ps_chain` for the same settings, and the config's defaults
 are the library's."""
 

@@ -1,4 +1,4 @@
-"""Store safety against real processes (issue 11): writers SIGKILLed at every stage of
+"""Store safety against real processes: writers SIGKILLed at every stage of
 ``append_epochs`` and ``save_stm``, two writers at once, and a store damaged on disk.
 
 Every killed write is followed by a reader: the store must open as exactly the old or exactly the

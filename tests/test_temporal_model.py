@@ -1,4 +1,4 @@
-"""The chain's temporal model terms (issue 29, items 1 and 2): regressors, the temperature file,
+"""The chain's temporal model terms: regressors, the temperature file,
 the model choice's false-alarm rate and power, and the periodogram's search of the terms."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run leaves only its products (issue 28): no writer's lock file stays behind, after a
+"""A run leaves only its products: no writer's lock file stays behind, after a
 successful, a failed or an interrupted run, and ``depsi info`` summarises a workspace."""
 
 from __future__ import annotations

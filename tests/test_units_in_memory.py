@@ -1,4 +1,4 @@
-"""Results in memory carry the units a saved store has (issue 28): the readers, ps_selection,
+"""Results in memory carry the units a saved store has: the readers, ps_selection,
 every step of the chain, run_ps_chain and estimate_model hand back the CF attributes of one
 table (``depsi.io.cf.CF``), the one save_stm writes, so the two cannot diverge."""
 

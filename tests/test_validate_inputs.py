@@ -1,4 +1,4 @@
-"""Wrong files are refused with their names, not read as numbers (issue 32).
+"""Wrong files are refused with their names, not read as numbers.
 
 File-level checks run in the readers before any pixel is read; value checks in
 :func:`depsi.io.validate.validate_stack` read a bounded sample. Each test writes a small valid

@@ -1,6 +1,7 @@
 """The repository's text stands on its own: no file refers to a path outside the repository, no
-text narrates how its work was organised (issue numbers, working sessions), and every reference
-to a documentation page's section by its title names a section that page has.
+text narrates how its work was organised (issue numbers, working sessions), every reference to a
+documentation page's section by its title names a section that page has, and the benchmark
+page's figures come from recorded measurements that say when, where and how they were made.
 
 Every text file git knows of (tracked, or new and not ignored) is read; binary files are skipped.
 The patterns are written so that this module's own source does not match them.
@@ -181,3 +182,38 @@ def test_a_wrapped_section_reference_is_read_whole():
     text = 'the misclosures (docs/benchmarks.md,\n    # "The network solver\'s choices")'
     assert section_references({"x": text}) == [("x", "benchmarks.md",
                                                  "The network solver's choices")]
+
+
+def test_every_recorded_benchmark_figure_says_when_where_and_how(texts):
+    """Each run in benchmarks/results/*.json carries the date, commit, machine and command it
+    was measured with, inherited from its file where the file states them once."""
+    import json
+
+    records = {name: json.loads(text) for name, text in texts.items()
+               if name.startswith("benchmarks/results/") and name.endswith(".json")}
+    assert records, "no recorded benchmark figures"
+    fields = ("date", "commit", "machine", "command")
+    missing = []
+    for name, record in records.items():
+        runs = [entry for key in ("runs", "comparisons", "sets") for entry in record.get(key, [])]
+        for run in runs or [record]:
+            absent = [f for f in fields if not (run.get(f) or record.get(f))]
+            if absent:
+                missing.append(f"{name}: {run.get('name', run.get('series', ''))} lacks {absent}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_benchmark_page_shows_every_figure_plots_draws(tmp_path, texts):
+    """``benchmarks/plots.py`` draws each of its figures from the recorded JSON, and the
+    benchmark page shows every one of them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plots", ROOT / "benchmarks" / "plots.py")
+    plots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plots)
+    plots.main(["--out", str(tmp_path)])
+    drawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert len(drawn) == len(plots.FIGURES)
+    shown = set(re.findall(r"\(figures/(bench_\w+\.png)\)", texts["docs/benchmarks.md"]))
+    assert set(drawn) <= shown, f"drawn, not shown: {sorted(set(drawn) - shown)}"
+    assert all((ROOT / "docs" / "figures" / name).exists() for name in drawn)

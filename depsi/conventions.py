@@ -51,8 +51,9 @@ def wrap_phase(phase: Any) -> Any:
     # the nearest whole number of cycles off (half-way rounds to even), then the values the
     # rounding of that product left at -pi or below moved up a cycle, and those it left above
     # pi (by an ulp of a large input) moved down one: both moves are exact (Sterbenz), so the
-    # result is in (-pi, pi] of the input's dtype. 4x faster than the floating remainder
-    # (fmod). Plain operators and ufuncs: float32 stays float32, xarray stays xarray.
+    # result is in (-pi, pi] of the input's dtype, faster than the floating remainder
+    # (docs/benchmarks.md, "Array operations"). Plain operators and ufuncs: float32 stays float32,
+    # xarray stays xarray.
     wrapped = phase - np.rint(phase * (1.0 / _TWO_PI)) * _TWO_PI
     cycles = (wrapped <= -np.pi).astype(wrapped.dtype) - (wrapped > np.pi).astype(wrapped.dtype)
     return wrapped + cycles * _TWO_PI

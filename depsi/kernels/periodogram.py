@@ -96,7 +96,7 @@ USE_FUSED = os.environ.get("DEPSI_FUSED_KERNELS", "1") != "0"
 
 #: Bytes of height phasors and grid sums per block of the coarse search on the CPU: blocks this
 #: size stay in a core's private cache between the phasors' build, the GEMM and the moduli
-#: (measured at 60 epochs and 435 nodes: 2x faster than one block of 65,536 items).
+#: (docs/benchmarks.md, "Array operations").
 COARSE_BLOCK_BYTES = 8 << 20
 
 

@@ -34,8 +34,8 @@ def amplitude_of(slc):
 
 
 #: Pixels per sub-block of :func:`amplitude_sums` on the CPU: its float64 temporaries (a few
-#: hundred kB) stay in cache and are reused instead of allocating block-sized arrays (2x faster
-#: than whole-block temporaries; 2048 is 13 % faster than 8192, measured on 250 x 250 x 40).
+#: hundred kB) stay in cache and are reused instead of allocating block-sized arrays
+#: (docs/benchmarks.md, "Array operations").
 SUM_BLOCK_PIXELS = 2048
 
 

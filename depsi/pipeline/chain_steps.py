@@ -517,8 +517,8 @@ def _densified(points: xr.Dataset, first: xr.Dataset, config: ChainConfig,
     release_memory()
     # the first pass's pageable series leave memory: the table reads back those it needs
     page_out()
-    # the points outside the network, by a mask (np.setdiff1d's hash-based unique took 4 s of
-    # the driver at 10^6 points with NumPy 2.4; this takes milliseconds)
+    # the points outside the network, by a mask (np.setdiff1d's hash-based unique is slow with
+    # NumPy 2.4; docs/benchmarks.md, "Array operations")
     outside = np.ones(points.sizes["space"], dtype=bool)
     outside[first["point_index"].values[first["in_network"].values]] = False
     others = np.flatnonzero(outside)

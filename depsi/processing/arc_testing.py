@@ -312,7 +312,7 @@ def _tile_subnetwork(tile, *, low, cell, margin, positions, source, target, arc_
     if members.size < 3:
         return None
     # the sub-network's points, sorted and unique (by a sort: np.unique's hash-based path is
-    # ten times slower on these integers with NumPy 2.4, 2.8 s of the driver at 10^6 points)
+    # slower on these integers with NumPy 2.4; docs/benchmarks.md, "Array operations")
     ends = np.sort(np.concatenate([source[members], target[members]]))
     points = ends[np.concatenate([[True], ends[1:] != ends[:-1]])]
     return members, _SubNetwork(

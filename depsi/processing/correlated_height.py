@@ -668,7 +668,7 @@ def estimate_correlated_height(
     use &= np.isfinite(gain) & (gain > 0)
     positions = point_positions(result)
     # one k-d tree of the used points for the variograms' samples and the kriging's neighbours
-    # (each 5 s at 10^7 points)
+    # (building one takes seconds at 10^7 points)
     tree = cKDTree(positions[use])
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
     # range unidentified (only their ratio is seen), and the datum removes the scene's mean

@@ -34,9 +34,9 @@ REDUNDANCY_PROBES = 64
 #: 64 bytes an arc).
 RHS_COLUMNS = 8
 #: Right-hand sides solved together through the whole network's CHOLMOD factor
-#: (:meth:`_Cholesky.solve`): 16 at a time solve 62 columns at 10^7 points in 10.8 s against
-#: 12.2 s all at once, the same numbers to the bit, with a 16-column workspace. A multiple of
-#: four (CHOLMOD's own block of columns).
+#: (:meth:`_Cholesky.solve`): the same numbers to the bit as all at once, with a 16-column
+#: workspace (docs/benchmarks.md, "The network solver's choices"). A multiple of four
+#: (CHOLMOD's own block of columns).
 SOLVE_COLUMNS = 16
 #: Rows of the whole network's solution copied to and from a group's right-hand sides at a
 #: time (:func:`_solved_in_place`; 31 MB at 62 columns): where the solution is

@@ -42,7 +42,7 @@ LAYERS = (
 )
 
 #: Third-party packages a layer must not import (docs/design.md, "Layers", the column
-#: "never imports").
+#: "knows nothing of").
 FORBIDDEN_PACKAGES = {
     "conventions": {"xarray", "dask", "zarr", "scipy", "pandas", "distributed"},
     "kernels": {"xarray", "dask", "zarr", "pydantic", "distributed"},

@@ -7,6 +7,9 @@ For each size:
    velocity) and its truth, tile by tile, into ``--cache`` (default
    ``$TMPDIR/depsi-bench-scale``), in a child process whose time and peak memory are reported;
    a cached scene of the same generator version is reused.
+   ``--layouts raster morton`` (the default: both) runs each size on the generator's raster
+   order and on a copy of the same points in Morton order (written once beside it, with each
+   point's ``scene_index`` into the truth), each layout a row of its own.
 2. Chain: a fresh child process opens the store with :func:`depsi.io.open_stm` and runs the
    chain's steps of :data:`depsi.pipeline.steps.STEPS` as
    :func:`~depsi.pipeline.chain.run_ps_chain` runs them, timing each. Options:

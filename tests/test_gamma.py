@@ -87,6 +87,36 @@ def test_orbits_build_from_every_real_slc_par_and_cover_the_scene(gamma):
         assert np.linalg.norm(centre) == pytest.approx(par["sar_to_earth_center"], abs=1e-3)
 
 
+def _vector_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines(keepends=True)
+            if line.startswith(("state_vector_", "time_of_first_state_vector"))]
+
+
+@pytest.mark.realdata
+def test_state_vectors_of_another_date_are_refused_by_sar_to_earth_center(gamma, tmp_path):
+    """Vectors timed in seconds of the day fit any date of the track: the sensor's distance
+    from the Earth's centre that GAMMA states at the centre time tells them apart."""
+    own, other = (gamma / "headers" / f"r{d}_VV_slc.par" for d in ("20180106", "20180130"))
+    text = own.read_text()
+    for line, swapped in zip(_vector_lines(own), _vector_lines(other)):
+        text = text.replace(line, swapped)
+    damaged = tmp_path / own.name
+    damaged.write_text(text)
+    with pytest.raises(MetadataError, match=r"(?s)r20180106_VV_slc\.par.*'sar_to_earth_center'"
+                                            r".*7073887\.3401 m .*found 7073899\.1954 m"):
+        slc_geometry(parse_par(damaged), str(damaged))
+
+
+@pytest.mark.realdata
+def test_state_vectors_that_miss_the_centre_time_are_refused(real_slc_par, tmp_path):
+    damaged = tmp_path / "r20180106_VV_slc.par"
+    damaged.write_text(re.sub(r"^(center_time:\s+)\S+", r"\g<1>9000.0", real_slc_par,
+                              flags=re.M))
+    with pytest.raises(MetadataError, match=r"'center_time': expected a time within the state "
+                                            r"vectors \(2399\.144213 to 2449\.144213"):
+        slc_geometry(parse_par(damaged), str(damaged))
+
+
 @pytest.mark.realdata
 def test_real_mli_par_gives_the_multilooked_grid_timing(gamma):
     for mli_path in _headers(gamma, "*_mli.par"):

@@ -45,6 +45,11 @@ SLC_SUFFIXES = (".slc", ".rslc")
 #: The ``sensor:`` line's last word, when it is one of these, is the polarisation.
 POLARISATIONS = ("HH", "HV", "VH", "VV")
 
+#: Largest difference (m) between ``sar_to_earth_center`` and the distance of the file's own
+#: state vectors from the Earth's centre at ``center_time``: GAMMA's headers agree to 0.2 mm,
+#: the vectors of another date of a Sentinel-1 stack are 0.5 to 56 m off (docs/benchmarks.md).
+SAR_RADIUS_TOLERANCE = 0.1
+
 # ----------------------------------------------------------------------------------------------
 # Geometry of one image: timing, wavelength, orbit
 # ----------------------------------------------------------------------------------------------
@@ -117,6 +122,33 @@ def _orbit(par: dict[str, Any], source: str) -> Orbit:
                  source=source)
 
 
+def _check_orbit_is_own(par: dict[str, Any], orbit: Orbit, source: str) -> None:
+    """Refuse state vectors that are not this acquisition's own.
+
+    They are timed in seconds of the day only, so vectors of another date of the same track
+    cover the same times: they must cover ``center_time`` and, where the file states
+    ``sar_to_earth_center`` (GAMMA's distance of the sensor from the Earth's centre at the
+    centre time), be within :data:`SAR_RADIUS_TOLERANCE` of it there.
+    """
+    centre, radius = par.get("center_time"), par.get("sar_to_earth_center")
+    if centre is None:
+        return
+    t = orbit.seconds(_seconds_after(_midnight(par), centre))
+    lo, hi = float(orbit.time[0]), float(orbit.time[-1])
+    if not lo <= t <= hi:
+        _raise_problems(source, [("center_time", f"a time within the state vectors ({lo:.6f} "
+                                  f"to {hi:.6f} s of the day)", f"{float(centre):.6f} s: the "
+                                  "vectors of another acquisition?")])
+    if radius is None:
+        return
+    found = float(np.linalg.norm(orbit.state(np.array([t]))[0]))
+    if abs(found - float(radius)) > SAR_RADIUS_TOLERANCE:
+        _raise_problems(source, [(
+            "sar_to_earth_center", f"the distance of the file's state vectors from the "
+            f"Earth's centre at center_time, {found:.4f} m (within {SAR_RADIUS_TOLERANCE} m)",
+            f"{float(radius):.4f} m: state vectors of another acquisition?")])
+
+
 def _sensor(par: dict[str, Any]) -> tuple[str | None, str | None]:
     line = par.get("sensor")
     if not line:
@@ -152,7 +184,9 @@ def slc_geometry(par: dict[str, Any], source: str = "slc.par") -> tuple[GammaIma
     Raises
     ------
     MetadataError
-        No state vectors, or an azimuth angle other than 90 / 270.
+        No state vectors, state vectors that are not the image's own (not covering
+        ``center_time``, or another distance from the Earth's centre there than
+        ``sar_to_earth_center``), or an azimuth angle other than 90 / 270.
 
     Examples
     --------
@@ -183,7 +217,9 @@ def slc_geometry(par: dict[str, Any], source: str = "slc.par") -> tuple[GammaIma
         incidence_angle=optional("incidence_angle"), center_lat=optional("center_latitude"),
         center_lon=optional("center_longitude"), sensor=sensor, polarisation=polarisation,
         source=source)
-    return image, _orbit(par, source)
+    orbit = _orbit(par, source)
+    _check_orbit_is_own(par, orbit, source)
+    return image, orbit
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,4 +451,4 @@ def from_gamma(
     return out
 
 
-__all__ = ["POLARISATIONS", "GammaImage", "from_gamma", "slc_geometry"]
+__all__ = ["POLARISATIONS", "SAR_RADIUS_TOLERANCE", "GammaImage", "from_gamma", "slc_geometry"]

@@ -112,6 +112,10 @@ def _par_text(*, day: np.datetime64, start: float, shape: tuple[int, int], near_
     end = start + (lines_ - 1) * dt
     far = near_range + (samples - 1) * spacing
     first, interval, position, velocity = _state_vectors(orbit, np.datetime64(day, "ns"), what)
+    # GAMMA's sar_to_earth_center: this acquisition's own sensor at its own centre time
+    centre_time = np.datetime64(day, "ns") + np.timedelta64(int(round(0.5 * (start + end) * 1e9)),
+                                                            "ns")
+    sar_radius = float(np.linalg.norm(orbit.state(np.array([orbit.seconds(centre_time)]))[0]))
     y, m, d = str(np.datetime64(day, "D")).split("-")
 
     def exact(value: float, spec: str) -> list[str]:
@@ -169,7 +173,7 @@ def _par_text(*, day: np.datetime64, start: float, shape: tuple[int, int], near_
                   "Hz/s^2 Hz/s^2/m Hz/s^2/m^2 Hz/s^2/m^3", step=13, gap="  "),
             _line("receiver_gain", ["0.0000"], "dB", column=37, gap="  "),
             _line("calibration_gain", ["0.0000"], "dB", column=37, gap="  "),
-            _line("sar_to_earth_center", shown(centre["sar_radius"], ".4f"), "m", column=45),
+            _line("sar_to_earth_center", shown(sar_radius, ".4f"), "m", column=45),
             _line("earth_radius_below_sensor", shown(centre["earth_radius"], ".4f"), "m",
                   column=45),
             _line("earth_semi_major_axis", shown(WGS84_A, ".4f"), "m", column=45),
@@ -201,7 +205,7 @@ def _scene_centre(geometry: StackGeometry, shape: tuple[int, int]) -> dict[str, 
     radius = float(np.linalg.norm(position))
     earth = float(np.linalg.norm(geodetic_to_ecef(look["lat"], look["lon"], geometry.height)))
     return {"lat": float(look["lat"]), "lon": float(look["lon"]), "heading": float(heading),
-            "incidence": float(look["incidence"]), "sar_radius": radius,
+            "incidence": float(look["incidence"]),
             "earth_radius": earth,
             "azimuth_spacing": float(np.linalg.norm(velocity)) * geometry.grid.line_interval
             * earth / radius}

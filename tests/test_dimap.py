@@ -228,6 +228,15 @@ def test_header_with_wrong_samples_names_file_and_field(tmp_path, product):
         from_dimap(path)
 
 
+def test_header_saying_little_endian_is_refused_not_followed(tmp_path, product):
+    path = _copy(product, tmp_path)
+    header = path.with_suffix(".data") / "i_VV_slv1_07Mar2023.hdr"
+    header.write_text(header.read_text().replace("byte order = 1", "byte order = 0"))
+    with pytest.raises(ValueError, match=r"i_VV_slv1_07Mar2023\.hdr.*'byte order': expected 1 "
+                                         r"\(big-endian.*found 0"):
+        from_dimap(path)
+
+
 def test_missing_image_file_is_named(tmp_path, product):
     path = _copy(product, tmp_path)
     (path.with_suffix(".data") / "i_VV_slv3_12Apr2023.img").unlink()

@@ -13,7 +13,7 @@ band, ``DATA_FILE_PATH href="NAME.data/BAND.hdr"`` and ``BAND_INDEX``; one
 metadata tree as ``MDElem``/``MDATTR`` elements (``Abstracted_Metadata`` with
 ``Orbit_State_Vectors/orbit_vectorN``; ``Slave_Metadata`` with ``Master_bands`` and one element
 per secondary with its ``Slave_bands`` and orbit). Each band is an ENVI pair ``BAND.img`` (raw,
-one band, band-sequential) and ``BAND.hdr`` (``samples``, ``lines``, ``bands``, ``header
+one band, band-sequential, big-endian) and ``BAND.hdr`` (``samples``, ``lines``, ``bands``, ``header
 offset``, ``data type`` 1/2/3/4/5/12, ``byte order`` 1 = big-endian, as Java writes it). UTC
 values are ``ProductData.UTC`` text, ``19-MAR-2023 05:50:35.812250`` (English month, upper case,
 microseconds). Tie-point grids are read as the znap reader reads SNAP's: rows at the line
@@ -22,9 +22,10 @@ real SNAP pair).
 
 Where the public sources are silent, the plain reading is taken:
 
-- a ``.hdr`` without ``byte order`` is big-endian (SNAP always writes 1) and without ``header
-  offset`` has none; the ``.dim``'s ``DATA_TYPE`` names the sample type, the ``.hdr``'s ``data
-  type`` must agree with it;
+- a ``.hdr`` without ``byte order`` is big-endian (SNAP always writes 1 and reads every band
+  file as big-endian, so another byte order is refused) and without ``header offset`` has
+  none; the ``.dim``'s ``DATA_TYPE`` names the sample type, the ``.hdr``'s ``data type`` must
+  agree with it;
 - a secondary's orbit is the ``Slave_Metadata`` element whose ``Slave_bands`` lists its I band,
   else the one whose name ends in its date (``..._19Mar2023``), else the one whose
   ``first_line_time`` falls on its date;
@@ -292,14 +293,16 @@ def _check_envi(hdr: Path, what: str, *, data_type: str, shape: tuple[int, int])
         raise ValueError(f"{where}: field 'data type': expected {ENVI_TYPE_CODES[data_type]} "
                          f"(DATA_TYPE {data_type} of the .dim), found {code}")
     order = _header_int(fields, "byte order", hdr, default=1)
-    if order not in (0, 1):
-        raise ValueError(f"{where}: field 'byte order': expected 0 (little-endian) or 1 "
-                         f"(big-endian), found {order}")
+    if order != 1:
+        # SNAP writes every band big-endian and reads it so: a .hdr that says otherwise
+        # disagrees with the product, and following it would byte-swap the band in silence
+        raise ValueError(f"{where}: field 'byte order': expected 1 (big-endian, as BEAM-DIMAP "
+                         f"band files are written and read), found {order}")
     interleave = fields.get("interleave", "bsq").lower()
     if interleave not in ("bsq", "bil", "bip"):
         raise ValueError(f"{where}: field 'interleave': expected bsq, found {interleave!r}")
     offset = _header_int(fields, "header offset", hdr, default=0)
-    dtype = np.dtype(DIMAP_DTYPES[data_type]).newbyteorder(">" if order == 1 else "<")
+    dtype = np.dtype(DIMAP_DTYPES[data_type])
     image = hdr.with_suffix(".img")
     if not image.is_file():
         raise FileNotFoundError(f"{what}: expected the image file '{image}' beside '{hdr}', "
@@ -703,7 +706,8 @@ def from_dimap(
     FileNotFoundError
         A missing ``.dim``, ``.hdr`` or ``.img`` (named).
     ValueError
-        A ``.hdr`` whose ``samples``/``lines``/``data type`` disagree with the ``.dim``, an
+        A ``.hdr`` whose ``samples``/``lines``/``data type`` disagree with the ``.dim`` or whose
+        ``byte order`` is not big-endian, an
         ``.img`` of the wrong size, an I band without its Q band, no band of ``polarisation``,
         a date in two products, products of different mothers.
     MetadataError, GeometryError

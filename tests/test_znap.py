@@ -191,3 +191,83 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, scene):
     with pytest.raises(ValueError, match="consecutive"):
         write_znap(tmp_path / "d", raster.isel(range=[0, 2, 3]), geometry)
     assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged products: refused naming the file, before any pixel is read
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def copied(tmp_path, folder):
+    import shutil
+
+    shutil.copytree(folder, tmp_path / "stack")
+    return tmp_path / "stack"
+
+
+def _band(copied, kind="i", index=1):
+    product = _products(copied)[index]
+    return product, next(product.glob(f"{kind}_VV_*"))
+
+
+def _rewrite_zarray(band, change):
+    meta = json.loads((band / ".zarray").read_text())
+    change(meta)
+    (band / ".zarray").write_text(json.dumps(meta))
+
+
+def test_a_chunk_of_the_wrong_size_names_the_chunk_and_its_band(copied):
+    _, band = _band(copied, "q")
+    chunk = band / "0.0"
+    chunk.write_bytes(chunk.read_bytes()[:-8])
+    expected = SHAPE[0] * SHAPE[1] * 4
+    with pytest.raises(ValueError, match=rf"band '{band.name}' chunk '.*0\.0': expected "
+                                         rf"{expected} bytes .*found {expected - 8}"):
+        from_snap(_products(copied))
+
+
+def test_a_band_of_another_byte_order_than_its_product_is_refused(copied):
+    _, band = _band(copied, "i")
+    _rewrite_zarray(band, lambda meta: meta.update(dtype="<f4"))
+    with pytest.raises(ValueError, match=rf"'dtype': expected one byte order .*big-endian.*"
+                                         rf"'{band.name}/\.zarray' \(<f4\)"):
+        from_snap(_products(copied))
+
+
+def test_a_zarray_without_shape_names_the_file_and_the_key(copied):
+    _, band = _band(copied, "h2ph")
+    _rewrite_zarray(band, lambda meta: meta.pop("shape"))
+    with pytest.raises(ValueError, match=rf"{band.name}/\.zarray': expected the keys "
+                                         r"\['shape', 'chunks', 'dtype'\], found no \['shape'\]"):
+        from_snap(_products(copied))
+
+
+def _another_day(tag: str) -> str:
+    """``19Mar2023`` -> ``28Mar2023`` (``27Mar2023`` for the 28th)."""
+    return ("27" if tag[:2] == "28" else "28") + tag[2:]
+
+
+def test_a_band_renamed_to_another_date_is_refused(copied):
+    product, band = _band(copied, "i")
+    old = band.name[-9:]
+    new = _another_day(old)
+    for named in product.glob(f"*_VV_{old}"):
+        named.rename(product / named.name.replace(old, new))
+    with pytest.raises(ValueError, match=rf"band '\w+_VV_{new}': expected one of the bands its "
+                                         r"\.zattrs lists"):
+        from_snap(_products(copied))
+
+
+def test_a_band_dated_on_no_acquisition_of_the_metadata_is_refused(copied):
+    product, band = _band(copied, "i")
+    old = band.name[-9:]
+    new = _another_day(old)
+    for named in product.glob(f"*_VV_{old}"):
+        named.rename(product / named.name.replace(old, new))
+    root = json.loads((product / ".zattrs").read_text())
+    root["original_raster_data_node_order"] = [
+        b.replace(old, new) for b in root["original_raster_data_node_order"]]
+    (product / ".zattrs").write_text(json.dumps(root))
+    with pytest.raises(ValueError, match=rf"product_metadata\.json': band 'i_VV_{new}' .*"
+                                         r"expected its date .* to be that of an acquisition"):
+        from_snap(_products(copied))

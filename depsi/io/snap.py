@@ -84,6 +84,98 @@ def _open_znap(path: Path) -> xr.Dataset:
                              f"xarray.open_zarr, found an error: {err}") from err
 
 
+#: Keys of a band's Zarr v2 ``.zarray`` the reader needs to read it as written.
+ZARRAY_KEYS = ("shape", "chunks", "dtype")
+_CHUNK_KEY = re.compile(r"^\d+([./]\d+)*$")
+
+
+def _zarray(folder: Path, product: Path) -> dict[str, Any]:
+    file = folder / ".zarray"
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"SNAP product '{product}': array metadata '{file}': expected Zarr v2 "
+                         f"JSON, found an error: {err}") from None
+    missing = [k for k in ZARRAY_KEYS if k not in meta]
+    if not isinstance(meta, dict) or missing:
+        raise ValueError(f"SNAP product '{product}': array metadata '{file}': expected the keys "
+                         f"{list(ZARRAY_KEYS)}, found no {missing or 'JSON object'}")
+    return meta
+
+
+def _byte_order(dtype: str) -> str | None:
+    """``'>'`` or ``'<'`` for a multi-byte Zarr v2 dtype, None for one-byte or unparsable ones."""
+    try:
+        parsed = np.dtype(dtype)
+    except TypeError:
+        return None
+    return None if parsed.itemsize == 1 else (">" if parsed.byteorder == ">" or (
+        parsed.byteorder == "=" and not np.little_endian) else "<")
+
+
+def _check_chunk_files(folder: Path, meta: dict[str, Any], product: Path) -> None:
+    """Each stored chunk of an uncompressed band holds exactly one chunk of samples."""
+    if meta.get("compressor") is not None or meta.get("filters"):
+        return
+    expected = int(np.prod(meta["chunks"])) * np.dtype(meta["dtype"]).itemsize
+    nested = meta.get("dimension_separator") == "/"
+    files = (p for p in folder.rglob("*") if p.is_file()) if nested else \
+        (p for p in folder.iterdir() if p.is_file())
+    for file in files:
+        key = str(file.relative_to(folder))
+        if _CHUNK_KEY.match(key) and file.stat().st_size != expected:
+            raise ValueError(
+                f"SNAP product '{product}': band '{folder.name}' chunk '{file}': expected "
+                f"{expected} bytes (an uncompressed chunk of {meta['chunks']} samples of "
+                f"{meta['dtype']}), found {file.stat().st_size}")
+
+
+def _check_band_arrays(path: Path) -> None:
+    """The I/Q/h2ph bands' ``.zarray`` files and chunks, before the product is opened.
+
+    Every band needs ``shape``, ``chunks`` and ``dtype``; its shape is the product's raster
+    size (``.zattrs``) where stated; its byte order is that of the product's other arrays
+    (SNAP writes a product in one byte order: a band that differs was not written so); an
+    uncompressed chunk file holds exactly one chunk.
+    """
+    folders = sorted(p for p in path.iterdir() if (p / ".zarray").is_file())
+    metas = {folder: _zarray(folder, path) for folder in folders
+             if _SNAP_BAND.match(folder.name)}
+    try:
+        root = json.loads((path / ".zattrs").read_text())
+    except (OSError, ValueError):
+        root = {}
+    size = tuple(root.get(k) for k in ("product_scene_raster_height",
+                                       "product_scene_raster_width"))
+    for folder, meta in metas.items():
+        if None not in size and tuple(meta["shape"]) != size:
+            raise ValueError(f"SNAP product '{path}': band '{folder.name}' ('{folder}/.zarray'): "
+                             f"field 'shape': expected {list(size)} (the product's raster "
+                             f"size in .zattrs), found {meta['shape']}")
+    dtypes = {folder: str(meta.get("dtype")) for folder in folders
+              if (meta := metas.get(folder) or _zarray_or_none(folder)) is not None}
+    orders = {f: o for f, d in dtypes.items() if (o := _byte_order(d)) is not None}
+    if len(set(orders.values())) > 1:
+        counts = {o: sum(v == o for v in orders.values()) for o in set(orders.values())}
+        usual = max(counts, key=counts.get)
+        names = {">": "big-endian", "<": "little-endian"}
+        odd = ", ".join(f"'{f.name}/.zarray' ({dtypes[f]})" for f, o in orders.items()
+                        if o != usual)
+        raise ValueError(f"SNAP product '{path}': field 'dtype': expected one byte order for "
+                         f"all of its arrays ({names[usual]}, as {counts[usual]} of them), "
+                         f"found another in {odd}")
+    for folder, meta in metas.items():
+        _check_chunk_files(folder, meta, path)
+
+
+def _zarray_or_none(folder: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((folder / ".zarray").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def _snap_attributes(element: dict) -> dict[str, Any]:
     return {a["name"]: a.get("data", {}).get("elems") for a in element.get("attributes", [])}
 
@@ -277,6 +369,48 @@ def _snap_epochs(ds: xr.Dataset, path: Path, polarisation: str) -> list[_SnapEpo
     return epochs
 
 
+def _acquisition_days(elements: dict[str, Any], file: Path) -> dict[np.datetime64, str]:
+    """The days of the acquisitions a product's metadata describes: the mother's
+    ``first_line_time`` and each secondary's (else the date ending its element's name)."""
+    days = {}
+    items = [("Abstracted_Metadata", elements.get("Abstracted_Metadata", {}))]
+    items += [(f"Slave_Metadata/{e.get('name')}", e)
+              for e in elements.get("Slave_Metadata", {}).get("elements", [])]
+    for where, element in items:
+        first_line = _snap_attributes(element).get("first_line_time")
+        if isinstance(first_line, list) and len(first_line) == 3:
+            day = _snap_time(first_line, f"{file}: {where}/first_line_time")
+        elif (found := _SNAP_DATE.search(str(element.get("name", ""))[-9:])) is not None:
+            day = _snap_date(found.group(0), f"{file}: {where}")
+        else:
+            continue
+        days[day.astype("datetime64[D]")] = where
+    return days
+
+
+def _check_epoch_names(epochs: list[_SnapEpoch], ds: xr.Dataset, path: Path,
+                       parsed: dict[bytes, dict[str, Any]]) -> None:
+    """Refuse bands whose names (and so dates) the product does not know: a band missing from
+    the product's own ``original_raster_data_node_order``, or dated on a day none of its
+    metadata's acquisitions (``first_line_time``) falls on."""
+    listed = ds.attrs.get("original_raster_data_node_order")
+    file = path / "SNAP" / "product_metadata.json"
+    days = _acquisition_days(_metadata_elements(file, parsed), file)
+    for epoch in epochs:
+        bands = [b for b in (epoch.i, epoch.q, epoch.h2ph) if b is not None]
+        unknown = [b for b in bands if listed is not None and b not in listed]
+        if unknown:
+            raise ValueError(f"SNAP product '{path}': band {unknown[0]!r}: expected one of the "
+                             f"bands its .zattrs lists in original_raster_data_node_order "
+                             f"{list(listed)}, found a band of another name (renamed?)")
+        day = epoch.date.astype("datetime64[D]")
+        if days and day not in days:
+            raise ValueError(f"SNAP metadata '{file}': band {epoch.i!r} of '{path}': expected "
+                             f"its date {day} to be that of an acquisition the metadata "
+                             f"describes (first_line_time: "
+                             f"{ {str(d): w for d, w in sorted(days.items())} }), found none")
+
+
 def _interpolate_tie_points(grid: np.ndarray, azimuth: np.ndarray, range_: np.ndarray, *,
                             offset: tuple[float, float], subsampling: tuple[float, float],
                             centre: tuple[float, float] = (0.5, 0.5)) -> np.ndarray:
@@ -384,7 +518,11 @@ def from_snap(
         A missing product.
     ValueError
         No band of ``polarisation``, an I band without its Q band, bands of different shapes,
-        the same date in two products, tie-point grids without their geometry.
+        the same date in two products, tie-point grids without their geometry; a band's
+        ``.zarray`` without ``shape``/``chunks``/``dtype``, of another shape than the
+        product's raster or another byte order than the product's other arrays, a chunk file
+        of the wrong size, a band the product's ``.zattrs`` does not list, a band's date that
+        no acquisition of the product's metadata (``first_line_time``) falls on (each named).
     MetadataError
         Missing/malformed ``product_metadata.json`` or products of different wavelengths.
 
@@ -404,6 +542,8 @@ def from_snap(
                          f"found {polarisation!r}")
     products = _path_list(paths, "paths")
     _check_exist(products, "SNAP products", kind="product")
+    for product in products:
+        _check_band_arrays(product)
     opened = {p: _open_znap(p) for p in products}
     parsed: dict[bytes, dict[str, Any]] = {}  # this reading's metadata documents, by content
     meta = {p: _snap_metadata(p, parsed) for p in products}
@@ -416,6 +556,9 @@ def from_snap(
                             paths=[str(p) for p in products])
 
     epochs = [e for p in products for e in _snap_epochs(opened[p], p, polarisation)]
+    for product in products:
+        _check_epoch_names([e for e in epochs if e.product == product], opened[product],
+                           product, parsed)
     if not epochs:
         found = sorted({m["pol"] for ds in opened.values() for n in ds.data_vars
                         if (m := _SNAP_BAND.match(str(n)))})

@@ -448,3 +448,42 @@ def test_geotiff_real_bands_as_complex_layout_are_refused(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="expected 3 dates.*found 1"):
         write_tiff(tmp_path / "c.tif", np.ones((3, 2, 2), np.complex64), "complex64")
         from_geotiff([tmp_path / "c.tif"], dates=["2023-01-01"])
+
+
+def _dated_tiff(path: Path, values: np.ndarray, acquired: str) -> Path:
+    rasterio = pytest.importorskip("rasterio")
+    write_tiff(path, values, "complex64")
+    with rasterio.open(path, "r+") as tif:
+        tif.update_tags(ns="IMAGERY", ACQUISITIONDATETIME=acquired)
+    return path
+
+
+@geotiff_warnings
+def test_geotiff_date_other_than_its_recorded_acquisition_is_refused(tmp_path: Path) -> None:
+    values = np.ones((1, 3, 4), np.complex64)
+    first = _dated_tiff(tmp_path / "a.tif", values, "2023-01-13 05:50:35")
+    second = _dated_tiff(tmp_path / "b.tif", values * 2, "2023-01-01 05:50:35")
+    with pytest.raises(ValueError, match=r"dates\[0\]: expected the acquisition date '.*a\.tif' "
+                                         r"records .*2023-01-13, found 2023-01-01"):
+        from_geotiff([first, second], dates=["2023-01-01", "2023-01-13"])
+    ds = from_geotiff([first, second], dates=["2023-01-13", "2023-01-01"])
+    assert ds.complex.values[0, 0].tolist() == [2, 1]
+
+
+@geotiff_warnings
+def test_truncated_geotiff_is_refused_by_name_before_any_pixel_is_read(tmp_path: Path) -> None:
+    path = write_tiff(tmp_path / "slc.tif", np.ones((1, 30, 40), np.complex64), "complex64")
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"raster '.*slc\.tif': expected \d+ bytes or more "
+                                         r"\(band 1's last block.*found \d+: a truncated file"):
+        from_geotiff([path], dates=["2023-01-01"])
+
+
+@geotiff_warnings
+def test_geotiff_read_failing_at_compute_time_names_the_file(tmp_path: Path) -> None:
+    path = write_tiff(tmp_path / "slc.tif", np.ones((1, 30, 40), np.complex64), "complex64")
+    ds = from_geotiff([path], dates=["2023-01-01"], chunks=(10, 40))
+    path.write_bytes(path.read_bytes()[:-100])  # damaged after opening
+    with pytest.raises(OSError, match=r"raster '.*slc\.tif' band 1: expected 10 x 40 readable "
+                                      r"samples from line 20"):
+        ds.complex.compute()

@@ -1,5 +1,6 @@
-"""Complex SLC rasters in any GDAL format (GeoTIFF, ENVI, ...) through rioxarray: the reader
-:func:`from_geotiff` (needs the optional ``geo`` extra).
+"""Complex SLC rasters in any GDAL format (GeoTIFF, ENVI, ...) through rasterio: the reader
+:func:`from_geotiff` (needs the optional ``geo`` extra), the lazy band reader it shares with the
+pipeline's h2ph rasters (:func:`raster_info`, :func:`open_band`), and the GeoTIFF stack writer.
 """
 
 from __future__ import annotations
@@ -7,7 +8,9 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +18,7 @@ import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
+from dask.base import tokenize
 
 from depsi.io.raster import (
     _check_exist,
@@ -28,6 +32,12 @@ from depsi.io.raster import (
 )
 
 BandLayout = Literal["complex", "iq"]
+
+#: Where the acquisition time of a raster is kept: GDAL's ``IMAGERY`` metadata domain, item
+#: ``ACQUISITIONDATETIME`` (UTC, ``%Y-%m-%d %H:%M:%S``), as GDAL's imagery metadata readers
+#: report it; depsi's writer records it, the reader checks it against the epoch's date.
+ACQUISITION_DOMAIN = "IMAGERY"
+ACQUISITION_ITEM = "ACQUISITIONDATETIME"
 
 #: A date written YYYYMMDD in a file name, not part of a longer number.
 NAME_DATE = re.compile(r"(?<!\d)((?:19|20)\d{6})(?!\d)")
@@ -68,13 +78,142 @@ def check_dates_in_names(paths: Sequence[str | os.PathLike], dates: Sequence[Any
                              f"{named}, found {given}")
 
 
-def _require_rioxarray() -> Any:
+def _require_rasterio() -> Any:
     try:
-        import rioxarray
+        import rasterio
     except ImportError as err:
-        raise ImportError("from_geotiff needs rioxarray (and rasterio): install the 'geo' extra,"
-                          " pip install 'depsi[geo]'") from err
-    return rioxarray
+        raise ImportError("from_geotiff needs rasterio: install the 'geo' extra, "
+                          "pip install 'depsi[geo]'") from err
+    return rasterio
+
+
+@contextmanager
+def _open(path: str | os.PathLike) -> Iterator[Any]:
+    """A raster opened by rasterio, any GDAL error re-raised naming the file."""
+    rasterio = _require_rasterio()
+    with warnings.catch_warnings():
+        # an SLC in radar geometry has no geotransform by nature
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        try:
+            with rasterio.open(path) as src:
+                yield src
+        except rasterio.errors.RasterioError as err:
+            raise OSError(f"raster '{path}': expected a file GDAL can read, found an error: "
+                          f"{err}") from err
+
+
+@dataclass(frozen=True)
+class RasterInfo:
+    """What a raster's header says: size, bands, georeference and acquisition time."""
+
+    path: str
+    shape: tuple[int, int]
+    count: int
+    dtypes: tuple[str, ...]
+    crs: Any
+    transform: Any
+    acquired: np.datetime64 | None
+
+
+def _acquired(src: Any, path: str) -> np.datetime64 | None:
+    text = src.tags(ns=ACQUISITION_DOMAIN).get(ACQUISITION_ITEM)
+    if text is None:
+        return None
+    try:
+        return np.datetime64(text.strip().replace(" ", "T"), "s")
+    except ValueError:
+        raise ValueError(f"raster '{path}': metadata {ACQUISITION_DOMAIN}/{ACQUISITION_ITEM}: "
+                         f"expected a UTC time such as '2023-03-19 05:50:35', found "
+                         f"{text!r}") from None
+
+
+def _check_blocks_in_file(src: Any, path: str) -> None:
+    """Refuse a raster whose last block (of each band) lies beyond the end of the file: a
+    truncated file, found from its header instead of by a read failing mid-computation."""
+    if src.driver != "GTiff":
+        return
+    size = os.path.getsize(path)
+    for band in range(1, src.count + 1):
+        rows, cols = src.block_shapes[band - 1]
+        x, y = -(-src.width // cols) - 1, -(-src.height // rows) - 1
+        offset = src.get_tag_item(f"BLOCK_OFFSET_{x}_{y}", "TIFF", bidx=band)
+        length = src.get_tag_item(f"BLOCK_SIZE_{x}_{y}", "TIFF", bidx=band)
+        if offset is None or length is None:
+            continue
+        end = int(offset) + int(length)
+        if end > size:
+            raise ValueError(f"raster '{path}': expected {end} bytes or more (band {band}'s "
+                             f"last block ends there, says its header), found {size}: a "
+                             "truncated file")
+
+
+def raster_info(path: str | os.PathLike) -> RasterInfo:
+    """The header of a raster, checked for a truncated file.
+
+    Raises
+    ------
+    OSError
+        GDAL cannot open the file (named).
+    ValueError
+        A GeoTIFF shorter than its header says, or an unreadable acquisition time (named).
+    """
+    with _open(path) as src:
+        _check_blocks_in_file(src, str(path))
+        return RasterInfo(str(path), (src.height, src.width), src.count, tuple(src.dtypes),
+                          src.crs, src.transform, _acquired(src, str(path)))
+
+
+def check_acquisition_dates(infos: Sequence[RasterInfo], dates: Sequence[Any], *,
+                            field: str = "dates") -> None:
+    """Refuse ``dates`` (one per raster) that contradict the acquisition time a raster records
+    (:data:`ACQUISITION_ITEM`); rasters without one are not checked.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, the date it records and the date given for it.
+    """
+    for k, (info, date) in enumerate(zip(infos, dates)):
+        given = np.datetime64(date).astype("datetime64[D]")
+        if info.acquired is not None and info.acquired.astype("datetime64[D]") != given:
+            raise ValueError(f"{field}[{k}]: expected the acquisition date '{info.path}' records "
+                             f"({ACQUISITION_DOMAIN}/{ACQUISITION_ITEM} {info.acquired}), "
+                             f"{info.acquired.astype('datetime64[D]')}, found {given}")
+
+
+@dataclass(frozen=True)
+class _RasterBand:
+    """One band of a raster as a lazily read 2-D array; a failed read names the file."""
+
+    path: str
+    band: int
+    shape: tuple[int, int]
+    dtype: np.dtype
+    ndim: int = 2
+
+    def __getitem__(self, key: tuple[slice, slice]) -> np.ndarray:
+        from rasterio.windows import Window
+
+        rows, cols = (range(n)[k] for n, k in zip(self.shape, key))
+        window = Window(cols.start, rows.start, len(cols), len(rows))
+        with _open(self.path) as src:
+            try:
+                return src.read(self.band, window=window)
+            except Exception as err:  # noqa: BLE001 -- any failed read, named
+                raise OSError(f"raster '{self.path}' band {self.band}: expected {len(rows)} x "
+                              f"{len(cols)} readable samples from line {rows.start}, pixel "
+                              f"{cols.start}, found an error: {err}") from err
+
+
+def open_band(info: RasterInfo, band: int, chunks: tuple[Any, Any]) -> da.Array:
+    """Band ``band`` (from 1) of a raster as a lazy Dask array; the graph holds the file name."""
+    name = info.dtypes[band - 1]
+    # GDAL's CInt16 has no numpy type: rasterio reads it as complex64
+    dtype = np.dtype(np.complex64 if name == "complex_int16" else name)
+    array = _RasterBand(info.path, band, info.shape, dtype)
+    return da.from_array(array, chunks=chunks, lock=False, fancy=False, asarray=False,
+                         meta=np.empty((0, 0), dtype=array.dtype),
+                         name=f"raster-{tokenize(info.path, band, os.path.getmtime(info.path))}")
 
 
 def from_geotiff(
@@ -88,7 +227,11 @@ def from_geotiff(
 ) -> xr.Dataset:
     """Read complex SLC rasters in any GDAL format (GeoTIFF, ENVI, ...) into one SLC stack.
 
-    Needs the optional ``geo`` extra (``rioxarray``, ``rasterio``).
+    Needs the optional ``geo`` extra (``rasterio``). Before any pixel is read, each file's
+    header is read (:func:`raster_info`: a GeoTIFF shorter than its header says is refused),
+    and with one epoch per file its date is checked against a YYYYMMDD date in its name and
+    the acquisition time it records (``IMAGERY/ACQUISITIONDATETIME``). Pixels are read lazily
+    by blocks; a block that fails to read names its file.
 
     Parameters
     ----------
@@ -113,10 +256,13 @@ def from_geotiff(
     Raises
     ------
     ImportError
-        Without rioxarray.
+        Without rasterio.
+    OSError
+        A file GDAL cannot open or (at compute time) read, named.
     FileNotFoundError, ValueError
         Missing files, rasters of different sizes, real bands with ``band_layout="complex"``,
-        an odd number of bands with ``"iq"``, a number of epochs different from the dates.
+        an odd number of bands with ``"iq"``, a number of epochs different from the dates, a
+        truncated GeoTIFF, a date other than the one in the file's name or metadata.
 
     Examples
     --------
@@ -137,27 +283,17 @@ def from_geotiff(
     ...     print(1 + 2j)
     (1+2j)
     """
-    rioxarray = _require_rioxarray()
-    import rasterio
-
     if band_layout not in ("complex", "iq"):
         raise ValueError(f"band_layout: expected 'complex' or 'iq', found {band_layout!r}")
     paths = _path_list(files, "files")
     _check_exist(paths, "files")
-    info = {}
-    with warnings.catch_warnings():
-        # an SLC in radar geometry has no geotransform by nature
-        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-        for path in paths:
-            with rasterio.open(path) as src:
-                info[path] = (src.height, src.width, src.count, src.dtypes, src.crs,
-                              src.transform)
-    shapes = {p: i[:2] for p, i in info.items()}
+    info = {path: raster_info(path) for path in paths}
+    shapes = {p: i.shape for p, i in info.items()}
     shape = shapes[paths[0]]
     if any(s != shape for s in shapes.values()):
         raise ValueError(f"files: expected one raster size for all files, found "
                          f"{ {str(p): s for p, s in shapes.items()} }")
-    for path, (_, _, count, dtypes, _, _) in info.items():
+    for path, (count, dtypes) in ((p, (i.count, i.dtypes)) for p, i in info.items()):
         is_complex = [t.startswith("complex") for t in dtypes]
         if band_layout == "complex" and not all(is_complex):
             raise ValueError(f"band_layout='complex': expected complex bands, found "
@@ -167,31 +303,29 @@ def from_geotiff(
             raise ValueError(f"band_layout='iq': expected an even number of real bands (I, Q "
                              f"per epoch), found {count} band(s) of {sorted(set(dtypes))} in "
                              f"'{path}'")
-    per_file = [info[p][2] // (2 if band_layout == "iq" else 1) for p in paths]
+    per_file = [info[p].count // (2 if band_layout == "iq" else 1) for p in paths]
     n_epochs = sum(per_file)
     names = [f"{p} epoch {k}" for p, n in zip(paths, per_file) for k in range(n)]
     if dates is None and metadata is None:
         raise ValueError("dates: expected one date per epoch (or metadata=), found neither")
     epochs = _epochs(n_epochs, names, dates=dates, metadata=metadata, wavelength=wavelength)
     if dates is not None and all(n == 1 for n in per_file):
-        check_dates_in_names(paths, _parse_dates(dates, n_epochs))
+        given = _parse_dates(dates, n_epochs)
+        check_dates_in_names(paths, given)
+        check_acquisition_dates([info[p] for p in paths], given)
     block = _chunks(chunks, shape, n_epochs)
 
     planes = []
     for path in paths:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-            bands = rioxarray.open_rasterio(path, chunks={"band": 1, "y": block[0],
-                                                          "x": block[1]},
-                                            lock=False, mask_and_scale=False).data
+        bands = [open_band(info[path], b, block[:2]) for b in range(1, info[path].count + 1)]
         if band_layout == "complex":
-            planes += [bands[b].astype(np.complex64) for b in range(bands.shape[0])]
+            planes += [band.astype(np.complex64) for band in bands]
         else:
             planes += [da.map_blocks(_iq_to_complex64, bands[b], bands[b + 1],
                                      dtype=np.complex64)
-                       for b in range(0, bands.shape[0], 2)]
+                       for b in range(0, len(bands), 2)]
     cube = da.stack([planes[i] for i in epochs.order], axis=-1).rechunk(block)
-    _, _, _, _, crs, transform = info[paths[0]]
+    crs, transform = info[paths[0]].crs, info[paths[0]].transform
     attrs: dict[str, Any] = {"wavelength": epochs.wavelength}
     if crs is not None:
         attrs["crs"] = crs.to_wkt()
@@ -205,7 +339,8 @@ def from_geotiff(
 
 def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, Any]:
     """One complex64 GeoTIFF per epoch (``slc_YYYYMMDD.tif``), one float32 h2ph GeoTIFF per
-    epoch (``h2ph_YYYYMMDD.tif``) and float64 ``lat.tif``/``lon.tif`` (geocoded from the
+    epoch (``h2ph_YYYYMMDD.tif``), each recording its epoch's time as GDAL's
+    ``IMAGERY/ACQUISITIONDATETIME``, and float64 ``lat.tif``/``lon.tif`` (geocoded from the
     geometry), as an SLC stack exported by GDAL-based tools."""
     import rasterio
 
@@ -213,6 +348,8 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
 
     folder.mkdir(parents=True, exist_ok=True)
     dates = [np.datetime_as_string(t, unit="D") for t in stack["time"].values]
+    acquired = [np.datetime_as_string(t, unit="s").replace("T", " ")
+                for t in stack["time"].values]
     n_az, n_rg = stack.sizes["azimuth"], stack.sizes["range"]
     values = dask.compute(stack["complex"].data, stack["h2ph"].data)
     files: dict[str, list[Path]] = {"slc_files": [], "h2ph_files": []}
@@ -225,6 +362,7 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
                 with rasterio.open(part, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
                                    dtype=dtype) as tif:
                     tif.write(np.ascontiguousarray(data[:, :, t], dtype=dtype)[None])
+                    tif.update_tags(ns=ACQUISITION_DOMAIN, **{ACQUISITION_ITEM: acquired[t]})
             os.replace(part, path)
             files[f"{kind}_files"].append(path)
     azimuth, range_ = np.meshgrid(np.arange(n_az), np.arange(n_rg), indexing="ij")
@@ -240,9 +378,15 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
 
 
 __all__ = [
+    "ACQUISITION_DOMAIN",
+    "ACQUISITION_ITEM",
     "BandLayout",
+    "RasterInfo",
+    "check_acquisition_dates",
     "check_dates_in_names",
     "date_in_name",
     "from_geotiff",
+    "open_band",
+    "raster_info",
     "write_geotiff_stack",
 ]

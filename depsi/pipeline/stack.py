@@ -120,15 +120,6 @@ def _open_stack_unchecked(config: Any, *,
     return open_binary_folder(source)
 
 
-def _open_raster(rioxarray: Any, path: Path) -> xr.DataArray:
-    from rasterio.errors import NotGeoreferencedWarning
-
-    with warnings.catch_warnings():
-        # rasters in radar geometry have no geotransform by nature
-        warnings.simplefilter("ignore", NotGeoreferencedWarning)
-        return rioxarray.open_rasterio(path, chunks={}, mask_and_scale=False)
-
-
 #: Valid WGS84 degrees of the position rasters, and the side of the decimated sample of each
 #: that is checked against them (a whole raster is not read before the pixel work).
 POSITION_LIMITS = {"lat": 90.0, "lon": 180.0}
@@ -157,10 +148,13 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
     ``lat.tif``/``lon.tif`` beside the SLCs (WGS84 degrees per radar pixel, as ISCE2's or
     SNAP's geometry exports)."""
-    import rioxarray
-
     from depsi.io import from_geotiff
-    from depsi.io.geotiff import check_dates_in_names
+    from depsi.io.geotiff import (
+        check_acquisition_dates,
+        check_dates_in_names,
+        open_band,
+        raster_info,
+    )
 
     tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
     h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
@@ -179,30 +173,32 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     if len(slc_files) == len(section.dates):
         check_dates_in_names(slc_files, section.dates, field="input.dates")
     # the h2ph rasters are taken in their names' order, which must be the dates' time order
-    check_dates_in_names(h2ph_files, sorted(np.array(section.dates, dtype="datetime64[D]")),
-                         field="input.dates (in time order)")
+    in_time_order = sorted(np.array(section.dates, dtype="datetime64[D]"))
+    check_dates_in_names(h2ph_files, in_time_order, field="input.dates (in time order)")
+    h2ph_info = [raster_info(path) for path in h2ph_files]
+    check_acquisition_dates(h2ph_info, in_time_order, field="input.dates (in time order)")
     stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
+    block = stack["complex"].data.chunksize[:2]
     layers = []
-    for path in h2ph_files:
-        band = _open_raster(rioxarray, path)
-        if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
-            raise ValueError(f"input.h2ph: '{path}': expected {stack.sizes['azimuth']} x "
+    for info in h2ph_info:
+        if info.shape != (stack.sizes["azimuth"], stack.sizes["range"]):
+            raise ValueError(f"input.h2ph: '{info.path}': expected {stack.sizes['azimuth']} x "
                              f"{stack.sizes['range']} pixels like the SLCs, found "
-                             f"{band.shape[1]} x {band.shape[2]}")
-        layers.append(band.data[0].astype(np.float32))
+                             f"{info.shape[0]} x {info.shape[1]}")
+        layers.append(open_band(info, 1, block).astype(np.float32))
     order = np.argsort(np.array(section.dates, dtype="datetime64[D]"), kind="stable")
     h2ph = da.stack([layers[i] for i in order], axis=-1).rechunk(stack["complex"].chunks)
     stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
     if all(p.is_file() for p in position_files.values()):
         for name, path in position_files.items():
             _check_position_raster(path, name)
-            band = _open_raster(rioxarray, path)
-            if band.shape[1:] != (stack.sizes["azimuth"], stack.sizes["range"]):
+            info = raster_info(path)
+            if info.shape != (stack.sizes["azimuth"], stack.sizes["range"]):
                 raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
                                  f"{stack.sizes['range']} pixels like the SLCs, found "
-                                 f"{band.shape[1]} x {band.shape[2]}")
+                                 f"{info.shape[0]} x {info.shape[1]}")
             stack = stack.assign_coords({name: (("azimuth", "range"),
-                                                band.data[0].astype(np.float64))})
+                                                open_band(info, 1, block).astype(np.float64))})
     return stack
 
 

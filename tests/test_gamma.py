@@ -324,8 +324,25 @@ def test_mother_defaults_to_the_middle_date_or_the_slc_not_resampled(written, tm
     back = from_gamma(folder)
     assert back.attrs["mother_time"] == "2018-01-30"
     assert (back["h2ph"].values[:, :, 1] == 0).all()
-    with pytest.raises(ValueError, match=r"mother: expected one of the stack's dates"):
+    with pytest.raises(FileNotFoundError, match=r"mother: expected the mother's SLC and "
+                                                r"parameter file \(such as '.*r20190101\.rslc'"):
         from_gamma(folder, mother="20190101")
+
+
+@pytest.mark.realdata
+def test_mother_without_its_slc_is_named_before_any_work(written, tmp_path):
+    folder = tmp_path / "stack"
+    shutil.copytree(written["folder"], folder)
+    mother = written["paths"]["mother"]
+    (folder / f"r{mother}.rslc").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"expected the SLC beside each SLC parameter "
+                                                rf"file, found none for 1: '.*r{mother}\.rslc' "
+                                                rf"\(of 'r{mother}\.rslc\.par'\)"):
+        from_gamma(folder, mother=mother)
+    (folder / f"r{mother}.rslc.par").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"found no file of "
+                                                rf"{mother[:4]}-{mother[4:6]}-{mother[6:]}"):
+        from_gamma(folder, mother=mother)
 
 
 @pytest.mark.realdata

@@ -235,6 +235,14 @@ def _par_of(data: Path) -> Path | None:
     return None
 
 
+def _slc_of(par: Path) -> Path | None:
+    """The SLC a parameter file describes (``X.rslc`` of ``X.rslc.par`` or ``X_rslc.par``)."""
+    if par.name.lower().endswith(tuple(f"{s}.par" for s in SLC_SUFFIXES)):
+        return par.with_name(par.name[:-len(".par")])
+    stem, _, kind = par.name[:-len(".par")].rpartition("_")
+    return par.with_name(f"{stem}.{kind}") if f".{kind.lower()}" in SLC_SUFFIXES else None
+
+
 def _slc_files(paths_or_folder: Any) -> list[Path]:
     if isinstance(paths_or_folder, (str, os.PathLike)) and Path(paths_or_folder).is_dir():
         folder = Path(paths_or_folder)
@@ -243,6 +251,14 @@ def _slc_files(paths_or_folder: Any) -> list[Path]:
         if not files:
             raise FileNotFoundError(f"folder '{folder}': expected GAMMA SLC files (*.slc or "
                                     f"*.rslc, each with its .par), found none")
+        # a parameter file without its SLC: a date (the mother's, perhaps) lost its data
+        orphans = [(par, slc) for par in sorted(folder.glob("*.par"))
+                   if (slc := _slc_of(par)) is not None and not slc.exists()]
+        if orphans:
+            raise FileNotFoundError(
+                f"folder '{folder}': expected the SLC beside each SLC parameter file, found "
+                f"none for {len(orphans)}: " + "; ".join(f"'{slc}' (of '{par.name}')"
+                                                         for par, slc in orphans))
         return files
     paths = _path_list(paths_or_folder, "paths_or_folder")
     _check_exist(paths, "GAMMA SLC files")
@@ -333,8 +349,12 @@ def _choose_mother(mother: Any, files: Sequence[Path], time: np.ndarray) -> tupl
                              f"{mother!r}") from None
         hits = np.flatnonzero(days == wanted)
         if not hits.size:
-            raise ValueError(f"mother: expected one of the stack's dates "
-                             f"{[str(d) for d in days]}, found {mother!r}")
+            stamp = str(wanted).replace("-", "")
+            folder = files[0].parent if files else Path(".")
+            raise FileNotFoundError(
+                f"mother: expected the mother's SLC and parameter file (such as "
+                f"'{folder / f'r{stamp}.rslc'}' and its .par) among the stack's dates "
+                f"{[str(d) for d in days]}, found no file of {wanted} (given {mother!r})")
         return int(hits[0]), "given as mother="
     original = [i for i, p in enumerate(files) if not _is_resampled(p)]
     if len(original) == 1 and len(files) > 1:
@@ -395,13 +415,14 @@ def from_gamma(
     Raises
     ------
     FileNotFoundError
-        Missing SLCs or parameter files (all named).
+        Missing SLCs or parameter files (all named: an SLC without its ``.par``, a ``.par``
+        without its SLC, a ``mother`` whose files are not in the stack).
     MetadataError
         Malformed parameter files (each bad field), mixed sizes, formats or wavelengths, a date
         that disagrees with the file name.
     ValueError
-        A data file of the wrong size (named, expected and found bytes), duplicate dates, an
-        unknown ``mother``.
+        A data file of the wrong size (named, expected and found bytes), duplicate dates, a
+        ``mother`` that is not a date.
 
     Examples
     --------

@@ -205,6 +205,14 @@ def test_the_epochs_and_scene_of_a_zarr_store_are_checked_before_any_step(tmp_pa
                                      "model": {"terms": ["step"], "step_dates": ["2021-01-01"]}}))
 
 
+def test_a_ds_window_larger_than_the_scene_under_auto_is_refused_before_any_step(tmp_path,
+                                                                                 caplog):
+    errors = refused_run(tmp_path, caplog, selection={"ds": {"enabled": "auto",
+                                                             "window": [5, 41]}})
+    assert "selection.ds.window: expected at most the scene's 40 x 40 pixels" in errors, errors
+    assert "found [5, 41]" in errors and "selection.ds.enabled: auto" in errors, errors
+
+
 def test_a_ds_window_is_not_checked_when_no_ds_are_selected():
     from depsi.pipeline.config import parse_config
     from depsi.pipeline.preflight import check_ds_window

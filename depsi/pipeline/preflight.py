@@ -775,17 +775,17 @@ def check_model(config: Any, time: np.ndarray | None = None) -> dict[str, Any] |
 
 
 # ------------------------------------------------------------ does the DS window fit the scene?
-def _ds_selected(config: Any) -> bool:
-    """Whether selection adds distributed scatterers: ``selection.ds.enabled`` true, or
-    ``auto`` with an interferogram stack (the other cases of ``auto`` are known only once the
-    amplitudes are read)."""
-    enabled = config.selection.ds.enabled
-    return enabled is True or (enabled == "auto" and config.input.format == "interferograms")
+def _ds_may_be_selected(config: Any) -> bool:
+    """Whether selection may add distributed scatterers: ``selection.ds.enabled`` true, or
+    ``auto`` (which adds them to interferograms, and to any stack whose amplitudes turn out
+    not to separate the pixels: known only once they are read, after the checks)."""
+    return config.selection.ds.enabled in (True, "auto")
 
 
 def check_ds_window(config: Any, shape: tuple[int, int]) -> None:
     """Refuse a DS search window (``selection.ds.window``) larger than the scene ``shape``
-    (azimuth, range), when selection adds distributed scatterers.
+    (azimuth, range), when selection may add distributed scatterers (``selection.ds.enabled``
+    true or ``auto``).
 
     Examples
     --------
@@ -798,12 +798,15 @@ def check_ds_window(config: Any, shape: tuple[int, int]) -> None:
     selection.ds.window: expected at most the scene's 40 x 40 pixels
     """
     window = tuple(int(n) for n in config.selection.ds.window)
-    if not _ds_selected(config):
+    if not _ds_may_be_selected(config):
         return
     if window[0] > shape[0] or window[1] > shape[1]:
+        auto = config.selection.ds.enabled == "auto"
         raise StackConfigError(
             f"selection.ds.window: expected at most the scene's {shape[0]} x {shape[1]} "
-            f"pixels (azimuth x range), found {list(window)}")
+            f"pixels (azimuth x range), found {list(window)}"
+            + (" (selection.ds.enabled: auto may add distributed scatterers once the "
+               "amplitudes are read; set it to false to leave them out)" if auto else ""))
 
 
 def known_shape(config: Any) -> tuple[int, int] | None:

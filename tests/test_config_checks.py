@@ -256,6 +256,79 @@ def test_every_documented_configuration_parses(text, request):
     parse_config(yaml.safe_load(text), source=request.node.callspec.id)
 
 
+#: The small simulated stack a documented block without an input runs on, and its dates.
+DOCUMENTED_RUN_EPOCHS = 12
+#: What the documented blocks need that only a cluster has: their runs are tests/test_slurm.py's.
+CLUSTER_SCHEDULERS = ("slurm",)
+
+
+def _runnable_documented_blocks() -> list:
+    runnable = []
+    for param in _documented_configurations():
+        block = yaml.safe_load(param.values[0])
+        if (block.get("compute") or {}).get("scheduler") not in CLUSTER_SCHEDULERS:
+            runnable.append(pytest.param(block, id=param.id))
+    return runnable
+
+
+def _simulated_input(folder: Path, fmt: str) -> tuple[dict, list[str]]:
+    """A small simulated stack written in ``fmt`` into ``folder``: its input section's path
+    (and dates) and its dates."""
+    from depsi.io.writers import write_slc_stack
+    from depsi.simulate import simulate_stack, simulated_geometry
+
+    stack, _ = simulate_stack(shape=(40, 40), n_epochs=DOCUMENTED_RUN_EPOCHS, seed=3)
+    stack = stack.compute()
+    dates = [str(np.datetime64(t, "D")) for t in stack["time"].values]
+    path = write_slc_stack(folder, stack, simulated_geometry(stack), format=fmt)
+    return {"path": str(path), "dates": dates}, dates
+
+
+def _whole_configuration(block: dict, tmp_path: Path, realdata: Path) -> dict:
+    """A documented block made a whole configuration: a small input in place of its paths
+    (the real Houston crop for the raw interferogram layout), a workspace in ``tmp_path``."""
+    config = {key: dict(value) if isinstance(value, dict) else value
+              for key, value in block.items()}
+    section = config.get("input")
+    if section is None:
+        config["input"] = {"simulate": {"shape": [40, 40], "n_epochs": DOCUMENTED_RUN_EPOCHS}}
+        dates = [str(np.datetime64("2020-01-01") + np.timedelta64(12 * k, "D"))
+                 for k in range(DOCUMENTED_RUN_EPOCHS)]
+    elif section["format"] == "interferograms":
+        crop = realdata / "psps_houston_crop"
+        section |= {"path": str(crop), "shape": [64, 64]}
+        dates = []
+    else:
+        written, dates = _simulated_input(tmp_path / "stack", section["format"])
+        section |= {k: v for k, v in written.items() if k in section}
+    if isinstance(config.get("model"), dict) and config["model"].get("temperature"):
+        table = tmp_path / "temperature.csv"
+        table.write_text("date,temperature\n" + "".join(
+            f"{d},{15 + 10 * np.sin(2 * np.pi * k / 30):.2f}\n" for k, d in enumerate(dates)))
+        config["model"]["temperature"] = str(table)
+    config["output"] = {"workspace": str(tmp_path / "ws")}
+    return config
+
+
+def test_the_docs_hold_runnable_configurations():
+    assert len(_runnable_documented_blocks()) >= 4
+
+
+@pytest.mark.slow
+@pytest.mark.realdata
+@pytest.mark.parametrize("block", _runnable_documented_blocks())
+def test_every_documented_configuration_runs(block, tmp_path, realdata, caplog):
+    """Each ```yaml block of the docs, on a small input in place of its paths, runs with
+    ``depsi run`` to its exports (a cluster's compute section is tests/test_slurm.py's)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(_whole_configuration(block, tmp_path, realdata)))
+    with caplog.at_level(logging.INFO):
+        code = main(["run", str(config), "--no-progress"])
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert code == 0, errors
+    assert (tmp_path / "ws" / "exports" / "points.csv").is_file()
+
+
 def test_two_steps_with_no_epoch_between_them_are_refused():
     from depsi.pipeline.preflight import StackConfigError, check_model_support
     from depsi.processing.temporal_model import ModelConfig

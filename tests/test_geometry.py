@@ -304,3 +304,70 @@ def test_points_geocoded_on_a_dem_sit_at_the_dem_height(tmp_path):
     assert height.std() > 5  # the plane's slope really varies the heights
     with pytest.raises(GeometryError, match="dem: expected points with their orbits"):
         geocode_with_dem(points.assign_attrs(sar_geometry=None).drop_attrs(), open_dem(path))
+
+
+# ------------------------------------------------------------------ a possible scene
+def _simulated_geometry(shape=(40, 50)):
+    from depsi.simulate import simulate_stack
+    from depsi.simulate.scene import simulated_geometry
+
+    stack, _ = simulate_stack(shape=shape, n_epochs=4, seed=0)
+    return simulated_geometry(stack)
+
+
+def _corners(geometry, shape):
+    from depsi.io.geometry import radar_to_geo
+
+    n_az, n_rg = shape[0] - 1, shape[1] - 1
+    return radar_to_geo(geometry, np.array([0.0, 0, n_az, n_az]), np.array([0.0, n_rg, 0, n_rg]))
+
+
+def test_a_scene_whose_corners_match_the_products_lat_lon_passes():
+    from depsi.io.geometry import check_scene_geometry
+
+    geometry, shape = _simulated_geometry(), (40, 50)
+    lat, lon = _corners(geometry, shape)
+    check_scene_geometry(geometry, shape, lat=lat + 1e-4, lon=lon - 1e-4)  # 11 m: terrain
+
+
+def test_the_wrong_look_side_is_refused_against_the_products_lat_lon():
+    from dataclasses import replace
+
+    from depsi.io.geometry import GeometryError, check_scene_geometry
+
+    geometry, shape = _simulated_geometry(), (40, 50)
+    lat, lon = _corners(geometry, shape)
+    side = "left" if geometry.grid.look_side == "right" else "right"
+    flipped = replace(geometry, grid=replace(geometry.grid, look_side=side))
+    with pytest.raises(GeometryError, match=rf"look_side '{side}'.*expected them within 20 km"):
+        check_scene_geometry(flipped, shape, lat=lat, lon=lon, source="stack.zarr")
+
+
+@pytest.mark.parametrize("near_range", [4.0e6, 6.8e5])
+def test_a_grid_that_images_no_possible_incidence_is_refused(near_range):
+    from dataclasses import replace
+
+    from depsi.io.geometry import GeometryError, check_scene_geometry
+
+    geometry = _simulated_geometry()
+    wrong = replace(geometry, grid=replace(geometry.grid, near_range=near_range))
+    with pytest.raises(GeometryError, match=r"stack.zarr: radar grid \(near_range .*expected "
+                                            r"incidence angles within 5-75 deg"):
+        check_scene_geometry(wrong, (40, 50), source="stack.zarr")
+
+
+@pytest.mark.realdata
+def test_the_real_snap_pair_images_a_possible_scene_at_its_own_lat_lon(snap_pair,
+                                                                       snap_geometry):
+    """SNAP's own lat/lon bands at the corners agree with the orbits and the radar grid."""
+    from depsi.io.geometry import check_scene_geometry
+
+    shape = (snap_pair.sizes["azimuth"], snap_pair.sizes["range"])
+    index = {"azimuth": [0, 0, shape[0] - 1, shape[0] - 1],
+             "range": [0, shape[1] - 1, 0, shape[1] - 1]}
+    lat = np.array([float(snap_pair["lat"][a, r]) for a, r in zip(*index.values())])
+    lon = np.array([float(snap_pair["lon"][a, r]) for a, r in zip(*index.values())])
+    check_scene_geometry(snap_geometry, shape, lat=lat, lon=lon, source="snap pair")
+    look = look_geometry(snap_geometry, np.array(index["azimuth"], float),
+                         np.array(index["range"], float))
+    assert 29 < look["incidence"].min() < look["incidence"].max() < 47  # Sentinel-1 IW

@@ -40,6 +40,14 @@ WGS84_E2 = WGS84_F * (2.0 - WGS84_F)
 
 #: Plausible distance of a SAR satellite from the Earth's centre (m): low orbits to 2000 km.
 ORBIT_RADIUS_RANGE = (6.5e6, 8.5e6)
+#: Incidence angles (deg) a spaceborne SAR images at: every mission's swaths lie within
+#: about 10-65 deg (Sentinel-1 29-46, TerraSAR-X 15-60, RADARSAT-2 10-60, ALOS-2 8-70 at its
+#: extremes); outside this range a radar grid or orbit is wrong, not the sensor unusual.
+INCIDENCE_RANGE = (5.0, 75.0)
+#: Largest distance (m) between a scene corner geocoded from the orbits and the product's own
+#: lat/lon there: terrain height moves a corner by height / tan(incidence) (a few km at most),
+#: the wrong look side or grid by hundreds of kilometres.
+CORNER_TOLERANCE = 20e3
 #: Newton iterations of geocoding and of the zero-Doppler time at most; each squares the error,
 #: and they stop once every step is below CONVERGED_RADIANS (1e-12 rad: 6 um on the ground)
 #: or CONVERGED_SECONDS (1e-9 s: 7 um along the orbit).
@@ -576,6 +584,67 @@ def look_geometry(geometry: StackGeometry, azimuth: Any, range_: Any, height: An
             "los_up": los_enu[2], "slant_range": slant}
 
 
+def check_scene_geometry(geometry: StackGeometry, shape: tuple[int, int], *,
+                         lat: Any = None, lon: Any = None, source: str = "stack") -> None:
+    """Refuse a radar grid and orbits that image no possible scene, naming what is wrong.
+
+    At the scene's four corners (``shape``: azimuth lines, range pixels): the incidence must
+    be within :data:`INCIDENCE_RANGE`; with the product's own ``lat``/``lon`` at those corners
+    (``(4,)`` arrays, corners in the order (0, 0), (0, last), (last, 0), (last, last)), each
+    corner geocoded from the orbits must lie within :data:`CORNER_TOLERANCE` of them, which
+    a wrong look side or a grid of another product does not.
+
+    Examples
+    --------
+    >>> from depsi.simulate import simulate_stack
+    >>> from depsi.simulate.scene import simulated_geometry
+    >>> stack, _ = simulate_stack(shape=(50, 60), n_epochs=4)
+    >>> geometry = simulated_geometry(stack)
+    >>> check_scene_geometry(geometry, (50, 60))
+    >>> far = RadarGrid(**{**geometry.grid.to_dict(), "near_range": 4.5e6})
+    >>> check_scene_geometry(StackGeometry(far, geometry.orbits, geometry.mother,
+    ...                      geometry.wavelength), (50, 60))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    depsi.io.geometry.GeometryError: stack: radar grid (near_range 4500000 m, ...: expected ...
+    """
+    n_az, n_rg = (max(int(n) - 1, 0) for n in shape)
+    azimuth = np.array([0.0, 0.0, n_az, n_az])
+    range_ = np.array([0.0, n_rg, 0.0, n_rg])
+    look = look_geometry(geometry, azimuth, range_)
+    low, high = INCIDENCE_RANGE
+    incidence = look["incidence"]
+    if not (np.isfinite(incidence).all() and (incidence >= low).all()
+            and (incidence <= high).all()):
+        grid = geometry.grid
+        raise GeometryError(
+            f"{source}: radar grid (near_range {grid.near_range:.0f} m, range_spacing "
+            f"{grid.range_spacing:g} m, {shape[1]} range pixels) and the mother orbit "
+            f"({geometry.mother_orbit.source}): expected incidence angles within {low:g}-"
+            f"{high:g} deg at the scene's corners, found {np.nanmin(incidence):.1f}-"
+            f"{np.nanmax(incidence):.1f} deg")
+    if lat is None or lon is None:
+        return
+    lat, lon = np.asarray(lat, np.float64), np.asarray(lon, np.float64)
+    given = np.isfinite(lat) & np.isfinite(lon)
+    if not given.any():
+        return
+    # great-circle distance on a sphere of the Earth's mean radius: a check at kilometres
+    phi1, phi2 = np.radians(look["lat"]), np.radians(lat)
+    dphi, dlam = phi2 - phi1, np.radians(lon - look["lon"])
+    chord = np.sin(dphi / 2) ** 2 + np.cos(phi1) * np.cos(phi2) * np.sin(dlam / 2) ** 2
+    distance = 2 * 6_371_000.0 * np.arcsin(np.sqrt(np.clip(chord, 0.0, 1.0)))
+    worst = int(np.nanargmax(np.where(given, distance, -1.0)))
+    if distance[worst] > CORNER_TOLERANCE:
+        corner = ("first line, near range", "first line, far range", "last line, near range",
+                  "last line, far range")[worst]
+        raise GeometryError(
+            f"{source}: the scene's corner ({corner}) geocoded from the orbits and the radar "
+            f"grid (look_side {geometry.grid.look_side!r}) is at lat {look['lat'][worst]:.4f}, "
+            f"lon {look['lon'][worst]:.4f}; the product's lat/lon there is {lat[worst]:.4f}, "
+            f"{lon[worst]:.4f}: expected them within {CORNER_TOLERANCE / 1e3:g} km, found "
+            f"{distance[worst] / 1e3:.1f} km apart (another look side, grid or orbit?)")
+
+
 def baselines(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any = None
               ) -> dict[str, np.ndarray]:
     """Perpendicular and parallel baselines of every epoch to the mother, and ``h2ph``.
@@ -849,7 +918,9 @@ __all__ = [
     "RadarGrid",
     "StackGeometry",
     "baselines",
+    "INCIDENCE_RANGE",
     "check_dem_covers",
+    "check_scene_geometry",
     "check_orbits_cover_epochs",
     "correct_positions",
     "geocode_points",

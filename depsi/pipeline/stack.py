@@ -231,6 +231,8 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
         logger.warning("%s: no h2ph in the product and no orbits to compute it from: the "
                        "height term leaves every step, velocity and displacement only",
                        where)
+    if "sar_geometry" in stack.attrs:
+        _check_scene_geometry(stack, where)
     dem = config.input.dem
     if dem is not None and not Path(dem).is_file():
         raise FileNotFoundError(f"input.dem: DEM {str(dem)!r} does not exist")
@@ -247,6 +249,24 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
                          "positions")
 
 
+
+
+def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
+    """The orbits and radar grid image a possible scene, which the product's own lat/lon (where
+    it has them) confirm at the scene's corners (:func:`depsi.io.geometry.check_scene_geometry`:
+    four pixels of each read)."""
+    from depsi.io.geometry import StackGeometry, check_scene_geometry
+
+    geometry = StackGeometry.from_attrs(stack.attrs)
+    shape = (int(stack.sizes["azimuth"]), int(stack.sizes["range"]))
+    lat = lon = None
+    if {"lat", "lon"} <= set(stack.variables) and {"azimuth", "range"} <= set(stack["lat"].dims):
+        last_az, last_rg = shape[0] - 1, shape[1] - 1
+        corners = {"azimuth": xr.DataArray([0, 0, last_az, last_az], dims="corner"),
+                   "range": xr.DataArray([0, last_rg, 0, last_rg], dims="corner")}
+        lat, lon = (np.asarray(stack[name].isel(corners).values, np.float64)
+                    for name in ("lat", "lon"))
+    check_scene_geometry(geometry, shape, lat=lat, lon=lon, source=where)
 
 
 def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:

@@ -1,0 +1,44 @@
+"""A local web explorer of a result: a map of the points coloured by any per-point variable,
+each point's displacement series on a click, the mean series of a box, filters by temporal
+coherence, scatterer kind and model; served on localhost or written as one HTML file.
+
+``depsi view WORKSPACE`` on the command line; :func:`view` from a notebook.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import xarray as xr
+
+from depsi.view.data import ViewData, ViewInputError, result_store
+from depsi.view.server import DEFAULT_HTML_POINTS, ViewServer, write_html
+
+logger = logging.getLogger(__name__)
+
+
+def view(result: xr.Dataset | str | os.PathLike, *, port: int = 0) -> ViewServer:
+    """Serve the viewer of ``result`` on localhost from a background thread.
+
+    Parameters
+    ----------
+    result
+        A result STM, a ``depsi run`` workspace folder or a result Zarr store.
+    port
+        TCP port on 127.0.0.1; 0 picks a free one.
+
+    Returns
+    -------
+    ViewServer
+        Its ``url``; Jupyter shows the page in an IFrame. ``close()`` stops it.
+    """
+    data = (ViewData(result, source="Dataset") if isinstance(result, xr.Dataset)
+            else ViewData.open(result))
+    server = ViewServer(data, port=port).start()
+    logger.info("depsi viewer of %s at %s", data.source, server.url)
+    return server
+
+
+__all__ = ["DEFAULT_HTML_POINTS", "ViewData", "ViewInputError", "ViewServer", "result_store",
+           "view", "write_html"]

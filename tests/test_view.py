@@ -1,0 +1,264 @@
+"""depsi view in a real headless Chromium: the page draws every point, a click shows the
+store's series, the filters and a box change what is counted, the one-file export draws with
+the network off. Chromium comes from scripts/browser-up.sh; where it is absent these tests skip
+and say why.
+
+``DEPSI_VIEW_SCREENSHOTS=DIR`` keeps the pages' screenshots in DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from depsi.cli import main
+from depsi.io import save_stm
+from depsi.simulate.results import result_like
+from depsi.view import ViewData, ViewInputError, ViewServer
+from depsi.view.data import Filters
+
+N_POINTS = 1500
+N_EPOCHS = 20
+#: Seconds a page has to draw (a few on 2 busy cores; far less usually).
+PAGE_WAIT_S = 30
+WINDOW = (1280, 820)
+
+
+def _browser_missing() -> str | None:
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        why = Path(os.environ.get("DEPSI_BROWSER_DIR", "/tmp/depsi-browser"), "unavailable")
+        reason = why.read_text().strip() if why.exists() else "run scripts/browser-up.sh"
+        return f"chromium or chromedriver not on PATH ({reason})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A workspace folder holding a result-shaped stm.zarr, as depsi run leaves one."""
+    folder = tmp_path_factory.mktemp("view") / "workspace"
+    folder.mkdir()
+    save_stm(result_like(N_POINTS, n_epochs=N_EPOCHS, seed=3), folder / "stm.zarr")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(workspace) -> ViewData:
+    return ViewData.open(workspace)
+
+
+@pytest.fixture(scope="module")
+def stored(data):
+    return data.result.compute()
+
+
+def _driver(*arguments: str):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    missing = _browser_missing()
+    if missing:
+        pytest.skip(missing)
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", f"--window-size={WINDOW[0]},{WINDOW[1]}", *arguments):
+        options.add_argument(argument)
+    # the Debian driver by its path: selenium-manager never goes to the network for one
+    return webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")),
+                            options=options)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = _driver()
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def server(data):
+    running = ViewServer(data).start()
+    yield running
+    running.close()
+
+
+def _screenshot(driver, tmp_path: Path, name: str) -> Path:
+    folder = Path(os.environ.get("DEPSI_VIEW_SCREENSHOTS", tmp_path))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def _load(driver, url: str) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    WebDriverWait(driver, PAGE_WAIT_S).until(
+        lambda d: d.execute_script("return document.body.dataset.ready || "
+                                   "document.body.dataset.error"))
+    error = driver.execute_script("return document.body.dataset.error")
+    assert error is None, f"the page failed: {error}"
+
+
+def _drawn(driver) -> int:
+    return int(driver.find_element("id", "drawn-count").text)
+
+
+def _click_lon_lat(driver, lon: float, lat: float, *, shift_to: tuple | None = None) -> None:
+    """Click (or shift-drag to ``shift_to``) at a lon/lat on the map, as a user does."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    overlay = driver.find_element("id", "overlay")
+    rect = driver.execute_script("return arguments[0].getBoundingClientRect().toJSON()", overlay)
+
+    def offset(lon_, lat_):  # selenium's offsets are from the element's centre
+        x, y = driver.execute_script("return window.depsiView.project(arguments[0], arguments[1])",
+                                     lon_, lat_)
+        return round(x - rect["left"] - rect["width"] / 2), round(y - rect["top"]
+                                                                    - rect["height"] / 2)
+
+    actions = ActionChains(driver)
+    if shift_to is None:
+        actions.move_to_element_with_offset(overlay, *offset(lon, lat)).click().perform()
+        return
+    (actions.key_down(Keys.SHIFT).move_to_element_with_offset(overlay, *offset(lon, lat))
+     .click_and_hold().move_to_element_with_offset(overlay, *offset(*shift_to))
+     .release().key_up(Keys.SHIFT).perform())
+
+
+def _series(driver, kind: str) -> dict:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def shown(d):
+        text = d.find_element("id", "series-values").get_attribute("textContent")
+        return json.loads(text) if text and json.loads(text)["kind"] == kind else None
+
+    return WebDriverWait(driver, PAGE_WAIT_S).until(shown)
+
+
+# ------------------------------------------------------------------------- without a browser
+def test_a_path_that_is_no_result_is_refused_naming_it(tmp_path):
+    with pytest.raises(ViewInputError, match="does not exist"):
+        ViewData.open(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ViewInputError, match="neither a workspace with stm.zarr"):
+        ViewData.open(tmp_path / "empty")
+
+
+def test_the_html_options_without_html_are_refused(workspace):
+    assert main(["view", str(workspace), "--max-points", "10", "--no-browser"]) != 0
+
+
+def test_the_nearest_point_is_the_kd_trees_and_passes_the_filters(data):
+    x, y = data.columns["x"].astype(np.float64), data.columns["y"].astype(np.float64)
+    coherence = data.columns["temporal_coherence"]
+    target = int(np.argmax(coherence < 0.5))
+    assert data.nearest(x[target], y[target], 1.0, Filters()) == target
+    kept = data.nearest(x[target], y[target], 1e6, Filters(min_coherence=0.5))
+    distance = np.hypot(x - x[target], y - y[target])
+    passing = np.flatnonzero(coherence >= 0.5)
+    # on the grid two neighbours can be equally near: the nearest distance is what must match
+    assert coherence[kept] >= 0.5
+    assert distance[kept] == pytest.approx(distance[passing].min(), abs=0.01)
+
+
+def test_the_model_line_follows_the_series_within_its_noise(data, stored):
+    seasonal = np.flatnonzero(stored["model_choice"].values == 1)[:200]
+    displacement = stored["displacement"].values[seasonal]
+    lines = data.model_lines(seasonal, displacement)
+    rms = np.sqrt(np.mean((lines - displacement)[:, 1:] ** 2, axis=1))
+    noise = stored["displacement_std"].values[seasonal, 0]
+    assert np.median(rms / noise) < 1.3  # white noise: 1; a missing seasonal term: far more
+
+
+# -------------------------------------------------------------------------------- in Chromium
+def test_the_page_draws_every_point(browser, server, tmp_path):
+    _load(browser, server.url)
+    assert _drawn(browser) == N_POINTS
+    assert browser.execute_script("return document.body.dataset.basemap") in ("tiles",
+                                                                              "graticule")
+    assert float(browser.execute_script("return document.body.dataset.firstDrawMs")) > 0
+    _screenshot(browser, tmp_path, "view-map")
+
+
+def test_a_click_shows_the_stores_series_of_that_point(browser, server, stored, tmp_path):
+    _load(browser, server.url)
+    index = int(np.argmax(stored["displacement_std"].values[:, 0]))  # any known point
+    _click_lon_lat(browser, float(stored["lon"][index]), float(stored["lat"][index]))
+    shown = _series(browser, "point")
+    assert shown["index"] == index
+    np.testing.assert_array_equal(np.float32(shown["displacement"]),
+                                  stored["displacement"].values[index])
+    np.testing.assert_array_equal(np.float32(shown["displacement_std"]),
+                                  stored["displacement_std"].values[index])
+    info = browser.find_element("id", "info").text
+    assert "velocity" in info and "mm/yr" in info
+    kind = ("ps", "ds")[int(stored["scatterer"].values[index])]
+    model = ("linear", "seasonal")[int(stored["model_choice"].values[index])]
+    assert kind in info and model in info
+    _screenshot(browser, tmp_path, "view-point")
+
+
+def test_the_filters_change_the_count_drawn(browser, server, stored):
+    _load(browser, server.url)
+    browser.execute_script("const e = document.getElementById('min-coherence'); e.value = '0.8';"
+                           "e.dispatchEvent(new Event('input'));")
+    expected = int((stored["temporal_coherence"].values >= np.float32(0.8)).sum())
+    browser.execute_script("return new Promise(r => requestAnimationFrame(() => r()))")
+    assert _drawn(browser) == expected < N_POINTS
+    ds = browser.find_element("css selector", "#kinds input[data-code='1']")
+    ds.click()
+    browser.execute_script("return new Promise(r => requestAnimationFrame(() => r()))")
+    ps = (stored["scatterer"].values == 0) & (stored["temporal_coherence"].values
+                                              >= np.float32(0.8))
+    assert _drawn(browser) == int(ps.sum())
+
+
+def test_a_box_gives_the_count_and_mean_series_of_its_points(browser, server, stored, tmp_path):
+    _load(browser, server.url)
+    lon, lat = stored["lon"].values, stored["lat"].values
+    west, east = np.percentile(lon, [20, 60])
+    south, north = np.percentile(lat, [30, 70])
+    _click_lon_lat(browser, west, north, shift_to=(east, south))
+    shown = _series(browser, "box")
+    # the box's corners are where the mouse went, to a pixel: count against the page's corners
+    box = browser.execute_script("return window.depsiView.state.box")
+    expected = ViewData.box(server.data, *box, Filters())
+    assert shown["count"] == expected["count"] > 0.1 * N_POINTS
+    np.testing.assert_allclose(shown["mean"], expected["mean"], rtol=0, atol=1e-9)
+    x, y = server.data.columns["x"], server.data.columns["y"]
+    inside = ((x >= min(box[0], box[2])) & (x <= max(box[0], box[2]))
+              & (y >= min(box[1], box[3])) & (y <= max(box[1], box[3])))
+    np.testing.assert_allclose(shown["mean"], stored["displacement"].values[inside].mean(axis=0),
+                               rtol=0, atol=1e-7)
+    _screenshot(browser, tmp_path, "view-box")
+
+
+def test_the_one_file_export_draws_with_the_network_off(workspace, stored, tmp_path):
+    out = tmp_path / "result.html"
+    assert main(["view", str(workspace), "--html", str(out), "--max-points", "400"]) == 0
+    offline = _driver("--host-resolver-rules=MAP * ~NOTFOUND")
+    try:
+        _load(offline, out.as_uri())
+        assert _drawn(offline) == 400
+        assert offline.execute_script("return document.body.dataset.basemap") == "graticule"
+        index = int(offline.execute_script("return 0"))
+        lon, lat = offline.execute_script("const d = window.DEPSI_DATA; "
+                                          "return [d.lon[arguments[0]], d.lat[arguments[0]]]",
+                                          index)
+        _click_lon_lat(offline, lon, lat)
+        shown = _series(offline, "point")
+        where = int(np.flatnonzero((np.round(stored["lon"].values, 7) == lon)
+                                   & (np.round(stored["lat"].values, 7) == lat))[0])
+        np.testing.assert_array_equal(np.float32(shown["displacement"]),
+                                      stored["displacement"].values[where])
+        _screenshot(offline, tmp_path, "view-html-offline")
+    finally:
+        offline.quit()

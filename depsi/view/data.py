@@ -18,7 +18,6 @@ import xarray as xr
 from scipy.spatial import cKDTree
 
 from depsi.conventions import years_since
-from depsi.io.export import point_ids
 from depsi.io.store import open_stm
 from depsi.processing.temporal_model import ModelConfig, temporal_model
 
@@ -151,7 +150,11 @@ class ViewData:
         self._tree_ready = threading.Event()
         self.years = years_since(self.times, self.times[0])
         self.regressors = _model_regressors(result, self.times)
-        self.ids = point_ids(result) if {"azimuth", "range"} <= set(result.variables) else None
+        # DePSI's point names (L<azimuth>P<range>), formed for a picked point only: the whole
+        # array of strings costs seconds and hundreds of MB at 10^6 points
+        self._lines_pixels = ((np.asarray(result["azimuth"].values),
+                               np.asarray(result["range"].values))
+                              if {"azimuth", "range"} <= set(result.variables) else None)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> ViewData:
@@ -246,6 +249,13 @@ class ViewData:
                     return int(keep[best])
         return None
 
+    def point_id(self, index: int) -> str | None:
+        """The point's DePSI name (``L<azimuth>P<range>``), or None without azimuth/range."""
+        if self._lines_pixels is None:
+            return None
+        azimuth, range_ = self._lines_pixels
+        return f"L{int(azimuth[index])}P{int(range_[index])}"
+
     def point(self, index: int) -> dict:
         """One point: its quantities (those absent named), its displacement series with stds
         and the model line, all in SI units."""
@@ -270,7 +280,7 @@ class ViewData:
         std = (np.asarray(row["displacement_std"].values, dtype=np.float32)
                if "displacement_std" in row.variables else None)
         return {
-            "index": index, "id": None if self.ids is None else str(self.ids[index]),
+            "index": index, "id": self.point_id(index),
             "lon": _json_float(self.result["lon"].values[index]),
             "lat": _json_float(self.result["lat"].values[index]),
             "values": values, "absent": [n for n in POINT_QUANTITIES

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
+from depsi.io.export import point_ids
 from depsi.view.data import Filters, ViewData
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ def embedded_data(data: ViewData, index: np.ndarray) -> dict:
         "columns": {name: _base64(values) for name, values in sub_columns.items()},
         "displacement": _base64(displacement),
         "model_line": _base64(sub.model_lines(np.arange(index.size), displacement, offset)),
-        "ids": None if sub.ids is None else [str(i) for i in sub.ids],
+        "ids": (None if sub.point_id(0) is None
+                else [str(i) for i in point_ids(sub.result)]),
         "lon": np.asarray(sub.result["lon"].values, dtype=np.float64).round(7).tolist(),
         "lat": np.asarray(sub.result["lat"].values, dtype=np.float64).round(7).tolist(),
     }

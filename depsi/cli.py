@@ -241,19 +241,20 @@ def _bbox(text: str) -> tuple[float, float, float, float]:
 def _cmd_view(args: argparse.Namespace) -> int:
     import webbrowser
 
-    from depsi.view import DEFAULT_HTML_POINTS, ViewData, ViewServer, write_html
+    from depsi.view import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewData, ViewServer, write_html
 
     if not args.html and (args.max_points is not None or args.bbox is not None):
         raise ValueError("view: --max-points and --bbox choose the points of an --html file; "
                          "found them without --html")
+    tiles = args.tiles or DEFAULT_TILES
     data = ViewData.open(args.path)
     if args.html:
-        out = write_html(data, args.html, bbox=args.bbox,
+        out = write_html(data, args.html, bbox=args.bbox, tiles=tiles,
                          max_points=DEFAULT_HTML_POINTS if args.max_points is None
                          else args.max_points)
         sys.stdout.write(f"{out}\n")
         return 0
-    server = ViewServer(data, port=args.port)
+    server = ViewServer(data, port=args.port, tiles=tiles)
     sys.stdout.write(f"depsi viewer of {data.source} ({data.n_points} points) at "
                      f"{server.url} (Ctrl-C stops it)\n")
     sys.stdout.flush()
@@ -541,6 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default 20000)")
     view.add_argument("--bbox", type=_bbox, default=None, metavar="W,S,E,N",
                       help="only the points in this lon/lat box (degrees) in the --html file")
+    view.add_argument("--tiles", default=None, metavar="URL",
+                      help="basemap tiles, a URL template with {z}/{x}/{y} (default "
+                           "OpenStreetMap's)")
     view.set_defaults(func=_cmd_view)
     return parser
 

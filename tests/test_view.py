@@ -20,7 +20,8 @@ from depsi.cli import main
 from depsi.io import save_stm
 from depsi.simulate.results import result_like
 from depsi.view import ViewData, ViewInputError, ViewServer
-from depsi.view.data import Filters
+from depsi.view.data import Filters, mercator
+from depsi.view.server import DEFAULT_TILES
 
 N_POINTS = 1500
 N_EPOCHS = 20
@@ -239,6 +240,82 @@ def test_a_box_gives_the_count_and_mean_series_of_its_points(browser, server, st
     np.testing.assert_allclose(shown["mean"], stored["displacement"].values[inside].mean(axis=0),
                                rtol=0, atol=1e-7)
     _screenshot(browser, tmp_path, "view-box")
+
+
+@pytest.fixture
+def tile_server():
+    """A local XYZ tile server: one pale green PNG for every tile, the paths asked recorded."""
+    import io
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    plt.imsave(buffer, np.full((256, 256, 3), [0.8, 0.93, 0.8]), format="png")
+    png, asked = buffer.getvalue(), []
+
+    class Tiles(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Tiles)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/{{z}}/{{x}}/{{y}}.png", asked
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_the_basemap_draws_the_tiles_over_the_scene_when_online(browser, data, stored,
+                                                                tile_server, tmp_path):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    template, asked = tile_server
+    running = ViewServer(data, tiles=template).start()
+    try:
+        _load(browser, running.url)
+        WebDriverWait(browser, PAGE_WAIT_S).until(
+            lambda d: d.execute_script("return document.body.dataset.basemap") == "tiles")
+        assert "tiles: 127.0.0.1" in browser.find_element("id", "attribution").text
+        _screenshot(browser, tmp_path, "view-tiles")
+    finally:
+        running.close()
+    z, x, y = (int(v) for v in asked[0].removesuffix(".png").strip("/").split("/"))
+    # the tile under the scene's centre (XYZ numbering of Web Mercator) was among those asked
+    cx, cy = mercator(stored["lon"].values.mean(), stored["lat"].values.mean())
+    world = 2 * np.pi * 6378137.0
+    centre = f"/{z}/{int((cx + world / 2) / world * 2**z)}/{int((world / 2 - cy) / world * 2**z)}"
+    assert f"{centre}.png" in asked
+
+
+def test_a_tile_url_without_its_placeholders_is_refused(data):
+    with pytest.raises(ValueError, match=r"expected a URL template with \{z\}"):
+        ViewServer(data, tiles="https://tiles.example/{z}/{x}.png")
+    assert "{z}" in DEFAULT_TILES
+
+
+@pytest.mark.slow
+def test_a_chain_result_shows_its_quantities_and_says_which_are_absent():
+    """On the chain's own result (no DS, no model terms): the point names what is absent."""
+    from depsi import run_ps_chain
+    from scenes import simulated_points
+
+    points, _ = simulated_points(shape=(50, 50), n_epochs=12, aps_std=0.0)
+    result = run_ps_chain(points).compute()
+    data = ViewData(result)
+    point = data.point(0)
+    assert {"scatterer", "model_choice"} <= set(point["absent"])
+    np.testing.assert_array_equal(np.float32(point["displacement"]),
+                                  result["displacement"].transpose("space", "time").values[0])
+    assert data.meta()["reference"]["point"] is not None
 
 
 def test_the_one_file_export_draws_with_the_network_off(workspace, stored, tmp_path):

@@ -13,12 +13,13 @@ import os
 import xarray as xr
 
 from depsi.view.data import ViewData, ViewInputError, result_store
-from depsi.view.server import DEFAULT_HTML_POINTS, ViewServer, write_html
+from depsi.view.server import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewServer, write_html
 
 logger = logging.getLogger(__name__)
 
 
-def view(result: xr.Dataset | str | os.PathLike, *, port: int = 0) -> ViewServer:
+def view(result: xr.Dataset | str | os.PathLike, *, port: int = 0,
+         tiles: str = DEFAULT_TILES) -> ViewServer:
     """Serve the viewer of ``result`` on localhost from a background thread.
 
     Parameters
@@ -27,6 +28,8 @@ def view(result: xr.Dataset | str | os.PathLike, *, port: int = 0) -> ViewServer
         A result STM, a ``depsi run`` workspace folder or a result Zarr store.
     port
         TCP port on 127.0.0.1; 0 picks a free one.
+    tiles
+        URL template of the basemap's tiles (default OpenStreetMap's).
 
     Returns
     -------
@@ -35,10 +38,10 @@ def view(result: xr.Dataset | str | os.PathLike, *, port: int = 0) -> ViewServer
     """
     data = (ViewData(result, source="Dataset") if isinstance(result, xr.Dataset)
             else ViewData.open(result))
-    server = ViewServer(data, port=port).start()
+    server = ViewServer(data, port=port, tiles=tiles).start()
     logger.info("depsi viewer of %s at %s", data.source, server.url)
     return server
 
 
-__all__ = ["DEFAULT_HTML_POINTS", "ViewData", "ViewInputError", "ViewServer", "result_store",
-           "view", "write_html"]
+__all__ = ["DEFAULT_HTML_POINTS", "DEFAULT_TILES", "ViewData", "ViewInputError", "ViewServer",
+           "result_store", "view", "write_html"]

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 #: Static files of the page, by URL name, with their content types.
 STATIC = {"viewer.js": "text/javascript; charset=utf-8", "viewer.css": "text/css; charset=utf-8"}
+#: The basemap's tiles (XYZ, Web Mercator): OpenStreetMap's, as its tile policy allows for
+#: light interactive use with attribution (the page shows it).
+DEFAULT_TILES = "https://tile.openstreetmap.org/{z}/{x}/{y}.png"
 #: Points of a one-file export by default: about 10 MB of HTML for 60 epochs.
 DEFAULT_HTML_POINTS = 20_000
 
@@ -50,8 +53,16 @@ def _page(data_script: str = "", *, inline: bool = False) -> str:
     return page
 
 
+def _check_tiles(tiles: str) -> str:
+    if not all(key in tiles for key in ("{z}", "{x}", "{y}")):
+        raise ValueError(f"view: --tiles expected a URL template with {{z}}, {{x}} and {{y}}, "
+                         f"found {tiles!r}")
+    return tiles
+
+
 class _Handler(BaseHTTPRequestHandler):
     data: ViewData  # set on the subclass made per server
+    tiles: str
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base's name)
         logger.debug("%s %s", self.address_string(), format % args)
@@ -76,7 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path.startswith("/static/") and url.path[8:] in STATIC:
                 self._send(_static(url.path[8:]).encode(), STATIC[url.path[8:]])
             elif url.path == "/api/meta":
-                self._json(self.data.meta())
+                self._json({**self.data.meta(), "tiles": self.tiles})
             elif url.path.startswith("/api/column/"):
                 self._send(self.data.column_bytes(url.path[12:]), "application/octet-stream")
             elif url.path == "/api/pick":
@@ -105,10 +116,12 @@ class ViewServer:
         The result to serve.
     port
         TCP port on 127.0.0.1; 0 picks a free one.
+    tiles
+        URL template of the basemap's tiles (``{z}``, ``{x}``, ``{y}``).
     """
 
-    def __init__(self, data: ViewData, *, port: int = 0):
-        handler = type("Handler", (_Handler,), {"data": data})
+    def __init__(self, data: ViewData, *, port: int = 0, tiles: str = DEFAULT_TILES):
+        handler = type("Handler", (_Handler,), {"data": data, "tiles": _check_tiles(tiles)})
         self.data = data
         self.httpd = ThreadingHTTPServer((HOST, port), handler)
         self.httpd.daemon_threads = True
@@ -147,7 +160,7 @@ def _base64(values: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode()
 
 
-def embedded_data(data: ViewData, index: np.ndarray) -> dict:
+def embedded_data(data: ViewData, index: np.ndarray, *, tiles: str = DEFAULT_TILES) -> dict:
     """The page's data for the points ``index``: their columns, series, stds and model lines
     (float32, base64), so that the page needs no server."""
     sub = ViewData(data.result.isel(space=index), source=data.source)
@@ -160,7 +173,8 @@ def embedded_data(data: ViewData, index: np.ndarray) -> dict:
     sub_columns["y"] = data.columns["y"][index]
     meta = data.meta()
     meta.update(n_points=int(index.size), sampled_from=data.n_points,
-                columns=sub.meta()["columns"], model_says=data.model_says())
+                columns=sub.meta()["columns"], model_says=data.model_says(),
+                tiles=_check_tiles(tiles))
     out = {
         "meta": meta,
         "columns": {name: _base64(values) for name, values in sub_columns.items()},
@@ -177,16 +191,18 @@ def embedded_data(data: ViewData, index: np.ndarray) -> dict:
 
 
 def write_html(data: ViewData, path: str | os.PathLike, *, max_points: int = DEFAULT_HTML_POINTS,
-               bbox: tuple[float, float, float, float] | None = None) -> Path:
+               bbox: tuple[float, float, float, float] | None = None,
+               tiles: str = DEFAULT_TILES) -> Path:
     """Write the page with a sample of at most ``max_points`` points (within ``bbox``: west,
     south, east, north in degrees) embedded: one file that opens with no server and no
-    network."""
+    network (the basemap's ``tiles`` load when the browser is online)."""
     if max_points < 1:
         raise ValueError(f"view: --max-points expected a positive count, found {max_points}")
     index = data.sample(max_points=max_points, bbox=bbox)
-    script = ("<script>window.DEPSI_DATA = "
-              + json.dumps(embedded_data(data, index), allow_nan=False).replace("</", "<\\/")
-              + ";</script>")
+    embedded = json.dumps(embedded_data(data, index, tiles=tiles), allow_nan=False)
+    # "</script>" inside the data would end the script element early
+    embedded = embedded.replace("</", "<\\/")
+    script = f"<script>window.DEPSI_DATA = {embedded};</script>"
     path = Path(path)
     path.write_text(_page(script, inline=True), encoding="utf-8")
     logger.info("wrote %s: %d of %d points, %.1f MB", path, index.size, data.n_points,

@@ -5,7 +5,6 @@
 (function () {
   const R = 6378137.0;                       // Web Mercator radius (m)
   const TILE = 256;
-  const TILE_URL = "https://tile.openstreetmap.org/{z}/{x}/{y}.png";
   const PICK_PIXELS = 8;                     // a click picks the nearest point within this
   const QUANTITIES = ["velocity", "velocity_std", "height_error", "height_error_std",
     "temporal_coherence", "scatterer", "model_choice", "displacement_std"];
@@ -165,7 +164,7 @@
 
   // metres shown as millimetres: the unit PS-InSAR users read
   function displayScale(info) {
-    if (info.units === "m/yr") return { factor: 1e3, units: "mm/yr" };
+    if (/^m\s*(\/\s*(yr|year|a)|\s+(yr|year|a)-1)$/.test(info.units)) return { factor: 1e3, units: "mm/yr" };
     if (info.units === "m" && /std|displacement|seasonal|step|offset/.test(info.name)) return { factor: 1e3, units: "mm" };
     return { factor: 1, units: info.units };
   }
@@ -354,10 +353,9 @@
     let image = state.tiles.get(key);
     if (!image) {
       image = new Image();
-      image.crossOrigin = "anonymous";
       image.onload = () => { state.tilesLoaded++; schedule(); };
       image.onerror = () => { state.tilesFailed++; updateBasemapState(); };
-      image.src = TILE_URL.replace("{z}", z).replace("{x}", x).replace("{y}", y);
+      image.src = state.meta.tiles.replace("{z}", z).replace("{x}", x).replace("{y}", y);
       state.tiles.set(key, image);
     }
     return image;
@@ -365,7 +363,8 @@
 
   function updateBasemapState() {
     const online = state.basemap && state.tilesLoaded > 0;
-    $("attribution").textContent = online ? "© OpenStreetMap contributors" : "lon/lat graticule (WGS84)";
+    $("attribution").textContent = !online ? "lon/lat graticule (WGS84)" :
+      /openstreetmap/.test(state.meta.tiles) ? "© OpenStreetMap contributors" : "tiles: " + state.meta.tiles.split("/")[2];
     $("basemap-state").textContent = !state.basemap ? "" :
       state.tilesLoaded ? "" : state.tilesFailed ? "(offline: graticule only)" : "(loading)";
     document.body.dataset.basemap = online ? "tiles" : "graticule";
@@ -573,6 +572,9 @@
     setColumn(m.default_column, false);
     bindEvents();
     draw();
+    const series = $("series").getContext("2d");
+    series.fillStyle = "#888"; series.font = "13px sans-serif";
+    series.fillText("Click a point for its series; shift+drag for a box's mean.", 16, 30);
   }
 
   window.depsiView = {

@@ -235,7 +235,7 @@
     const x = state.cols.x, y = state.cols.y, v = state.cols[state.column], n = x.length;
     const s = state.view.scale, ox = W / 2 - state.view.cx * s, oy = H / 2 + state.view.cy * s;
     const lo = state.low, span = state.high - state.low || 1, table = state.lut;
-    const grey = (255 << 24) | (150 << 16) | (150 << 8) | 150;
+    const grey = (255 << 24) | (150 << 16) | (150 << 8) | 150, rim = (255 << 24) | (110 << 16) | (110 << 8) | 110;
     const dot = Math.max(2, Math.min(8, Math.round(0.8 * state.spacing * s)));
     const half = dot >> 1;
     const coherence = state.cols.temporal_coherence, kind = state.cols.scatterer, model = state.cols.model_choice;
@@ -255,7 +255,14 @@
         colour = table[k | 0];
       }
       const xa = px < 0 ? 0 : px, xb = Math.min(px + dot, W), ya = py < 0 ? 0 : py, yb = Math.min(py + dot, H);
-      for (let r = ya; r < yb; r++) pixels.fill(colour, r * W + xa, r * W + xb);
+      if (dot >= 4) {
+        // a dark rim, so that points near zero (white on the scale) stand out on a pale map
+        for (let r = ya; r < yb; r++) pixels.fill(rim, r * W + xa, r * W + xb);
+        const xi = Math.max(px + 1, 0), xo = Math.min(px + dot - 1, W);
+        for (let r = Math.max(py + 1, 0); r < Math.min(py + dot - 1, H); r++) pixels.fill(colour, r * W + xi, r * W + xo);
+      } else {
+        for (let r = ya; r < yb; r++) pixels.fill(colour, r * W + xa, r * W + xb);
+      }
       drawn++;
     }
     ctx.putImageData(image, 0, 0);

@@ -162,7 +162,10 @@ def bokeh_server(store: Path) -> None:
             self.send_header("Content-Type", "text/html")
             self.send_header("Content-Length", str(len(page)))
             self.end_headers()
-            self.wfile.write(page)
+            try:
+                self.wfile.write(page)
+            except ConnectionResetError:  # the browser closed once the picture was measured
+                pass
 
         def log_message(self, *args):
             pass

@@ -179,6 +179,40 @@ def test_the_model_line_follows_the_series_within_its_noise(data, stored):
     assert np.median(rms / noise) < 1.3  # white noise: 1; a missing seasonal term: far more
 
 
+def test_depsi_view_serves_a_dataset_from_a_notebook(stored):
+    import urllib.request
+
+    import depsi
+
+    viewer = depsi.view(stored)
+    try:
+        with urllib.request.urlopen(viewer.url + "api/meta") as response:
+            meta = json.loads(response.read())
+        assert meta["n_points"] == N_POINTS and meta["default_column"] == "velocity"
+        assert f'<iframe src="{viewer.url}"' in viewer._repr_html_()
+    finally:
+        viewer.close()
+
+
+def test_the_command_serves_a_workspace_and_prints_its_address(workspace):
+    import subprocess
+    import sys
+    import urllib.request
+
+    process = subprocess.Popen([sys.executable, "-m", "depsi.cli", "view", str(workspace),
+                                "--no-browser"], stdout=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[1])
+    try:
+        line = process.stdout.readline()
+        url = line[line.index("http://"):].split()[0]
+        with urllib.request.urlopen(url + "api/column/velocity") as response:
+            velocity = np.frombuffer(response.read(), dtype="<f4")
+        np.testing.assert_array_equal(velocity, ViewData.open(workspace).columns["velocity"])
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 # -------------------------------------------------------------------------------- in Chromium
 def test_the_page_draws_every_point(browser, server, tmp_path):
     _load(browser, server.url)

@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return run_ps_chain
     if name == "view":  # the web explorer of a result: imported when first used
-        from depsi.view import view
+        from depsi.viewer import view
 
         return view
     raise AttributeError(f"module 'depsi' has no attribute {name!r}")

@@ -241,7 +241,7 @@ def _bbox(text: str) -> tuple[float, float, float, float]:
 def _cmd_view(args: argparse.Namespace) -> int:
     import webbrowser
 
-    from depsi.view import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewData, ViewServer, write_html
+    from depsi.viewer import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewData, ViewServer, write_html
 
     if not args.html and (args.max_points is not None or args.bbox is not None):
         raise ValueError("view: --max-points and --bbox choose the points of an --html file; "

@@ -19,9 +19,9 @@ import pytest
 from depsi.cli import main
 from depsi.io import save_stm
 from depsi.simulate.results import result_like
-from depsi.view import ViewData, ViewInputError, ViewServer
-from depsi.view.data import Filters, mercator
-from depsi.view.server import DEFAULT_TILES
+from depsi.viewer import ViewData, ViewInputError, ViewServer
+from depsi.viewer.data import Filters, mercator
+from depsi.viewer.server import DEFAULT_TILES
 
 N_POINTS = 1500
 N_EPOCHS = 20

@@ -12,8 +12,8 @@ import os
 
 import xarray as xr
 
-from depsi.view.data import ViewData, ViewInputError, result_store
-from depsi.view.server import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewServer, write_html
+from depsi.viewer.data import ViewData, ViewInputError, result_store
+from depsi.viewer.server import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewServer, write_html
 
 logger = logging.getLogger(__name__)
 

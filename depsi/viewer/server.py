@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 
 from depsi.io.export import point_ids
-from depsi.view.data import Filters, ViewData
+from depsi.viewer.data import Filters, ViewData
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ DEFAULT_HTML_POINTS = 20_000
 
 
 def _static(name: str) -> str:
-    return resources.files("depsi.view").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files("depsi.viewer").joinpath("static", name).read_text(encoding="utf-8")
 
 
 def _page(data_script: str = "", *, inline: bool = False) -> str:

@@ -32,7 +32,8 @@ MERCATOR_MAX_LAT = 85.05112878
 #: Nearest points asked of the KD-tree per pick: the first that passes the filters is shown.
 PICK_CANDIDATES = 32
 #: Most points averaged for a box's mean series; a larger box is averaged over an even sample
-#: of this many (the count stays exact), so a box over a whole scene answers in a second.
+#: of this many (the count stays exact): a box over a whole scene of 10^6 points answers in
+#: about 2 s on 2 cores.
 BOX_MEAN_MAX = 100_000
 #: The column coloured first, when the result has it.
 DEFAULT_COLUMN = "velocity"

@@ -126,14 +126,17 @@
   const SEQUENTIAL = [[68, 1, 84], [72, 40, 120], [62, 74, 137], [49, 104, 142], [38, 130, 142],
     [31, 158, 137], [53, 183, 121], [109, 205, 89], [180, 222, 44], [253, 231, 37]];
 
+  // 255 colours of the scale and, at NO_VALUE, grey for a point without a value
+  const NO_VALUE = 255;
   function lut(stops) {
     const out = new Uint32Array(256), rgb = [];
-    for (let k = 0; k < 256; k++) {
-      const f = (k / 255) * (stops.length - 1), j = Math.min(Math.floor(f), stops.length - 2), w = f - j;
+    for (let k = 0; k < NO_VALUE; k++) {
+      const f = (k / (NO_VALUE - 1)) * (stops.length - 1), j = Math.min(Math.floor(f), stops.length - 2), w = f - j;
       const c = [0, 1, 2].map((b) => Math.round(stops[j][b] * (1 - w) + stops[j + 1][b] * w));
       out[k] = (255 << 24) | (c[2] << 16) | (c[1] << 8) | c[0];   // little-endian RGBA
       rgb.push(c);
     }
+    out[NO_VALUE] = (255 << 24) | (150 << 16) | (150 << 8) | 150;
     out.rgb = rgb;
     return out;
   }
@@ -144,6 +147,7 @@
     state.diverging = info.diverging;
     if (!keepRange) { state.low = info.low; state.high = info.high; }
     state.lut = lut(state.diverging ? DIVERGING : SEQUENTIAL);
+    state.colours = null;
     $("low").value = +state.low.toPrecision(4);
     $("high").value = +state.high.toPrecision(4);
     drawColourbar(info);
@@ -152,7 +156,7 @@
   function drawColourbar(info) {
     const canvas = $("colourbar-canvas"), ctx = canvas.getContext("2d");
     for (let k = 0; k < canvas.width; k++) {
-      const c = state.lut.rgb[Math.round((k / (canvas.width - 1)) * 255)];
+      const c = state.lut.rgb[Math.round((k / (canvas.width - 1)) * (NO_VALUE - 1))];
       ctx.fillStyle = "rgb(" + c.join(",") + ")";
       ctx.fillRect(k, 0, 1, canvas.height);
     }
@@ -229,30 +233,51 @@
   }
 
   // ------------------------------------------------------------------------ points
+  // Per point, once per change of column, range or filters (not per frame): its colour's index
+  // into the table and whether it passes the filters.
+  function colourIndices() {
+    const v = state.cols[state.column], n = v.length;
+    const out = state.colours && state.colours.length === n ? state.colours : new Uint8Array(n);
+    const lo = state.low, top = NO_VALUE - 1, factor = top / (state.high - state.low || 1);
+    for (let i = 0; i < n; i++) {
+      const value = v[i];
+      if (value !== value) { out[i] = NO_VALUE; continue; }
+      const k = (value - lo) * factor;
+      out[i] = k < 0 ? 0 : k > top ? top : k;
+    }
+    return out;
+  }
+
+  function filterMask() {
+    const n = state.cols.x.length, out = new Uint8Array(n);
+    let kept = 0;
+    for (let i = 0; i < n; i++) if (passes(i)) { out[i] = 1; kept++; }
+    out.kept = kept;
+    return out;
+  }
+
   function drawPoints() {
     const canvas = $("points"), ctx = canvas.getContext("2d"), W = canvas.width, H = canvas.height;
-    const image = ctx.createImageData(W, H), pixels = new Uint32Array(image.data.buffer);
-    const x = state.cols.x, y = state.cols.y, v = state.cols[state.column], n = x.length;
-    const s = state.view.scale, ox = W / 2 - state.view.cx * s, oy = H / 2 + state.view.cy * s;
-    const lo = state.low, span = state.high - state.low || 1, table = state.lut;
-    const grey = (255 << 24) | (150 << 16) | (150 << 8) | 150, rim = (255 << 24) | (110 << 16) | (110 << 8) | 110;
-    const dot = Math.max(2, Math.min(8, Math.round(0.8 * state.spacing * s)));
-    const half = dot >> 1;
-    const coherence = state.cols.temporal_coherence, kind = state.cols.scatterer, model = state.cols.model_choice;
-    const minC = coherence ? state.minCoherence : 0, kinds = kind ? state.kinds : null, models = model ? state.models : null;
+    if (!state.image || state.image.width !== W || state.image.height !== H) state.image = ctx.createImageData(W, H);
+    const image = state.image, pixels = new Uint32Array(image.data.buffer);
+    pixels.fill(0);
+    if (!state.colours) state.colours = colourIndices();
+    if (!state.mask) state.mask = filterMask();
+    const x = state.cols.x, y = state.cols.y, colours = state.colours, mask = state.mask, n = x.length;
+    const table = state.lut, rim = (255 << 24) | (110 << 16) | (110 << 8) | 110;
+    const s = state.view.scale, dot = Math.max(2, Math.min(8, Math.round(0.8 * state.spacing * s)));
+    const half = dot >> 1, ox = W / 2 - state.view.cx * s - half + 0.5, oy = H / 2 + state.view.cy * s - half + 0.5;
     let drawn = 0;
     for (let i = 0; i < n; i++) {
-      if (minC > 0 && !(coherence[i] >= minC)) continue;
-      if (kinds && !kinds.has(kind[i])) continue;
-      if (models && !models.has(model[i])) continue;
-      const px = Math.round(x[i] * s + ox) - half, py = Math.round(oy - y[i] * s) - half;
-      if (px <= -dot || py <= -dot || px >= W || py >= H) continue;
-      const value = v[i];
-      let colour = grey;
-      if (value === value) {
-        let k = ((value - lo) / span) * 255;
-        k = k < 0 ? 0 : k > 255 ? 255 : k;
-        colour = table[k | 0];
+      if (!mask[i]) continue;
+      const fx = x[i] * s + ox, fy = oy - y[i] * s;
+      if (fx <= -dot || fy <= -dot || fx >= W || fy >= H) continue;
+      const px = Math.floor(fx), py = Math.floor(fy), colour = table[colours[i]];
+      drawn++;
+      if (dot === 2 && px >= 0 && py >= 0 && px + 2 <= W && py + 2 <= H) {
+        const o = py * W + px;
+        pixels[o] = colour; pixels[o + 1] = colour; pixels[o + W] = colour; pixels[o + W + 1] = colour;
+        continue;
       }
       const xa = px < 0 ? 0 : px, xb = Math.min(px + dot, W), ya = py < 0 ? 0 : py, yb = Math.min(py + dot, H);
       if (dot >= 4) {
@@ -263,7 +288,6 @@
       } else {
         for (let r = ya; r < yb; r++) pixels.fill(colour, r * W + xa, r * W + xb);
       }
-      drawn++;
     }
     ctx.putImageData(image, 0, 0);
     state.drawn = drawn;
@@ -531,7 +555,8 @@
     }
     $("reset-range").addEventListener("click", () => { setColumn(state.column, false); schedule(); });
     $("min-coherence").addEventListener("input", (e) => {
-      const v = parseFloat(e.target.value); state.minCoherence = Number.isFinite(v) ? v : 0; schedule();
+      const v = parseFloat(e.target.value); state.minCoherence = Number.isFinite(v) ? v : 0;
+      state.mask = null; schedule();
     });
     $("basemap-on").addEventListener("change", (e) => { state.basemap = e.target.checked; schedule(); });
   }
@@ -548,7 +573,7 @@
     box.addEventListener("change", () => {
       const on = [...box.querySelectorAll("input")].filter((i) => i.checked).map((i) => +i.dataset.code);
       state[key] = on.length === names.length ? null : new Set(on);
-      schedule();
+      state.mask = null; schedule();
     });
   }
 
@@ -586,6 +611,8 @@
 
   window.depsiView = {
     state,
+    // draw the whole map now; the milliseconds it took
+    redraw() { const began = performance.now(); draw(); return performance.now() - began; },
     // where a lon/lat point is on the map, in page pixels (for tests and scripts)
     project(lon, lat) {
       const [x, y] = lonLatToMap(lon, lat), [a, b] = toScreen(x, y), rect = $("overlay").getBoundingClientRect();

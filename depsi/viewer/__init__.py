@@ -35,6 +35,14 @@ def view(result: xr.Dataset | str | os.PathLike, *, port: int = 0,
     -------
     ViewServer
         Its ``url``; Jupyter shows the page in an IFrame. ``close()`` stops it.
+
+    Examples
+    --------
+    >>> from depsi.simulate import result_like
+    >>> viewer = view(result_like(100, n_epochs=5))
+    >>> viewer.url.startswith("http://127.0.0.1:")
+    True
+    >>> viewer.close()
     """
     data = (ViewData(result, source="Dataset") if isinstance(result, xr.Dataset)
             else ViewData.open(result))

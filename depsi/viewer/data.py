@@ -11,15 +11,15 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
-from scipy.spatial import cKDTree
+from scipy.spatial import ConvexHull, QhullError, cKDTree
 
 from depsi.conventions import years_since
 from depsi.io.store import open_stm
-from depsi.processing.temporal_model import ModelConfig, temporal_model
 
 logger = logging.getLogger(__name__)
 
@@ -148,14 +148,19 @@ class ViewData:
         self._xy = np.column_stack([x - self.origin[0], y - self.origin[1]])
         self._xy[~finite] = np.inf
         self._tree: cKDTree | None = None
-        self._tree_ready = threading.Event()
+        self._tree_lock = threading.Lock()
         self.years = years_since(self.times, self.times[0])
-        self.regressors = _model_regressors(result, self.times)
         # DePSI's point names (L<azimuth>P<range>), formed for a picked point only: the whole
         # array of strings costs seconds and hundreds of MB at 10^6 points
         self._lines_pixels = ((np.asarray(result["azimuth"].values),
                                np.asarray(result["range"].values))
                               if {"azimuth", "range"} <= set(result.variables) else None)
+
+    @cached_property
+    def regressors(self) -> dict[str, np.ndarray]:
+        """The regressors of the result's model columns at its epochs (made when a point's
+        model line is first asked for: the server starts without the processing layer)."""
+        return _model_regressors(self.result, self.times)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> ViewData:
@@ -164,17 +169,16 @@ class ViewData:
         return cls(open_stm(store), source=str(store))
 
     # ----------------------------------------------------------------------- columns, meta
-    def build_tree(self) -> None:
+    def build_tree(self) -> cKDTree:
         """The KD-tree over the points' map positions (built once; a pick waits for it)."""
-        if self._tree is None:
-            self._tree = cKDTree(self._xy)
-            self._tree_ready.set()
+        with self._tree_lock:
+            if self._tree is None:
+                self._tree = cKDTree(self._xy)
+            return self._tree
 
     @property
     def tree(self) -> cKDTree:
-        self.build_tree()
-        self._tree_ready.wait()
-        return self._tree
+        return self.build_tree()
 
     def column_bytes(self, name: str) -> bytes:
         if name not in self.columns:
@@ -211,8 +215,6 @@ class ViewData:
             area = self._xy[np.asarray(self.result["in_reference_area"].values, dtype=bool)]
             area = area[np.isfinite(area).all(axis=1)]
             if len(area) >= 3:
-                from scipy.spatial import ConvexHull, QhullError
-
                 try:
                     out["area"] = area[ConvexHull(area).vertices].tolist()
                 except QhullError:  # points on a line: no area to outline
@@ -369,6 +371,8 @@ def _model_regressors(result: xr.Dataset, times: np.ndarray) -> dict[str, np.nda
     columns = [c for c in result.attrs.get("model_columns", ()) if c in result.variables]
     if not columns:
         return {}
+    from depsi.processing.temporal_model import ModelConfig, temporal_model
+
     terms = [t for t in result.attrs.get("model_terms", ()) if t != "thermal"]
     step_dates = [_iso(c.removeprefix("step_")) for c in columns if c.startswith("step_")]
     breakpoint_dates = [_iso(c.removeprefix("breakpoint_")) for c in columns

@@ -180,6 +180,12 @@ class ViewData:
     def tree(self) -> cKDTree:
         return self.build_tree()
 
+    def warm_up(self) -> None:
+        """Build what the first pick needs (the KD-tree, the model's regressors) while the page
+        draws its first picture."""
+        self.build_tree()
+        _ = self.regressors
+
     def column_bytes(self, name: str) -> bytes:
         if name not in self.columns:
             raise KeyError(f"view: no per-point column {name!r}; expected one of "

@@ -127,8 +127,8 @@ class ViewServer:
         self.httpd.daemon_threads = True
         self.url = f"http://{HOST}:{self.httpd.server_address[1]}/"
         self._thread: threading.Thread | None = None
-        # the KD-tree is built beside the first picture, not before it
-        threading.Thread(target=data.build_tree, name="depsi-view-tree", daemon=True).start()
+        # what the first pick needs is made beside the first picture, not before it
+        threading.Thread(target=data.warm_up, name="depsi-view-warm-up", daemon=True).start()
 
     def serve_forever(self) -> None:
         """Serve until interrupted (the command line's way)."""

@@ -229,6 +229,9 @@ def test_a_click_shows_the_stores_series_of_that_point(browser, server, stored, 
     velocity = np.where(stored["model_choice"].values == 1, stored["velocity"].values, np.inf)
     index = int(np.argmin(velocity))
     _click_lon_lat(browser, float(stored["lon"][index]), float(stored["lat"][index]))
+    tooltip = browser.find_element("id", "tooltip")  # the cursor rests on the point
+    assert tooltip.get_attribute("data-index") == str(index)
+    assert tooltip.text.startswith("velocity -") and "mm/yr" in tooltip.text
     shown = _series(browser, "point")
     assert shown["index"] == index
     np.testing.assert_array_equal(np.float32(shown["displacement"]),

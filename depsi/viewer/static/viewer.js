@@ -299,6 +299,39 @@
     }
   }
 
+  // ------------------------------------------------------------------------- hover
+  // The drawn point nearest the cursor within PICK_PIXELS, found here from the columns the page
+  // holds (no request): its value of the coloured variable, its coherence, kind and model.
+  function hover(ex, ey) {
+    const tip = $("tooltip");
+    if (!state.mask) { tip.hidden = true; return; }
+    const [mx, my] = toMap(ex, ey), r = PICK_PIXELS / state.view.scale;
+    const x = state.cols.x, y = state.cols.y, mask = state.mask, n = x.length;
+    let best = -1, bestD = r * r;
+    for (let i = 0; i < n; i++) {
+      if (!mask[i]) continue;
+      const dx = x[i] - mx;
+      if (dx > r || dx < -r) continue;
+      const dy = y[i] - my;
+      if (dy > r || dy < -r) continue;
+      const d = dx * dx + dy * dy;
+      if (d < bestD) { bestD = d; best = i; }
+    }
+    if (best < 0) { tip.hidden = true; return; }
+    const m = state.meta, info = m.columns.find((c) => c.name === state.column), scale = displayScale(info);
+    const value = state.cols[state.column][best];
+    let text = state.column + " " + (Number.isFinite(value) ? (value * scale.factor).toPrecision(3) + " " + scale.units : "no value");
+    const c = state.cols;
+    if (c.temporal_coherence && state.column !== "temporal_coherence") text += " · coherence " + c.temporal_coherence[best].toFixed(2);
+    if (c.scatterer && m.kinds) text += " · " + m.kinds[c.scatterer[best]];
+    if (c.model_choice && m.models) text += " · " + m.models[c.model_choice[best]];
+    tip.textContent = text;
+    tip.style.left = ex + 12 + "px";
+    tip.style.top = ey + 12 + "px";
+    tip.hidden = false;
+    tip.dataset.index = best;
+  }
+
   // ----------------------------------------------------------------------- overlay
   function drawOverlay() {
     const canvas = $("overlay"), ctx = canvas.getContext("2d");
@@ -506,9 +539,17 @@
     overlay.addEventListener("mousedown", (e) => {
       state.drag = { x: e.offsetX, y: e.offsetY, cx: state.view.cx, cy: state.view.cy, box: e.shiftKey, moved: false };
     });
+    let hoverAt = null;
+    overlay.addEventListener("mousemove", (e) => {
+      if (state.drag) return;
+      if (hoverAt === null) requestAnimationFrame(() => { hover(hoverAt[0], hoverAt[1]); hoverAt = null; });
+      hoverAt = [e.offsetX, e.offsetY];
+    });
+    overlay.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
     window.addEventListener("mousemove", (e) => {
       const d = state.drag;
       if (!d) return;
+      $("tooltip").hidden = true;
       const rect = overlay.getBoundingClientRect(), ex = e.clientX - rect.left, ey = e.clientY - rect.top;
       if (Math.abs(ex - d.x) + Math.abs(ey - d.y) > 3) d.moved = true;
       if (d.box) {

@@ -170,6 +170,15 @@ def test_the_nearest_point_is_the_kd_trees_and_passes_the_filters(data):
     assert distance[kept] == pytest.approx(distance[passing].min(), abs=0.01)
 
 
+def test_points_without_a_position_are_kept_off_the_map_and_the_picks(stored):
+    result = stored.copy(deep=True)
+    result["lon"].values[:10] = np.nan
+    data = ViewData(result)
+    assert not data.mask(Filters())[:10].any() and data.mask(Filters())[10:].all()
+    x, y = data.columns["x"][10], data.columns["y"][10]
+    assert data.nearest(float(x), float(y), 1.0, Filters()) == 10
+
+
 def test_the_model_line_follows_the_series_within_its_noise(data, stored):
     seasonal = np.flatnonzero(stored["model_choice"].values == 1)[:200]
     displacement = stored["displacement"].values[seasonal]

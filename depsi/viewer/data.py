@@ -122,6 +122,8 @@ class ViewData:
 
     def __init__(self, result: xr.Dataset, *, source: str = "result"):
         _required(result, source)
+        if result.sizes["space"] == 0:
+            raise ViewInputError(f"view: {source} has no points (space has length 0)")
         self.result = result.transpose("space", "time", ...)
         self.source = source
         self.n_points = int(result.sizes["space"])
@@ -133,20 +135,21 @@ class ViewData:
         self.origin = (float(np.mean(x[finite])), float(np.mean(y[finite]))) if finite.any() \
             else (0.0, 0.0)
         self.columns: dict[str, np.ndarray] = {
-            "x": (x - self.origin[0]).astype(np.float32),
-            "y": (y - self.origin[1]).astype(np.float32)}
+            "x": (x - self.origin[0]).astype("<f4"),
+            "y": (y - self.origin[1]).astype("<f4")}
         self.units: dict[str, str] = {"x": "m", "y": "m"}
         for name, variable in result.data_vars.items():
             if variable.dims == ("space",) and name not in NOT_COLOURED \
                     and variable.dtype.kind in "fiub":
-                self.columns[str(name)] = np.asarray(variable.values).astype(np.float32)
+                self.columns[str(name)] = np.asarray(variable.values).astype("<f4")
                 self.units[str(name)] = str(variable.attrs.get("units", ""))
         self.kind_names = (_flag_names(result["scatterer"]) if "scatterer" in result else None)
         self.model_names = (_flag_names(result["model_choice"],
                                         result.attrs.get("model_names"))
                             if "model_choice" in result else None)
         self._xy = np.column_stack([x - self.origin[0], y - self.origin[1]])
-        self._xy[~finite] = np.inf
+        self._xy[~finite] = np.inf  # never inside a box, never nearest
+        self._located = np.flatnonzero(finite)  # the points of the KD-tree (finite positions)
         self._tree: cKDTree | None = None
         self._tree_lock = threading.Lock()
         self.years = years_since(self.times, self.times[0])
@@ -173,7 +176,7 @@ class ViewData:
         """The KD-tree over the points' map positions (built once; a pick waits for it)."""
         with self._tree_lock:
             if self._tree is None:
-                self._tree = cKDTree(self._xy)
+                self._tree = cKDTree(self._xy[self._located])
             return self._tree
 
     @property
@@ -194,7 +197,11 @@ class ViewData:
 
     def meta(self) -> dict:
         """What the page needs before its first draw: sizes, dates, columns and their colour
-        ranges, filters, the reference."""
+        ranges, filters, the reference (made once)."""
+        return dict(self._meta)
+
+    @cached_property
+    def _meta(self) -> dict:
         colourable = [n for n in self.columns if n not in ("x", "y")]
         default = DEFAULT_COLUMN if DEFAULT_COLUMN in colourable else (colourable or ["x"])[0]
         return {
@@ -242,14 +249,16 @@ class ViewData:
     def nearest(self, x: float, y: float, radius: float, filters: Filters) -> int | None:
         """The point nearest to the map position ``(x, y)`` (m from the origin) within
         ``radius`` m that passes ``filters``, or None."""
-        k = min(PICK_CANDIDATES, self.n_points)
+        k = min(PICK_CANDIDATES, self._located.size)
+        if k == 0:
+            return None
         distance, index = self.tree.query([x, y], k=k, distance_upper_bound=radius)
         distance, index = np.atleast_1d(distance), np.atleast_1d(index)
-        index = index[np.isfinite(distance)]
+        index = self._located[index[np.isfinite(distance)]]
         index = index[self.mask(filters)[index]] if index.size else index
         if index.size:
             return int(index[0])
-        if k < self.n_points:  # every near point filtered out: search those that pass
+        if k < self._located.size:  # every near point filtered out: search those that pass
             keep = np.flatnonzero(self.mask(filters))
             if keep.size:
                 d2 = ((self._xy[keep] - [x, y]) ** 2).sum(axis=1)

@@ -249,9 +249,10 @@
   }
 
   function filterMask() {
-    const n = state.cols.x.length, out = new Uint8Array(n);
+    const x = state.cols.x, n = x.length, out = new Uint8Array(n);
     let kept = 0;
-    for (let i = 0; i < n; i++) if (passes(i)) { out[i] = 1; kept++; }
+    // a point without a position (NaN) is never drawn, as the server never picks it
+    for (let i = 0; i < n; i++) if (x[i] === x[i] && passes(i)) { out[i] = 1; kept++; }
     out.kept = kept;
     return out;
   }

@@ -255,6 +255,17 @@ def test_a_click_shows_the_stores_series_of_that_point(browser, server, stored, 
     _screenshot(browser, tmp_path, "view-point")
 
 
+def test_points_without_a_position_are_not_drawn(browser, stored):
+    result = stored.copy(deep=True)
+    result["lat"].values[:10] = np.nan
+    running = ViewServer(ViewData(result)).start()
+    try:
+        _load(browser, running.url)
+        assert _drawn(browser) == N_POINTS - 10
+    finally:
+        running.close()
+
+
 def test_the_filters_change_the_count_drawn(browser, server, stored):
     _load(browser, server.url)
     browser.execute_script("const e = document.getElementById('min-coherence'); e.value = '0.8';"

@@ -92,7 +92,7 @@
     let best = -1, bestD = radius * radius;
     for (let i = 0; i < px.length; i++) {
       const dx = px[i] - x, dy = py[i] - y, d = dx * dx + dy * dy;
-      if (d <= bestD && passes(i)) { best = i; bestD = d; }
+      if (d <= bestD && state.mask[i]) { best = i; bestD = d; }
     }
     return best < 0 ? null : embeddedPoint(best);
   }
@@ -107,7 +107,7 @@
     let count = 0;
     const [xa, xb, ya, yb] = [Math.min(x0, x1), Math.max(x0, x1), Math.min(y0, y1), Math.max(y0, y1)];
     for (let i = 0; i < px.length; i++) {
-      if (px[i] < xa || px[i] > xb || py[i] < ya || py[i] > yb || !passes(i)) continue;
+      if (!state.mask[i] || px[i] < xa || px[i] > xb || py[i] < ya || py[i] > yb) continue;
       count++;
       for (let t = 0; t < T; t++) {
         const v = d[i * T + t];
@@ -249,10 +249,10 @@
   }
 
   function filterMask() {
-    const x = state.cols.x, n = x.length, out = new Uint8Array(n);
+    const x = state.cols.x, y = state.cols.y, n = x.length, out = new Uint8Array(n);
     let kept = 0;
     // a point without a position (NaN) is never drawn, as the server never picks it
-    for (let i = 0; i < n; i++) if (x[i] === x[i] && passes(i)) { out[i] = 1; kept++; }
+    for (let i = 0; i < n; i++) if (x[i] === x[i] && y[i] === y[i] && passes(i)) { out[i] = 1; kept++; }
     out.kept = kept;
     return out;
   }

@@ -88,6 +88,7 @@
       const answer = await fetchJSON("api/pick?x=" + x + "&y=" + y + "&r=" + radius + "&" + filterQuery());
       return answer.point;
     }
+    if (!state.mask) state.mask = filterMask();
     const px = state.cols.x, py = state.cols.y;
     let best = -1, bestD = radius * radius;
     for (let i = 0; i < px.length; i++) {
@@ -101,6 +102,7 @@
     if (!EMBEDDED) {
       return fetchJSON("api/box?x0=" + x0 + "&y0=" + y0 + "&x1=" + x1 + "&y1=" + y1 + "&" + filterQuery());
     }
+    if (!state.mask) state.mask = filterMask();
     const px = state.cols.x, py = state.cols.y, T = state.meta.n_epochs;
     const d = embeddedMatrix("displacement");
     const sum = new Float64Array(T), sum2 = new Float64Array(T), n = new Float64Array(T);

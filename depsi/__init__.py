@@ -1,9 +1,9 @@
 """depsi: Persistent Scatterer InSAR time-series analysis on space-time matrices.
 
 ``import depsi`` registers the ``.stm`` accessor on xarray Datasets and exposes the store
-functions and :func:`run_ps_chain`; the science lives in :mod:`depsi.processing`, the steps
-and their executors in :mod:`depsi.pipeline`, the simulator in :mod:`depsi.simulate`, the
-batched kernels in :mod:`depsi.kernels`.
+functions, :func:`run_ps_chain` and :func:`view` (a result in the web browser); the science
+lives in :mod:`depsi.processing`, the steps and their executors in :mod:`depsi.pipeline`, the
+simulator in :mod:`depsi.simulate`, the batched kernels in :mod:`depsi.kernels`.
 """
 
 import logging
@@ -22,6 +22,10 @@ def __getattr__(name: str):
         from depsi.pipeline.chain import run_ps_chain
 
         return run_ps_chain
+    if name == "view":  # the web explorer of a result: imported when first used
+        from depsi.viewer import view
+
+        return view
     raise AttributeError(f"module 'depsi' has no attribute {name!r}")
 
 
@@ -35,4 +39,5 @@ __all__ = [
     "run_ps_chain",
     "save_stm",
     "validate",
+    "view",
 ]

@@ -229,6 +229,44 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bbox(text: str) -> tuple[float, float, float, float]:
+    try:
+        west, south, east, north = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected WEST,SOUTH,EAST,NORTH in degrees, found {text!r}") from None
+    return west, south, east, north
+
+
+def _cmd_view(args: argparse.Namespace) -> int:
+    import webbrowser
+
+    from depsi.viewer import DEFAULT_HTML_POINTS, DEFAULT_TILES, ViewData, ViewServer, write_html
+
+    if not args.html and (args.max_points is not None or args.bbox is not None):
+        raise ValueError("view: --max-points and --bbox choose the points of an --html file; "
+                         "found them without --html")
+    tiles = args.tiles or DEFAULT_TILES
+    data = ViewData.open(args.path)
+    if args.html:
+        out = write_html(data, args.html, bbox=args.bbox, tiles=tiles,
+                         max_points=DEFAULT_HTML_POINTS if args.max_points is None
+                         else args.max_points)
+        sys.stdout.write(f"{out}\n")
+        return 0
+    server = ViewServer(data, port=args.port, tiles=tiles)
+    sys.stdout.write(f"depsi viewer of {data.source} ({data.n_points} points) at "
+                     f"{server.url} (Ctrl-C stops it)\n")
+    sys.stdout.flush()
+    if not args.no_browser:
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        logger.info("viewer stopped")
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from depsi.pipeline.runner import run_pipeline
 
@@ -487,6 +525,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace outputs of an earlier demo (default); --no-overwrite "
                            "refuses an existing --out folder")
     demo.set_defaults(func=_cmd_demo)
+
+    view = sub.add_parser("view", help="explore a result in the web browser: a map of the "
+                                       "points, a point's series on a click")
+    view.add_argument("path", help="a depsi run (or demo) workspace folder, or a result Zarr "
+                                   "store")
+    view.add_argument("--port", type=int, default=0,
+                      help="TCP port on 127.0.0.1 (default: a free one)")
+    view.add_argument("--no-browser", action="store_true",
+                      help="print the address only; do not open a browser")
+    view.add_argument("--html", default=None, metavar="OUT.html",
+                      help="write one self-contained HTML file (data embedded, no server) "
+                           "instead of serving")
+    view.add_argument("--max-points", type=int, default=None, metavar="N",
+                      help="points in the --html file: a random sample when there are more "
+                           "(default 20000)")
+    view.add_argument("--bbox", type=_bbox, default=None, metavar="W,S,E,N",
+                      help="only the points in this lon/lat box (degrees) in the --html file")
+    view.add_argument("--tiles", default=None, metavar="URL",
+                      help="basemap tiles, a URL template with {z}/{x}/{y} (default "
+                           "OpenStreetMap's)")
+    view.set_defaults(func=_cmd_view)
     return parser
 
 

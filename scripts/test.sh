@@ -20,6 +20,10 @@ fi
 bash scripts/slurm-up.sh || echo "test.sh: SLURM not started; tests/test_slurm.py will say why" >&2
 trap '[[ $slurm_was_up == 1 ]] || bash scripts/slurm-down.sh || true' EXIT
 
+# Headless Chromium and its WebDriver for tests/test_view.py; where they cannot be installed
+# (not root, no apt-get) those tests skip and print why.
+bash scripts/browser-up.sh || echo "test.sh: Chromium not installed; tests/test_view.py will say why" >&2
+
 # GPU tests skip by themselves where no CUDA device works; real-data tests read tests/data.
 # On DEPSI_TEST_WORKERS processes (pytest-xdist, default 2: the suite waits on subprocesses,
 # clusters and files much of its time); the modules of tests/conftest.py's SERIAL_MODULES run

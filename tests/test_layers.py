@@ -27,6 +27,8 @@ PACKAGE = ROOT / "depsi"
 #: - ``simulate``: :mod:`depsi.simulate` is a test-data generator. It writes stores through io
 #:   and its ``accuracy`` forms interferograms with processing, and the pipeline (its
 #:   ``simulated`` input) and the demo use it: so it sits above processing and below cluster.
+#: - ``viewer``: :mod:`depsi.viewer`, the web explorer of a result (``depsi view``); it reads
+#:   results through io and a model's regressors from processing; only the faces import it.
 #: - ``faces``: the command line, the demo and the package root (``import depsi``), which
 #:   re-exports the public API.
 LAYERS = (
@@ -38,6 +40,7 @@ LAYERS = (
     ("simulate", ("depsi.simulate",)),
     ("cluster", ("depsi.cluster",)),
     ("pipeline", ("depsi.pipeline",)),
+    ("viewer", ("depsi.viewer",)),
     ("faces", ("depsi.cli", "depsi.demo", "depsi")),
 )
 

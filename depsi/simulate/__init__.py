@@ -4,12 +4,15 @@ The scene generator (:mod:`depsi.simulate.scene`: :func:`simulate_stack`,
 :func:`simulated_geometry`), its stacks on disk in every format users bring
 (:mod:`depsi.simulate.stacks`: :func:`write_stack`, :func:`write_stack_zarr`,
 :func:`write_stack_binary`, through the writers of :mod:`depsi.io`) and a chain result scored
-against its truth (:mod:`depsi.simulate.scoring`: :func:`accuracy`), and stacks of distributed
-scatterers with a known coherence model (:mod:`depsi.simulate.ds`: :func:`simulate_ds_stack`).
+against its truth (:mod:`depsi.simulate.scoring`: :func:`accuracy`), stacks of distributed
+scatterers with a known coherence model (:mod:`depsi.simulate.ds`: :func:`simulate_ds_stack`),
+and result-shaped stores of any size without the chain (:mod:`depsi.simulate.results`:
+:func:`result_like`).
 ``from depsi.simulate import ...`` reaches them all.
 """
 
 from depsi.simulate.ds import exponential_coherence, simulate_ds_stack
+from depsi.simulate.results import RESULT_MODELS, RESULT_SPAN_DEG, result_like
 from depsi.simulate.scene import (
     ACQUISITION_SECOND_OF_DAY,
     APS_MODES,
@@ -51,12 +54,15 @@ __all__ = [
     "PS_AMPLITUDE_GAIN",
     "PS_NAD_RANGE",
     "RAYLEIGH_NAD",
+    "RESULT_MODELS",
+    "RESULT_SPAN_DEG",
     "SCENE_CENTRE",
     "SLANT_RANGE_CENTRE",
     "STACK_FORMATS",
     "TILE_SIZE",
     "accuracy",
     "exponential_coherence",
+    "result_like",
     "simulate_ds_stack",
     "simulate_stack",
     "simulated_geometry",

@@ -315,11 +315,15 @@ def _simulated_geometry(shape=(40, 50)):
     return simulated_geometry(stack)
 
 
+def _corner_pixels(shape, start=(0, 0)):
+    n_az, n_rg = shape[0] - 1, shape[1] - 1
+    return (start[0] + np.array([0.0, 0, n_az, n_az]), start[1] + np.array([0.0, n_rg, 0, n_rg]))
+
+
 def _corners(geometry, shape):
     from depsi.io.geometry import radar_to_geo
 
-    n_az, n_rg = shape[0] - 1, shape[1] - 1
-    return radar_to_geo(geometry, np.array([0.0, 0, n_az, n_az]), np.array([0.0, n_rg, 0, n_rg]))
+    return radar_to_geo(geometry, *_corner_pixels(shape))
 
 
 def test_a_scene_whose_corners_match_the_products_lat_lon_passes():
@@ -327,7 +331,8 @@ def test_a_scene_whose_corners_match_the_products_lat_lon_passes():
 
     geometry, shape = _simulated_geometry(), (40, 50)
     lat, lon = _corners(geometry, shape)
-    check_scene_geometry(geometry, shape, lat=lat + 1e-4, lon=lon - 1e-4)  # 11 m: terrain
+    check_scene_geometry(geometry, *_corner_pixels(shape), lat=lat + 1e-4,
+                         lon=lon - 1e-4)  # 11 m: terrain
 
 
 def test_the_wrong_look_side_is_refused_against_the_products_lat_lon():
@@ -340,7 +345,8 @@ def test_the_wrong_look_side_is_refused_against_the_products_lat_lon():
     side = "left" if geometry.grid.look_side == "right" else "right"
     flipped = replace(geometry, grid=replace(geometry.grid, look_side=side))
     with pytest.raises(GeometryError, match=rf"look_side '{side}'.*expected them within 20 km"):
-        check_scene_geometry(flipped, shape, lat=lat, lon=lon, source="stack.zarr")
+        check_scene_geometry(flipped, *_corner_pixels(shape), lat=lat, lon=lon,
+                             source="stack.zarr")
 
 
 @pytest.mark.parametrize("near_range", [4.0e6, 6.8e5])
@@ -353,7 +359,7 @@ def test_a_grid_that_images_no_possible_incidence_is_refused(near_range):
     wrong = replace(geometry, grid=replace(geometry.grid, near_range=near_range))
     with pytest.raises(GeometryError, match=r"stack.zarr: radar grid \(near_range .*expected "
                                             r"incidence angles within 5-75 deg"):
-        check_scene_geometry(wrong, (40, 50), source="stack.zarr")
+        check_scene_geometry(wrong, *_corner_pixels((40, 50)), source="stack.zarr")
 
 
 @pytest.mark.realdata
@@ -365,9 +371,13 @@ def test_the_real_snap_pair_images_a_possible_scene_at_its_own_lat_lon(snap_pair
     shape = (snap_pair.sizes["azimuth"], snap_pair.sizes["range"])
     index = {"azimuth": [0, 0, shape[0] - 1, shape[0] - 1],
              "range": [0, shape[1] - 1, 0, shape[1] - 1]}
+    pixels = [snap_pair[name].values[index[name]].astype(float) for name in index]
     lat = np.array([float(snap_pair["lat"][a, r]) for a, r in zip(*index.values())])
     lon = np.array([float(snap_pair["lon"][a, r]) for a, r in zip(*index.values())])
-    check_scene_geometry(snap_geometry, shape, lat=lat, lon=lon, source="snap pair")
-    look = look_geometry(snap_geometry, np.array(index["azimuth"], float),
-                         np.array(index["range"], float))
+    check_scene_geometry(snap_geometry, *pixels, lat=lat, lon=lon, source="snap pair")
+    look = look_geometry(snap_geometry, *pixels)
     assert 29 < look["incidence"].min() < look["incidence"].max() < 47  # Sentinel-1 IW
+    # the same lat/lon for pixels 2500 lines further on (a crop placed wrongly): refused
+    with pytest.raises(GeometryError, match="expected them within 20 km"):
+        check_scene_geometry(snap_geometry, pixels[0] + 2500, pixels[1], lat=lat, lon=lon,
+                             source="snap pair")

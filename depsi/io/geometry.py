@@ -584,15 +584,16 @@ def look_geometry(geometry: StackGeometry, azimuth: Any, range_: Any, height: An
             "los_up": los_enu[2], "slant_range": slant}
 
 
-def check_scene_geometry(geometry: StackGeometry, shape: tuple[int, int], *,
+def check_scene_geometry(geometry: StackGeometry, azimuth: Any, range_: Any, *,
                          lat: Any = None, lon: Any = None, source: str = "stack") -> None:
     """Refuse a radar grid and orbits that image no possible scene, naming what is wrong.
 
-    At the scene's four corners (``shape``: azimuth lines, range pixels): the incidence must
-    be within :data:`INCIDENCE_RANGE`; with the product's own ``lat``/``lon`` at those corners
-    (``(4,)`` arrays, corners in the order (0, 0), (0, last), (last, 0), (last, last)), each
-    corner geocoded from the orbits must lie within :data:`CORNER_TOLERANCE` of them, which
-    a wrong look side or a grid of another product does not.
+    At the scene's corners (``azimuth``, ``range_``: their pixel coordinates on the radar
+    grid, ``(4,)`` arrays in the order first line near range, first line far range, last line
+    near range, last line far range): the incidence must be within :data:`INCIDENCE_RANGE`;
+    with the product's own ``lat``/``lon`` at those corners, each corner geocoded from the
+    orbits must lie within :data:`CORNER_TOLERANCE` of them, which a wrong look side or a grid
+    of another product does not.
 
     Examples
     --------
@@ -600,16 +601,16 @@ def check_scene_geometry(geometry: StackGeometry, shape: tuple[int, int], *,
     >>> from depsi.simulate.scene import simulated_geometry
     >>> stack, _ = simulate_stack(shape=(50, 60), n_epochs=4)
     >>> geometry = simulated_geometry(stack)
-    >>> check_scene_geometry(geometry, (50, 60))
+    >>> azimuth, range_ = [0, 0, 49, 49], [0, 59, 0, 59]
+    >>> check_scene_geometry(geometry, azimuth, range_)
     >>> far = RadarGrid(**{**geometry.grid.to_dict(), "near_range": 4.5e6})
     >>> check_scene_geometry(StackGeometry(far, geometry.orbits, geometry.mother,
-    ...                      geometry.wavelength), (50, 60))  # doctest: +ELLIPSIS
+    ...                      geometry.wavelength), azimuth, range_)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     depsi.io.geometry.GeometryError: stack: radar grid (near_range 4500000 m, ...: expected ...
     """
-    n_az, n_rg = (max(int(n) - 1, 0) for n in shape)
-    azimuth = np.array([0.0, 0.0, n_az, n_az])
-    range_ = np.array([0.0, n_rg, 0.0, n_rg])
+    azimuth = np.asarray(azimuth, np.float64)
+    range_ = np.asarray(range_, np.float64)
     look = look_geometry(geometry, azimuth, range_)
     low, high = INCIDENCE_RANGE
     incidence = look["incidence"]
@@ -618,7 +619,8 @@ def check_scene_geometry(geometry: StackGeometry, shape: tuple[int, int], *,
         grid = geometry.grid
         raise GeometryError(
             f"{source}: radar grid (near_range {grid.near_range:.0f} m, range_spacing "
-            f"{grid.range_spacing:g} m, {shape[1]} range pixels) and the mother orbit "
+            f"{grid.range_spacing:g} m, range pixels {range_.min():.0f}-{range_.max():.0f}) "
+            "and the mother orbit "
             f"({geometry.mother_orbit.source}): expected incidence angles within {low:g}-"
             f"{high:g} deg at the scene's corners, found {np.nanmin(incidence):.1f}-"
             f"{np.nanmax(incidence):.1f} deg")

@@ -258,15 +258,17 @@ def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
     from depsi.io.geometry import StackGeometry, check_scene_geometry
 
     geometry = StackGeometry.from_attrs(stack.attrs)
-    shape = (int(stack.sizes["azimuth"]), int(stack.sizes["range"]))
+    last_az, last_rg = int(stack.sizes["azimuth"]) - 1, int(stack.sizes["range"]) - 1
+    at = {"azimuth": [0, 0, last_az, last_az], "range": [0, last_rg, 0, last_rg]}
+    # the pixels' coordinates on the radar grid (a crop's start where it was cut)
+    azimuth, range_ = (np.asarray(stack[name].values, np.float64)[at[name]]
+                       for name in ("azimuth", "range"))
     lat = lon = None
     if {"lat", "lon"} <= set(stack.variables) and {"azimuth", "range"} <= set(stack["lat"].dims):
-        last_az, last_rg = shape[0] - 1, shape[1] - 1
-        corners = {"azimuth": xr.DataArray([0, 0, last_az, last_az], dims="corner"),
-                   "range": xr.DataArray([0, last_rg, 0, last_rg], dims="corner")}
+        corners = {name: xr.DataArray(index, dims="corner") for name, index in at.items()}
         lat, lon = (np.asarray(stack[name].isel(corners).values, np.float64)
                     for name in ("lat", "lon"))
-    check_scene_geometry(geometry, shape, lat=lat, lon=lon, source=where)
+    check_scene_geometry(geometry, azimuth, range_, lat=lat, lon=lon, source=where)
 
 
 def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:

@@ -93,7 +93,7 @@ def _check_variables(ds: xr.Dataset, kind: str, require: tuple[str, ...]) -> Non
     for name in require:
         if name not in ds.variables:
             _fail(f"variable {name!r}", f"present in the {kind} STM",
-                  f"variables {sorted(ds.data_vars)}")
+                  f"variables {sorted(map(str, ds.data_vars))}")
     for name, expected_kind in VARIABLE_KINDS.items():
         if name not in ds.data_vars:
             continue

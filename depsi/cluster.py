@@ -211,8 +211,9 @@ class _HasCompute(Protocol):
 
 def _as_compute_config(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None,
                        overrides: Mapping[str, Any]) -> ComputeConfig:
-    if isinstance(getattr(config, "compute", None), ComputeConfig):
-        config = config.compute  # a whole pipeline configuration: its compute section
+    compute = getattr(config, "compute", None)
+    if isinstance(compute, ComputeConfig):
+        config = compute  # a whole pipeline configuration: its compute section
     if config is None:
         data: dict[str, Any] = {}
     elif isinstance(config, ComputeConfig):

@@ -49,7 +49,7 @@ def compare_with_truth(result: xr.Dataset, truth: xr.Dataset) -> dict:
     The chain estimates everything relative to the mean over its reference area
     (``in_reference_area``), so the truth is taken relative to that mean too.
     """
-    figures = {"n_points": int(result.sizes["space"])}
+    figures: dict[str, float] = {"n_points": int(result.sizes["space"])}
     for name in ("velocity", "height_error"):
         error = result[name].values - relative_truth(truth, result, name)
         figures[f"{name}_rmse"] = float(np.sqrt(np.nanmean(error**2)))

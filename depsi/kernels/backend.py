@@ -171,6 +171,11 @@ def array_namespace(*arrays: Any) -> ModuleType:
 _configured: list[Device] | None = None
 
 
+#: The device kinds of :func:`parse_device`'s strings, and their other names.
+_DEVICE_KINDS: dict[str, Literal["cpu", "cuda"]] = {
+    "cpu": "cpu", "cuda": "cuda", "gpu": "cuda", "cupy": "cuda", "numpy": "cpu"}
+
+
 def parse_device(spec: Device | str | int) -> Device:
     """A :class:`Device` from ``"cpu"``, ``"cpu:1"``, ``"cuda"``, ``"cuda:0"``, ``"gpu:1"`` or an
     integer CUDA index.
@@ -189,9 +194,9 @@ def parse_device(spec: Device | str | int) -> Device:
     if not isinstance(spec, str):
         raise TypeError(f"device: expected a Device, a string like 'cuda:0' or an int, "
                         f"found {type(spec).__name__}")
-    kind, _, index = spec.strip().lower().partition(":")
-    kind = {"gpu": "cuda", "cupy": "cuda", "numpy": "cpu"}.get(kind, kind)
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+    name, _, index = spec.strip().lower().partition(":")
+    kind = _DEVICE_KINDS.get(name)
+    if kind is None or (index and not index.isdigit()):
         raise ValueError(f"device: expected 'cpu[:N]' or 'cuda[:N]', found {spec!r}")
     return Device(kind, int(index) if index else 0)
 
@@ -256,8 +261,8 @@ def configure_devices(
     elif num_devices is not None:
         if int(num_devices) < 1:
             raise ValueError(f"num_devices: expected >= 1, found {num_devices!r}")
-        kind = "cuda" if cupy_available() else "cpu"
-        chosen = [Device(kind, i) for i in range(int(num_devices))]
+        chosen = [Device("cuda" if cupy_available() else "cpu", i)
+                  for i in range(int(num_devices))]
         _check_cuda_devices(chosen)
     else:
         chosen = _default_devices()
@@ -517,8 +522,9 @@ def batch_size(
         raise ValueError(f"safety: expected a fraction in (0, 1], found {safety!r}")
     device = parse_device(device) if device is not None else Device("cpu")
     budget = safety * free_memory(device)
-    if fit_cache and device.kind == "cpu" and cpu_cache_bytes() is not None:
-        budget = min(budget, cpu_cache_bytes() / 2)  # half: the cache also holds the outputs
+    cache_bytes = cpu_cache_bytes() if fit_cache and device.kind == "cpu" else None
+    if cache_bytes is not None:
+        budget = min(budget, cache_bytes / 2)  # half: the cache also holds the outputs
     items = int(budget // bytes_per_item)
     if max_items is not None:
         items = min(items, int(max_items))

@@ -382,12 +382,12 @@ def lstsq_batched(
         size = max(1, min(size, int(max_batch)))
     if K <= size:
         return LstsqResult(*_solve_batch(xp, A, y, weights, shared, rcond))
-    out = None
+    out: list[Any] = []
     for start in range(0, K, size):
         stop = min(start + size, K)
         part = _solve_batch(xp, A if shared else A[start:stop], y[start:stop],
                             None if weights is None else weights[start:stop], shared, rcond)
-        if out is None:  # written batch by batch: no concatenation pass over the outputs
+        if not out:  # written batch by batch: no concatenation pass over the outputs
             out = [xp.empty((K,) + field.shape[1:], dtype=field.dtype) for field in part]
         for target, field in zip(out, part):
             target[start:stop] = field

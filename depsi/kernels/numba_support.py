@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 try:
     import numba
 except ImportError:  # pragma: no cover - numba is a core dependency; kept for stripped installs
-    numba = None
+    numba = None  # type: ignore[assignment]  # a module or None: mypy types it the module
 
 
 def cache_dir() -> Path | None:

@@ -788,7 +788,8 @@ def periodogram(
             grid, (E_shared, E_full), steps, m2ph, refine, rcond))
     fields = [xp.concatenate(f) for f in zip(*[p[:-1] for p in parts])]
     extra_values = [xp.concatenate(f) for f in zip(*[p[-1] for p in parts])] if names else []
-    return PeriodogramResult(*fields, extra=dict(zip(names, extra_values)))
+    fields.append(dict(zip(names, extra_values)))  # extra, the last field
+    return PeriodogramResult(*fields)
 
 
 def _fused_wanted(xp, fused: bool | None) -> bool:

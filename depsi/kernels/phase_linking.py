@@ -49,7 +49,7 @@ DEFAULT_MAGNITUDES = "lag"
 DEFAULT_ALPHA = 0.05
 
 
-def window_offsets(window: tuple[int, int]) -> np.ndarray:
+def window_offsets(window: tuple[int, ...]) -> np.ndarray:
     """The ``(azimuth, range)`` offsets of a window's cells, row by row, as ``(n_cells, 2)`` int.
 
     Parameters

@@ -455,7 +455,7 @@ def _tiles_by_dependency(pool, test, waves: list[np.ndarray], *, neighbours_only
     running = {pool.submit(test, tiles[i]): i for i in range(len(tiles)) if not waiting[i]}
     while running:
         done, _ = wait(running, return_when=FIRST_COMPLETED)
-        for future in sorted(done, key=running.get):
+        for future in sorted(done, key=running.__getitem__):
             i = running.pop(future)
             yield future.result()
             for j in dependents[i]:

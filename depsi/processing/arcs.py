@@ -193,7 +193,7 @@ def estimate_arcs(
         kwargs=dict(years=years, wavelength=float(arcs.attrs["wavelength"]),
                     height_range=tuple(height_range), velocity_range=tuple(velocity_range),
                     height_step=height_step, velocity_step=velocity_step,
-                    devices=tuple(chosen), chunk_starts=chunk_starts(phase.chunks[0]),
+                    devices=tuple(chosen), chunk_starts=chunk_starts(phase.data.chunks[0]),
                     with_height=bool(height), extra_regressors=extra),
     )
     height_error, velocity, coherence, ambiguity, flag = outputs[:5]

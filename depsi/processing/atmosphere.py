@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Literal
+from typing import Final, Literal, overload
 
 import numpy as np
 import xarray as xr
@@ -33,9 +33,9 @@ logger = logging.getLogger(__name__)
 #: deformation out of the screen.
 DEFAULT_TEMPORAL_WINDOW = 0.25
 #: Default spatial interpolation of the screen: kriging on small networks, Gaussian above.
-DEFAULT_METHOD = "auto"
+DEFAULT_METHOD: Final = "auto"
 #: Default of the stratified part: estimated wherever the points carry a terrain height.
-DEFAULT_STRATIFIED = "auto"
+DEFAULT_STRATIFIED: Final = "auto"
 #: Ways of the stratified part ``k_t * z`` (``stratified``).
 STRATIFIED = ("auto", "on", "off")
 #: Point variable (or coordinate) of the terrain height (m) the stratified part follows: the
@@ -227,7 +227,7 @@ def screen_interpolator(aps: xr.Dataset) -> ScreenInterpolator:
     :class:`ScreenInterpolator`, its kriging system solved once."""
     if "aps_observed" not in aps:
         raise KeyError(f"aps: expected variable 'aps_observed' from estimate_atmosphere, found "
-                       f"{sorted(aps.data_vars)}")
+                       f"{sorted(map(str, aps.data_vars))}")
     observed = aps["aps_observed"].transpose("space", "time").values
     use = np.isfinite(observed).all(axis=1)
     variogram = {k: float(aps.attrs[f"variogram_{k}"]) for k in ("nugget", "sill", "range")}
@@ -245,6 +245,10 @@ def screen_interpolator(aps: xr.Dataset) -> ScreenInterpolator:
                               variogram, method, stratified_rate=rate, height_mean=height_mean)
 
 
+@overload
+def terrain_heights(points: xr.Dataset, stratified: Literal["on"]) -> np.ndarray: ...
+@overload
+def terrain_heights(points: xr.Dataset, stratified: str = ...) -> np.ndarray | None: ...
 def terrain_heights(points: xr.Dataset, stratified: str = DEFAULT_STRATIFIED
                     ) -> np.ndarray | None:
     """The points' terrain heights (m, :data:`TERRAIN_HEIGHT`) for the stratified part, or

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -203,14 +204,15 @@ def fit_screen_variogram(distance, semivariance, counts) -> dict:
     best, best_aic = None, np.inf
     for name, shape in SCREEN_MODELS.items():
         if shape is None:
-            def model(d, nugget, sill, range_, shape):
+            def free_shape(d, nugget, sill, range_, shape):
                 return nugget + sill * (1.0 - correlation(d, range_, shape))
-            start, bounds = [0.1 * scale, 0.9 * scale, h.max() / 3, 1.0], (
+            model, start, bounds = free_shape, [0.1 * scale, 0.9 * scale, h.max() / 3, 1.0], (
                 low + [STABLE_SHAPES[0]], high + [STABLE_SHAPES[1]])
         else:
-            def model(d, nugget, sill, range_, shape=shape):
+            def fixed_shape(d, nugget, sill, range_, shape=shape):
                 return nugget + sill * (1.0 - correlation(d, range_, shape))
-            start, bounds = [0.1 * scale, 0.9 * scale, h.max() / 3], (low, high)
+            model, start, bounds = fixed_shape, [0.1 * scale, 0.9 * scale, h.max() / 3], (
+                low, high)
         try:
             params, _ = curve_fit(model, h, gamma, p0=start, bounds=bounds,
                                   sigma=1.0 / np.sqrt(np.asarray(counts, np.float64)),
@@ -385,7 +387,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
         size = _BATCH_ELEMENTS // (k * (k + 2 * int(counts[bounds[-1]])))
         bounds.append(min(bounds[-1] + max(1, size), n_cells))
 
-    def inputs(batch: int) -> tuple:
+    def inputs(batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One batch of cells' systems: positions relative to each cell's centre, in
         float32 (distances to 1e-3 m and covariances to 1e-7 relative, 4-6x faster than
         float64, whose exp has no SIMD loop), the sources' values, the targets."""
@@ -412,8 +414,8 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
         return out, variance
 
     def predict_cells(batch: int) -> None:
-        *arrays, targets = inputs(batch)
-        write(targets, _krige_batch(*arrays, targets >= 0, **options))
+        nb, values, tp, targets = inputs(batch)
+        write(targets, _krige_batch(nb, values, tp, targets >= 0, **options))
 
     # batches of cells (bounded memory) on this process's threads, BLAS at one thread each
     # (the chain's steps set it): NumPy releases the GIL in the solves and the large products
@@ -672,12 +674,12 @@ def estimate_correlated_height(
     tree = cKDTree(positions[use])
     # the screen's variance about the scene's mean: a range beyond the scene leaves sill and
     # range unidentified (only their ratio is seen), and the datum removes the scene's mean
-    screen = {"model": "exponential", "shape": 1.0}
+    screen: dict[str, Any] = {"model": "exponential", "shape": 1.0}
     if screen_variance is None or screen_range is None:
         if "unwrapped_phase" not in result or "velocity" not in result:
             raise ValueError("result: expected 'unwrapped_phase' and 'velocity' to fit the "
                              "screen's variogram, or screen_variance and screen_range given; "
-                             f"found {sorted(result.data_vars)}")
+                             f"found {sorted(map(str, result.data_vars))}")
         screen = _screen_variogram(result, use, positions, years, m2ph, h2ph, tree)
     screen["sill"] = float(screen["sill"] if screen_variance is None else screen_variance)
     screen["range"] = float(screen["range"] if screen_range is None else screen_range)

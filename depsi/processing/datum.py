@@ -213,8 +213,8 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
     height = result["height_error"].values.astype(np.float64)
     residual = series[nbrs].astype(np.float64) - m2ph * (velocity[nbrs, None] * years
                                                          + h2ph_of(nbrs) * height[nbrs, None])
-    for name, values in (regressors or {}).items():  # the model's other terms
-        residual -= m2ph * result[name].values[nbrs, None] * np.asarray(values)[None, :]
+    for name, regressor in (regressors or {}).items():  # the model's other terms
+        residual -= m2ph * result[name].values[nbrs, None] * np.asarray(regressor)[None, :]
     phasor = np.exp(1j * residual)
     phasor *= np.exp(-1j * np.angle(phasor.mean(axis=1, keepdims=True)))  # own constant out
     noise = -np.angle(phasor.mean(axis=0))  # the reference's term, sign of its own noise

@@ -10,7 +10,7 @@ to it), so the north velocity is taken as known.
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import xarray as xr
@@ -217,8 +217,9 @@ def _decompose_displacement(ascending: xr.Dataset, descending: xr.Dataset, pairs
         logger.info("decompose: displacement not decomposed: a north velocity needs datetime64 "
                     "epochs to become a displacement")
         return {}
-    north_t = north * years_since(time_a, time_a[0]) if north != 0.0 else np.zeros(time_a.size)
-    north_t = xr.DataArray(north_t, dims="time")
+    north_t = xr.DataArray(
+        north * years_since(time_a, time_a[0]) if north != 0.0 else np.zeros(time_a.size),
+        dims="time")
     d_a = ascending["displacement"].isel(space=pairs["ascending"]).drop_vars(
         [c for c in ascending["displacement"].coords if c != "time"])
     d_d = descending["displacement"].isel(space=pairs["descending"]).drop_vars(
@@ -242,7 +243,7 @@ def _local_east_north(xyz: np.ndarray, origin: np.ndarray, lat0: float, lon0: fl
     return offset @ east, offset @ north
 
 
-def _grid(asc: dict, desc: dict, resolution: float, with_std: bool) -> dict[str, np.ndarray]:
+def _grid(asc: dict, desc: dict, resolution: float, with_std: bool) -> dict[str, Any]:
     """Cell means of each track's velocity and LOS vector; cells both tracks cover."""
     index_a = np.flatnonzero(asc["valid"])
     index_d = np.flatnonzero(desc["valid"])
@@ -401,7 +402,7 @@ def decompose(
                                      f"{track['valid'].size}")
     _check_not_parallel(asc, desc)
 
-    attrs = {"decomposition_method": method, "north_velocity": float(north),
+    attrs: dict[str, Any] = {"decomposition_method": method, "north_velocity": float(north),
              "min_determinant": MIN_DETERMINANT}
     if method == "pairs":
         pairs = _pairs(asc, desc, max_distance)
@@ -423,7 +424,7 @@ def decompose(
         n_valid = int(asc["valid"].sum())
         logger.info("decompose: %d of %d ascending point(s) paired within %g m", ia.size,
                     n_valid, max_distance)
-    else:
+    elif resolution is not None:  # method "grid", whose resolution is checked above
         grid = _grid(asc, desc, float(resolution), with_std)
         a, d = grid["a"], grid["d"]
         solution = _solve(a["los"], d["los"], a["velocity"], d["velocity"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import dask
 import dask.array as da
@@ -196,7 +197,7 @@ def _densify_chunk(phase: np.ndarray, h2ph: np.ndarray, payload: dict[str, np.nd
                                 payload["screen_values"], shared.gaussian_length
                                 ).astype(np.float32)
             if shared.stratified_rate is not None:  # the turbulent part's sources, plus it
-                aps += stratified_part(heights, shared.height_mean,
+                aps += stratified_part(payload["c_height"][rows], shared.height_mean,
                                        shared.stratified_rate).astype(np.float32)
         else:
             aps = None
@@ -323,7 +324,7 @@ def _first_order_table(first_order: xr.Dataset,
         finite[rows] = np.isfinite(residual).all(axis=1)
 
     on_threads(block, range(0, n_fo, POINT_BLOCK))
-    table = {
+    table: dict[str, tuple[Any, ...]] = {
         "fo_x": (_FIRST, pos[:, 0]), "fo_y": (_FIRST, pos[:, 1]),
         "fo_velocity": (_FIRST, velocity), "fo_height_error": (_FIRST, height),
         "fo_unwrapped_phase": ((_FIRST, "time"), unwrapped),
@@ -453,7 +454,7 @@ def densify(
         cand = cand.chunk({"space": 4096})
     # every variable and space coordinate on the phase's space chunks: in-memory coordinates
     # would otherwise become one chunk, inconsistent with the data
-    cand = cand.chunk({"space": cand["phase"].chunks[0], "time": -1})
+    cand = cand.chunk({"space": cand["phase"].data.chunks[0], "time": -1})
     n, T = cand.sizes["space"], cand.sizes["time"]
     chosen = resolve_devices(devices)
     space_chunks = cand.chunks["space"]
@@ -483,7 +484,7 @@ def densify(
     options = dict(height_range=tuple(height_range), velocity_range=tuple(velocity_range),
                    height_step=height_step, velocity_step=velocity_step,
                    extra_regressors=extra or None)
-    pieces = {name: [] for name in _OUTPUTS}
+    pieces: dict[str, list[da.Array]] = {name: [] for name in _OUTPUTS}
     # in this process's memory (threads, or synchronous), each chunk's neighbours are found in
     # its own task, on the cores the chunks run on; elsewhere here, so that a worker's task
     # gets the rows it reads and not the whole network's tree and table

@@ -13,6 +13,7 @@ halo of the stack itself (``window // 2`` pixels each side, every epoch).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -84,7 +85,7 @@ CALIBRATION_QUANTILE = 0.9
 _RATIO_BINS = np.linspace(0.0, 8.0, 40_001)
 
 
-def _half(window: tuple[int, int]) -> tuple[int, int]:
+def _half(window: tuple[int, ...]) -> tuple[int, int]:
     window_offsets(window)  # validates the window
     return int(window[0]) // 2, int(window[1]) // 2
 
@@ -101,7 +102,7 @@ def mean_intensity(stack: xr.Dataset, variable: str = "complex") -> xr.DataArray
     if variable not in stack or not {"azimuth", "range", "time"} <= set(stack[variable].dims):
         raise KeyError(f"stack[{variable!r}]: expected a complex variable with dims (azimuth, "
                        f"range, time), found {sorted(map(str, stack.data_vars))}")
-    intensity = np.abs(stack[variable]) ** 2
+    intensity = abs(stack[variable]) ** 2
     return intensity.mean("time", skipna=True).astype(np.float32).rename("mean_intensity")
 
 
@@ -158,9 +159,12 @@ def shp_threshold(mean: xr.DataArray, *, alpha: float = DEFAULT_ALPHA,
     if not 0 < alpha < 1:
         raise ValueError(f"alpha: expected a false-alarm rate in (0, 1), found {alpha!r}")
     if calibration == "epochs" or not isinstance(calibration, str):
-        if calibration == "epochs" and n_epochs is None:
+        if calibration != "epochs":
+            n = float(calibration)
+        elif n_epochs is None:
             raise ValueError("shp_threshold: calibration 'epochs' needs n_epochs")
-        n = float(n_epochs if calibration == "epochs" else calibration)
+        else:
+            n = float(n_epochs)
         return da.from_array(np.float64(glrt_threshold(alpha, n))), da.from_array(np.float64(n))
     log_mean = da.log(da.maximum(mean.data, 0).astype(np.float64))
     lag = CALIBRATION_LAG
@@ -267,7 +271,8 @@ def select_shp(
     mask = _trimmed(mask, half)
     count = mask.sum(axis=-1, dtype=np.int16)
     offsets = window_offsets(window)
-    coords = {name: stack[name] for name in ("azimuth", "range") if name in stack.coords}
+    coords: dict[str, Any] = {name: stack[name] for name in ("azimuth", "range")
+                              if name in stack.coords}
     coords |= {"shp_azimuth_offset": ("shp_cell", offsets[:, 0]),
                "shp_range_offset": ("shp_cell", offsets[:, 1])}
     return xr.Dataset(
@@ -460,7 +465,7 @@ def _link_block(slc, shp, *, window, min_looks, method, reference, shrinkage, we
 
 
 def check_ministack(ministack, *, reference: int = 0, shrinkage: float = 0.0,
-                    max_compressed: int | None = None) -> None:
+                    max_compressed: int | str | None = None) -> None:
     """A ValueError unless ``ministack`` is None or at least 2 epochs, with the sequential
     estimator's datum (``reference`` 0) and no ``shrinkage``, and ``max_compressed`` None,
     ``"auto"`` or at least 1."""
@@ -612,7 +617,8 @@ def phase_linking(
     padded_slc = _padded(data, half, 0)
     padded_mask = _padded(mask, half, False)
     signature = "(t),(c)->(t),(),(),(),(),()"
-    meta = (np.empty((0, 0, 0), np.float32),) + (np.empty((0, 0), np.float32),) * 5
+    meta: tuple[np.ndarray, ...] = ((np.empty((0, 0, 0), np.float32),)
+                                    + (np.empty((0, 0), np.float32),) * 5)
     output_sizes = {}
     if ministack is not None:  # and the compressed SLCs of every linked pixel
         signature += ",(c,k)"

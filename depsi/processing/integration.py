@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import xarray as xr
@@ -156,8 +156,9 @@ class ArcRightHandSides:
         self.source, self.target = source, target
         n, n_epochs = len(source), phase.shape[1]
         self.shape = (n, 2 + n_epochs)
-        self.motion = pageable((n, 2), np.float32)
-        self.ambiguity = pageable((n, n_epochs), _AMBIGUITY_DTYPES[0])
+        # velocity and height, and the cycles: released (None) once the rows are an array
+        self.motion: np.ndarray | None = pageable((n, 2), np.float32)
+        self.ambiguity: np.ndarray | None = pageable((n, n_epochs), _AMBIGUITY_DTYPES[0])
         self.full: np.ndarray | None = None  # the rows as an array, once one is not formed
         #: which rows are finite (every value), as they were filled
         self.finite = np.zeros(n, dtype=bool)
@@ -173,9 +174,8 @@ class ArcRightHandSides:
         moved to a file by :meth:`spill`)."""
         if self._file is not None:
             return 0
-        if self.full is not None:
-            return self.full.nbytes
-        return self.motion.nbytes + self.ambiguity.nbytes
+        # the rows as an array (full), or velocity and height and the cycles
+        return sum(a.nbytes for a in (self.full, self.motion, self.ambiguity) if a is not None)
 
     @property
     def spilled(self) -> bool:
@@ -209,15 +209,14 @@ class ArcRightHandSides:
                      self._file.nbytes)
         return True
 
-    def _formed_span(self, index: np.ndarray) -> np.ndarray:
+    def _formed_span(self, file: SpilledArrays, index: np.ndarray) -> np.ndarray:
         """Rows ``index`` from the file, one read of their span: :meth:`_formed`'s."""
         low, high = int(index.min()), int(index.max()) + 1
         local = index - low
-        if "full" in self._file:
-            return self._file.rows("full", low, high)[local]
+        if "full" in file:
+            return file.rows("full", low, high)[local]
         return self._form_rows(self.source[low:high], self.target[low:high], local,
-                               self._file.rows("motion", low, high),
-                               self._file.rows("ambiguity", low, high))
+                               file.rows("motion", low, high), file.rows("ambiguity", low, high))
 
     def _form_rows(self, source, target, index, motion, ambiguity) -> np.ndarray:
         """As fill_observations made the array: 2 pi times the cycles (in float64) to
@@ -230,11 +229,11 @@ class ArcRightHandSides:
             from depsi.kernels.arc_rhs_numba import form_rows_reference as form_rows
         return form_rows(self.phase, source, target, index, motion, ambiguity)
 
-    def _formed_spilled(self, index: np.ndarray) -> np.ndarray:
+    def _formed_spilled(self, file: SpilledArrays, index: np.ndarray) -> np.ndarray:
         if not index.size:
             return np.empty((0, self.shape[1]), np.float32)
         if int(index.max()) - int(index.min()) < max(4 * index.size, ARC_BLOCK):
-            return self._formed_span(index)
+            return self._formed_span(file, index)
         # scattered rows: in pieces of the sorted rows, each spanning at most ARC_BLOCK arcs
         order = np.argsort(index, kind="stable")
         ordered = index[order]
@@ -242,7 +241,7 @@ class ArcRightHandSides:
         first = 0
         while first < index.size:
             stop = int(np.searchsorted(ordered, ordered[first] + ARC_BLOCK))
-            out[order[first:stop]] = self._formed_span(ordered[first:stop])
+            out[order[first:stop]] = self._formed_span(file, ordered[first:stop])
             first = stop
         return out
 
@@ -250,7 +249,7 @@ class ArcRightHandSides:
         if self._file is not None:
             index = (np.arange(*rows.indices(len(self))) if isinstance(rows, slice)
                      else np.asarray(rows, dtype=np.int64))
-            return self._formed_spilled(index)
+            return self._formed_spilled(self._file, index)
         if self.full is not None:
             return self.full[rows]
         index = np.arange(*rows.indices(len(self))) if isinstance(rows, slice) else rows
@@ -307,7 +306,7 @@ class ArcRightHandSides:
             expected[:, 0], expected[:, 1] = velocity, height
             np.multiply(ambiguity, _TWO_PI, out=expected[:, 2:])
             expected[:, 2:] += arc_phase
-        if self.full is None:
+        if self.motion is not None and self.ambiguity is not None:  # not yet rows as an array
             self.motion[rows, 0], self.motion[rows, 1] = velocity, height
             # a missing epoch's phase is NaN, whatever its ambiguity: 0 is stored there
             cycles = np.where(np.isnan(arc_phase), 0, ambiguity)
@@ -329,7 +328,7 @@ class ArcRightHandSides:
                 full[first:min(first + ARC_BLOCK, start)] = self._formed(
                     slice(first, min(first + ARC_BLOCK, start)))
             self.full, self.motion, self.ambiguity = full, None, None
-        self.full[rows] = expected
+        cast(np.ndarray, self.full)[rows] = expected  # the rows as an array, from here on
 
 
 def _check_arc_ends(source: np.ndarray, target: np.ndarray, n: int) -> None:
@@ -589,7 +588,8 @@ def integrate_network(
         result = apply_reference_area(result, reference_radius)
     if not return_arcs:
         return result
-    return result, _tested_arcs(arcs, arc_ok, arc_reason, w_stat)
+    # a Dataset: _observations_of refuses ArcObservations with return_arcs
+    return result, _tested_arcs(cast(xr.Dataset, arcs), arc_ok, arc_reason, w_stat)
 
 
 def _observations_of(points: xr.Dataset, arcs: xr.Dataset | ArcObservations,

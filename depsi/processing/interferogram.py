@@ -157,7 +157,7 @@ def single_mother_interferograms(stm: xr.Dataset, *, mother: Any = None) -> xr.D
         relative = h2ph.isel(time=position, drop=True) - h2ph
         data["h2ph"] = xr.where(is_mother, h2ph.dtype.type(0), relative).astype(
             h2ph.dtype).transpose("space", "time")
-    data |= {name: var for name, var in stm.data_vars.items() if "time" not in var.dims}
+    data |= {str(name): var for name, var in stm.data_vars.items() if "time" not in var.dims}
 
     mother_time = _epoch_text(time[position])
     history = f"{stm.attrs.get('history', '')}\nsingle_mother_interferograms(mother={mother_time})"
@@ -174,7 +174,7 @@ def _mother_values(mother_slc: xr.DataArray | xr.Dataset, mother_time: str,
     elif isinstance(mother_slc, xr.Dataset):
         if "complex" not in mother_slc:
             raise STMValidationError(f"mother_slc: expected a 'complex' variable, found "
-                                     f"{sorted(mother_slc.data_vars)}")
+                                     f"{sorted(map(str, mother_slc.data_vars))}")
         values, h2ph = mother_slc["complex"], mother_slc.get("h2ph")
     else:
         raise TypeError(f"mother_slc: expected an xarray DataArray or Dataset, found "
@@ -242,7 +242,7 @@ def ifg_to_slc(ifg_stm: xr.Dataset, mother_slc: xr.DataArray | xr.Dataset) -> xr
             "space", "time")
     elif "h2ph" in ifg_stm.data_vars:
         logger.info("ifg_to_slc: h2ph of the mother not given; relative h2ph left out")
-    data |= {name: var for name, var in ifg_stm.data_vars.items() if "time" not in var.dims}
+    data |= {str(name): var for name, var in ifg_stm.data_vars.items() if "time" not in var.dims}
     attrs = {k: v for k, v in ifg_stm.attrs.items() if k not in ("mother_time", "interferogram")}
     if isinstance(mother_slc, xr.Dataset) and "mother_time" in mother_slc.attrs:
         attrs["mother_time"] = mother_slc.attrs["mother_time"]

@@ -677,12 +677,12 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
                 epoch_share=epoch_share, n_epochs=n_epochs)
 
         _on_threads(n, block)
-    return out.assign(velocity_std=("space", velocity_std.astype(np.float32)),
-                      height_error_std=("space", height_std.astype(np.float32)),
-                      displacement_std=(("space", "time"), displacement_std),
-                      **{f"{name}_std": ("space", values.astype(np.float32),
-                                         {"units": out[name].attrs.get("units", "m")})
-                         for name, values in term_std.items()})
+    return out.assign({"velocity_std": ("space", velocity_std.astype(np.float32)),
+                       "height_error_std": ("space", height_std.astype(np.float32)),
+                       "displacement_std": (("space", "time"), displacement_std),
+                       **{f"{name}_std": ("space", values.astype(np.float32),
+                                          {"units": out[name].attrs.get("units", "m")})
+                          for name, values in term_std.items()}})
 
 
 #: The per-point figures of :func:`_uncertainty_block` (besides its ``epoch_share``).

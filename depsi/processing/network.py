@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Final, Literal
 
 import dask
 import dask.array as da
@@ -48,7 +48,7 @@ DEFAULT_CELL_SIZE = 150.0
 DEFAULT_DS_FIRST_ORDER = False
 
 #: Default network: the redundant scheme, whose many closed loops let integration test arcs.
-DEFAULT_METHOD = "redundant"
+DEFAULT_METHOD: Final = "redundant"
 #: Default neighbours per direction sector, and sectors, of the redundant scheme.
 DEFAULT_K = 2
 DEFAULT_N_SECTORS = 8
@@ -121,7 +121,7 @@ def point_positions(
         if name not in points.coords and name not in points.data_vars:
             raise STMValidationError(
                 f"coordinate {name!r}: expected pixel indices (or projected 'x'/'y') to place "
-                f"the points, found coords {sorted(points.coords)}")
+                f"the points, found coords {sorted(map(str, points.coords))}")
     az_sp = azimuth_spacing or float(points.attrs.get("azimuth_spacing", DEFAULT_AZIMUTH_SPACING))
     rg_sp = range_spacing or float(points.attrs.get("range_spacing", DEFAULT_RANGE_SPACING))
     return np.column_stack([np.asarray(points["azimuth"].values, dtype=np.float64) * az_sp,
@@ -414,7 +414,7 @@ def arcs_from_edges(points: xr.Dataset, source: np.ndarray, target: np.ndarray,
         positions = point_positions(points)
     source = np.asarray(source, dtype=np.int64)
     target = np.asarray(target, dtype=np.int64)
-    data_vars = {}
+    data_vars: dict[str, tuple[Any, ...]] = {}
     for name in ("phase", "h2ph"):
         var = points[name]
         if "space" not in var.dims:

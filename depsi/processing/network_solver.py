@@ -11,12 +11,17 @@ tests the arcs with it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
 from depsi.stm.dask_tools import page_out, pageable, roomy_process
+
+if TYPE_CHECKING:
+    from depsi.kernels.ldl_numba import LDLFactors
 
 #: Arcs per block of the redundancy probes, the misclosure statistics and the observations:
 #: bounds the temporaries of a network of millions of arcs.
@@ -361,7 +366,8 @@ class _LDL:
 
         self.n = matrix.shape[0]
         self._solver = qdldl.Solver(sp.triu(matrix, format="csc"))
-        self._factors = None  # QDLDL's factors, for many right-hand sides at once
+        # QDLDL's factors, for many right-hand sides at once
+        self._factors: LDLFactors | None = None
 
     def solve(self, b: np.ndarray) -> np.ndarray:
         if b.ndim == 1:

@@ -3,6 +3,9 @@ first-order and densified points back into the input's order."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
 import dask.array as da
 import numpy as np
 import xarray as xr
@@ -35,7 +38,7 @@ def merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
     place = np.empty(index.size, np.int64)
     place[np.argsort(index, kind="stable")] = np.arange(index.size)
     n_a = a.sizes["space"]
-    merged = {}
+    merged: dict[Hashable, tuple[tuple[Hashable, ...], Any]] = {}
     lazy = _LazyMerge(place, n_a, b) if any(
         isinstance(b[name].data, da.Array) for name in b.data_vars) else None
     for name, var in a.variables.items():
@@ -45,7 +48,7 @@ def merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
         other = b[name].transpose(*var.dims)
         if lazy is not None and isinstance(other.data, da.Array):
             merged[name] = (var.dims, lazy(var.values, other.data))
-            b = b.drop_vars(name)
+            b = b.drop_vars([name])
             continue
         values = np.empty((index.size,) + var.shape[1:],
                           np.result_type(var.dtype, other.dtype))
@@ -53,7 +56,7 @@ def merged_in_input_order(a: xr.Dataset, b: xr.Dataset) -> xr.Dataset:
         values[place[n_a:]] = other.values
         merged[name] = (var.dims, values)
         del other
-        b = b.drop_vars(name)
+        b = b.drop_vars([name])
     return xr.Dataset({name: merged[name] for name in a.data_vars if name in merged},
                       coords={name: merged.get(name, a[name].variable) for name in a.coords
                               if name in merged or "space" not in a[name].dims})

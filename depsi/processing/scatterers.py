@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from enum import IntEnum
-from typing import Literal
+from typing import Any, Final, Literal, cast
 
 import dask
 import dask.array as da
@@ -67,7 +67,7 @@ SCATTERER_ATTRS = {
 
 #: Phase linking of the DS points: EMI, 1.04-1.30x the Cramér-Rao bound on the simulated DS
 #: stacks where EVD is at 1.15-1.34x (docs/steps/distributed.md).
-DEFAULT_DS_METHOD = "emi"
+DEFAULT_DS_METHOD: Final = "emi"
 
 #: A DS candidate becomes a DS point when the temporal coherence of its linked phase (against
 #: its sample coherence phases) reaches this. Measured on decorrelated pixels (no signal at all):
@@ -97,7 +97,7 @@ DEFAULT_MINISTACK = None
 #: mini-stacks of 15, 9 for 5), about 1 % of phase RMSE at 120 epochs whatever the mini-stack
 #: (docs/steps/distributed.md); with mini-stacks of 15 the traced peak 1.24x from 30 to 120
 #: epochs against 1.54x with every compressed SLC, and 1.09x from 60 to 240.
-DEFAULT_MAX_COMPRESSED = "auto"
+DEFAULT_MAX_COMPRESSED: Final = "auto"
 
 #: The DS product's state for :func:`update_ds_selection` (with mini-stacks): the compressed
 #: SLCs per look and the SHP mask, ``(space, shp_cell[, compressed_slc])``; a merged product
@@ -302,9 +302,10 @@ def ds_selection(
     (True, True)
     """
     validate(stack, kind="raster", require=("complex",))
-    window = tuple(int(w) for w in window)
-    _check_arguments(window, alpha, min_looks, method, min_temporal_coherence, prescreen_sigmas,
+    sizes = tuple(int(w) for w in window)
+    _check_arguments(sizes, alpha, min_looks, method, min_temporal_coherence, prescreen_sigmas,
                      ministack, max_compressed)
+    window = (sizes[0], sizes[1])  # two sizes, as checked
     if stack.attrs.get(POSITIONS_ATTR) == "orbits":  # geocoded at the points, as the PS are
         stack = stack.drop_vars([c for c in ("lat", "lon") if c in stack.coords])
     max_compressed = resolve_max_compressed(max_compressed, ministack)
@@ -379,9 +380,10 @@ def _ds_points(stack: xr.Dataset, parts: dict, timed_names: list, coord_names: l
     phase = parts["phase"].astype(np.float32)
     slc = (amplitude[:, None] * np.exp(1j * phase)).astype(np.complex64)
     dims = ("space", "time")
-    data = {"complex": (dims, slc),
-            "amplitude": (dims, np.broadcast_to(amplitude[:, None], slc.shape).copy()),
-            "phase": (dims, phase)}
+    data: dict[str, tuple[Any, ...]] = {
+        "complex": (dims, slc),
+        "amplitude": (dims, np.broadcast_to(amplitude[:, None], slc.shape).copy()),
+        "phase": (dims, phase)}
     data |= {name: (dims, parts[f"extra_{k}"]) for k, name in enumerate(timed_names)}
     n = slc.shape[0]
     data |= {
@@ -716,9 +718,9 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
         coords={"time": new_epochs["time"].values,
                 **{name: ("time", new_epochs[name].values) for name in epoch_coords(old)}})
     if "h2ph" in old.data_vars:
-        at = {"azimuth": xr.DataArray(rows, dims="space"),
-              "range": xr.DataArray(cols, dims="space")}  # the points alone, from any chunks
-        h2ph = new_epochs["h2ph"].isel(at).transpose("space", "time")
+        points_at = {"azimuth": xr.DataArray(rows, dims="space"),
+                     "range": xr.DataArray(cols, dims="space")}  # the points alone, any chunks
+        h2ph = new_epochs["h2ph"].isel(points_at).transpose("space", "time")
         new_points["h2ph"] = (("space", "time"), np.asarray(h2ph.values))
     append_epochs(path, epochs_to_append(old, new_points))  # a no-op when appended already
 
@@ -726,12 +728,12 @@ def update_ds_selection(ds_store, new_epochs: xr.Dataset) -> xr.Dataset:
     group = zarr.open_group(path, mode="r+", use_consolidated=False)
     group.attrs["ds_state_end"] = _STATE_WRITING  # a kill from here on is refused, not trusted
     with zarr.config.set({"array.write_empty_chunks": True}):  # a store written whole
-        state = group["ds_compressed"]
+        state = cast(zarr.Array, group["ds_compressed"])  # variables are arrays, not groups
         if state.shape != compressed.shape:
             state.resize(compressed.shape)
         state[...] = compressed
-        group["ds_update_coherence"][...] = coherence
-        group["linked_phase_std"][...] = phase_std.astype(np.float32)
+        cast(zarr.Array, group["ds_update_coherence"])[...] = coherence
+        cast(zarr.Array, group["linked_phase_std"])[...] = phase_std.astype(np.float32)
     times = new_epochs["time"].values
     step_text = f"update_ds_selection(+{times.size} epochs)"
     group.attrs.update({"ds_state_end": str(times[-1]),

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, cast
 
 import dask
 import dask.array as da
@@ -78,10 +78,10 @@ AUTO_STREAM_MEMORY_FRACTION = 0.5
 
 #: Default dispersion measure, and threshold below which a pixel is a candidate: the usual NAD
 #: choice of PS-InSAR (DePSI's ``ps_selection`` takes the same method by default).
-DEFAULT_METHOD = "nad"
+DEFAULT_METHOD: Final = "nad"
 DEFAULT_THRESHOLD = 0.25
 #: Default engine of ``ps_selection``: chosen per stack by :func:`resolve_engine`.
-DEFAULT_ENGINE = "auto"
+DEFAULT_ENGINE: Final = "auto"
 
 
 class SelectionConfig(Section):
@@ -707,7 +707,7 @@ def ps_selection(
     # positions and line of sight from the orbits, where the stack carries its geometry
     result = geocode_points(result)
     if engine == "dask" and result.sizes["space"]:
-        chunks = {"space": space_chunk_size(result), "time": -1}
+        chunks: dict[Hashable, int] = {"space": space_chunk_size(result), "time": -1}
         result = result.assign({name: var.chunk({d: chunks[d] for d in var.dims})
                                 for name, var in result.data_vars.items()})
     return with_cf_attributes(result)
@@ -838,7 +838,7 @@ def _check_updatable(old: xr.Dataset, path: Path, method: str) -> None:
     missing = [name for name in (*SUM_VARIABLES, "amplitude_dispersion") if name not in old]
     if missing:
         raise STMValidationError(f"store {str(path)!r}: expected running sums {missing} for "
-                                 f"an update, found variables {sorted(old.data_vars)}")
+                                 f"an update, found variables {sorted(map(str, old.data_vars))}")
     last = str(old["time"].values[-1])
     if str(old.attrs.get("statistics_end")) != last:
         raise ValueError(
@@ -926,7 +926,7 @@ def _write_point_state(path: Path, old: xr.Dataset, new: xr.Dataset, threshold: 
     group = zarr.open_group(path, mode="r+")
     for name, values in space.items():
         if name in group:
-            group[name][...] = values
+            cast(zarr.Array, group[name])[...] = values  # variables are arrays, not groups
         else:  # a product from before the flag existed
             xr.Dataset({name: ("space", values)}).to_zarr(path, mode="a", consolidated=False)
     times = new["time"].values

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal, cast
 
 import dask
 import dask.array as da
@@ -69,7 +69,7 @@ DEFAULT_BREAKPOINT_RANGE = (-0.03, 0.03)
 SEARCH_PHASE_STEP = np.pi
 
 #: How each point's model is chosen: by the F tests (``"full"``: every term for every point).
-DEFAULT_CHOICE = "test"
+DEFAULT_CHOICE: Final = "test"
 
 #: False-alarm rate of each F test of the model choice.
 DEFAULT_ALPHA = 0.005
@@ -367,7 +367,8 @@ def temporal_model(config: ModelConfig | None, time: np.ndarray) -> TemporalMode
                        f"{term}_cos": np.cos(2 * np.pi * cycles * calendar)}
             span = config.seasonal_range
         elif term == "thermal":
-            temperature = read_temperature(config.temperature, time)
+            # a file wherever the terms hold "thermal" (the config's validator)
+            temperature = read_temperature(cast(Path, config.temperature), time)
             columns = {"thermal": temperature - temperature.mean()}
             span = config.thermal_range
         elif term == "step":
@@ -385,7 +386,7 @@ def temporal_model(config: ModelConfig | None, time: np.ndarray) -> TemporalMode
                                  f"{str(time[0])[:10]} to {str(time[-1])[:10]}")
         groups[term] = tuple(columns)
         regressors.update(columns)
-        ranges.update({name: tuple(span) for name in columns})
+        ranges.update({name: (span[0], span[1]) for name in columns})
     return TemporalModel(groups, regressors, ranges)
 
 
@@ -580,10 +581,10 @@ def refit_with_terms(result: xr.Dataset, model: TemporalModel) -> xr.Dataset:
         height[rows[ok]] = fit.coefficients["height_error"]
         for name in model.columns:
             columns[name][rows[ok]] = fit.coefficients[name]
-    out = result.assign(velocity=("space", velocity.astype(result["velocity"].dtype)),
-                        height_error=("space", height.astype(result["height_error"].dtype)),
-                        **{name: ("space", values, {"units": column_units(name)})
-                           for name, values in columns.items()})
+    out = result.assign({"velocity": ("space", velocity.astype(result["velocity"].dtype)),
+                         "height_error": ("space", height.astype(result["height_error"].dtype)),
+                         **{name: ("space", values, {"units": column_units(name)})
+                            for name, values in columns.items()}})
     out.attrs = {**result.attrs, "model_terms": list(model.groups)}
     return out
 
@@ -634,8 +635,8 @@ def _terms_chunk(unwrapped, aps, h2ph, old, options) -> dict:
         return parts[0]
     if not parts:
         return _terms_block(unwrapped, aps, h2ph, old, **options)
-    out = {name: np.concatenate([part[name] for part in parts])
-           for name in _TERMS_FIGURES}
+    out: dict[str, Any] = {name: np.concatenate([part[name] for part in parts])
+                           for name in _TERMS_FIGURES}
     out["columns"] = {name: np.concatenate([part["columns"][name] for part in parts])
                       for name in parts[0]["columns"]}
     return out
@@ -759,15 +760,15 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
     flags = {"flag_values": np.arange(len(names), dtype=np.int8),
              "flag_meanings": " ".join(name.replace("+", "_and_") for name in names),
              "long_name": "temporal model kept by the point's tests"}
-    result = out.assign(
-        velocity=("space", velocity), height_error=("space", height),
-        temporal_coherence=("space", coherence),
-        displacement=(("space", "time"), displacement, dict(out["displacement"].attrs)),
-        model_choice=("space", chosen, flags),
-        model_test_ratio=("space", ratio, {"long_name": "F statistic of the kept model over "
-                                                        "its critical value", "units": "1"}),
+    result = out.assign({
+        "velocity": ("space", velocity), "height_error": ("space", height),
+        "temporal_coherence": ("space", coherence),
+        "displacement": (("space", "time"), displacement, dict(out["displacement"].attrs)),
+        "model_choice": ("space", chosen, flags),
+        "model_test_ratio": ("space", ratio, {"long_name": "F statistic of the kept model over "
+                                                           "its critical value", "units": "1"}),
         **{name: ("space", values, {"units": column_units(name)})
-           for name, values in columns.items()})
+           for name, values in columns.items()}})
     result.attrs = {**out.attrs, "model_terms": list(model.groups),
                     "model_columns": list(model.columns), "model_names": list(names),
                     "model_selection": choice, "model_alpha": float(alpha)}

@@ -17,6 +17,7 @@ depend on the chunks.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import dask.array as da
 import numpy as np
@@ -183,7 +184,7 @@ def simulate_ds_stack(
                                       tau_days=tau_days)
     phases = _region_phases(seed, powers.size, n_epochs)
     regions = region_of_range(n_rg, powers.size)
-    chunk_az, chunk_rg = (chunks, chunks) if np.isscalar(chunks) else chunks
+    chunk_az, chunk_rg = (chunks, chunks) if np.isscalar(chunks) else cast(tuple[int, int], chunks)
     template = da.empty((n_az, n_rg, n_epochs), chunks=(chunk_az, chunk_rg, -1),
                         dtype=np.complex64)
     slc = da.map_blocks(_block, seed, coherence, phases, powers, regions, (n_az, n_rg),

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -288,7 +289,8 @@ def _ds_regions(shape: tuple[int, int], seed: int, n_regions: int, size: int,
         raise ValueError(f"ds_regions: expected {n_regions} patches of {size} x {size} pixels "
                          f"{DS_REGION_GAP} pixels apart to fit in a scene of {shape}, found "
                          f"room for {placed}")
-    power = DS_RMS_AMPLITUDE**2 * 10.0 ** rng.uniform(*np.log10(DS_REGION_GAIN), n_regions)
+    low, high = np.log10(DS_REGION_GAIN)
+    power = DS_RMS_AMPLITUDE**2 * 10.0 ** rng.uniform(low, high, n_regions)
     height = rng.standard_normal(n_regions) * height_error_std
     return corners, power, height
 
@@ -324,7 +326,7 @@ def _build_scene(*, shape, n_epochs, seed, ps_fraction, wavelength, start, revis
     corners, ds_power, ds_height = _ds_regions(shape, seed, int(ds_regions), ds_region_size,
                                                float(height_error_std))
     ds_factor = np.eye(n_epochs)
-    extra = ()
+    extra: tuple[Any, ...] = ()
     if ds_regions:
         days = (time - time[0]) / np.timedelta64(1, "D")
         ds_factor = np.linalg.cholesky(exponential_coherence(days, **(ds_coherence or {})))
@@ -414,7 +416,8 @@ def _tile_static(scene: _Scene, ti: int, tj: int) -> dict[str, np.ndarray]:
     ps_mask = rng.random(full) < scene.ps_fraction
     scatterer_phase = rng.uniform(-np.pi, np.pi, full)
     height_error = np.where(ps_mask, rng.standard_normal(full) * scene.height_error_std, 0.0)
-    gain = 10.0 ** rng.uniform(*np.log10(PS_AMPLITUDE_GAIN), full)
+    low, high = np.log10(PS_AMPLITUDE_GAIN)
+    gain = 10.0 ** rng.uniform(low, high, full)
     nad = rng.uniform(*PS_NAD_RANGE, full)
     return {"ps_mask": ps_mask, "scatterer_phase": scatterer_phase,
             "height_error": height_error, "ps_amplitude": DS_RMS_AMPLITUDE * gain,
@@ -518,7 +521,7 @@ def _add_ds(scene: _Scene, ti: int, tj: int, static: dict, out: np.ndarray) -> N
     out[ia, ir] = (amplitude * np.exp(1j * phase) * looks[inside]).astype(np.complex64)
 
 
-_TILE_FUNCTIONS = {
+_TILE_FUNCTIONS: dict[str, Callable[[_Scene, int, int], np.ndarray]] = {
     "complex": _tile_complex,
     "aps": _tile_aps_all,
     "ps_mask": partial(_tile_truth, name="ps_mask"),

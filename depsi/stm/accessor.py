@@ -536,7 +536,7 @@ class SpaceTimeMatrix:
         for field in fields:
             values = _field_values(loaded.table[field])
             if isinstance(index, da.Array):
-                data = index.map_blocks(_take_field, values, dtype=values.dtype)
+                data = da.map_blocks(_take_field, index, values, dtype=values.dtype)
             else:
                 data = _take_field(index, values)
             new[field] = ("space", data)

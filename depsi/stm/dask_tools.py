@@ -13,13 +13,18 @@ import uuid
 import weakref
 from collections.abc import Hashable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
 import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
+from dask.typing import Key
 
 from depsi.kernels.backend import register_host_memory_cap
+
+if TYPE_CHECKING:
+    import mmap
 
 
 def _shares_memory_with_workers(arrays: list) -> bool:
@@ -220,7 +225,9 @@ def needed_tasks(graph: Mapping, keys: Iterable[Hashable]) -> dict:
         layer_name, task = found[key]
         out[key] = task
         near = _Membership(functools.partial(locate, near=layer_name))
-        work.extend(dep for dep in keys_in_tasks(near, [task], as_list=True) if dep not in out)
+        # keys_in_tasks only asks `key in near`; its annotation asks for a Collection
+        dependencies = keys_in_tasks(near, [task], as_list=True)  # type: ignore[arg-type]
+        work.extend(dep for dep in dependencies if dep not in out)
     return out
 
 
@@ -395,7 +402,7 @@ class SpilledArrays:
                 not out.flags.c_contiguous):
             raise ValueError(f"out: expected a C-contiguous {dtype} array of shape "
                              f"{(high - low,) + shape[1:]}, found {out.dtype} {out.shape}")
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")  # the array's own buffer, as memoryview(out)
         start = offset + low * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         done = 0
         while done < len(view):  # (a read may return fewer bytes than asked)
@@ -444,7 +451,7 @@ PAGEABLE_BYTES = 32 * 2**20
 
 #: The memory maps of the live pageable arrays (:func:`page_out` lets their pages go), and the
 #: lock their threads take to add to it or list it.
-_PAGEABLE = weakref.WeakSet()
+_PAGEABLE: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
 _PAGEABLE_LOCK = threading.Lock()
 
 
@@ -566,7 +573,7 @@ def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:
     if size == 0:
         bounds = [0, 0]
     name = f"view-{uuid.uuid4().hex}"  # not a hash of the values: that reads them all
-    graph = {}
+    graph: dict[Key, np.ndarray] = {}
     for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
         key = tuple(i if d == axis else 0 for d in range(values.ndim))
         index = tuple(slice(start, stop) if d == axis else slice(None)

@@ -93,7 +93,7 @@ def _check_variables(ds: xr.Dataset, kind: str, require: tuple[str, ...]) -> Non
     for name in require:
         if name not in ds.variables:
             _fail(f"variable {name!r}", f"present in the {kind} STM",
-                  f"variables {sorted(ds.data_vars)}")
+                  f"variables {sorted(map(str, ds.data_vars))}")
     for name, expected_kind in VARIABLE_KINDS.items():
         if name not in ds.data_vars:
             continue
@@ -146,8 +146,8 @@ def _check_unique_positions(azimuth: np.ndarray, range_: np.ndarray) -> None:
         key = morton_key(azimuth, range_)
     except ValueError:  # indices outside [0, 2**32): sort the pairs instead
         order = np.lexsort((range_, azimuth))
-        key = azimuth[order].astype(np.int64), range_[order].astype(np.int64)
-        same = (key[0][1:] == key[0][:-1]) & (key[1][1:] == key[1][:-1])
+        rows, cols = azimuth[order].astype(np.int64), range_[order].astype(np.int64)
+        same = (rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])
     else:
         if not (key[1:] >= key[:-1]).all():
             key = np.sort(key)

@@ -1,8 +1,9 @@
 """Exit codes of the ``depsi`` command, depsi's own exceptions, and the one line each kind of
 failure is reported as.
 
-Every exception depsi raises derives from :class:`DepsiError`, whose class attribute
-``exit_code`` is the code ``depsi`` exits with: :class:`BadInputError` (2),
+Every exception class depsi defines derives from :class:`DepsiError`, whose class attribute
+``exit_code`` is the code ``depsi`` exits with (builtin errors, depsi's own ``ValueError`` checks
+among them, are classified by their type): :class:`BadInputError` (2),
 :class:`DiskFullError` (3), :class:`ResourceError` (6; :class:`TooLargeError` for work refused
 before it starts), :class:`BusyError` (7) and :class:`SystemFaultError` (8). Each also keeps
 the builtin base its callers catch (``ConfigError`` is a ``ValueError``, ``StoreLockedError`` a
@@ -116,7 +117,7 @@ class Terminated(KeyboardInterrupt):
 
 # ------------------------------------------------------------------------- depsi's exceptions
 class DepsiError(Exception):
-    """Base of every exception depsi raises; ``exit_code`` is what ``depsi`` exits with.
+    """Base of the exception classes of depsi; ``exit_code`` is what ``depsi`` exits with.
 
     A subclass names its kind (:class:`BadInputError`, :class:`TooLargeError`, ...) and keeps
     the builtin base its callers catch, e.g. ``class ConfigError(BadInputError, ValueError)``.

@@ -1,5 +1,5 @@
-"""Every exception depsi raises derives from :class:`depsi.errors.DepsiError`, whose class gives
-the exit code of ``depsi``; each keeps the builtin base its callers catch."""
+"""Every exception class depsi defines derives from :class:`depsi.errors.DepsiError`, whose
+class gives the exit code of ``depsi``; each keeps the builtin base its callers catch."""
 
 from __future__ import annotations
 

@@ -97,8 +97,8 @@ def gpkg_driver_fails(monkeypatch, message: str) -> None:
     monkeypatch.setattr(gpd.GeoDataFrame, "to_file", failing)
 
 
-@pytest.mark.slow
 # ---------------------------------------------------------------------- a full disk in exports
+@pytest.mark.slow
 def test_disk_full_in_the_geopackage_export_exits_3_naming_the_file(tmp_path, modelled,
                                                                    console, monkeypatch):
     workspace = tmp_path / "ws"

@@ -1,13 +1,15 @@
 """depsi: Persistent Scatterer InSAR time-series analysis on space-time matrices.
 
 ``import depsi`` registers the ``.stm`` accessor on xarray Datasets and exposes the store
-functions, :func:`run_ps_chain` and :func:`view` (a result in the web browser); the science
-lives in :mod:`depsi.processing`, the steps and their executors in :mod:`depsi.pipeline`, the
-simulator in :mod:`depsi.simulate`, the batched kernels in :mod:`depsi.kernels`.
+functions, :func:`run_ps_chain`, :func:`view` (a result in the web browser) and
+:class:`DepsiError` (the base of depsi's exceptions); the science lives in
+:mod:`depsi.processing`, the steps and their executors in :mod:`depsi.pipeline`, the simulator
+in :mod:`depsi.simulate`, the batched kernels in :mod:`depsi.kernels`.
 """
 
 import logging
 
+from depsi.errors import DepsiError
 from depsi.io import append_epochs, from_csv, open_stm, save_stm
 from depsi.kernels import configure_devices
 from depsi.stm import STMValidationError, validate
@@ -30,6 +32,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DepsiError",
     "STMValidationError",
     "__version__",
     "append_epochs",

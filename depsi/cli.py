@@ -210,8 +210,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.format == "zarr":
         out = simulate.write_stack_zarr(args.out, overwrite=args.overwrite, **kwargs)
     elif args.format == "binary":
-        out = simulate.write_stack_binary(args.out, **kwargs)
-        out = args.out
+        out = simulate.write_stack_binary(args.out, overwrite=args.overwrite, **kwargs)["folder"]
     else:
         out = simulate.write_stack(args.out, format=args.format, overwrite=args.overwrite,
                                    **kwargs)["path"]

@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 import dask
 from pydantic import Field, field_validator, model_validator
 
+from depsi.errors import ResourceError
 from depsi.kernels.backend import single_threaded_blas
 from depsi.sections import Section, check_bytes
 from depsi.stm.dask_tools import HUGEPAGE_VARIABLE, tune_memory
@@ -177,8 +178,11 @@ class ComputeConfig(Section):
         return memory_limit
 
 
-class SchedulerStartError(RuntimeError):
+class SchedulerStartError(ResourceError, RuntimeError):
     """The chosen scheduler could not start (e.g. workers did not come up in time)."""
+
+    heading = "the scheduler did not start"
+    advice = "check compute.scheduler and the cluster (queue, compute.worker_timeout)"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,13 @@
-"""Exit codes of the ``depsi`` command, and the one line each kind of failure is reported as.
+"""Exit codes of the ``depsi`` command, depsi's own exceptions, and the one line each kind of
+failure is reported as.
+
+Every exception class depsi defines derives from :class:`DepsiError`, whose class attribute
+``exit_code`` is the code ``depsi`` exits with (builtin errors, depsi's own ``ValueError`` checks
+among them, are classified by their type): :class:`BadInputError` (2),
+:class:`DiskFullError` (3), :class:`ResourceError` (6; :class:`TooLargeError` for work refused
+before it starts), :class:`BusyError` (7) and :class:`SystemFaultError` (8). Each also keeps
+the builtin base its callers catch (``ConfigError`` is a ``ValueError``, ``StoreLockedError`` a
+``TimeoutError``).
 
 :func:`classify` turns an exception into ``(code, message)``: what happened, where (the paths of
 the error), what is still intact, and how to go on. ``depsi`` logs the message as one ERROR line
@@ -9,24 +18,28 @@ code name                  when
 ==== ===================== ========================================================================
 0    ``OK``                the command finished
 1    ``INTERNAL_ERROR``    an unexpected exception: a bug in depsi; the traceback is kept, report it
-2    ``BAD_INPUT``         bad configuration or input: ``ValueError`` (``ConfigError``,
-                           ``MetadataError``, ``StoreIntegrityError``, ...), a missing input or
-                           earlier product (``FileNotFoundError``, ``PipelineError``), an existing
-                           output (``FileExistsError``), a path through a file
+2    ``BAD_INPUT``         bad configuration or input: a :class:`BadInputError` (``ConfigError``,
+                           ``MetadataError``, ``StoreIntegrityError``, ``PipelineError``, ...)
+                           or ``ValueError``, a missing input (``FileNotFoundError``), an
+                           existing output (``FileExistsError``), a path through a file
                            (``NotADirectoryError``), text that is not UTF-8, a missing optional
                            package (``ImportError``)
-3    ``DISK_FULL``         no space left or disk quota exceeded (``ENOSPC``, ``EDQUOT``)
+3    ``DISK_FULL``         no space left or disk quota exceeded (``ENOSPC``, ``EDQUOT``;
+                           :class:`DiskFullError`)
 4    ``PERMISSION_DENIED`` permission denied or a read-only file system (``EACCES``, ``EPERM``,
                            ``EROFS``)
 5    ``INTERRUPTED``       Ctrl-C (``SIGINT``) or ``SIGTERM`` (``scancel``, a job's walltime)
 6    ``RESOURCE_LIMIT``    work refused before it starts because it would not fit the machine
-                           (``ResourceLimitError`` of :mod:`depsi.pipeline.preflight`), or not
-                           enough memory or another resource: ``MemoryError``, ``ENOMEM``, too
-                           many open files (``EMFILE``, ``ENFILE``), the scheduler's workers not
-                           starting (``SchedulerStartError``)
+                           (a :class:`TooLargeError`: ``ResourceLimitError``), or not enough
+                           memory or another resource (a :class:`ResourceError`:
+                           ``SchedulerStartError``, the scheduler's workers not starting;
+                           ``MemoryError``, ``ENOMEM``, too many open files, ``EMFILE``,
+                           ``ENFILE``)
 7    ``WORKSPACE_BUSY``    another run holds the workspace, or another writer a store's lock
-                           (``TimeoutError``, ``StoreLockedError``)
-8    ``SYSTEM_ERROR``      any other error of the operating system (``EIO``, ``ESTALE``, ...)
+                           (a :class:`BusyError`: ``WorkspaceBusyError``, ``StoreLockedError``;
+                           or ``TimeoutError``)
+8    ``SYSTEM_ERROR``      any other error of the operating system (``EIO``, ``ESTALE``, ...;
+                           :class:`SystemFaultError`)
 ==== ===================== ========================================================================
 
 Every product is written to a temporary sibling and moved into place when complete, so after
@@ -53,9 +66,9 @@ import errno
 import os
 import re
 import shlex
-import sys
 from enum import IntEnum
 from pathlib import Path
+from typing import ClassVar
 
 
 class ExitCode(IntEnum):
@@ -102,6 +115,71 @@ class Terminated(KeyboardInterrupt):
     """``SIGTERM`` received (``scancel``, a job's walltime): unwinds like Ctrl-C."""
 
 
+# ------------------------------------------------------------------------- depsi's exceptions
+class DepsiError(Exception):
+    """Base of the exception classes of depsi; ``exit_code`` is what ``depsi`` exits with.
+
+    A subclass names its kind (:class:`BadInputError`, :class:`TooLargeError`, ...) and keeps
+    the builtin base its callers catch, e.g. ``class ConfigError(BadInputError, ValueError)``.
+    Its report (:func:`classify`) is ``heading: message``, then, where ``advice`` is set, what
+    stays intact and the advice followed by how to go on.
+
+    Examples
+    --------
+    >>> class StackTooShort(BadInputError, ValueError):
+    ...     pass
+    >>> classify(StackTooShort("input.path: expected 3 epochs, found 2"))
+    (<ExitCode.BAD_INPUT: 2>, 'input.path: expected 3 epochs, found 2')
+    """
+
+    exit_code: ClassVar[ExitCode] = ExitCode.INTERNAL_ERROR
+    #: Words before the message in the one-line report ("" for none).
+    heading: ClassVar[str] = ""
+    #: What to do before running again ("" when the message says it already).
+    advice: ClassVar[str] = ""
+
+
+class BadInputError(DepsiError):
+    """Bad configuration or input: a key, a value, a file missing or contradicting another."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class ResourceError(DepsiError):
+    """Not enough memory, workers or another resource of the machine for the work."""
+
+    exit_code = ExitCode.RESOURCE_LIMIT
+
+
+class TooLargeError(ResourceError):
+    """Work refused before it starts because it would not fit the machine; nothing is written."""
+
+    heading = "refused before any work"
+    advice = "lower the key named or run where more memory is available"
+
+
+class BusyError(DepsiError):
+    """Another run holds the workspace, or another writer the lock of a store."""
+
+    exit_code = ExitCode.WORKSPACE_BUSY
+    heading = "busy"
+    advice = "once the other run has finished (or with a larger DEPSI_LOCK_TIMEOUT),"
+
+
+class DiskFullError(DepsiError, OSError):
+    """No space left or quota exceeded, found by depsi in a driver's own error; an ``OSError``
+    with ``errno`` ``ENOSPC`` or ``EDQUOT`` and the file being written as ``filename``."""
+
+    exit_code = ExitCode.DISK_FULL
+
+
+class SystemFaultError(DepsiError, OSError):
+    """An operating-system fault that is neither a full disk nor a permission (``EIO``, a file
+    system without a feature depsi needs); an ``OSError`` with its ``errno``."""
+
+    exit_code = ExitCode.SYSTEM_ERROR
+
+
 #: errno values of each kind of fault.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
@@ -137,7 +215,7 @@ def classify(exc: BaseException, *, workspace: str | os.PathLike | None = None,
     """
     context = _Context(Path(workspace) if workspace is not None else None,
                        Path(config) if config is not None else None)
-    for kind in (_interrupted, _busy, _os_error, _unicode, _resource, _bad_input):
+    for kind in (_interrupted, _depsi_error, _busy, _os_error, _unicode, _resource, _bad_input):
         found = kind(exc, context)
         if found is not None:
             return found
@@ -210,22 +288,41 @@ def _interrupted(exc: BaseException, context: _Context) -> tuple[ExitCode, str] 
         f"sibling, removed by the next run; {then}")
 
 
+def _depsi_error(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | None:
+    """An exception of depsi: its class gives the code and the form of its line."""
+    if not isinstance(exc, DepsiError):
+        return None
+    if isinstance(exc, OSError):  # its line names errno and path as the operating system's do
+        return exc.exit_code, _os_error_line(exc, context)[1]
+    line = _one_line(exc)
+    if exc.heading:
+        line = f"{exc.heading}: {line}"
+    decode_error = _decode_cause(exc)
+    if decode_error is not None:
+        line += "; " + _encoding_advice(decode_error, _decode_error_file(decode_error))
+    if not exc.advice:
+        return exc.exit_code, line
+    intact = "nothing was written" if isinstance(exc, TooLargeError) else context.intact()
+    return exc.exit_code, f"{line}; {intact}; " + context.go_on(exc.advice)
+
+
 def _busy(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | None:
-    pipeline_error = _class("depsi.pipeline.runner", "PipelineError")
-    if pipeline_error is not None and isinstance(exc, pipeline_error) and " is in use by run" \
-            in str(exc):
-        return ExitCode.WORKSPACE_BUSY, f"workspace busy: {_one_line(exc)}"
-    if isinstance(exc, TimeoutError):
-        return ExitCode.WORKSPACE_BUSY, (
-            f"busy: {_one_line(exc)}; {context.intact()}; "
-            + context.go_on("once the other run has finished (or with a larger "
-                            "DEPSI_LOCK_TIMEOUT),"))
-    return None
+    """A ``TimeoutError`` of another package: a lock held by another writer."""
+    if not isinstance(exc, TimeoutError):
+        return None
+    return ExitCode.WORKSPACE_BUSY, (
+        f"{BusyError.heading}: {_one_line(exc)}; {context.intact()}; "
+        + context.go_on(BusyError.advice))
 
 
 def _os_error(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | None:
+    """An ``OSError`` by its ``errno`` (a ``TimeoutError`` is :func:`_busy`'s)."""
     if not isinstance(exc, OSError) or isinstance(exc, TimeoutError):
         return None
+    return _os_error_line(exc, context)
+
+
+def _os_error_line(exc: OSError, context: _Context) -> tuple[ExitCode, str]:
     code = exc.errno
     paths = _paths(exc)
     where = _where(exc)
@@ -273,11 +370,10 @@ def _bad_path(exc: OSError, paths: list[str], context: _Context) -> str:
 
 
 def _unicode(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | None:
+    """Text that is not UTF-8: a ``UnicodeDecodeError``, or a ``ValueError`` raised from one."""
     decode_error = exc if isinstance(exc, UnicodeDecodeError) else None
-    inner = exc.__cause__ or exc.__context__
-    if decode_error is None and isinstance(exc, ValueError) and isinstance(
-            inner, UnicodeDecodeError):
-        decode_error = inner  # under a reader's own message, which names the file
+    if decode_error is None and isinstance(exc, ValueError):
+        decode_error = _decode_cause(exc)  # under a reader's own message, which names the file
     if decode_error is None:
         return None
     path = _decode_error_file(decode_error)
@@ -288,6 +384,11 @@ def _unicode(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | No
     return ExitCode.BAD_INPUT, (
         f"not UTF-8 text{where}: byte {_hex(decode_error)} at offset {decode_error.start}"
         f"{_of_what(decode_error, path)} ({decode_error.reason}); {advice}")
+
+
+def _decode_cause(exc: BaseException) -> UnicodeDecodeError | None:
+    inner = exc.__cause__ or exc.__context__
+    return inner if isinstance(inner, UnicodeDecodeError) else None
 
 
 def _decode_error_file(exc: UnicodeDecodeError) -> str | None:
@@ -334,17 +435,7 @@ def _decodes(data: bytes, encoding: str) -> bool:
 
 
 def _resource(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | None:
-    refusal = _class("depsi.pipeline.preflight", "ResourceLimitError")
-    if refusal is not None and isinstance(exc, refusal):
-        return ExitCode.RESOURCE_LIMIT, (
-            f"refused before any work: {_one_line(exc)}; nothing was written; "
-            + context.go_on("lower the key named or run where more memory is available"))
-    scheduler_error = _class("depsi.cluster", "SchedulerStartError")
-    if scheduler_error is not None and isinstance(exc, scheduler_error):
-        return ExitCode.RESOURCE_LIMIT, (
-            f"the scheduler did not start: {_one_line(exc)}; {context.intact()}; "
-            + context.go_on("check compute.scheduler and the cluster (queue, "
-                            "compute.worker_timeout)"))
+    """A ``MemoryError``: its own words when it has some."""
     if not isinstance(exc, MemoryError):
         return None
     what = _one_line(exc) if str(exc) else "out of memory (MemoryError)"
@@ -355,9 +446,8 @@ def _resource(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | N
 
 
 def _bad_input(exc: BaseException, context: _Context) -> tuple[ExitCode, str] | None:
-    pipeline_error = _class("depsi.pipeline.runner", "PipelineError")
-    if isinstance(exc, (ValueError, ImportError)) or (
-            pipeline_error is not None and isinstance(exc, pipeline_error)):
+    """A ``ValueError`` (a reader's own check) or an ``ImportError`` (an optional package)."""
+    if isinstance(exc, (ValueError, ImportError)):
         return ExitCode.BAD_INPUT, _one_line(exc)
     return None
 
@@ -390,11 +480,6 @@ def _one_line(exc: BaseException) -> str:
     for previous, line in zip(lines, lines[1:]):
         text += (" " if previous.endswith(":") else "; ") + line
     return text
-
-
-def _class(module: str, name: str) -> type | None:
-    """A class of a depsi module when that module was imported (else nothing raised it)."""
-    return getattr(sys.modules.get(module), name, None)
 
 
 def _version() -> str:

@@ -2,7 +2,7 @@
 # Run the whole depsi test suite on a fresh machine: install the package with its test extras,
 # lint with ruff (the version pinned in the test extra), then run pytest: the tests and the
 # docstring examples of depsi/ (testpaths and --doctest-modules in pyproject.toml). Extra
-# arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`).
+# arguments go to pytest (e.g. `bash scripts/test.sh -m "not slow"`, the quick subset).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,5 +28,13 @@ bash scripts/browser-up.sh || echo "test.sh: Chromium not installed; tests/test_
 # On DEPSI_TEST_WORKERS processes (pytest-xdist, default 2: the suite waits on subprocesses,
 # clusters and files much of its time); the modules of tests/conftest.py's SERIAL_MODULES run
 # one test at a time in one of them. DEPSI_TEST_WORKERS=0 runs everything in this process.
+# The elapsed time of the pytest run is printed last, with the load average before and after
+# (the quick subset's time in the README is measured so).
 workers=${DEPSI_TEST_WORKERS:-2}
-python -m pytest -p no:cacheprovider --timeout=600 -n "$workers" --dist loadgroup "$@"
+load_before=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
+started=$SECONDS
+status=0
+python -m pytest -p no:cacheprovider --timeout=600 -n "$workers" --dist loadgroup "$@" || status=$?
+echo "test.sh: pytest took $((SECONDS - started)) s on $workers workers (load average" \
+     "$load_before before, $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?") after)" >&2
+exit "$status"

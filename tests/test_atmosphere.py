@@ -162,6 +162,7 @@ def test_stratified_part_needs_heights_where_asked_and_skips_points_without_one(
         run_ps_chain(ps_selection(stack), atmosphere={"stratified": "on"})
 
 
+@pytest.mark.slow
 def test_the_screen_holds_a_few_copies_of_the_series_not_ten(monkeypatch):
     """The residual, its low-pass and the screen are made a block of points at a time: the
     step's peak beside its input is about three float64 copies of the series (0.7 GB each at

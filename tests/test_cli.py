@@ -78,3 +78,18 @@ def test_config_example_replaces_a_file_only_with_overwrite(tmp_path, caplog):
     assert path.read_text() == "mine\n" and "--overwrite" in caplog.text
     assert main(["config", "--example", str(path), "--overwrite"]) == 0
     assert path.read_text() != "mine\n"
+
+
+def test_simulate_binary_replaces_an_earlier_stack_only_with_overwrite(tmp_path, caplog):
+    folder = tmp_path / "binary"
+    command = ["simulate", str(folder), "--format", "binary", "--azimuth", "8", "--range", "6",
+               "--epochs", "3"]
+    assert main(command) == 0
+    first = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert main([*command, "--seed", "1"]) == 2
+    assert "already exist" in caplog.text and str(folder) in caplog.text
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == first
+    assert main([*command, "--seed", "1", "--overwrite"]) == 0
+    replaced = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert replaced.keys() == first.keys()
+    assert any(replaced[name] != first[name] for name in first if name.startswith("slc_"))

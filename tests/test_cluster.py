@@ -209,6 +209,7 @@ def _hugepage_advice() -> bool:
     return (getattr(np, "_core", None) or np.core).multiarray._get_madvise_hugepage()
 
 
+@pytest.mark.slow
 def test_local_workers_reuse_their_heap_for_temporaries() -> None:
     """A LocalCluster's workers run with glibc's trim and mmap thresholds at WORKER_MALLOC
     (distributed's 64 kB trim threshold alone pins the mmap threshold at 128 kB: every larger

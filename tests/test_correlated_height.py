@@ -207,6 +207,7 @@ def test_prediction_is_the_same_on_one_thread_or_several(monkeypatch):
         assert np.isfinite(one).all() and one.std() > 0
 
 
+@pytest.mark.slow
 def test_batches_as_wide_as_their_own_fullest_cell_predict_every_target(monkeypatch):
     """Cells are batched fullest first and each batch's systems are as wide as its own
     fullest cell: on a scene of a dense town in a sparse countryside (cells of 1 to about 60

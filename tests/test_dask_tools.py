@@ -77,6 +77,7 @@ print(bounded, (before - process.memory_info().rss) // mb)
 """
 
 
+@pytest.mark.slow
 def test_bound_allocator_hands_back_a_freed_large_array():
     """Bounded, a freed 24 MiB array leaves the process at once; under glibc's defaults (the
     control, run the same way) the second one stays resident. A user's own tuning is left."""
@@ -99,6 +100,7 @@ print(before, no_hugepage_advice(), getter())
 """
 
 
+@pytest.mark.slow
 def test_no_hugepage_advice_switches_numpys_advice_off_unless_the_user_chose():
     """NumPy's huge-page advice is off after the call (it was on, NumPy's default on Linux);
     a user's NUMPY_MADVISE_HUGEPAGE stands, either way."""
@@ -118,7 +120,8 @@ def _pid_block(block: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("compute", [
     {"scheduler": "local", "workers": 1, "threads": 1, "memory_limit": None},
-    {"scheduler": "processes", "workers": 1}], ids=lambda c: c["scheduler"])
+    pytest.param({"scheduler": "processes", "workers": 1}, marks=pytest.mark.slow)],
+    ids=lambda c: c["scheduler"])
 def test_computed_in_place_in_process_keeps_the_work_here_under_a_cluster(compute):
     """Under a LocalCluster or a process pool, ``in_process=True`` runs the blocks on this
     process's threads (the chain's final fit: its inputs are views of this process's arrays,
@@ -282,6 +285,7 @@ print(dask_tools.is_pageable(a), (written - start) // mb, (written - out) // mb,
 """
 
 
+@pytest.mark.slow
 def test_page_out_lets_a_pageable_arrays_memory_go_and_its_values_stay():
     """A 64 MiB pageable array takes its pages as it is written; page_out hands all of them
     back; every value reads back the same after it (the pages come from the file)."""

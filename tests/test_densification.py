@@ -181,6 +181,7 @@ def test_a_neighbours_unwrapping_error_does_not_reach_the_candidates():
                                   before.ambiguity.values[touched])
 
 
+@pytest.mark.slow
 def test_the_first_order_table_holds_its_series_once(monkeypatch):
     """Densification's table of the first-order points holds their series once (not copied
     where all are kept and finite) and no residuals: a chunk's payload makes its points'

@@ -42,6 +42,7 @@ def stored(stack, tmp_path):
     return save_stm(ds, tmp_path / "ds.zarr")
 
 
+@pytest.mark.slow
 def test_update_is_the_whole_stacks_sequential_estimator_at_the_new_epochs(stack, stored):
     """Two updates (5 then 15 epochs) give the phases, bounds and compressed SLCs of the
     sequential estimator run on all 40 epochs with the first run's SHP, to float32 round-off;
@@ -89,6 +90,7 @@ def test_update_coherence_drops_where_the_ds_decorrelate(stack, stored):
     assert np.median(coherence[inside]) < 0.5 < 0.9 < np.median(coherence[outside])
 
 
+@pytest.mark.slow
 def test_a_killed_update_is_completed_by_the_same_call(stack, stored, tmp_path, monkeypatch):
     """Killed after its append, before its state: the store has the new epochs and the old
     state; the same call again completes it, equal to an update never interrupted."""

@@ -55,6 +55,7 @@ def test_integration_recovers_velocity_height_and_displacement_within_noise():
     assert result.ambiguity.dtype == np.int32
 
 
+@pytest.mark.slow
 def test_planted_wrong_arc_is_detected_and_removed():
     points, true, arcs = _estimated()
     clean_result, clean = integrate_network(points, arcs, return_arcs=True)
@@ -290,6 +291,7 @@ def test_many_planted_wrong_arcs_are_removed_in_few_iterations():
     assert np.sqrt(np.mean(v_err[keep] ** 2)) <= 1.2 * predicted_arc_std(points)[0]
 
 
+@pytest.mark.slow
 def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_network(monkeypatch):
     """Large networks are tested tile by tile (factorisations of a tile's size, cost linear in
     the number of points), then solved once as a whole: the decisions are those of the
@@ -366,6 +368,7 @@ def test_arc_observations_integrate_as_the_arcs_do():
         integrate_network(points, bad)
 
 
+@pytest.mark.slow
 def test_arc_observations_read_a_stored_arc_stm_a_few_chunks_at_a_time(tmp_path, monkeypatch):
     """`depsi run` integrates its stored arcs: they are read whole chunks at a time (never the
     whole arc STM), and the observations are those of the arcs in memory, bit for bit."""
@@ -497,6 +500,7 @@ def test_tiled_testing_gives_the_same_result_on_any_number_of_threads(monkeypatc
     assert (runs[0][1].arc_removal_reason.values[bad] == 2).mean() > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_factorisations_with_many_right_hand_sides_do_not_leak():
     # cholespy 2.2 lost each destroyed solver's (n, k) solve workspace: 2.5 MB a solver here,
@@ -680,7 +684,8 @@ def test_right_hand_sides_stay_in_memory_where_no_temporary_file_can_be_written(
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-@pytest.mark.parametrize("n", [3000, 60_000])  # QDLDL, CHOLMOD
+# QDLDL at 3000 points, CHOLMOD at 60,000
+@pytest.mark.parametrize("n", [3000, pytest.param(60_000, marks=pytest.mark.slow)])
 def test_the_whole_networks_solution_made_in_place_is_the_solutions_to_the_bit(
         monkeypatch, n, compiled):
     """The whole network's one solve (``solution_only``) forms its right-hand sides in the

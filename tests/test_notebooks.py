@@ -37,7 +37,13 @@ def test_notebook_is_committed_without_outputs(path):
                        f"them (jupyter nbconvert --clear-output --inplace {path.name})")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+#: The notebook the quick subset runs (the shortest); the others are marked slow.
+QUICK_NOTEBOOK = "03_real_data"
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(path, id=path.stem, marks=[] if path.stem == QUICK_NOTEBOOK else pytest.mark.slow)
+    for path in NOTEBOOKS])
 def test_notebook_runs(path):
     """Execute in the notebooks folder (the notebooks find ``data/`` and ``../tests/data``
     from there and write only to temporary folders); fail with the failing cell's error."""

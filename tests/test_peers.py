@@ -621,6 +621,7 @@ def test_subset_density_is_offered_where_stmtools_0_1_4_has_none(peers, stmat):
     assert ours_stm(stmat, "subset", method="density", dx=10.0, dy=10.0).sizes["space"] == 5
 
 
+@pytest.mark.slow
 def test_stmtools_readme_workflow_runs_unchanged_with_the_same_points(peers, realdata, tmp_path):
     """stmtools' README workflow (read with patterns, subset by a polygon file, enrich from
     it, threshold on a point attribute, reorder by scaled lon/lat), run with stmtools and with

@@ -193,7 +193,9 @@ def _coherence_case(n_epochs, *, seasonal=False, irregular=False, seed=0):
     return coherence, rng
 
 
-@pytest.mark.parametrize("seasonal, irregular", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("seasonal, irregular", [
+    pytest.param(True, False, marks=pytest.mark.slow), (False, True),
+    pytest.param(True, True, marks=pytest.mark.slow)])
 def test_lag_averaged_magnitudes_help_where_decorrelation_is_not_a_function_of_the_lag(
         seasonal, irregular):
     """The lag-averaged weights assume decorrelation depends on the epochs' separation; where

@@ -194,7 +194,8 @@ def test_depsi_run_from_a_yaml_alone_agrees_with_dolphin(crop, tmp_path):
 
 
 @pytest.mark.realdata
-@pytest.mark.parametrize("chunks", [(10, 13), (1, 64), (7, 7)])
+@pytest.mark.parametrize("chunks", [(10, 13), pytest.param((1, 64), marks=pytest.mark.slow),
+                                    pytest.param((7, 7), marks=pytest.mark.slow)])
 def test_phase_selection_does_not_depend_on_the_chunks(crop, chunks):
     """Each block sees its neighbours' pixels (a halo of one): the same points, similarities
     and values whatever the blocks."""

@@ -345,6 +345,7 @@ def test_a_dim_file_brings_its_data_folder(tmp_path):
     assert any(label.startswith("stack.data/") and label.endswith(".img") for label in labels)
 
 
+@pytest.mark.slow
 def test_ten_thousand_files_fingerprint_in_seconds(tmp_path):
     folder = tmp_path / "stack"
     metadata = tmp_path / "master.res"

@@ -98,6 +98,7 @@ def gpkg_driver_fails(monkeypatch, message: str) -> None:
 
 
 # ---------------------------------------------------------------------- a full disk in exports
+@pytest.mark.slow
 def test_disk_full_in_the_geopackage_export_exits_3_naming_the_file(tmp_path, modelled,
                                                                    console, monkeypatch):
     workspace = tmp_path / "ws"
@@ -169,6 +170,7 @@ def nearly_full_disk(monkeypatch) -> int:
     return free
 
 
+@pytest.mark.slow
 def test_a_resume_that_only_exports_is_not_refused_for_the_stack(tmp_path, modelled,
                                                                 monkeypatch):
     workspace = tmp_path / "ws"
@@ -179,6 +181,7 @@ def test_a_resume_that_only_exports_is_not_refused_for_the_stack(tmp_path, model
     assert (workspace / "exports" / "points.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_resume_that_redoes_the_stack_is_refused_naming_the_bytes(tmp_path, modelled,
                                                                    console, monkeypatch):
     workspace = tmp_path / "ws"

@@ -232,6 +232,7 @@ def test_a_failed_append_does_not_remove_another_writers_epochs(epochs, tmp_path
     assert failed_code in (0, 1)  # 0: it ran second and found the epochs already appended
 
 
+@pytest.mark.slow
 def test_a_second_writer_waits_then_names_the_lock(epochs, tmp_path):
     path = tmp_path / "ps.zarr"
     shutil.copytree(epochs["old"], path)

@@ -58,7 +58,7 @@ def _simulated(seed=0, **kwargs):
 
 @pytest.mark.parametrize("scene", [
     # 0.5 rad screens of 200 m, 0.3 rad noise, 30 epochs of 24 days
-    pytest.param(lambda: _family("short-weak"), id="short-weak"),
+    pytest.param(lambda: _family("short-weak"), id="short-weak", marks=pytest.mark.slow),
     # the simulator's own screens (Kolmogorov, 1 rad), 0.3 rad noise
     pytest.param(lambda: _simulated(seed=0), id="simulator-default"),
     # 1 rad screens of 400 m, 0.35 rad noise, DEM errors shared by blocks of buildings
@@ -71,6 +71,7 @@ def test_95_percent_intervals_hold_the_truth(scene):
     assert COVERAGE[0] <= height <= COVERAGE[1], f"height coverage {height:.3f}"
 
 
+@pytest.mark.slow
 def test_std_follows_the_noise_put_in():
     """Without atmosphere the residual is the PS noise alone, so doubling ``ps_noise_std``
     doubles every std. Tolerance: the median over N points of a std from T - 3 degrees of

@@ -31,7 +31,8 @@ MM_TOLERANCE = 0.5 * 10.0**-MM_DECIMALS + 1e-4
 
 @pytest.fixture(scope="module")
 def result() -> xr.Dataset:
-    """The chain's result on a 60 x 60 stack of 12 epochs, with lat/lon."""
+    """The chain's result on a 60 x 60 stack of 12 epochs, with lat/lon (2 s: the two CSV
+    tests stay in the quick subset)."""
     points, _ = simulated_points(shape=(60, 60), n_epochs=12, aps_std=0.0)
     return run_ps_chain(points).compute()
 
@@ -44,7 +45,6 @@ def _mm(result: xr.Dataset, name: str) -> np.ndarray:
     return 1e3 * np.asarray(result[name].transpose("space", ...).values, dtype=np.float64)
 
 
-@pytest.mark.slow
 def test_egms_csv_has_the_product_columns_in_mm(result, tmp_path):
     table = pd.read_csv(to_egms_csv(result, tmp_path / "egms.csv"))
     dates = _dates(result)
@@ -116,7 +116,6 @@ def test_qgis_geopackage_has_the_fields_insar_explorer_reads(result, tmp_path):
     np.testing.assert_allclose(frame.geometry.x, result["lon"], atol=1e-9, rtol=0)
 
 
-@pytest.mark.slow
 def test_qgis_csv_is_the_same_table(result, tmp_path):
     table = pd.read_csv(to_qgis_csv(result, tmp_path / "qgis.csv"))
     frame = gpd.read_file(to_qgis_geopackage(result, tmp_path / "qgis.gpkg"))

@@ -9,6 +9,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
+from depsi.errors import BadInputError
+
 #: Longest line of a text metadata file (``.res``, GAMMA ``.par``, ENVI ``.hdr``), in
 #: characters: real lines are under 200; a longer one is refused before any field is parsed.
 MAX_LINE_CHARS = 64 * 2**10
@@ -20,7 +22,7 @@ MAX_XML_BYTES = 64 * 2**20
 MAX_XML_DEPTH = 256
 
 
-class MetadataError(ValueError):
+class MetadataError(BadInputError, ValueError):
     """A metadata file is malformed, or the files of a stack do not belong together.
 
     The message names the file(s), each bad field, what was expected and what was found;

@@ -93,7 +93,6 @@ MOTHER_RES, EPOCH_RES, IFGS_RES = "master.res", "slave.res", "ifgs.res"
 REAL_DTYPE = np.dtype("<f4")
 
 _DATE_FOLDER = re.compile(r"^\d{8}$")
-_ONE_SECOND_NS = 1_000_000_000
 
 
 # ----------------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from depsi.errors import DISK_FULL_ERRNOS
+from depsi.errors import DISK_FULL_ERRNOS, DiskFullError
 from depsi.io.cf import cf_attributes
 
 logger = logging.getLogger(__name__)
@@ -131,14 +131,14 @@ def _free_bytes(folder: Path) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def _disk_full_error(err: BaseException, path: Path) -> OSError | None:
-    """The ``OSError`` of a full disk at ``path`` when the writer's exception ``err`` came from
-    one: an ``OSError`` of a full disk that names no file, or a driver's exception whose text (or
-    that of an exception it was raised from) says so, or after which the file system of ``path``
-    has (almost) no space left; else nothing."""
+def _disk_full_error(err: BaseException, path: Path) -> DiskFullError | None:
+    """The :class:`~depsi.errors.DiskFullError` (an ``OSError``) of a full disk at ``path`` when
+    the writer's exception ``err`` came from one: an ``OSError`` of a full disk that names no
+    file, or a driver's exception whose text (or that of an exception it was raised from) says
+    so, or after which the file system of ``path`` has (almost) no space left; else nothing."""
     if isinstance(err, OSError) and err.errno is not None:
         if err.errno in DISK_FULL_ERRNOS and not err.filename:
-            return OSError(err.errno, err.strerror, str(path))
+            return DiskFullError(err.errno, err.strerror, str(path))
         return None  # the operating system's own error, which names its cause
     seen: set[int] = set()
     inner: BaseException | None = err
@@ -146,11 +146,11 @@ def _disk_full_error(err: BaseException, path: Path) -> OSError | None:
         seen.add(id(inner))
         for code, text in _DISK_FULL_TEXTS:
             if text.search(str(inner)):
-                return OSError(code, os.strerror(code), str(path))
+                return DiskFullError(code, os.strerror(code), str(path))
         inner = inner.__cause__ or inner.__context__
     free = _free_bytes(path.parent)
     if free is not None and free < FULL_DISK_BYTES:
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return DiskFullError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     return None
 
 

@@ -31,6 +31,8 @@ import numpy as np
 import xarray as xr
 from scipy.interpolate import CubicHermiteSpline, CubicSpline
 
+from depsi.errors import BadInputError
+
 logger = logging.getLogger(__name__)
 
 #: WGS84 ellipsoid: semi-major axis (m) and flattening.
@@ -64,7 +66,7 @@ LookSide = Literal["right", "left"]
 GeometryMode = Literal["product", "orbits"]
 
 
-class GeometryError(ValueError):
+class GeometryError(BadInputError, ValueError):
     """A geometry field is missing or impossible; the message names the source and the field."""
 
 

@@ -49,6 +49,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from depsi.errors import BadInputError
 from depsi.io.raster import RASTER_DIMS, _check_wavelength, _chunks, _finish
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ _PAIR = re.compile(r"(?<!\d)(\d{8})[_-](\d{8})(?!\d)")
 _DATE = re.compile(r"(?<!\d)(\d{8})(?!\d)")
 
 
-class InterferogramStackError(ValueError):
+class InterferogramStackError(BadInputError, ValueError):
     """An interferogram stack whose files contradict each other or the configuration."""
 
 

@@ -70,6 +70,7 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
+from depsi.errors import BadInputError
 from depsi.io.bounded import MAX_XML_BYTES, parse_xml, read_bounded_text
 from depsi.io.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.raster import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
@@ -94,7 +95,7 @@ _SWATH_XML = re.compile(r"^IW(\d)\.xml$")
 _NUMBERED = re.compile(r"^(\D*)(\d+)$")
 
 
-class ISCE2Error(ValueError):
+class ISCE2Error(BadInputError, ValueError):
     """An ISCE2 stack file is missing a field or disagrees with another; the message names it."""
 
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import filelock
 
+from depsi.errors import BusyError, SystemFaultError
+
 try:
     import fcntl
 except ImportError:  # Windows: filelock's msvcrt lock, which removes its file itself
@@ -55,11 +57,11 @@ _NO_FLOCK = (errno.ENOSYS, errno.EOPNOTSUPP)
 _held = threading.local()
 
 
-class StoreLockedError(TimeoutError):
+class StoreLockedError(BusyError, TimeoutError):
     """Another writer holds the lock of a path for longer than the timeout."""
 
 
-class _NoFlock(OSError):
+class _NoFlock(SystemFaultError):
     """The file system of the lock file has no ``flock``."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from depsi.errors import BadInputError
 from depsi.io.cf import with_cf_attributes
 from depsi.io.lock import write_lock
 from depsi.io.paths import REPLACED, TEMPORARY, WRITING, temporary_sibling, temporary_siblings
@@ -136,7 +137,7 @@ def _compressors(dtype: np.dtype) -> list:
 
 
 # ------------------------------------------------------------------ errors, faults, renames
-class StoreIntegrityError(ValueError):
+class StoreIntegrityError(BadInputError, ValueError):
     """A store is damaged, incomplete or unsafe to read; the message names path and part."""
 
 

@@ -15,6 +15,7 @@ import dask
 import numpy as np
 import xarray as xr
 
+from depsi.errors import BadInputError
 from depsi.io.geometry import GEOMETRY_ATTR, StackGeometry
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ MIN_EPOCH_SPAN = np.timedelta64(1, "D")
 BadEpochPolicy = Literal["fail", "drop"]
 
 
-class InputValidationError(ValueError):
+class InputValidationError(BadInputError, ValueError):
     """An input's values or files are impossible; the message names the input and the check."""
 
 

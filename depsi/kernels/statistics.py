@@ -20,9 +20,6 @@ from depsi.kernels.backend import array_namespace
 #: for callers who want the robust standard deviation ``MAD_TO_STD * MAD``.
 MAD_TO_STD = 1.4826
 
-#: Names and dtypes of the running sums, in the order :func:`amplitude_sums` returns them.
-SUM_DTYPES = {"amp_count": np.int32, "amp_sum": np.float64, "amp_sumsq": np.float64}
-
 
 def amplitude_of(slc):
     """Amplitude (float32) of a complex SLC array, or a real amplitude array as float32."""

@@ -20,7 +20,7 @@ _HOMES = {
     "ChainConfig": "chain_config", "chain_config": "chain_config",
     "run_ps_chain": "chain",
     "STEPS": "steps", "STEP_NAMES": "steps", "Step": "steps",
-    "PipelineError": "workspace",
+    "PipelineError": "workspace", "WorkspaceBusyError": "workspace",
     "RunSummary": "runner", "StepRecord": "runner", "run_pipeline": "runner",
     "open_stack": "stack",
 }

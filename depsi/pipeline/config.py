@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from depsi.cluster import SCHEDULERS, AdaptiveConfig, ComputeConfig, SlurmConfig  # noqa: F401
+from depsi.errors import BadInputError
 from depsi.pipeline.chain_config import ChainConfig
 from depsi.processing.arcs import ArcsConfig
 from depsi.processing.atmosphere import AtmosphereConfig
@@ -56,11 +57,9 @@ logger = logging.getLogger(__name__)
 INPUT_FORMATS = ("zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "geotiff",
                  "interferograms",
                  "simulated")
-#: Products the export step can write.
-EXPORTS = ("csv", "gpkg", "geotiff", "plots", "egms", "qgis")
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInputError, ValueError):
     """A configuration that cannot be used; the message names the key, the value and the file."""
 
 

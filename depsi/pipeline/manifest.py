@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from depsi.io.paths import temporary_sibling
-
-logger = logging.getLogger(__name__)
 
 #: Version of the manifest layout; a manifest of another version is not trusted.
 MANIFEST_VERSION = 1
@@ -120,15 +117,6 @@ def load_manifest(workspace: str | os.PathLike,
         found += [f"wrong type of {', '.join(wrong)}"] if wrong else []
         return None, f"manifest {path.name} is damaged ({'; '.join(found)})"
     return manifest, None
-
-
-def read_manifest(workspace: str | os.PathLike, step: str) -> dict[str, Any] | None:
-    """The manifest of ``step``, or ``None`` when absent or damaged (never trusted then;
-    :func:`load_manifest` says why)."""
-    manifest, reason = load_manifest(workspace, step)
-    if manifest is None and not reason.startswith("no manifest"):
-        logger.warning("%s: step %s will be redone", reason, step)
-    return manifest
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from depsi.errors import BadInputError, TooLargeError
 from depsi.io.store import MAX_CLAIMED_TO_STORED, MIN_CLAIMED_BYTES_CHECKED
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ MEMORY_FRACTION = 0.8
 
 
 
-class ResourceLimitError(ValueError):
+class ResourceLimitError(TooLargeError, ValueError):
     """A configuration whose predicted work exceeds the machine; names key, bytes and limit."""
 
 
@@ -410,7 +411,7 @@ def check_feasible(config: Any, *, memory_bytes: int | None = None,
 
 
 # ---------------------------------------------------------------- can the stack support PS?
-class StackSupportError(ValueError):
+class StackSupportError(BadInputError, ValueError):
     """A stack that cannot support the PS method (too few epochs); names the epochs, the span
     and the minimum. A ``ValueError``: bad input (exit code 2), not a resource limit."""
 
@@ -611,7 +612,7 @@ def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epoch
 
 
 # ------------------------------------------------------------- can the epochs fit the model?
-class StackConfigError(ValueError):
+class StackConfigError(BadInputError, ValueError):
     """A configuration the stack cannot support: a temporal model its epochs cannot determine
     (more unknowns than epochs, a step or breakpoint without epochs on both sides) or a DS
     window larger than its scene; names the key, the value and the epochs or the scene. A

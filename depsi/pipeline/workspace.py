@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from depsi.errors import BadInputError, BusyError
 from depsi.io.lock import write_lock
 from depsi.io.store import recover_interrupted
 from depsi.pipeline.manifest import write_json_atomic
@@ -30,8 +31,15 @@ LOG_FILE = "depsi.log"
 LOCK_FILE = "depsi.lock"
 
 
-class PipelineError(RuntimeError):
-    """The pipeline cannot run as asked (missing earlier product, busy workspace, bad range)."""
+class PipelineError(BadInputError, RuntimeError):
+    """The pipeline cannot run as asked (missing earlier product, bad range)."""
+
+
+class WorkspaceBusyError(BusyError, PipelineError):
+    """Another live run holds the workspace's lock; the message names its pid and the lock."""
+
+    heading = "workspace busy"
+    advice = ""  # the message says to wait or to remove a lock whose run is gone
 
 
 #: Seconds between the "still running" lines of a long step.
@@ -94,7 +102,7 @@ def workspace_lock(workspace: Path) -> Iterator[None]:
         except (OSError, ValueError):
             holder = None
         if holder and holder.get("host") == host and _pid_alive(int(holder.get("pid", -1))):
-            raise PipelineError(
+            raise WorkspaceBusyError(
                 f"workspace {str(workspace)!r} is in use by run pid {holder['pid']} (lock "
                 f"{lock}); wait for it, or remove the lock if it is gone")
         if holder and holder.get("host") != host:

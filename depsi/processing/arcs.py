@@ -53,8 +53,6 @@ class ArcsConfig(Section):
     def _ordered(cls, pair: tuple[float, float], info) -> tuple[float, float]:
         return ordered_pair(pair, info.field_name)
 
-_TWO_PI = 2.0 * np.pi
-
 
 def _arc_block(phase, h2ph, position, *, years, wavelength, height_range, velocity_range,
                height_step, velocity_step, devices, chunk_starts, with_height=True,

@@ -16,6 +16,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from depsi.errors import BadInputError
 from depsi.stm.order import morton_key
 from depsi.stm.polygons import (
     UnsupportedPolygonsError,  # noqa: F401  (raised by the polygon methods; importable here)
@@ -43,7 +44,7 @@ _THRESHOLD = re.compile(
 _COMPARE = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 
 
-class UnknownMethodError(ValueError, NotImplementedError):
+class UnknownMethodError(BadInputError, ValueError, NotImplementedError):
     """A ``method=`` that is not offered; catchable as ``ValueError`` and, as in stmtools,
     as ``NotImplementedError``."""
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import shapely
 
+from depsi.errors import BadInputError
 from depsi.stm.schema import STMKeyError
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ _MAX_CELLS_PER_AXIS = 4096
 _POLYGON_TYPE_IDS = (3, 6)  # shapely type ids of Polygon and MultiPolygon
 
 
-class UnsupportedPolygonsError(TypeError, NotImplementedError):
+class UnsupportedPolygonsError(BadInputError, TypeError, NotImplementedError):
     """Polygons of a type that is not accepted; catchable as ``TypeError`` and, as in
     stmtools, as ``NotImplementedError``."""
 

@@ -10,6 +10,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import years_since
+from depsi.errors import BadInputError
 from depsi.stm.order import morton_key
 
 #: The dimensions of each kind of STM, in storage order.
@@ -41,7 +42,7 @@ PHASE_VARIABLES = ("complex", "phase")
 _KIND_NAMES = {"c": "complex", "f": "floating point", "i": "integer", "u": "unsigned integer"}
 
 
-class STMValidationError(ValueError):
+class STMValidationError(BadInputError, ValueError):
     """An STM does not follow depsi's conventions; the message names variable, expected, found."""
 
 

@@ -156,7 +156,7 @@ def expected_wrong(*, wrong_linear: int, points_linear: int, points: int, extra_
     (Teunissen's integer least squares). The linear family's rate is fitted with a Gaussian tail
     (a PS is wrong when the residual of one of its epochs passes +-pi), and its residual variance
     grown by ``extra_columns / n_epochs`` of an arc's noise variance (``2 noise_std**2``).
-    docs/benchmarks.md ("The wrong ambiguities point by point") traces the wrong PS.
+    docs/benchmarks.md ("Motion families") traces the wrong PS.
     """
     per_epoch = wrong_linear / (points_linear * n_epochs)
     residual_variance = (np.pi / norm.isf(per_epoch / 2)) ** 2

@@ -19,6 +19,7 @@ import xarray as xr
 from scipy.spatial import ConvexHull, QhullError, cKDTree
 
 from depsi.conventions import years_since
+from depsi.errors import BadInputError
 from depsi.io.store import open_stm
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ POINT_QUANTITIES = ("velocity", "velocity_std", "height_error", "height_error_st
 NOT_COLOURED = ("point_index", "order", "in_reference_area", "azimuth", "range")
 
 
-class ViewInputError(ValueError):
+class ViewInputError(BadInputError, ValueError):
     """The path or Dataset given to the viewer is not a result it can show."""
 
 

@@ -30,6 +30,9 @@ H2PH_MAX = 0.05
 #: Windows sampled by :func:`validate_stack`, on the scene's diagonal, each in its own stored
 #: chunk: the sample reads at most this many chunks of a variable, every epoch.
 SAMPLE_GRID = 3
+#: The sample reads at most one in this many of a variable's stored (azimuth, range) chunks
+#: (one at least): on a stack of 16 chunks one, from 60 chunks on SAMPLE_GRID.
+SAMPLE_CHUNK_SHARE = 20
 #: The sample is at most SAMPLE_GRID**2 x SAMPLE_WINDOW**2 pixels per epoch (SAMPLE_GRID
 #: square windows of side sqrt(SAMPLE_GRID) x SAMPLE_WINDOW), whatever the scene's size.
 SAMPLE_WINDOW = 32
@@ -79,38 +82,52 @@ def _axis_chunks(data, axis: int) -> tuple[int, ...]:
     return tuple(int(c) for c in chunks[axis])
 
 
-def _window_in_chunk(chunks: tuple[int, ...], fraction: float, side: int) -> slice:
+def _window_in_chunk(chunks: tuple[int, ...], fraction: float, side: int
+                     ) -> tuple[slice, int]:
     """A window of at most ``side`` pixels inside the chunk that holds ``fraction`` of the
-    axis, centred on that point as far as the chunk allows."""
+    axis, centred on that point as far as the chunk allows, and that chunk's index."""
     edges = np.concatenate([[0], np.cumsum(chunks)])
     target = min(int(fraction * edges[-1]), int(edges[-1]) - 1)
     k = int(np.searchsorted(edges, target, side="right")) - 1
     low, high = int(edges[k]), int(edges[k + 1])
     side = min(side, high - low)
     start = min(high - side, max(low, target - side // 2))
-    return slice(start, start + side)
+    return slice(start, start + side), k
 
 
 def sample_windows(data) -> list[tuple[slice, slice]]:
-    """The ``(azimuth, range)`` windows :func:`validate_stack` reads: SAMPLE_GRID windows on
-    the scene's diagonal (near its two corners and its centre), each inside one stored chunk
-    and SAMPLE_GRID x SAMPLE_WINDOW**2 pixels at most.
+    """The ``(azimuth, range)`` windows :func:`validate_stack` reads: up to SAMPLE_GRID windows
+    on the scene's diagonal (its centre first, then near its two corners), each inside one
+    stored chunk and SAMPLE_GRID x SAMPLE_WINDOW**2 pixels at most.
 
-    The sample touches at most SAMPLE_GRID chunks of each variable, whatever the scene's size
-    and chunking: a stack of a few chunks is not read whole before the selection reads it.
+    The windows touch at most SAMPLE_GRID chunks of each variable and at most one in
+    SAMPLE_CHUNK_SHARE of its (azimuth, range) chunks (one at least), whatever the scene's size
+    and chunking: a stack of a few chunks is not read in good part before the selection reads
+    it whole. In-memory arrays get all SAMPLE_GRID windows.
 
     Examples
     --------
     >>> import dask.array as da
+    >>> [a for a, r in sample_windows(da.zeros((2000, 2000, 4), chunks=(250, 250, 4)))]
+    [slice(1000, 1055, None), slice(306, 361, None), slice(1639, 1694, None)]
     >>> [a for a, r in sample_windows(da.zeros((1000, 1000, 4), chunks=(250, 250, 4)))]
-    [slice(139, 194, None), slice(500, 555, None), slice(806, 861, None)]
+    [slice(500, 555, None)]
     """
     side = int(np.sqrt(SAMPLE_GRID) * SAMPLE_WINDOW)
-    fractions = [(k + 0.5) / SAMPLE_GRID for k in range(SAMPLE_GRID)]
-    windows = {}
+    fractions = sorted(((k + 0.5) / SAMPLE_GRID for k in range(SAMPLE_GRID)),
+                       key=lambda f: abs(f - 0.5))
+    az_chunks, rg_chunks = _axis_chunks(data, 0), _axis_chunks(data, 1)
+    budget = min(SAMPLE_GRID, max(1, len(az_chunks) * len(rg_chunks) // SAMPLE_CHUNK_SHARE))
+    if not hasattr(data, "dask"):
+        budget = SAMPLE_GRID
+    windows: dict[tuple[int, int, int, int], tuple[slice, slice]] = {}
+    touched: set[tuple[int, int]] = set()
     for f in fractions:
-        a = _window_in_chunk(_axis_chunks(data, 0), f, side)
-        r = _window_in_chunk(_axis_chunks(data, 1), f, side)
+        a, ka = _window_in_chunk(az_chunks, f, side)
+        r, kr = _window_in_chunk(rg_chunks, f, side)
+        if (ka, kr) not in touched and len(touched) >= budget:
+            continue
+        touched.add((ka, kr))
         windows[(a.start, a.stop, r.start, r.stop)] = (a, r)  # small scenes: one window once
     return list(windows.values())
 
@@ -277,6 +294,7 @@ def validate_stack(stack: xr.Dataset, *, on_bad_epoch: BadEpochPolicy = "fail",
 __all__ = [
     "H2PH_MAX",
     "MIN_EPOCH_SPAN",
+    "SAMPLE_CHUNK_SHARE",
     "SAMPLE_GRID",
     "SAMPLE_WINDOW",
     "InputValidationError",

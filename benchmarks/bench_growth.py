@@ -83,15 +83,11 @@ def layout_store(n_points: int, layout: str, cache: Path) -> Path:
 
 
 def chain_modules():
-    """The module of the chain's step functions and ``chain_config`` (where they now live)."""
-    try:
-        from depsi.pipeline import chain_steps
-        from depsi.pipeline.chain_config import chain_config
-    except ImportError:  # before the steps moved to the pipeline
-        from depsi.processing import chain as chain_steps
+    """The module of densification's step and ``chain_config`` (where they now live)."""
+    from depsi.pipeline.chain_config import chain_config
+    from depsi.pipeline.steps import densification
 
-        chain_config = chain_steps.chain_config
-    return chain_steps, chain_config
+    return densification, chain_config
 
 
 class _Instrumented:
@@ -153,14 +149,19 @@ def run_steps(path: Path, steps: tuple[str, ...]) -> dict[str, float]:
         times[name] = time.process_time() - start
         return out
 
-    points = timed("prepare", lambda: chain.prepare_points(ps_stm))
-    network = timed("network", lambda: chain.network_step(points, config))
-    arcs = [timed("arcs", lambda: chain.observations_step(network, config))]
-    first = [timed("integration", lambda: chain.integration_step(network, arcs.pop(), config))]
-    first = [timed("atmosphere", lambda: chain.atmosphere_step(network, first.pop(), config))]
+    from depsi.pipeline.steps import run_step
+    from depsi.pipeline.steps.selection import prepare_points
+
+    points = timed("prepare", lambda: prepare_points(ps_stm))
+    network = timed("network", lambda: run_step("network", config, selection=points))
+    arcs = [timed("arcs", lambda: run_step("arcs", config, network=network))]
+    first = [timed("integration", lambda: run_step("integration", config, network=network,
+                                                   arcs=arcs.pop()))]
+    first = [timed("atmosphere", lambda: run_step("atmosphere", config, network=network,
+                                                  integration=first.pop()))]
     with _Instrumented(chain) as probe:
-        dense = [timed("densification",
-                       lambda: chain.densification_step(points, first[0], config))]
+        dense = [timed("densification", lambda: run_step(
+            "densification", config, selection=points, atmosphere=first[0]))]
     times["batch cuts"] = probe.seconds
     if probe.dense is not None:
         times["batches: culled(isel)"] = batch_loop_seconds(
@@ -168,7 +169,8 @@ def run_steps(path: Path, steps: tuple[str, ...]) -> dict[str, float]:
         times["batches: culled_rows"] = batch_loop_seconds(probe.dense, culled_rows)
     probe.dense = None
     if "model" in steps:
-        timed("model", lambda: chain.model_step(points, first.pop(), dense.pop(), config))
+        timed("model", lambda: run_step("model", config, selection=points,
+                                        atmosphere=first.pop(), densification=dense.pop()))
     return {name: t for name, t in times.items() if name in steps or name not in STEPS}
 
 

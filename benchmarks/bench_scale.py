@@ -64,11 +64,21 @@ MIN_COHERENCE = 0.8
 LOCAL_CLUSTER = {"scheduler": "local", "workers": 2, "threads": 1, "memory_limit": "2GB"}
 #: Seconds between samples of the child's memory (and the workers', with a cluster).
 SAMPLE_S = 0.5
-#: The timed step each function of the chain belongs to (its outermost frame in a stack).
-STEP_OF = {"open_stm": "open", "prepare_points": "prepare", "network_step": "network",
-           "observations_step": "arcs", "integration_step": "integration",
-           "atmosphere_step": "atmosphere", "densification_step": "densification",
-           "model_step": "model", "run_ps_chain": "run_ps_chain", "accuracy": "accuracy"}
+#: The timed step each function outside the steps belongs to (its outermost frame in a stack);
+#: a step's own function is ``run`` (or ``run_in_memory``) of its module in depsi.pipeline.steps.
+STEP_OF = {"open_stm": "open", "prepare_points": "prepare", "run_ps_chain": "run_ps_chain",
+           "accuracy": "accuracy"}
+
+
+def _step_of(frame: str) -> str | None:
+    """The timed step a stack frame's function belongs to (None: none)."""
+    import re
+
+    step = re.search(r'/pipeline/steps/(\w+)\.py", line \d+ in run(?:_in_memory)?$', frame)
+    if step:
+        return step.group(1)
+    names = re.findall(r" in (\w+)$", frame)
+    return STEP_OF.get(names[0]) if names else None
 GB = 2**30
 
 
@@ -116,8 +126,8 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     as :func:`~depsi.pipeline.chain.run_ps_chain` executes them (each product handed to its
     last reader as the only reference)."""
     from depsi.pipeline.chain_config import chain_config
-    from depsi.pipeline.chain_steps import prepare_points
     from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
+    from depsi.pipeline.steps.selection import prepare_points
     from depsi.stm.dask_tools import tune_memory
 
     tune_memory()  # the process's memory settings, as run_ps_chain's
@@ -464,9 +474,9 @@ def hotspots(stacks: Path, top: int = 4) -> dict:
         threads = [[line.strip() for line in block.splitlines()
                     if line.strip().startswith("File ")] for block in dump.split("\n\n")]
         step = "other"
-        for names in (re.findall(r" in (\w+)$", f) for t in threads for f in reversed(t)):
-            if names and names[0] in STEP_OF:
-                step = STEP_OF[names[0]]
+        for found in (_step_of(f) for t in threads for f in reversed(t)):
+            if found is not None:
+                step = found
                 break
         samples[step] += 1
         seen = set()

@@ -186,7 +186,7 @@ def case_pipeline(path: str) -> dict:
     """What ``depsi run`` does up to the points: the stack step (open the store, check its
     values on a sample, its geometry and epochs) and the selection step, as in a run."""
     from depsi.pipeline.config import parse_config
-    from depsi.pipeline.stack import selection_step, stack_step
+    from depsi.pipeline.steps import StepContext, run_step
 
     config = parse_config({"input": {"format": "zarr", "path": path},
                            "selection": {"method": "nad", "threshold": THRESHOLD,
@@ -195,8 +195,8 @@ def case_pipeline(path: str) -> dict:
     base, cpu = _rss_mb(), _cpu_seconds()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
-        _, _, stack = stack_step(config, product=Path(work) / "stack.zarr")
-        ps = selection_step(stack, config).compute()
+        stack = run_step("stack", config, context=StepContext(target=Path(work) / "stack.zarr"))
+        ps = run_step("selection", config, stack=stack).compute()
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "peak_mb": _peak_mb() - base, "cpu": _cpu_seconds() - cpu,
             "points": ps.sizes["space"]}

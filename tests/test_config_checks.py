@@ -181,12 +181,12 @@ def test_a_ds_window_larger_than_the_scene_is_refused_before_any_step(tmp_path, 
 
 def test_a_ds_window_larger_than_a_read_stack_is_refused_by_the_stack_step(tmp_path):
     from depsi.pipeline.config import parse_config
-    from depsi.pipeline.stack import stack_step
+    from depsi.pipeline.steps import StepContext, run_step
 
     config = parse_config({"input": SIMULATED, "output": {"workspace": str(tmp_path)},
                            "selection": {"ds": {"enabled": True, "window": [41, 5]}}})
     with pytest.raises(ValueError, match=r"selection.ds.window: .* 40 x 40 pixels .* \[41, 5\]"):
-        stack_step(config, product=tmp_path / "stack.zarr")
+        run_step("stack", config, context=StepContext(target=tmp_path / "stack.zarr"))
 
 
 def test_the_epochs_and_scene_of_a_zarr_store_are_checked_before_any_step(tmp_path):

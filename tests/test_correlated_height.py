@@ -268,7 +268,7 @@ def test_the_chain_places_points_at_the_scenes_pixel_spacing(monkeypatch):
     ``range_spacing``: without them it placed a 10 m x 10 m scene on Sentinel-1's 14 m x 4 m,
     a geometry stretched 3.5 : 1 (power-law-8/3 heights 1.34x the kriging floor, not 1.22x)."""
     from depsi import run_ps_chain
-    from depsi.pipeline import chain_steps
+    from depsi.pipeline.steps import model
     from depsi.processing.network import point_positions
     from scenes import simulated_points
 
@@ -280,7 +280,7 @@ def test_the_chain_places_points_at_the_scenes_pixel_spacing(monkeypatch):
         seen["positions"] = point_positions(result)
         return estimate_correlated_height(result, **options)
 
-    monkeypatch.setattr(chain_steps, "estimate_correlated_height", record)
+    monkeypatch.setattr(model, "estimate_correlated_height", record)
     result = run_ps_chain(points)
     at = result["point_index"].values
     expected = np.column_stack([points["azimuth"].values[at] * 7.0,

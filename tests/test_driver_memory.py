@@ -18,8 +18,8 @@ from distributed import futures_of, wait
 from depsi.cluster import scheduler
 from depsi.pipeline.chain import run_ps_chain
 from depsi.pipeline.chain_config import chain_config
-from depsi.pipeline.chain_steps import prepare_points
 from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step
+from depsi.pipeline.steps.selection import prepare_points
 from depsi.processing import ps_selection
 from depsi.processing.correlated_height import estimate_correlated_height
 from depsi.processing.model import fit_with_atmosphere, point_uncertainty
@@ -85,11 +85,12 @@ def test_densification_sends_each_chunks_neighbours_to_the_workers_as_data(clust
     """Each chunk's neighbour payload is a scattered future, not a value inside the graph: a
     task's specification sits in its worker's unmanaged memory from assignment to run, and at
     10^7 points the payloads embedded there (18 MB a chunk) paused 2 GB workers for good."""
-    from depsi.pipeline.chain_steps import DENSIFY_READS, _kept
+    from depsi.pipeline.steps.densification import DENSIFY_READS
+    from depsi.pipeline.steps.shared import kept_points
     from depsi.processing.densification import densify
 
     client, products = cluster_products
-    first = _kept(products["atmosphere"], DENSIFY_READS)
+    first = kept_points(products["atmosphere"], DENSIFY_READS)
     candidates = products["selection"]
     velocity = densify(candidates, first)["velocity"].data
     graph = dict(velocity.__dask_graph__())

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 import depsi.io.store as store
-import depsi.pipeline.chain_steps as chain
+import depsi.pipeline.steps.network as network
 from depsi.cli import LOG_FORMAT, main
 from depsi.errors import EXIT_CODE_MEANINGS, ExitCode, classify
 from depsi.pipeline.runner import manifest_path
@@ -129,7 +129,7 @@ def raise_in_network_step(monkeypatch, error: BaseException) -> None:
     def failing(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(chain, "network_step", failing)
+    monkeypatch.setattr(network, "run", failing)
 
 
 # ------------------------------------------------------------------------------ disk and rights
@@ -222,11 +222,11 @@ def test_ctrl_c_inside_a_step_exits_5_and_the_rest_resumes(run, console, monkeyp
 #: ``depsi run`` that stalls inside the network step, touching a flag file first.
 _STALLING_RUN = """
 import pathlib, sys, time
-import depsi.pipeline.chain_steps as chain
+import depsi.pipeline.steps.network as network
 def stall(*args, **kwargs):
     pathlib.Path(sys.argv[2]).touch()
     time.sleep(600)
-chain.network_step = stall
+network.run = stall
 from depsi.cli import main
 sys.exit(main(["run", sys.argv[1], "--no-progress", "--resume"]))
 """

@@ -95,11 +95,11 @@ def _run_and_kill_when(config_path: Path, ready, timeout: float = 120.0,
 #: manifest are written), touching a flag file: the kill lands in that step every time.
 _STALLING_DENSIFICATION = """
 import pathlib, sys, time
-import depsi.pipeline.chain_steps as chain
+import depsi.pipeline.steps.densification as densification
 def stall(*args, **kwargs):
     pathlib.Path(sys.argv[2]).touch()
     time.sleep(600)
-chain.densify = stall
+densification.densify = stall
 from depsi.cli import main
 sys.exit(main(["run", sys.argv[1], "--no-progress"]))
 """

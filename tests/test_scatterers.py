@@ -263,17 +263,16 @@ def test_a_merged_store_is_not_updated_by_epochs(small, small_ds, tmp_path):
 
 def test_selection_step_adds_ds_only_when_enabled(small):
     from depsi.pipeline import parse_config
-    from depsi.pipeline.stack import selection_step
-    from depsi.pipeline.steps import config_for, counts
+    from depsi.pipeline.steps import counts, run_step
 
     stack, _ = small
     plain = parse_config({})
-    points = selection_step(stack, config_for("selection", plain))
+    points = run_step("selection", plain, stack=stack)
     assert "scatterer" not in points and "n_ds" not in counts("selection", points)
     xr.testing.assert_identical(points, ps_selection(stack))  # off: the PS alone, as before
     enabled = parse_config({"selection": {"ds": {"enabled": True,
                                                  "window": list(SMALL_WINDOW)}}})
-    mixed = selection_step(stack, config_for("selection", enabled))
+    mixed = run_step("selection", enabled, stack=stack)
     assert counts("selection", mixed)["ds"] == (mixed["scatterer"].values == 1).sum() > 200
 
 

@@ -129,14 +129,14 @@ def test_an_h2ph_that_does_not_vary_asks_to_drop_the_height(caplog):
 # ----------------------------------------------------------------- failed.json and resume
 def test_a_failing_step_leaves_failed_json_until_resume_completes_it(tmp_path, monkeypatch,
                                                                       caplog):
-    from depsi.pipeline import chain_steps
+    from depsi.pipeline.steps import network
 
     config = parse_config(_simulated(tmp_path / "ws", 20, shape=(40, 40)))
 
-    def broken(points, config):
+    def broken(inputs, config, context):
         raise ValueError("network: expected a broken step, found one")
 
-    monkeypatch.setattr(chain_steps, "network_step", broken)
+    monkeypatch.setattr(network, "run", broken)
     with pytest.raises(ValueError, match="broken step"):
         run_pipeline(config, stop="arcs", progress=False)
     failed = tmp_path / "ws" / FAILED_FILE

@@ -12,7 +12,7 @@ from depsi.pipeline.config import PipelineConfig
 from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, STEP_NAMES, STEPS, last_consumers
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "depsi" / "pipeline" / "steps.py"
+TABLE = ROOT / "depsi" / "pipeline" / "steps" / "__init__.py"
 #: Step names a literal may hold without being a list of steps.
 AT_MOST = 2
 

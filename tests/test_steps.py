@@ -12,20 +12,17 @@ import xarray as xr
 
 from depsi.io import open_stm
 from depsi.kernels.backend import single_threaded_blas
-from depsi.pipeline import chain_steps as chain_module
 from depsi.pipeline import parse_config, run_pipeline
 from depsi.pipeline.chain import run_ps_chain
 from depsi.pipeline.chain_config import ChainConfig, chain_config
-from depsi.pipeline.chain_steps import (
-    arcs_step,
-    atmosphere_step,
-    densification_step,
-    integration_step,
-    model_step,
-    network_step,
-    prepare_points,
-)
 from depsi.pipeline.config import PipelineConfig, example_config_yaml
+from depsi.pipeline.steps import EDGE, run_step
+from depsi.pipeline.steps import atmosphere as atmosphere_module
+from depsi.pipeline.steps import integration as integration_module
+from depsi.pipeline.steps import model as model_module
+from depsi.pipeline.steps.arcs import estimated_arcs as arcs_step
+from depsi.pipeline.steps.selection import prepare_points
+from depsi.pipeline.steps.shared import network_points
 from depsi.processing.selection import SelectionConfig, ps_selection
 from depsi.simulate import simulate_stack
 
@@ -106,6 +103,26 @@ def _fields(model: type) -> list[str]:
             for name in info.annotation.model_fields]
 
 
+def network_step(points, config):
+    return run_step("network", config, selection=points)
+
+
+def integration_step(network, arcs, config):
+    return run_step("integration", config, network=network, arcs=arcs)
+
+
+def atmosphere_step(network, first, config):
+    return run_step("atmosphere", config, network=network, integration=first)
+
+
+def densification_step(points, first, config):
+    return run_step("densification", config, selection=points, atmosphere=first)
+
+
+def model_step(points, first, dense, config):
+    return run_step("model", config, selection=points, atmosphere=first, densification=dense)
+
+
 @pytest.fixture(scope="module")
 def points():
     stack, _ = simulate_stack(shape=(100, 100), n_epochs=20, seed=11, ps_fraction=0.05)
@@ -164,23 +181,22 @@ def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, mo
     bit for bit the observations of the arc STM estimated whole: several batches of several
     periodogram chunks, the last batch and chunk short, blocks of the observations across
     them; also where h2ph is flat (velocity only, decided once for every batch)."""
-    from depsi.processing import arcs as arcs_module
+    from depsi.processing import arcs as arcs_science
     from depsi.processing import integration
 
     network = base["network"]
     config = chain_config(BASE)
     if flat_h2ph:
         network = network.assign(h2ph=network["h2ph"].isel(time=0))
-    n_arcs = network.sizes[chain_module.EDGE]
-    monkeypatch.setattr(arcs_module, "ARC_CHUNK", 97)
-    whole = integration.arc_observations(chain_module._network_points(network),
-                                         arcs_step(network, config))
-    monkeypatch.setattr(chain_module, "ARC_BATCH", 3 * 97)
+    n_arcs = network.sizes[EDGE]
+    monkeypatch.setattr(arcs_science, "ARC_CHUNK", 97)
+    whole = integration.arc_observations(network_points(network), arcs_step(network, config))
+    monkeypatch.setattr(integration, "ARC_BATCH", 3 * 97)
     monkeypatch.setattr(integration, "ARC_BLOCK", 13)
-    batched = chain_module.observations_step(network, config)
+    batched = run_step("arcs", config, network=network)
     assert n_arcs > 3 * 3 * 97 and n_arcs % (3 * 97) % 97
     assert whole.rhs.shape == (n_arcs, 2 + network.sizes["time"])
-    lazy = chain_module.observations_step(network.chunk({"space": 50}), config)  # a store's
+    lazy = run_step("arcs", config, network=network.chunk({"space": 50}))  # a store's
     for name, values in whole._asdict().items():
         np.testing.assert_array_equal(getattr(batched, name), values, err_msg=name)
         np.testing.assert_array_equal(getattr(lazy, name), values, err_msg=name)
@@ -303,28 +319,30 @@ def test_run_ps_chain_lets_each_product_go_after_its_last_reader(points, monkeyp
     import weakref
 
     from depsi.pipeline import steps as steps_module
+    from depsi.pipeline.steps import network as network_module
 
     refs = {}
     seen = {}
 
     def recording(function, step):
-        def run(*args, **kwargs):
-            out = function(*args, **kwargs)
+        def run(inputs, config, context):
+            out = function(inputs, config, context)
             refs[step] = weakref.ref(out)
             return out
         return run
 
-    for step in ("network", "integration", "atmosphere"):
-        monkeypatch.setattr(chain_module, f"{step}_step",
-                            recording(getattr(chain_module, f"{step}_step"), step))
+    for module in (network_module, integration_module, atmosphere_module):
+        step = module.__name__.rpartition(".")[2]
+        monkeypatch.setattr(module, "run", recording(module.run, step))
 
-    def model_then_check(points, first, dense, config, *, devices=None):
-        del first, dense  # as the model step lets them go once merged
+    def model_then_check(inputs, config, context):
+        for name in inputs.names:  # taken, and let go, as the model step does once merged
+            inputs[name]
         gc.collect()
         seen.update({step: ref() is not None for step, ref in refs.items()})
         return xr.Dataset()
 
-    monkeypatch.setattr(chain_module, "model_step", model_then_check)
+    monkeypatch.setattr(model_module, "run", model_then_check)
     assert steps_module.last_consumers(steps_module.CHAIN_STEPS)["integration"] == "atmosphere"
     run_ps_chain(points, BASE)
     assert seen == {"network": False, "integration": False, "atmosphere": False}
@@ -363,10 +381,7 @@ def ds_base(ds_stack):
 
 
 def _selected(stack: xr.Dataset, ds: dict) -> xr.Dataset:
-    from depsi.pipeline.stack import selection_step
-    from depsi.pipeline.steps import config_for
-
-    return selection_step(stack, config_for("selection", parse_config({"selection": {"ds": ds}})))
+    return run_step("selection", parse_config({"selection": {"ds": ds}}), stack=stack)
 
 
 def test_every_selection_ds_field_has_a_test():
@@ -407,7 +422,7 @@ def test_every_other_config_field_is_read_by_the_code_that_runs_it():
     from depsi.pipeline.config import InputConfig, OutputConfig, SimulateConfig
 
     root = Path(depsi.__file__).parent
-    readers = [*sorted((root / "pipeline").glob("*.py")), root / "cluster.py", root / "cli.py"]
+    readers = [*sorted((root / "pipeline").rglob("*.py")), root / "cluster.py", root / "cli.py"]
     read = {node.attr for path in readers for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Attribute)}
     sections = (InputConfig, SimulateConfig, SelectionConfig, OutputConfig, ComputeConfig,
@@ -442,13 +457,13 @@ def test_steps_run_blas_on_one_thread(base, monkeypatch):
         return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
 
     seen = []
-    real = chain_module.integrate_network
+    real = integration_module.integrate_network
 
     def recording(*args, **kwargs):
         seen.append(blas_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(chain_module, "integrate_network", recording)
+    monkeypatch.setattr(integration_module, "integrate_network", recording)
     with threadpool_limits(limits=3, user_api="blas"):
         integration_step(base["network"], base["arcs"], chain_config(BASE))
         assert blas_threads() == {3}
@@ -475,28 +490,29 @@ def test_atmosphere_and_model_steps_let_go_of_what_they_are_given(points, base, 
         gc.collect()
         return [ref() is not None for ref in seen["refs"]]
 
-    real_observations = chain_module.observations_step
+    real_pass = atmosphere_module.second_network_pass
 
-    def observations_then_check(*args, **kwargs):  # the second pass, after the screen
+    def second_pass_then_check(*args, **kwargs):  # the second pass, after the screen
         seen.setdefault("atmosphere", alive())
-        return real_observations(*args, **kwargs)
+        return real_pass(*args, **kwargs)
 
-    monkeypatch.setattr(chain_module, "observations_step", observations_then_check)
+    monkeypatch.setattr(atmosphere_module, "second_network_pass", second_pass_then_check)
     given = [watched(base["integration"])]
-    chain_module.atmosphere_step(base["network"], given.pop(), config)
+    run_step("atmosphere", config, network=base["network"], integration=given.pop())
     assert seen["atmosphere"] == [False]
 
-    monkeypatch.setattr(chain_module, "observations_step", real_observations)
+    monkeypatch.setattr(atmosphere_module, "second_network_pass", real_pass)
     seen.clear()
-    real_fit = chain_module.fit_with_atmosphere
+    real_fit = model_module.fit_with_atmosphere
 
     def fit_then_check(*args, **kwargs):  # after the merge
         seen["model"] = alive()
         return real_fit(*args, **kwargs)
 
-    monkeypatch.setattr(chain_module, "fit_with_atmosphere", fit_then_check)
+    monkeypatch.setattr(model_module, "fit_with_atmosphere", fit_then_check)
     given = [watched(base["atmosphere"]), watched(base["densification"])]
-    chain_module.model_step(points, given.pop(0), given.pop(), config)
+    run_step("model", config, selection=points, atmosphere=given.pop(0),
+             densification=given.pop())
     assert seen["model"] == [False, False]
 
 
@@ -536,7 +552,7 @@ def test_steps_tell_each_other_through_one_typed_record(base):
     """Besides their variables, chain products carry one record (ChainRecord, one attribute
     that a store keeps): the network's size and method, then the datum. A product without it
     is refused by the step reading it, naming the step."""
-    from depsi.pipeline.chain_steps import RECORD_ATTR, ChainRecord
+    from depsi.pipeline.steps.shared import RECORD_ATTR, ChainRecord
 
     network = ChainRecord.of(base["network"], "test")
     assert network.n_first_order == base["network"].sizes["space"]

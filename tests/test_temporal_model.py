@@ -267,15 +267,15 @@ def test_depsi_run_with_a_model_section_exports_the_terms(tmp_path):
 def test_a_model_the_epochs_cannot_carry_is_refused_before_any_arc(tmp_path, monkeypatch):
     """A temperature file without some epochs, or a step after the last epoch: refused by the
     chain's first step (naming the file or term), before any arc is estimated."""
-    from depsi.pipeline import chain_steps
     from depsi.pipeline.chain import run_ps_chain
+    from depsi.processing import integration
     from depsi.processing.selection import ps_selection
     from depsi.simulate import simulate_stack
 
     stack, _ = simulate_stack(shape=(40, 40), n_epochs=12, seed=3)
     ps = ps_selection(stack).compute()
     estimated = []
-    monkeypatch.setattr(chain_steps, "estimate_arcs",
+    monkeypatch.setattr(integration, "estimate_arcs",
                         lambda *a, **k: estimated.append(1) or pytest.fail("arcs estimated"))
     short = _temperature_file(tmp_path, stack["time"].values[:-1], np.zeros(11))
     with pytest.raises(ValueError, match=r"model.temperature: no temperature for 1 epoch"):

@@ -16,9 +16,8 @@ import depsi.io.lock as lock_module
 from depsi.cli import main
 from depsi.io import save_stm
 from depsi.io.lock import lock_path, write_lock
-from depsi.pipeline import chain_steps
-from depsi.pipeline import stack as pipeline_stack
 from depsi.pipeline.steps import STEP_NAMES as STEPS
+from depsi.pipeline.steps import network, selection
 
 
 def write_config(folder: Path) -> Path:
@@ -49,11 +48,11 @@ def test_a_finished_run_leaves_no_lock_file(finished_workspace):
 @pytest.mark.parametrize("fault", [RuntimeError("disk on fire"), KeyboardInterrupt()],
                          ids=["failed", "interrupted"])
 def test_a_failed_or_interrupted_run_leaves_no_lock_file(tmp_path, monkeypatch, fault):
-    def failing_selection(stack, config, **options):
+    def failing_selection(inputs, config, context):
         with write_lock(tmp_path / "ws" / "ps.zarr"):  # fails while holding a writer's lock
             raise fault
 
-    monkeypatch.setattr(pipeline_stack, "selection_step", failing_selection)
+    monkeypatch.setattr(selection, "run", failing_selection)
     assert main(["run", str(write_config(tmp_path)), "--no-progress"]) != 0
     assert (tmp_path / "ws" / "stack.zarr").is_dir()  # the steps before it did run
     assert lock_files(tmp_path / "ws") == []
@@ -75,10 +74,10 @@ def test_info_of_a_workspace_summarises_the_run(finished_workspace, capsys):
 
 
 def test_info_of_a_failed_workspace_shows_the_missing_steps(tmp_path, monkeypatch, capsys):
-    def failing_network(points, config):
+    def failing_network(inputs, config, context):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(chain_steps, "network_step", failing_network)
+    monkeypatch.setattr(network, "run", failing_network)
     assert main(["run", str(write_config(tmp_path)), "--no-progress"]) != 0
     capsys.readouterr()
     assert main(["info", str(tmp_path / "ws")]) == 0

@@ -13,10 +13,11 @@ import xarray as xr
 
 from depsi.io import from_binary, open_slc_zarr, save_stm
 from depsi.io.cf import CF, with_cf_attributes
-from depsi.pipeline import chain_steps as chain
 from depsi.pipeline.chain import run_ps_chain
 from depsi.pipeline.chain_config import chain_config
-from depsi.pipeline.steps import CHAIN_STEPS
+from depsi.pipeline.steps import CHAIN_STEPS, run_step
+from depsi.pipeline.steps.arcs import estimated_arcs
+from depsi.pipeline.steps.selection import prepare_points
 from depsi.processing.model import estimate_model
 from depsi.processing.selection import ps_selection
 from depsi.simulate import simulate_stack, write_stack_zarr
@@ -61,13 +62,17 @@ def result(chain_run):
 def steps(candidates):
     """Each step's product, the steps run one by one with the default configuration."""
     config = chain_config()
-    points = chain.prepare_points(candidates)
-    out = {"network": chain.network_step(points, config)}
-    out["arcs"] = chain.arcs_step(out["network"], config)
-    out["integration"] = chain.integration_step(out["network"], out["arcs"], config)
-    out["atmosphere"] = chain.atmosphere_step(out["network"], out["integration"], config)
-    out["densification"] = chain.densification_step(points, out["atmosphere"], config)
-    out["model"] = chain.model_step(points, out["atmosphere"], out["densification"], config)
+    points = prepare_points(candidates)
+    out = {"network": run_step("network", config, selection=points)}
+    out["arcs"] = estimated_arcs(out["network"], config)  # the arc STM, computed
+    out["integration"] = run_step("integration", config, network=out["network"],
+                                  arcs=out["arcs"])
+    out["atmosphere"] = run_step("atmosphere", config, network=out["network"],
+                                 integration=out["integration"])
+    out["densification"] = run_step("densification", config, selection=points,
+                                    atmosphere=out["atmosphere"])
+    out["model"] = run_step("model", config, selection=points, atmosphere=out["atmosphere"],
+                            densification=out["densification"])
     return out
 
 

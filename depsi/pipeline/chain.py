@@ -13,12 +13,13 @@ import xarray as xr
 
 from depsi.kernels.backend import single_threaded_blas
 from depsi.pipeline.chain_config import ChainConfig, chain_config
-from depsi.pipeline.chain_steps import Devices, prepare_points
-from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
+from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, StepContext, call_step, last_consumers
+from depsi.pipeline.steps.selection import prepare_points
+from depsi.pipeline.steps.shared import Devices
 from depsi.stm.dask_tools import tune_memory
 
-#: The product the chain starts from: the selection's points.
-CHAIN_INPUT = "selection"
+#: The product the chain starts from: the selection's points (what its first step reads).
+CHAIN_INPUT = BY_NAME[CHAIN_STEPS[0]].inputs[0]
 
 
 @single_threaded_blas()
@@ -78,11 +79,12 @@ def run_ps_chain(
     tune_memory()  # freed memory goes back to the system, no huge-page advice (docs/hpc.md)
     products: dict[str, Any] = {CHAIN_INPUT: prepare_points(ps_stm)}
     last = last_consumers(CHAIN_STEPS)
+    context = StepContext(devices=devices)
     for step in CHAIN_STEPS:
         spec = BY_NAME[step]
 
         def take(name: str, step: str = step) -> Any:  # moved out after its last reader
             return products.pop(name) if last[name] == step else products[name]
 
-        products[step] = call_step(spec.run_in_memory, step, take, config, devices)
+        products[step] = call_step(spec.run_in_memory, step, take, config, context)
     return products.pop(CHAIN_STEPS[-1])

@@ -25,7 +25,7 @@ A small simulated stack, from the SLC stack to the exports:
 >>> summary = run_pipeline(config, progress=False)
 >>> sorted({record.status for record in summary.steps.values()})
 ['ran']
->>> summary.steps["model"].counts["points"] > 0
+>>> (summary.workspace / "stm.zarr").is_dir()  # the result STM, beside the exports
 True
 """
 
@@ -58,8 +58,7 @@ from depsi.pipeline.manifest import (
     write_json_atomic,
 )
 from depsi.pipeline.preflight import check_disk, check_feasible, point_chunk_bytes
-from depsi.pipeline.stack import open_stack
-from depsi.pipeline.steps import BY_NAME, STEP_NAMES, call_step, config_for, counts
+from depsi.pipeline.steps import BY_NAME, STEP_NAMES, STEPS, StepContext, call_step
 from depsi.pipeline.workspace import (
     LOG_FILE,
     SUMMARY_LOGGER,
@@ -72,8 +71,8 @@ from depsi.pipeline.workspace import (
 
 logger = logging.getLogger(__name__)
 
-#: Product of each step, relative to the workspace (the stack step of a real input reads the
-#: input in place and writes no product).
+#: Product of each step, relative to the workspace (the step that opens a real input reads it
+#: in place and writes no product).
 PRODUCTS = {name: BY_NAME[name].product for name in STEP_NAMES}
 
 #: Config sections (dotted) each step depends on; a change in one of them redoes the step.
@@ -81,6 +80,9 @@ STEP_SECTIONS = {name: BY_NAME[name].sections for name in STEP_NAMES}
 
 #: The steps whose products each step reads.
 UPSTREAM = {name: BY_NAME[name].inputs for name in STEP_NAMES}
+
+#: The step whose product is the user's input (its manifest records the input section).
+_INPUT_STEP = next(step.name for step in STEPS if step.opens_input)
 
 
 @dataclass
@@ -175,85 +177,85 @@ class _Context:
     input_fingerprint: dict[str, Any] | None = None
     #: Id of this run (in ``failed.json``).
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    #: The stack as opened and checked, once a run (its checks read a sample of its chunks).
-    stack: Any = None
+    #: The products kept open for the run, by step (:attr:`Step.keep_open`: the stack, opened
+    #: and checked once a run, its checks reading a sample of its chunks).
+    opened: dict[str, Any] = field(default_factory=dict)
 
 
-def _input_product(config: PipelineConfig, workspace: Path) -> Path:
-    if config.input.format == "simulated":
-        return workspace / PRODUCTS["stack"]
-    return Path(config.input.path)
+def _reads_input_in_place(config: PipelineConfig, step: str) -> bool:
+    """Whether ``step``'s product is the user's input, read where it is (not simulated)."""
+    return BY_NAME[step].opens_input and config.input.format != "simulated"
 
 
 # ---------------------------------------------------------------------------------- the steps
 def _opened(ctx: _Context, name: str, *, computed: bool = False) -> Any:
-    """The product of step ``name`` as its readers take it: the stack opened and checked, the
-    selection as the chain's points, others lazily from their stores (``computed``: whole)."""
-    from depsi.io import open_stm
-    from depsi.pipeline.chain_steps import prepare_points
-
-    path = ctx.products[name]
-    if name == "stack":
-        if ctx.stack is None:
-            ctx.stack = open_stack(ctx.config, path=path)
-        return ctx.stack
-    if name == "selection":
-        return prepare_points(open_stm(path))
-    product = open_stm(path)
+    """The product of step ``name`` as its readers take it (its :meth:`Step.open`: the stack
+    opened and checked, the selection as the chain's points, others lazily from their stores;
+    ``computed``: whole)."""
+    if name in ctx.opened:
+        return ctx.opened[name]
+    spec = BY_NAME[name]
+    product = spec.open(ctx.products[name], ctx.config)
+    if spec.keep_open:
+        ctx.opened[name] = product
     return product.compute() if computed else product
 
 
 def _execute(ctx: _Context, step: str) -> dict[str, Any]:
-    """Run ``step`` on the products of its inputs; its product written to the workspace."""
+    """Run ``step`` on the products of its inputs; its product written to the workspace (by
+    the step itself, or stored here as a Zarr STM), and its counts."""
     from depsi.io import open_stm, save_stm
 
     spec = BY_NAME[step]
-    target = ctx.workspace / spec.product
-    view = config_for(step, ctx.config)
-    if step == "stack":
-        ctx.products[step], counted, ctx.stack = spec.run(view, product=target,
-                                                          progress=ctx.progress)
-        return counted
-    if step == "export":
-        ctx.products[step], counted = spec.run(_opened(ctx, "model"), view, product=target)
-        return counted
-    if step == "selection":
-        product = spec.run(_opened(ctx, "stack"), view, progress=ctx.progress)
-    else:
-        def take(name: str) -> Any:
-            return _opened(ctx, name, computed=name in spec.computed)
+    context = StepContext(devices=ctx.devices, progress=ctx.progress,
+                          target=_product_path(ctx, step))
 
-        product = call_step(spec.run, step, take, ctx.config, ctx.devices)
-    # the points of the selection and the result in Morton order like every point STM; the
-    # chain's products in the order the next steps index them
-    path = save_stm(product, target, overwrite=True, reorder=step in ("selection", "model"),
+    def take(name: str) -> Any:
+        return _opened(ctx, name, computed=name in spec.computed)
+
+    product = call_step(spec.run, step, take, ctx.config, context)
+    if not spec.stored:
+        ctx.products[step] = context.target
+        if spec.keep_open:
+            ctx.opened[step] = product
+        return dict(context.counts)
+    # point STMs a user reads in Morton order (Step.reorder); the chain's products in the
+    # order the next steps index them
+    path = save_stm(product, context.target, overwrite=True, reorder=spec.reorder,
                     chunk_bytes=point_chunk_bytes(ctx.config))
     del product
     ctx.products[step] = path
-    return counts(step, open_stm(path))
+    return {**_counts(step, open_stm(path)), **context.counts}
+
+
+def _counts(step: str, product: Any) -> dict[str, Any]:
+    from depsi.pipeline.steps import counts
+
+    return counts(step, product) if BY_NAME[step].counts is not None else {}
 
 
 # ------------------------------------------------------------------------ validity and resume
-def _product_opens(step: str, path: Path, config: PipelineConfig) -> bool:
-    from depsi.io import open_stm
-
+def _product_opens(ctx: _Context, step: str, path: Path) -> bool:
+    """Whether the product at ``path`` opens as the steps reading it take it (a folder of files:
+    is a folder); one kept open for the run is kept from here."""
+    spec = BY_NAME[step]
     try:
-        if step == "stack":
-            open_stack(config, path=path)
-        elif step != "export":
-            open_stm(path)
-        elif not path.is_dir():
-            return False
+        if spec.writes_files:
+            return path.is_dir()
+        product = spec.open(path, ctx.config)
     except Exception as err:  # noqa: BLE001 - any failure to open means "do not trust"
         logger.info("product %s does not open (%s: %s)", path, type(err).__name__, err)
         return False
+    if spec.keep_open:
+        ctx.opened[step] = product
     return True
 
 
-def _fingerprint_target(step: str, ctx: _Context) -> Path | None:
-    """The path whose fingerprint is recorded (None: a real input read in place)."""
-    if step == "stack":
-        return _input_product(ctx.config, ctx.workspace)
+def _product_path(ctx: _Context, step: str) -> Path:
+    """Where the product of ``step`` is: in the workspace, or the input read in place (its
+    fingerprint is recorded all the same)."""
+    if _reads_input_in_place(ctx.config, step):
+        return Path(ctx.config.input.path)
     return ctx.workspace / PRODUCTS[step]
 
 
@@ -293,22 +295,22 @@ def valid_manifest(ctx: _Context, step: str, *,
             return None, f"its input step {upstream} is not finished and valid"
         if manifest["inputs"].get(upstream) != ctx.run_ids[upstream]:
             return None, f"its input {PRODUCTS[upstream]} was rewritten since"
-    if step == "stack":
+    if BY_NAME[step].opens_input:
         changes = input_changes(manifest["input_fingerprint"], _current_inputs(ctx),
                                 limit=CHANGES_SHOWN)
         if changes:
             return None, f"input changed: {', '.join(changes)}"
-    path = _fingerprint_target(step, ctx)
+    path = _product_path(ctx, step)
     try:
         fingerprint = product_fingerprint(path)
     except FileNotFoundError:
         return None, f"product {path} is missing"
     # a real input is judged by its input fingerprint above, which ignores junk and a
     # workspace inside it; its file listing is recorded as "fingerprint" all the same
-    read_in_place = step == "stack" and ctx.config.input.format != "simulated"
+    read_in_place = _reads_input_in_place(ctx.config, step)
     if fingerprint != manifest["fingerprint"] and not read_in_place:
         return None, f"product {path} differs from the one the manifest describes"
-    if not _product_opens(step, path, ctx.config):
+    if not _product_opens(ctx, step, path):
         return None, f"product {path} does not open"
     return manifest, "complete"
 
@@ -335,10 +337,11 @@ class StepCheck:
 
 
 def _recorded_config(workspace: Path) -> PipelineConfig | None:
-    """The input section the stack step ran with, from its manifest (None: not recorded)."""
+    """The input section the step that opens the input ran with, from its manifest (None: not
+    recorded)."""
     from depsi.pipeline.config import parse_config
 
-    manifest, _ = load_manifest(workspace, "stack")
+    manifest, _ = load_manifest(workspace, _INPUT_STEP)
     section = (manifest or {}).get("input_fingerprint", {}).get("input")
     if not isinstance(section, dict):
         return None
@@ -346,7 +349,7 @@ def _recorded_config(workspace: Path) -> PipelineConfig | None:
         return parse_config({"input": section, "output": {"workspace": str(workspace)}})
     except ValueError as err:
         logger.warning("the input section recorded in %s does not validate: %s",
-                       manifest_path(workspace, "stack"), err)
+                       manifest_path(workspace, _INPUT_STEP), err)
         return None
 
 
@@ -389,7 +392,7 @@ def verify_workspace(workspace: str | os.PathLike) -> list[StepCheck]:
             checks.append(StepCheck(step, "damaged" if damaged else "not run",
                                     reason if damaged else ""))
             continue
-        if step == "stack" and config is None:
+        if BY_NAME[step].opens_input and config is None:
             name = manifest_path(workspace, step).name
             checks.append(StepCheck(step, "damaged",
                                     f"manifest {name} records no valid input section"))
@@ -424,7 +427,7 @@ def _dask_progress(stack: ExitStack, running: Any, progress: bool) -> None:
 
 def _reuse_earlier(ctx: _Context, step: str, record: StepRecord) -> None:
     manifest, reason = valid_manifest(ctx, step)
-    target = _fingerprint_target(step, ctx)
+    target = _product_path(ctx, step)
     if manifest is None:
         raise PipelineError(
             f"step {step!r} must have finished before this range of steps: its product "
@@ -514,7 +517,7 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool,
         manifest, reason = planned if planned is not None else valid_manifest(ctx, step)
         if manifest is not None:
             ctx.run_ids[step] = manifest["run_id"]
-            ctx.products[step] = _fingerprint_target(step, ctx)
+            ctx.products[step] = _product_path(ctx, step)
             record.status, record.counts = "skipped", dict(manifest.get("counts", {}))
             record.outputs = [str(ctx.products[step])]
             logger.info("step %s: skipped, finished product %s (manifest %s)", step,
@@ -526,15 +529,16 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool,
     # A manifest is only ever present for a complete product: drop it before rewriting.
     manifest_path(ctx.workspace, step).unlink(missing_ok=True)
     with _failure_recorded(ctx, step):
-        # what the stack step reads, taken before it reads: a change while it runs shows next
-        # time
-        inputs = {"input_fingerprint": _current_inputs(ctx)} if step == "stack" else {}
+        # what the step that opens the input reads, taken before it reads: a change while it
+        # runs shows next time
+        inputs = ({"input_fingerprint": _current_inputs(ctx)} if BY_NAME[step].opens_input
+                  else {})
         logger.info("step %s: running", step)
         began = time.perf_counter()
         with heartbeat(f"step {step}"):
             counted = _execute(ctx, step)
         seconds = time.perf_counter() - began
-        target = _fingerprint_target(step, ctx)
+        target = _product_path(ctx, step)
         run_id = uuid.uuid4().hex
         write_json_atomic(manifest_path(ctx.workspace, step), {
             "version": MANIFEST_VERSION, "step": step, "run_id": run_id,
@@ -547,7 +551,7 @@ def _run_step(ctx: _Context, step: str, record: StepRecord, *, resume: bool,
     ctx.run_ids[step] = run_id
     record.status, record.seconds, record.counts = "ran", seconds, counted
     record.outputs = [str(target)]
-    if step == "export":
+    if BY_NAME[step].writes_files:
         record.outputs = [str(p) for p in sorted(target.iterdir())
                           if not p.name.startswith(".")]  # not the writers' lock files
     logger.info("step %s: done in %.1f s (%s)", step, seconds,
@@ -591,10 +595,12 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, start: str | N
     >>> from depsi.pipeline import parse_config
     >>> config = parse_config({"input": {"simulate": {"shape": [40, 40], "n_epochs": 10}},
     ...                        "output": {"workspace": tempfile.mkdtemp()}})
-    >>> run_pipeline(config, stop="selection", progress=False).steps["selection"].status
+    >>> from depsi.pipeline.steps import STEP_NAMES
+    >>> stop = STEP_NAMES[1]  # the input stack, then the PS selection
+    >>> run_pipeline(config, stop=stop, progress=False).steps[stop].status
     'ran'
-    >>> summary = run_pipeline(config, resume=True, stop="selection", progress=False)
-    >>> summary.steps["selection"].status  # its product and manifest are still valid
+    >>> summary = run_pipeline(config, resume=True, stop=stop, progress=False)
+    >>> summary.steps[stop].status  # its product and manifest are still valid
     'skipped'
     """
     from depsi.cluster import scheduler

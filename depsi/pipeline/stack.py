@@ -1,11 +1,10 @@
-"""The pipeline's own steps around the chain: the input stack (opened, checked, or simulated),
-the PS selection and the exports."""
+"""The input stack: opened lazily in its format, its values checked on sampled blocks, and its
+geometry checked against what the run will need (h2ph, positions, a DEM over the scene)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,11 +12,6 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import xarray as xr
-
-from depsi.io.lock import write_lock
-from depsi.io.paths import temporary_sibling
-from depsi.io.store import move_into_place, recover_interrupted
-from depsi.pipeline.preflight import check_ds_window, check_model, check_stack_support
 
 logger = logging.getLogger(__name__)
 
@@ -202,15 +196,6 @@ def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
     return stack
 
 
-def _support_counts(support: dict[str, Any]) -> dict[str, Any]:
-    """The predicted precisions of :func:`check_stack_support` as the stack step's counts."""
-    velocity, height = support["velocity_std"], support["height_std"]
-    return {"span_days": support["span_days"],
-            "velocity_std_mm_yr": None if velocity is None else round(velocity * 1000, 2),
-            "height_std_m": None if height is None else round(height, 1),
-            "drop_height": support["drop_height"], "support_warnings": len(support["warnings"])}
-
-
 #: Exports that place points on a map and so need their positions.
 EXPORTS_WITH_POSITIONS = ("gpkg", "geotiff", "egms", "qgis")
 
@@ -249,8 +234,6 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
                          "positions")
 
 
-
-
 def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
     """The orbits and radar grid image a possible scene, which the product's own lat/lon (where
     it has them) confirm at the scene's corners (:func:`depsi.io.geometry.check_scene_geometry`:
@@ -285,88 +268,3 @@ def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
                            range_[len(range_) // 2]])
     lat, lon = radar_to_geo(geometry, corners_az, corners_rg)
     check_dem_covers(open_dem(dem), lat, lon, source=f"input.dem {str(dem)!r}")
-
-
-def stack_step(config: Any, *, product: Path, progress: bool = False
-               ) -> tuple[Path, dict[str, Any], xr.Dataset]:
-    """The input stack: simulated into ``product`` (``input.format: simulated``) or the input
-    read in place; opened and checked (geometry, epochs) before any pixel is read.
-
-    Returns the stack's path, its counts, and the stack as opened and checked, which the
-    following steps of the run take instead of opening and checking it again."""
-    path = product if config.input.format == "simulated" else Path(config.input.path)
-    if config.input.format == "simulated":
-        from depsi.simulate import write_stack_zarr
-
-        sim = config.input.simulate
-        kwargs = dict(shape=tuple(sim.shape), n_epochs=sim.n_epochs, seed=sim.seed,
-                      ps_fraction=sim.ps_fraction, ds_regions=sim.ds_regions)
-        if sim.chunks is not None:
-            kwargs["chunks"] = tuple(sim.chunks)
-        write_stack_zarr(path, overwrite=True, progress=progress, **kwargs)
-    stack = open_stack(config, path=path)
-    _check_stack_geometry(stack, config)
-    support = check_stack_support(stack, config)  # before selection: refuse too few epochs
-    # the model's terms at the stack's epochs (a temperature for each, dates within them)
-    check_model(config, stack["time"].values)
-    check_ds_window(config, (int(stack.sizes["azimuth"]), int(stack.sizes["range"])))
-    counted = {"azimuth": int(stack.sizes["azimuth"]), "range": int(stack.sizes["range"]),
-               "epochs": int(stack.sizes["time"]), **_support_counts(support)}
-    return path, counted, stack
-
-
-def selection_step(stack: xr.Dataset, config: Any, *, progress: bool = False) -> xr.Dataset:
-    """The PS candidates of the stack (``selection``) and, with ``selection.ds.enabled``, the
-    distributed scatterers beside them; geocoded on ``input.dem`` if given."""
-    from depsi.processing.selection import ps_selection
-
-    section = config.selection
-    ps = ps_selection(stack, method=section.method, threshold=section.threshold,
-                      engine=section.engine, progress=progress)
-    ds = section.ds
-    enabled = ds.enabled is True
-    interferograms = ps.attrs.get("input_kind") == "interferograms"
-    blind = ps.attrs.get("selection_instead_of") or interferograms
-    if blind and ds.enabled == "auto":
-        # multilooked amplitudes or interferograms: the phase carries the measurement, and
-        # most of the coherent pixels are distributed scatterers
-        enabled = True
-        logger.warning("selection: %s; distributed scatterers are added (selection.ds."
-                       "enabled: false leaves them out)",
-                       "the stack is interferograms" if interferograms
-                       else "the amplitudes cannot separate the pixels")
-    if enabled:
-        from depsi.processing.scatterers import ds_selection, merge_scatterers
-
-        ps = merge_scatterers(ps, ds_selection(
-            stack, window=tuple(ds.window), alpha=ds.alpha, min_looks=ds.min_looks,
-            method=ds.method, min_temporal_coherence=ds.min_temporal_coherence,
-            prescreen_sigmas=ds.prescreen_sigmas, ministack=ds.ministack,
-            max_compressed=ds.max_compressed))
-    if config.input.dem is not None:
-        from depsi.io.geometry import geocode_with_dem, open_dem
-
-        ps = geocode_with_dem(ps, open_dem(config.input.dem))
-    return ps
-
-
-def export_step(result: xr.Dataset, config: Any, *, product: Path) -> tuple[Path, dict]:
-    """The files of ``output.exports`` from the result STM, into the folder ``product``
-    (written beside it and moved into place whole)."""
-    from depsi.io.export import EXPORTERS
-
-    result = result.compute()
-    files = []
-    with write_lock(product):
-        recover_interrupted(product)
-        tmp = temporary_sibling(product)
-        tmp.mkdir(parents=True)
-        try:
-            for name in config.output.exports:
-                for file_name, writer in EXPORTERS[name]:
-                    writer(result, tmp / file_name)
-                    files.append(file_name)
-            move_into_place(tmp, product)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return product, {"files": len(files)}

@@ -5,14 +5,15 @@ phase (unwrapped phase minus the velocity / height-error model), removes unmodel
 with a temporal low-pass, and estimates the screen per epoch in space: ordinary kriging with a
 fitted exponential variogram (one Cholesky factorisation shared by all epochs) for small sets,
 Gaussian-weighted KD-tree neighbours for large ones. ``interpolate_aps`` carries the screen to
-any point set (docs/design.md, "Architecture").
+any point set, and ``second_network_pass`` integrates the first-order points again on their
+phases corrected by it (docs/design.md, "Architecture").
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Final, Literal, overload
+from typing import TYPE_CHECKING, Final, Literal, overload
 
 import numpy as np
 import xarray as xr
@@ -23,9 +24,16 @@ from scipy.spatial import cKDTree
 
 from depsi.conventions import phase_per_metre
 from depsi.processing.datum import POINT_BLOCK
-from depsi.processing.network import on_threads, point_positions
+from depsi.processing.integration import estimated_observations, integrate_network
+from depsi.processing.network import network_edges, on_threads, point_positions
 from depsi.sections import Section
+from depsi.stm.dask_tools import pageable_copy, release_memory
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
+
+if TYPE_CHECKING:
+    from depsi.processing.arcs import ArcsConfig
+    from depsi.processing.integration import IntegrationConfig
+    from depsi.processing.network import NetworkConfig
 
 logger = logging.getLogger(__name__)
 
@@ -567,3 +575,36 @@ def interpolate_aps(aps: xr.Dataset, to_points: xr.Dataset | np.ndarray,
     values = screen_interpolator(aps)(dst, heights)
     return xr.DataArray(values.astype(np.float32, copy=False), dims=("space", "time"),
                         coords={"time": aps["time"].values})
+
+
+def second_network_pass(points: xr.Dataset, reference: int, *, network: NetworkConfig,
+                        arcs: ArcsConfig, integration: IntegrationConfig,
+                        extra_regressors: Mapping[str, tuple] | None = None,
+                        devices=None) -> xr.Dataset:
+    """The first-order ``points`` integrated again, their phases corrected by the screen: a new
+    network among them (``network``, its ``second_pass_k`` neighbours where set), every arc
+    estimated by the periodogram (``arcs``), batch by batch, and the network solved with arc
+    testing (``integration``) on the point ``reference`` (an index into ``points``).
+
+    ``extra_regressors``: the model's terms the arcs' periodogram searches
+    (:meth:`~depsi.processing.temporal_model.TemporalModel.search`), also the integration's
+    regressors."""
+    k = network.k if network.second_pass_k is None else network.second_pass_k
+    source, target = network_edges(point_positions(points), method=network.method, k=k,
+                                   n_sectors=network.n_sectors, max_length=network.max_length)
+    # held through the whole network's factorisation: in a file's pages, which it lets go
+    source, target = pageable_copy(source), pageable_copy(target)
+    release_memory()
+    # in memory once, not read again by every batch (no copy where it is)
+    observations = estimated_observations(points.compute(), source, target,
+                                          height_range=arcs.height_range,
+                                          velocity_range=arcs.velocity_range,
+                                          height_step=arcs.height_step,
+                                          velocity_step=arcs.velocity_step, devices=devices,
+                                          extra_regressors=extra_regressors)
+    searched = {name: values for name, (values, *_) in (extra_regressors or {}).items()}
+    result = integrate_network(points, observations, reference=reference,
+                               min_coherence=integration.min_coherence, alpha=integration.alpha,
+                               max_iterations=integration.max_iterations, regressors=searched)
+    result.attrs["second_pass"] = "network"
+    return result

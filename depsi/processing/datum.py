@@ -1,6 +1,6 @@
-"""The datum of the network's results: the reference point chosen, the point results relative
-to it, and the datum moved to the mean over a reference area or freed of the reference point's
-own noise.
+"""The datum of the network's results: the reference point chosen (by the configuration's point
+index, by its position, or by the points' quality), the point results relative to it, and the
+datum moved to the mean over a reference area or freed of the reference point's own noise.
 """
 
 from __future__ import annotations
@@ -320,3 +320,49 @@ def apply_reference_area(result: xr.Dataset, radius: float | None = DEFAULT_REFE
     logger.info("reference area: %d network points within %.0f m of point %d; datum moved by "
                 "%+.2e m/yr, %+.2f m", area.sum(), radius, ref, d_velocity, d_height)
     return out
+
+
+def not_first_order(reference: int) -> ValueError:
+    """The error of a configured reference point that is not among the first-order points."""
+    return ValueError(f"integration.reference: point {reference} is not among the "
+                      f"first-order points; choose one with low amplitude dispersion")
+
+
+def reference_by_point_index(points: xr.Dataset, reference: int | None) -> int | None:
+    """The first-order point whose ``point_index`` is ``reference`` (local index; None: none
+    chosen)."""
+    if reference is None:
+        return None
+    found = np.flatnonzero(points["point_index"].values == int(reference))
+    if not found.size:
+        raise not_first_order(reference)
+    return int(found[0])
+
+
+#: Farthest (m) the point chosen by ``reference_lonlat`` may lie when no radius is configured.
+REFERENCE_SEARCH_METRES = 100.0
+
+
+def reference_by_position(points: xr.Dataset, lonlat: tuple[float, float],
+                          radius: float | None) -> int:
+    """The first-order point nearest to ``lonlat`` (local index), within ``radius`` metres."""
+    if not {"lat", "lon"} <= set(points.variables):
+        raise ValueError("integration.reference_lonlat: expected points with lat/lon "
+                         "(geocoded from the orbits or given by the product), found none")
+    lon0, lat0 = lonlat
+    lat = np.deg2rad(np.asarray(points["lat"].values, np.float64))
+    lon = np.deg2rad(np.asarray(points["lon"].values, np.float64))
+    # haversine on the mean Earth radius: metres, good to 0.5 % for the distances that matter
+    dlat, dlon = lat - np.deg2rad(lat0), lon - np.deg2rad(lon0)
+    a = np.sin(dlat / 2) ** 2 + np.cos(lat) * np.cos(np.deg2rad(lat0)) * np.sin(dlon / 2) ** 2
+    distance = 2 * 6_371_008.8 * np.arcsin(np.sqrt(np.clip(a, 0, 1)))
+    nearest = int(np.nanargmin(distance))
+    limit = radius if radius else REFERENCE_SEARCH_METRES
+    if not distance[nearest] <= limit:
+        raise ValueError(f"integration.reference_lonlat: expected a first-order point within "
+                         f"{limit:g} m of lon {lon0}, lat {lat0}, found the nearest "
+                         f"{distance[nearest]:.0f} m away (point_index "
+                         f"{int(points['point_index'].values[nearest])})")
+    logger.info("reference: point_index %d, %.1f m from lon %g, lat %g",
+                int(points["point_index"].values[nearest]), distance[nearest], lon0, lat0)
+    return nearest

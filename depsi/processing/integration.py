@@ -25,6 +25,7 @@ from depsi.conventions import phase_per_metre
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.temporal import design_matrix
 from depsi.processing.arc_testing import ARC_REASONS, POINT_REASONS, _test_network
+from depsi.processing.arcs import estimate_arcs, heights_resolvable
 from depsi.processing.datum import (
     DEFAULT_REFERENCE_RADIUS,
     POINT_BLOCK,
@@ -34,10 +35,16 @@ from depsi.processing.datum import (
 from depsi.processing.datum import (  # moved: re-exported until the lead's files switch
     remove_reference_noise as remove_reference_noise,
 )
-from depsi.processing.network import on_threads, point_positions
+from depsi.processing.network import ARC_CHUNK, arcs_from_edges, on_threads, point_positions
 from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels
 from depsi.sections import Section
-from depsi.stm.dask_tools import SpilledArrays, page_out, pageable, pageable_copy
+from depsi.stm.dask_tools import (
+    SpilledArrays,
+    computed_in_place,
+    page_out,
+    pageable,
+    pageable_copy,
+)
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -431,6 +438,50 @@ def arc_observations(points: xr.Dataset, arcs: xr.Dataset) -> ArcObservations:
     # chunks at a time, never whole (docs/benchmarks.md, "The arcs' observations in the driver")
     for start, stop in _read_batches(arcs["phase"].chunks, arcs.sizes["arc"]):
         fill_observations(observations, start, arcs.isel(arc=slice(start, stop)).compute())
+    return observations
+
+
+#: Arcs estimated at a time by :func:`estimated_observations`: the arc STM of one batch (about
+#: 750 bytes per arc at 60 epochs) in several chunks, so every thread has work. A multiple of
+#: ``ARC_CHUNK``, so the periodogram sees the chunks of the whole arc STM and the values are
+#: those of the arc STM estimated whole bit for bit (a GEMM's rounding depends on its block's
+#: shape).
+ARC_BATCH = 4 * ARC_CHUNK
+
+
+def estimated_observations(points: xr.Dataset, source: np.ndarray, target: np.ndarray, *,
+                           height_range: tuple[float, float], velocity_range: tuple[float, float],
+                           height_step: float | None, velocity_step: float | None,
+                           devices=None, extra_regressors=None) -> ArcObservations:
+    """The arcs ``source`` -> ``target`` of ``points`` (in memory) estimated by the periodogram
+    (:func:`~depsi.processing.arcs.estimate_arcs`, its ranges and steps), as the observations
+    of :func:`integrate_network`.
+
+    The values of ``arc_observations(points, estimate_arcs(arcs_from_edges(points, source,
+    target), ...))``, made :data:`ARC_BATCH` arcs at a time: each batch's arc STM (phase,
+    h2ph, ambiguity) is formed, estimated on the active scheduler and turned into its rows of
+    the observations, then let go, so the whole arc STM is never in memory.
+    """
+    source = np.asarray(source, dtype=np.int64)
+    target = np.asarray(target, dtype=np.int64)
+    positions = point_positions(points)
+    height = heights_resolvable(points["h2ph"])  # decided once, for every batch
+    # the right-hand sides as the points' phases and the arcs' cycles (a quarter of the array)
+    observations = empty_observations(source, target, points.sizes["time"],
+                                      points["phase"].transpose("space", "time").values)
+    for start in range(0, len(source), ARC_BATCH):
+        rows = slice(start, start + ARC_BATCH)
+        arcs = arcs_from_edges(points, source[rows], target[rows], positions)
+        estimated = estimate_arcs(arcs, height_range=height_range,
+                                  velocity_range=velocity_range, height_step=height_step,
+                                  velocity_step=velocity_step, devices=devices, height=height,
+                                  extra_regressors=extra_regressors)
+        new = [name for name in estimated.data_vars if name not in arcs.data_vars]
+        # the arcs' phases are arcs_from_edges's of these points: rows need no check
+        fill_observations(observations, start, arcs.assign(computed_in_place(estimated[new])),
+                          formed_here=True)
+        logger.info("arcs: %d of %d estimated", min(start + ARC_BATCH, len(source)),
+                    len(source))
     return observations
 
 

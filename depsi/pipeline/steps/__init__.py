@@ -1,19 +1,23 @@
 """The one table of steps: what each step reads, which config sections it depends on, what it
-writes. Both executors run it: :func:`~depsi.pipeline.chain.run_ps_chain` in memory (the chain's
-steps) and :func:`~depsi.pipeline.runner.run_pipeline` with a checkpoint after each step; the
-command line's choices, ``--from``/``--to``, the manifests' upstreams and the redo policy all
-come from it.
+writes and how. Both executors run it: :func:`~depsi.pipeline.chain.run_ps_chain` in memory
+(the chain's steps) and :func:`~depsi.pipeline.runner.run_pipeline` with a checkpoint after each
+step; the command line's choices, ``--from``/``--to``, the manifests' upstreams, the redo
+policy and how each product is stored and opened all come from it, so neither executor names a
+step.
+
+Each step lives in its own module of this package (``depsi.pipeline.steps.network``, ...), its
+function ``run(inputs, config, context)``: the products it reads (:class:`Inputs`), the
+configuration as it may read it (:class:`ConfigView`) and what the run gives it besides
+(:class:`StepContext`); it returns its product.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 #: Dimension of the network product's arcs (``edge_source``, ``edge_target`` into its space).
 EDGE = "edge"
@@ -37,10 +41,9 @@ class Step:
     product
         Its product, relative to the workspace.
     function
-        Where the step's function lives (``module:name`` under :mod:`depsi.pipeline`, imported
-        when first run, so the table is cheap to import: the command line reads it):
-        ``run(*inputs, config)`` with the products of ``inputs``; the chain's steps also take
-        ``devices``.
+        Where the step's function lives (``module:name`` in this package, imported when first
+        run, so the table is cheap to import: the command line reads it):
+        ``run(inputs, config, context)``.
     chain
         One of the chain's steps, which :func:`~depsi.pipeline.chain.run_ps_chain` runs in
         memory (the others need a workspace: the input, the selection, the exports).
@@ -53,8 +56,27 @@ class Step:
     checks
         Dotted sections read only to refuse a run before work starts (not hashed: a change
         there does not redo the step).
-    devices
-        Its ``run`` takes ``devices`` (the chunks it spreads over CPU and GPUs).
+    counts
+        Where the function lives that reads the sizes recorded in the manifest from the
+        product as stored (``module:name``); a step without one reports its counts in
+        :attr:`StepContext.counts`.
+    opener
+        Where the function lives that opens the product for the steps reading it
+        (``module:name``, ``opener(path, config)`` with the step's own :class:`ConfigView`);
+        default: :func:`depsi.io.open_stm`.
+    keep_open
+        The product as opened is kept for the rest of the run, opened once (the stack: its
+        checks read a sample of its chunks).
+    opens_input
+        Its product is the user's input, read in place (a simulated input is written into
+        :attr:`product`): its manifest records the input files' fingerprint, and a change of
+        them redoes it.
+    writes_files
+        Its ``run`` writes its product itself, a folder of files (not a Zarr STM), and returns
+        the folder.
+    reorder
+        Its product is stored in Morton order, like every point STM a user reads (the chain's
+        other products keep the order the next steps index them in).
     """
 
     name: str
@@ -67,7 +89,12 @@ class Step:
     in_memory: str | None = None
     computed: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
-    devices: bool = True
+    counts: str | None = None
+    opener: str | None = None
+    keep_open: bool = False
+    opens_input: bool = False
+    writes_files: bool = False
+    reorder: bool = False
 
     @property
     def run(self) -> Callable[..., Any]:
@@ -79,10 +106,25 @@ class Step:
         """The step's function as :func:`~depsi.pipeline.chain.run_ps_chain` runs it."""
         return _resolve(self.in_memory or self.function)
 
+    @property
+    def stored(self) -> bool:
+        """Its product is a Dataset that the pipeline stores as a Zarr STM (the others are the
+        input read in place and the exports' folder)."""
+        return not (self.opens_input or self.writes_files)
+
+    def open(self, path: Path, config: Any) -> Any:
+        """The product at ``path`` as the steps reading it take it (``config``: the whole
+        configuration; the opener sees this step's view of it)."""
+        if self.opener is None:
+            from depsi.io import open_stm
+
+            return open_stm(path)
+        return _resolve(self.opener)(path, config_for(self.name, config))
+
 
 def _resolve(where: str) -> Callable[..., Any]:
     module, _, name = where.partition(":")
-    return getattr(importlib.import_module(f"depsi.pipeline.{module}"), name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 #: The model section's fields that make its terms' regressors (every step that models a point's
@@ -96,36 +138,36 @@ MODEL_TERMS = ("model.terms", "model.temperature", "model.step_dates", "model.br
 #: ``selection`` stands for the chain's input points.
 STEPS = (
     Step("stack", "opens the input stack, or simulates one", (), ("input",), "stack.zarr",
-         "stack:stack_step", chain=False,
+         "stack:run", chain=False,
          checks=("output.exports", "selection.method", "selection.ds", *MODEL_TERMS),
-         devices=False),
+         opener="stack:open_product", keep_open=True, opens_input=True),
     Step("selection", "PS candidates by amplitude dispersion (and DS)", ("stack",),
-         ("selection", "input.dem"), "ps.zarr", "stack:selection_step", chain=False,
-         devices=False),
+         ("selection", "input.dem"), "ps.zarr", "selection:run", chain=False,
+         counts="selection:counts", opener="selection:open_product", reorder=True),
     Step("network", "first-order points and their arcs", ("selection",),
-         ("network", "integration.reference"), "network.zarr", "chain_steps:network_step",
-         checks=(*MODEL_TERMS, "atmosphere.method", "atmosphere.stratified"), devices=False),
+         ("network", "integration.reference"), "network.zarr", "network:run",
+         checks=(*MODEL_TERMS, "atmosphere.method", "atmosphere.stratified"),
+         counts="network:counts"),
     Step("arcs", "periodogram of every arc", ("network",),
-         ("arcs", "model.arcs", *MODEL_TERMS), "arcs.zarr", "chain_steps:lazy_arcs_step",
-         in_memory="chain_steps:observations_step"),
+         ("arcs", "model.arcs", *MODEL_TERMS), "arcs.zarr", "arcs:run",
+         in_memory="arcs:run_in_memory", counts="arcs:counts"),
     Step("integration", "network solution with arc testing", ("network", "arcs"),
-         ("integration", "model.arcs", *MODEL_TERMS), "integration.zarr",
-         "chain_steps:integration_step",
-         devices=False),
+         ("integration", "model.arcs", *MODEL_TERMS), "integration.zarr", "integration:run",
+         counts="integration:counts"),
     Step("atmosphere", "screen, second network pass, reference noise and area",
          ("network", "integration"),
          ("network", "arcs", "integration", "atmosphere", "model.arcs", *MODEL_TERMS),
-         "atmosphere.zarr",
-         "chain_steps:atmosphere_step", computed=("network", "integration")),
+         "atmosphere.zarr", "atmosphere:run", computed=("network", "integration"),
+         counts="atmosphere:counts"),
     Step("densification", "every other point against the network", ("selection", "atmosphere"),
          ("arcs", "densification", "model.densification", *MODEL_TERMS), "densification.zarr",
-         "chain_steps:densification_step", computed=("atmosphere",)),
+         "densification:run", computed=("atmosphere",), counts="densification:counts"),
     Step("model", "velocity, height and model terms with the atmosphere",
          ("selection", "atmosphere", "densification"),
          ("atmosphere", "model.choice", "model.alpha", *MODEL_TERMS), "stm.zarr",
-         "chain_steps:model_step", computed=("atmosphere",)),
+         "model:run", computed=("atmosphere",), counts="model:counts", reorder=True),
     Step("export", "CSV, GeoPackage, GeoTIFF, plots", ("model",), ("output.exports",),
-         "exports", "stack:export_step", chain=False, devices=False),
+         "exports", "export:run", chain=False, writes_files=True),
 )
 
 #: The steps by name.
@@ -160,6 +202,62 @@ def format_steps() -> str:
 
 
 # --------------------------------------------------------------------------- what a step sees
+class Inputs:
+    """The products a step reads, by the name of the step that made them, each made when the
+    step takes it (``inputs["network"]``): an executor opens a stored product then, and the
+    in-memory chain hands over a product after its last reader, so a step given the only
+    reference can let it go (gigabytes at 10^7 points). Take each input once, into a local.
+
+    Examples
+    --------
+    >>> inputs = Inputs.given(network="the network's product")
+    >>> inputs["network"]
+    "the network's product"
+    """
+
+    def __init__(self, take: Callable[[str], Any], names: Iterable[str]):
+        self._take = take
+        self.names = tuple(names)
+
+    @classmethod
+    def given(cls, **products: Any) -> Inputs:
+        """Products given by value, each handed over (not kept here) when taken."""
+        return cls(products.pop, tuple(products))
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.names:
+            raise KeyError(f"input {name!r}: expected one of the step's inputs "
+                           f"{', '.join(self.names) or '(none)'}")
+        return self._take(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+
+@dataclass
+class StepContext:
+    """What a run gives a step besides its inputs and configuration.
+
+    Attributes
+    ----------
+    devices
+        The devices the step spreads its chunks over (None: those of
+        :func:`depsi.kernels.backend.configure_devices`).
+    progress
+        Progress bars wanted.
+    target
+        Where the product goes (a step that writes its product itself: :attr:`Step.writes_files`,
+        :attr:`Step.opens_input`); None in memory.
+    counts
+        Sizes the step reports itself (a step without a counts function of its product).
+    """
+
+    devices: Any = None
+    progress: bool = False
+    target: Path | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
 class ConfigView:
     """The configuration as one step sees it: only the sections it declares (and its checks).
 
@@ -221,66 +319,46 @@ def config_for(step: str, config: Any) -> ConfigView:
 
 
 def call_step(run: Callable[..., Any], step: str, take: Callable[[str], Any], config: Any,
-              devices: Any = None) -> Any:
-    """``run`` of a chain step on its inputs, each made by ``take(name)`` inside the call
-    expression: CPython moves such arguments into the callee's frame, so no frame here keeps a
-    reference and a step given the only one can let a product go (gigabytes at 10^7 points).
-    No ``*args``/``**kwargs`` here: those would hold the arguments in a tuple to the end."""
+              context: StepContext | None = None) -> Any:
+    """``run`` of ``step`` on the products its inputs ``take(name)`` makes, with ``config`` as
+    the step may read it (:func:`config_for`)."""
+    return run(Inputs(take, BY_NAME[step].inputs), config_for(step, config),
+               context if context is not None else StepContext())
+
+
+def run_step(step: str, config: Any, *, context: StepContext | None = None,
+             in_memory: bool = True, **products: Any) -> Any:
+    """One step alone on ``products``, each by the name of the step that made it, as
+    :func:`~depsi.pipeline.chain.run_ps_chain` runs it (``in_memory=False``: as ``depsi run``
+    does, e.g. the arcs as an arc STM to store, not integration's observations). The products
+    are handed over: a step given the only reference can let it go.
+
+    Examples
+    --------
+    >>> from depsi.pipeline import chain_config
+    >>> from depsi.pipeline.steps.selection import prepare_points
+    >>> from depsi.processing import ps_selection
+    >>> from depsi.simulate import simulate_stack
+    >>> stack, _ = simulate_stack(shape=(40, 40), n_epochs=12, seed=0)
+    >>> points = prepare_points(ps_selection(stack).compute())
+    >>> network = run_step("network", chain_config(network={"first_order": 30}),
+    ...                    selection=points)
+    >>> network.sizes["space"] <= 30, "edge_source" in network  # the first-order points, arcs
+    (True, True)
+    """
     spec = BY_NAME[step]
-    names, view = spec.inputs, config_for(step, config)
-    if len(names) not in (1, 2, 3):
-        raise ValueError(f"step {step!r}: expected 1 to 3 inputs, found {len(names)}")
-    if not spec.devices:
-        if len(names) == 1:
-            return run(take(names[0]), view)
-        if len(names) == 2:
-            return run(take(names[0]), take(names[1]), view)
-        return run(take(names[0]), take(names[1]), take(names[2]), view)
-    if len(names) == 1:
-        return run(take(names[0]), view, devices=devices)
-    if len(names) == 2:
-        return run(take(names[0]), take(names[1]), view, devices=devices)
-    return run(take(names[0]), take(names[1]), take(names[2]), view, devices=devices)
+    if set(products) != set(spec.inputs):
+        raise TypeError(f"step {step!r}: expected the products of {', '.join(spec.inputs)}, "
+                        f"found {', '.join(products) or 'none'}")
+    run = spec.run_in_memory if in_memory else spec.run
+    return run(Inputs(products.pop, spec.inputs), config_for(step, config),
+               context if context is not None else StepContext())
 
 
 # ------------------------------------------------------------------ the products, as counted
 def counts(step: str, product: Any) -> dict[str, Any]:
     """The sizes of a step's product recorded in its manifest and the run summary."""
-    if step == "selection":
-        counted = {"candidates": int(product.attrs.get("n_candidates", 0)),
-                   "selected": int(product.sizes["space"]), "epochs": int(product.sizes["time"])}
-        if "n_ds" in product.attrs:  # distributed scatterers among the selected points
-            counted["ds"] = int(product.attrs["n_ds"])
-        return counted
-    if step == "network":
-        return {"first_order": int(product.sizes["space"]),
-                "arcs": int(product.sizes[EDGE])}
-    if step == "arcs":
-        return {"arcs": int(product.sizes["arc"])}
-    if step == "integration":
-        return {"first_order": int(product.sizes["space"]),
-                "kept": int(product["in_network"].values.sum())}
-    if step == "atmosphere":
-        return {"kept": int(product["in_network"].values.sum())}
-    if step == "densification":
-        return {"accepted": int(product.sizes["space"])}
-    if step == "model":
-        return _result_counts(product)
-    raise KeyError(f"step {step!r}: its run reports its own counts")
-
-
-def _result_counts(result: Any) -> dict[str, Any]:
-    import numpy as np
-
-    counted = {"points": int(result.sizes["space"])}
-    if "order" in result:
-        order = result["order"].values
-        counted |= {"first_order": int((order == 1).sum()),
-                    "densified": int((order == 2).sum())}
-    if "reference" in result.attrs and "point_index" in result.variables:
-        where = np.flatnonzero(result["point_index"].values == int(result.attrs["reference"]))
-        if where.size:
-            logger.info("chain: reference point is point_index %d (azimuth %d, range %d)",
-                        int(result.attrs["reference"]), int(result["azimuth"].values[where[0]]),
-                        int(result["range"].values[where[0]]))
-    return counted
+    where = BY_NAME[step].counts
+    if where is None:
+        raise KeyError(f"step {step!r}: its run reports its own counts")
+    return _resolve(where)(product)

@@ -299,3 +299,27 @@ def test_progress_bars_only_on_a_terminal_or_in_a_notebook(monkeypatch):
     monkeypatch.setattr(sys, "stderr", None)
     IPython.shell = ZMQInteractiveShell()
     assert bars_wanted(True)
+
+
+def test_a_run_opens_and_checks_its_stack_once(tmp_path, monkeypatch):
+    """The stack's checks read a sample of its chunks: a run opens and checks it once, for
+    every step that reads it; a resumed run too (the check of its finished product is the
+    opening the later steps take)."""
+    from depsi.io import validate
+
+    opened = []
+    real = validate.validate_stack
+
+    def counting(*args, **kwargs):
+        opened.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "validate_stack", counting)
+    config = small_config(tmp_path / "ws")
+    run_pipeline(config, stop="selection", progress=False)
+    assert len(opened) == 1
+    opened.clear()
+    changed = small_config(tmp_path / "ws", selection={"threshold": 0.3})
+    summary = run_pipeline(changed, resume=True, stop="selection", progress=False)
+    assert [summary.steps[s].status for s in ("stack", "selection")] == ["skipped", "ran"]
+    assert len(opened) == 1

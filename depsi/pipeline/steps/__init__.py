@@ -34,7 +34,8 @@ class Step:
     does
         What it does, in a line (the tables of the docs and ``depsi run --help``).
     inputs
-        The steps whose products it reads, in the order its ``run`` takes them.
+        The steps whose products it reads (its ``run`` takes each by that name from
+        :class:`Inputs`).
     sections
         Dotted config sections it depends on: a change in one redoes it, and they are all of
         the configuration its ``run`` is given (:class:`ConfigView`).

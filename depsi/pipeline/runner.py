@@ -58,7 +58,7 @@ from depsi.pipeline.manifest import (
     write_json_atomic,
 )
 from depsi.pipeline.preflight import check_disk, check_feasible, point_chunk_bytes
-from depsi.pipeline.steps import BY_NAME, STEP_NAMES, STEPS, StepContext, call_step
+from depsi.pipeline.steps import BY_NAME, STEP_NAMES, STEPS, StepContext, call_step, counts
 from depsi.pipeline.workspace import (
     LOG_FILE,
     SUMMARY_LOGGER,
@@ -225,13 +225,8 @@ def _execute(ctx: _Context, step: str) -> dict[str, Any]:
                     chunk_bytes=point_chunk_bytes(ctx.config))
     del product
     ctx.products[step] = path
-    return {**_counts(step, open_stm(path)), **context.counts}
-
-
-def _counts(step: str, product: Any) -> dict[str, Any]:
-    from depsi.pipeline.steps import counts
-
-    return counts(step, product) if BY_NAME[step].counts is not None else {}
+    counted = counts(step, open_stm(path)) if spec.counts is not None else {}
+    return counted | context.counts
 
 
 # ------------------------------------------------------------------------ validity and resume

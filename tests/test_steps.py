@@ -177,7 +177,7 @@ def test_run_ps_chain_is_the_composition_of_the_steps(points, base):
 @pytest.mark.parametrize("flat_h2ph", [False, True])
 def test_observations_in_batches_are_those_of_the_whole_arc_stm(points, base, monkeypatch,
                                                                 flat_h2ph):
-    """observations_step (run_ps_chain's arcs, batch by batch, never the whole arc STM) gives
+    """The arcs step in memory (run_ps_chain's arcs, batch by batch, never the whole arc STM) gives
     bit for bit the observations of the arc STM estimated whole: several batches of several
     periodogram chunks, the last batch and chunk short, blocks of the observations across
     them; also where h2ph is flat (velocity only, decided once for every batch)."""

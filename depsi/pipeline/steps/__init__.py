@@ -336,7 +336,7 @@ def run_step(step: str, config: Any, *, context: StepContext | None = None,
 
     Examples
     --------
-    >>> from depsi.pipeline import chain_config
+    >>> from depsi.pipeline.chain_config import chain_config
     >>> from depsi.pipeline.steps.selection import prepare_points
     >>> from depsi.processing import ps_selection
     >>> from depsi.simulate import simulate_stack

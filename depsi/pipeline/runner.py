@@ -231,18 +231,22 @@ def _execute(ctx: _Context, step: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------ validity and resume
 def _product_opens(ctx: _Context, step: str, path: Path) -> bool:
-    """Whether the product at ``path`` opens as the steps reading it take it (a folder of files:
-    is a folder); one kept open for the run is kept from here."""
+    """Whether the product at ``path`` opens: a Zarr store opens, a folder of files is a folder,
+    and a product kept open for the run opens as its readers take it (and is kept from here,
+    the one opening of the run)."""
+    from depsi.io import open_stm
+
     spec = BY_NAME[step]
     try:
         if spec.writes_files:
             return path.is_dir()
-        product = spec.open(path, ctx.config)
+        if not spec.keep_open:
+            open_stm(path)
+            return True
+        ctx.opened[step] = spec.open(path, ctx.config)
     except Exception as err:  # noqa: BLE001 - any failure to open means "do not trust"
         logger.info("product %s does not open (%s: %s)", path, type(err).__name__, err)
         return False
-    if spec.keep_open:
-        ctx.opened[step] = product
     return True
 
 

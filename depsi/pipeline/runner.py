@@ -207,21 +207,21 @@ def _execute(ctx: _Context, step: str) -> dict[str, Any]:
     from depsi.io import open_stm, save_stm
 
     spec = BY_NAME[step]
-    context = StepContext(devices=ctx.devices, progress=ctx.progress,
-                          target=_product_path(ctx, step))
+    target = _product_path(ctx, step)
+    context = StepContext(devices=ctx.devices, progress=ctx.progress, target=target)
 
     def take(name: str) -> Any:
         return _opened(ctx, name, computed=name in spec.computed)
 
     product = call_step(spec.run, step, take, ctx.config, context)
     if not spec.stored:
-        ctx.products[step] = context.target
+        ctx.products[step] = target
         if spec.keep_open:
             ctx.opened[step] = product
         return dict(context.counts)
     # point STMs a user reads in Morton order (Step.reorder); the chain's products in the
     # order the next steps index them
-    path = save_stm(product, context.target, overwrite=True, reorder=spec.reorder,
+    path = save_stm(product, target, overwrite=True, reorder=spec.reorder,
                     chunk_bytes=point_chunk_bytes(ctx.config))
     del product
     ctx.products[step] = path

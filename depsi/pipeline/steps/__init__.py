@@ -258,6 +258,13 @@ class StepContext:
     target: Path | None = None
     counts: dict[str, Any] = field(default_factory=dict)
 
+    def written_product(self) -> Path:
+        """:attr:`target`, which a step that writes its product itself needs."""
+        if self.target is None:
+            raise ValueError("context.target: expected the path of the product the step writes, "
+                             "found None")
+        return self.target
+
 
 class ConfigView:
     """The configuration as one step sees it: only the sections it declares (and its checks).

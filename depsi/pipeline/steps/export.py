@@ -18,7 +18,7 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> Path:
     ``context.counts``."""
     from depsi.io.export import EXPORTERS
 
-    product = context.target
+    product = context.written_product()
     result = inputs["model"].compute()
     files = []
     with write_lock(product):

@@ -30,7 +30,7 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
     Returns the stack as opened and checked, which the following steps of the run take instead
     of opening and checking it again; its sizes and predicted precisions go to
     ``context.counts``."""
-    product = context.target
+    product = context.written_product()
     path = product if config.input.format == "simulated" else Path(config.input.path)
     if config.input.format == "simulated":
         from depsi.simulate import write_stack_zarr

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from depsi.pipeline.steps import STEP_NAMES
 
@@ -111,6 +112,7 @@ def _step_lines(workspace: Path, step: str,
                 f"{pad}{failure.get('exception', 'error')}: {failure.get('message', '')}",
                 f"{pad}run id {failure.get('run_id')}"], None
     if manifest is None:
+        reason = cast(str, reason)  # load_manifest says why whenever it finds no manifest
         if reason.startswith("no manifest"):  # never run, or stopped before the end
             return [f"  {step:<13} {'missing':<16} {PRODUCTS[step]}"], None
         return [f"  {step:<13} {'damaged manifest':<16} {PRODUCTS[step]}", pad + reason], None
@@ -286,8 +288,8 @@ def _load_checked(path: Path):
     from depsi.pipeline.config import load_config
 
     config = load_config(path)
-    source = config.input.path
-    if config.input.format != "simulated" and not Path(source).exists():
+    source = config.input.path  # None only for a simulated input
+    if source is not None and not Path(source).exists():
         raise FileNotFoundError(f"input.path: stack {str(source)!r} (in {path}) does not exist")
     return config
 

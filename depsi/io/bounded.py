@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn, cast
 
 from depsi.errors import BadInputError
 
@@ -36,7 +37,7 @@ class MetadataError(BadInputError, ValueError):
         self.problems = list(problems)
 
 
-def _refuse(path: Path | str, what: str, message: str) -> None:
+def _refuse(path: str | os.PathLike, what: str, message: str) -> NoReturn:
     raise MetadataError(f"{what} '{path}': {message}", paths=[str(path)])
 
 
@@ -111,14 +112,15 @@ def parse_xml(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_XML_BY
         if at >= 0:
             _refuse(path, what, f"expected XML without document type or entity declarations, "
                                 f"found {declaration.decode()} at byte {at}")
-    parser = ET.XMLPullParser(events=("start", "end"))
+    parser: ET.XMLPullParser[ET.Element] = ET.XMLPullParser(events=("start", "end"))
     depth, root, step = 0, None, 1 << 16  # small feeds: a deep tree stops early
     for offset in range(0, len(data) + 1, step):
         if offset < len(data):
             parser.feed(data[offset:offset + step])
         else:
             parser.close()
-        for event, element in parser.read_events():
+        # with only start and end events, each event is (name, element)
+        for event, element in cast(Iterator[tuple[str, ET.Element]], parser.read_events()):
             if event == "end":
                 depth -= 1
                 continue
@@ -132,7 +134,7 @@ def parse_xml(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_XML_BY
     return root
 
 
-def _raise_problems(path: Path | str, problems: Sequence[tuple[str, str, str]]) -> None:
+def _raise_problems(path: Path | str, problems: Sequence[tuple[str, str, str]]) -> NoReturn:
     lines = [f"  - field {field!r}: expected {expected}; found {found}"
              for field, expected, found in problems]
     raise MetadataError(

@@ -15,6 +15,7 @@ towards the satellite, negative away from it (e.g. subsidence).
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 
 import xarray as xr
 
@@ -152,12 +153,12 @@ CF["height_error_correlated_std"] = {
 _TIME_ENCODING = ("units", "calendar")
 
 
-def cf_attributes(name: str) -> dict[str, str]:
+def cf_attributes(name: Hashable) -> dict[str, str]:
     """The CF attributes of ``name`` (a copy; empty when the table has no entry)."""
     return dict(CF.get(str(name), {}))
 
 
-def _fallback(var: xr.Variable, name: str) -> dict[str, str]:
+def _fallback(var: xr.Variable, name: Hashable) -> dict[str, str]:
     """Attributes for a name the table does not know: a long_name; units "1" only for flags
     and integers (depsi's integers are indices, counts and codes, all dimensionless)."""
     attrs = {"long_name": str(name).replace("_", " ")}

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -350,7 +350,7 @@ def _check_degrees(values: np.ndarray, column: str, path: Path) -> None:
             f"such as {float(values[outside][0])!r}")
 
 
-def _chunk_bytes(blocksize: int | str) -> int:
+def _chunk_bytes(blocksize: int | float | str) -> int:
     if isinstance(blocksize, str):
         from dask.utils import parse_bytes
 
@@ -483,7 +483,8 @@ def from_csv(
             logger.warning("%s: columns matching no pattern are skipped: %s", path, skipped)
         point_columns = [c for c in point_columns if space.match(c)]
     renames = _coordinate_names(coords_cols, point_columns, path)
-    point_name = (lambda c: renames.get(c, c)) if stmtools_style else _point_name
+    point_name: Callable[[str], str] = (
+        (lambda c: renames.get(c, c)) if stmtools_style else _point_name)
     coordinates = set(renames.values()) if coords_cols is not None else set(COORDINATES)
     point_names = [point_name(c) for c in point_columns]
     clash = {n for n in point_names if point_names.count(n) > 1} | (

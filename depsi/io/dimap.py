@@ -42,7 +42,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import dask.array as da
 import numpy as np
@@ -51,7 +51,7 @@ from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, MONTH_NUMBERS, SPEED_OF_LIGHT
 from depsi.io.bounded import MAX_XML_BYTES, MetadataError, parse_xml, read_bounded_text
-from depsi.io.geometry import GeometryError, Orbit, RadarGrid, StackGeometry
+from depsi.io.geometry import GeometryError, LookSide, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import WAVELENGTH_RANGE
 from depsi.io.raster import RASTER_DIMS, _chunks, _finish, _iq_to_complex64, _path_list, _raster
 from depsi.io.raster_geometry import attach_geometry
@@ -91,7 +91,7 @@ def _parse_utc(text: str | None, what: str) -> np.datetime64:
     """
     match = _UTC.fullmatch(text or "")
     month = MONTH_NUMBERS.get(match.group(2).lower()) if match else None
-    if month is None:
+    if month is None or match is None:
         raise MetadataError(f"{what}: expected a UTC time such as '19-MAR-2023 05:50:35.812250', "
                             f"found {text!r}")
     day, _, year, hour, minute, second, fraction = match.groups()
@@ -109,7 +109,8 @@ def _md_child(element: ET.Element | None, name: str) -> ET.Element | None:
 def _md_attrs(element: ET.Element | None) -> dict[str, str]:
     if element is None:
         return {}
-    return {a.get("name"): (a.text or "").strip() for a in element.findall("MDATTR")}
+    return {name: (a.text or "").strip() for a in element.findall("MDATTR")
+            if (name := a.get("name")) is not None}
 
 
 def _md_float(attrs: dict[str, str], name: str, what: str) -> float:
@@ -171,6 +172,8 @@ def _header_int(fields: dict[str, str], key: str, path: Path, default: int | Non
     if value is None and default is not None:
         return default
     try:
+        if value is None:
+            raise TypeError
         return int(value)
     except (TypeError, ValueError):
         raise ValueError(f"ENVI header '{path}': field {key!r}: expected an integer, found "
@@ -232,7 +235,8 @@ class _DimapStack:
         out = np.empty((n_rows, n_cols, len(chosen)), dtype=self.dtype)
         for k, (bands, fill) in enumerate(chosen):
             if self.kind == "complex":
-                real, imag = (b.read(self.file_shape, rows, cols) for b in bands)
+                # a complex epoch always holds its I and its Q band
+                real, imag = (cast(_EnviBand, b).read(self.file_shape, rows, cols) for b in bands)
                 out[:, :, k] = _iq_to_complex64(real, imag)
             elif bands[0] is None:
                 out[:, :, k] = fill
@@ -260,6 +264,8 @@ def _text(element: ET.Element, tag: str) -> str | None:
 def _int_field(element: ET.Element, tag: str, what: str) -> int:
     value = _text(element, tag)
     try:
+        if value is None:
+            raise TypeError
         return int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{what}: field {tag!r}: expected an integer, found "
@@ -272,6 +278,8 @@ def _float_field(element: ET.Element, tag: str, what: str, default: float | None
     if value is None and default is not None:
         return default
     try:
+        if value is None:
+            raise TypeError
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{what}: field {tag!r}: expected a number, found "
@@ -336,9 +344,10 @@ def _band_table(root: ET.Element, path: Path, shape: tuple[int, int]) -> dict[st
     files = {}
     for entry in root.findall("Data_Access/Data_File"):
         file_path = entry.find("DATA_FILE_PATH")
+        href = None if file_path is None else file_path.get("href")
         index = _text(entry, "BAND_INDEX")
-        if file_path is not None and file_path.get("href") and index is not None:
-            files[index] = _inside_product(path, file_path.get("href"), "DATA_FILE_PATH href")
+        if href and index is not None:
+            files[index] = _inside_product(path, href, "DATA_FILE_PATH href")
     bands = {}
     for info in root.findall("Image_Interpretation/Spectral_Band_Info"):
         name = _text(info, "BAND_NAME")
@@ -370,10 +379,10 @@ def _tie_point_table(root: ET.Element, path: Path) -> dict[str, dict[str, Any]]:
     files = {}
     for entry in root.findall("Data_Access/Tie_Point_Grid_File"):
         file_path = entry.find("TIE_POINT_GRID_FILE_PATH")
+        href = None if file_path is None else file_path.get("href")
         index = _text(entry, "TIE_POINT_GRID_INDEX")
-        if file_path is not None and file_path.get("href") and index is not None:
-            files[index] = _inside_product(path, file_path.get("href"),
-                                           "TIE_POINT_GRID_FILE_PATH href")
+        if href and index is not None:
+            files[index] = _inside_product(path, href, "TIE_POINT_GRID_FILE_PATH href")
     grids = {}
     for info in root.findall("Tie_Point_Grids/Tie_Point_Grid_Info"):
         name = _text(info, "TIE_POINT_GRID_NAME")
@@ -555,10 +564,10 @@ def _orbit(element: ET.Element | None, what: str) -> Orbit:
         raise GeometryError(f"{what}: Orbit_State_Vectors: expected state vectors, found none")
     order = np.argsort(np.array(times), kind="stable")
     reference = times[order[0]]
-    seconds = [(times[i] - reference) / np.timedelta64(1, "ns") * 1e-9 for i in order]
-    states = np.array([states[i] for i in order])
-    return Orbit(reference=reference, time=seconds, position=states[:, :3],
-                 velocity=states[:, 3:], source=what)
+    seconds = np.array([(times[i] - reference) / np.timedelta64(1, "ns") * 1e-9 for i in order])
+    ordered = np.array([states[i] for i in order])
+    return Orbit(reference=reference, time=seconds, position=ordered[:, :3],
+                 velocity=ordered[:, 3:], source=what)
 
 
 def _secondary_element(product: _Product, epoch: _Epoch) -> ET.Element:
@@ -619,7 +628,7 @@ def _radar_grid(product: _Product) -> tuple[RadarGrid, float]:
                      line_interval=_md_float(attrs, "line_time_interval", what),
                      near_range=_md_float(attrs, "slant_range_to_first_pixel", what),
                      range_spacing=_md_float(attrs, "range_spacing", what),
-                     look_side=pointing)
+                     look_side=cast(LookSide, pointing))
     height = _md_float(attrs, "avg_scene_height", what) if "avg_scene_height" in attrs else 0.0
     return grid, height
 
@@ -794,7 +803,7 @@ def from_dimap(
         logger.warning("DIMAP products %s have no latitude/longitude tie-point grids: no lat/lon",
                        [str(p.path) for p in products])
     out = _finish(out, "depsi.io.dimap.from_dimap", lazy_coords=("lat", "lon"))
-    if stack_geometry is None:
+    if stack_geometry is None or geometry is None:
         return out
     return attach_geometry(out, stack_geometry, mode=geometry)
 

@@ -51,8 +51,10 @@ def _format_utc(moment: np.datetime64) -> str:
     >>> _format_utc(np.datetime64("2023-03-19T05:50:35.812250"))
     '19-MAR-2023 05:50:35.812250'
     """
-    micro = np.datetime64(moment, "ns").astype("datetime64[us]")
-    if np.datetime64(moment, "ns") - micro.astype("datetime64[ns]") >= np.timedelta64(500, "ns"):
+    # numpy's stubs lack datetime64(datetime64, unit)
+    exact = np.datetime64(moment, "ns")  # type: ignore[call-overload]
+    micro = exact.astype("datetime64[us]")
+    if exact - micro.astype("datetime64[ns]") >= np.timedelta64(500, "ns"):
         micro = micro + np.timedelta64(1, "us")
     text = str(micro)
     date_part, clock = text.split("T")
@@ -62,7 +64,8 @@ def _format_utc(moment: np.datetime64) -> str:
 
 
 def _date_tag(moment: np.datetime64) -> str:
-    day = np.datetime_as_string(np.datetime64(moment, "D"))
+    # numpy's stubs lack datetime64(datetime64, unit)
+    day = np.datetime_as_string(np.datetime64(moment, "D"))  # type: ignore[call-overload]
     return f"{day[8:10]}{MONTH_ABBREVIATIONS[int(day[5:7]) - 1]}{day[:4]}"
 
 
@@ -88,8 +91,9 @@ def _orbit_samples(orbit: Orbit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     interval when that lies in the range, so its own vectors come back exactly)."""
     spacing = float(np.median(np.diff(orbit.time)))
     step = int(np.clip(round(spacing), *ORBIT_INTERVAL_RANGE))
-    start = np.datetime64(orbit.reference + np.timedelta64(int(round(orbit.time[0] * 1e9)),
-                                                           "ns"), "us")
+    first = orbit.reference + np.timedelta64(int(round(orbit.time[0] * 1e9)), "ns")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    start = np.datetime64(first, "us")  # type: ignore[call-overload]
     start_s = orbit.seconds(start)
     if start_s < orbit.time[0] - 1e-9:
         start_s += 1e-6
@@ -270,11 +274,11 @@ def _write_product(work: Path, stem: str, stack: xr.Dataset, geometry: StackGeom
     for size in rows:  # one band of lines at a time: memory stays one block of the stack
         window = slice(start, start + size)
         block = np.asarray(complex_data[window])
-        factors = np.asarray(h2ph_data[window]) if has_h2ph else None
+        factors = np.asarray(h2ph_data[window]) if h2ph_data is not None else None
         for k, band in enumerate(names):
             files[band["i"]][window] = block[:, :, k].real
             files[band["q"]][window] = block[:, :, k].imag
-            if has_h2ph and k != geometry.mother:
+            if factors is not None and k != geometry.mother:
                 files[band["h2ph"]][window] = factors[:, :, k]
         start += size
     for mapped in files.values():
@@ -331,7 +335,7 @@ def _header(stem: str, stack: xr.Dataset, geometry: StackGeometry, names: list[d
     _sub(points, "TIE_POINT_GRID_NAME_LAT", "latitude")
     _sub(points, "TIE_POINT_GRID_NAME_LON", "longitude")
 
-    bands = []
+    bands: list[tuple[str, str | None]] = []
     for k, band in enumerate(names):
         bands += [(band["i"], "real"), (band["q"], "imaginary")]
         if has_h2ph and k != geometry.mother:

@@ -166,7 +166,8 @@ def _date_folders(folder: Path) -> list[Path]:
 
 
 def _day(moment: np.datetime64) -> str:
-    return np.datetime_as_string(np.datetime64(moment, "D")).replace("-", "")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    return np.datetime_as_string(np.datetime64(moment, "D")).replace("-", "")  # type: ignore[call-overload]
 
 
 def _mother(folders: list[Path]) -> tuple[str, dict[str, Any]]:

@@ -74,7 +74,8 @@ def _doris_time(moment: np.datetime64) -> str:
     >>> _doris_time(np.datetime64("2018-03-06T17:24:29.954980"))
     '2018-Mar-06 17:24:29.954980'
     """
-    text = np.datetime_as_string(np.datetime64(moment, "ns").astype("datetime64[us]"), unit="us")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    text = np.datetime_as_string(np.datetime64(moment, "ns").astype("datetime64[us]"), unit="us")  # type: ignore[call-overload]
     year, month, rest = text.split("-", 2)
     day, clock = rest.split("T")
     return f"{year}-{MONTH_ABBREVIATIONS[int(month) - 1]}-{day} {clock}"
@@ -122,7 +123,8 @@ class _Scene:
 
 def _orbit_lines(orbit: Orbit, day: np.datetime64) -> list[str]:
     """State vectors every ``ORBIT_SAMPLING_S`` s of the UTC day of ``day``, over the orbit."""
-    offset = float((orbit.reference - np.datetime64(day, "D").astype("datetime64[ns]"))
+    # numpy's stubs lack datetime64(datetime64, unit)
+    offset = float((orbit.reference - np.datetime64(day, "D").astype("datetime64[ns]"))  # type: ignore[call-overload]
                    / np.timedelta64(1, "ns")) * 1e-9
     first = math.ceil(orbit.time[0] + offset - 1e-9)
     last = math.floor(orbit.time[-1] + offset + 1e-9)
@@ -197,8 +199,9 @@ def _res_text(scene: _Scene, orbit: Orbit, day: np.datetime64, kind: str) -> str
     time_of_day = grid_time - grid_time.astype("datetime64[D]").astype("datetime64[ns]")
     crop_offset = np.timedelta64(round((scene.crop_start[0] - 1) * scene.grid.line_interval
                                        * 1e9), "ns")
-    first_time = np.datetime64(day, "D").astype("datetime64[ns]") + time_of_day - crop_offset
-    crop_file = np.datetime_as_string(np.datetime64(day, "D")) + ".raw"
+    # numpy's stubs lack datetime64(datetime64, unit), here and below
+    first_time = np.datetime64(day, "D").astype("datetime64[ns]") + time_of_day - crop_offset  # type: ignore[call-overload]
+    crop_file = np.datetime_as_string(np.datetime64(day, "D")) + ".raw"  # type: ignore[call-overload]
     lines = _header(f"{kind} RESULTFILE", [
         ("Created by", "depsi.io.doris.write_doris_stack"),
         ("DVersion", "Version (2015) (For TOPSAR)"), ("FFTW library", "used"),

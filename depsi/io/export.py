@@ -58,7 +58,7 @@ import re
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import pandas as pd
@@ -665,8 +665,8 @@ def _projected(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, np.ndarray
     south, north = float(lat[finite].min()), float(lat[finite].max())
     target = CRS.from_user_input(EGMS_PROJECTED_CRS)
     area = target.area_of_use
-    if not (area.west <= west and east <= area.east and area.south <= south
-            and north <= area.north):
+    if area is None or not (area.west <= west and east <= area.east and area.south <= south
+                            and north <= area.north):
         zones = query_utm_crs_info(datum_name="WGS 84", area_of_interest=AreaOfInterest(
             west_lon_degree=west, south_lat_degree=south, east_lon_degree=east,
             north_lat_degree=north))
@@ -728,7 +728,8 @@ def egms_table(result: xr.Dataset) -> pd.DataFrame:
     """
     result = _viewer_input(result, "egms_table")
     n = result.sizes["space"]
-    lat, lon = _values(result, "lat"), _values(result, "lon")
+    # present: _viewer_input requires them
+    lat, lon = cast(np.ndarray, _values(result, "lat")), cast(np.ndarray, _values(result, "lon"))
     seasonal = _seasonal_amplitude(result)
     projected = _projected(lat, lon)
     columns = {

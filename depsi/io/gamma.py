@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import dask.array as da
 import numpy as np
@@ -439,8 +439,9 @@ def from_gamma(
                             + "; ".join(f"{p.get('line_header_size')} in '{p['_par_path']}'"
                                         for p in pars), paths=[p["_par_path"] for p in pars])
     epochs = _epochs(len(files), [str(f) for f in files],
-                     dates=[np.datetime64(im.date, "ns") for im in images], metadata=None,
-                     wavelength=images[0].wavelength)
+                     # numpy's stubs lack datetime64(datetime64, unit)
+                     dates=[np.datetime64(im.date, "ns") for im in images],  # type: ignore[call-overload]
+                     metadata=None, wavelength=images[0].wavelength)
     files = [files[i] for i in epochs.order]
     images = [images[i] for i in epochs.order]
     orbits = [read[i][1] for i in epochs.order]
@@ -461,8 +462,9 @@ def from_gamma(
     raster = _raster(data, epochs.time, attrs)
 
     scalar_height = height is None or np.ndim(height) == 0
+    # given a wavelength, _epochs returns it checked
     stack_geometry = StackGeometry(grid=head.radar_grid, orbits=tuple(orbits), mother=index,
-                                   wavelength=epochs.wavelength,
+                                   wavelength=cast(float, epochs.wavelength),
                                    height=float(height) if scalar_height and height is not None
                                    else 0.0)
     out = attach_geometry(raster, stack_geometry, mode=geometry,

@@ -86,6 +86,7 @@ def _value(text: str) -> Any:
         numbers.append(token)
     if not numbers:
         return text
+    values: list[int] | list[float]
     if all(_INTEGER.match(t) for t in numbers):
         values = [int(t) for t in numbers]
     else:

@@ -111,12 +111,13 @@ def _par_text(*, day: np.datetime64, start: float, shape: tuple[int, int], near_
     dt, spacing = grid.line_interval, grid.range_spacing
     end = start + (lines_ - 1) * dt
     far = near_range + (samples - 1) * spacing
-    first, interval, position, velocity = _state_vectors(orbit, np.datetime64(day, "ns"), what)
+    # numpy's stubs lack datetime64(datetime64, unit)
+    midnight = np.datetime64(day, "ns")  # type: ignore[call-overload]
+    first, interval, position, velocity = _state_vectors(orbit, midnight, what)
     # GAMMA's sar_to_earth_center: this acquisition's own sensor at its own centre time
-    centre_time = np.datetime64(day, "ns") + np.timedelta64(int(round(0.5 * (start + end) * 1e9)),
-                                                            "ns")
+    centre_time = midnight + np.timedelta64(int(round(0.5 * (start + end) * 1e9)), "ns")
     sar_radius = float(np.linalg.norm(orbit.state(np.array([orbit.seconds(centre_time)]))[0]))
-    y, m, d = str(np.datetime64(day, "D")).split("-")
+    y, m, d = str(np.datetime64(day, "D")).split("-")  # type: ignore[call-overload]
 
     def exact(value: float, spec: str) -> list[str]:
         return [_number(float(value), spec)]

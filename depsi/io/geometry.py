@@ -25,7 +25,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import xarray as xr
@@ -71,7 +71,9 @@ class GeometryError(BadInputError, ValueError):
 
 
 def _seconds(moment: Any, reference: np.datetime64) -> float:
-    return float((np.datetime64(moment, "ns") - reference) / np.timedelta64(1, "ns")) * 1e-9
+    # numpy's stubs type datetime64 - datetime64 as datetime.timedelta, not timedelta64
+    elapsed = np.datetime64(moment, "ns") - reference
+    return float(elapsed / np.timedelta64(1, "ns")) * 1e-9  # type: ignore[operator]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,7 +106,8 @@ class Orbit:
     _splines: tuple = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        reference = np.datetime64(self.reference, "ns")
+        # numpy's stubs lack datetime64(datetime64, unit)
+        reference = np.datetime64(self.reference, "ns")  # type: ignore[call-overload]
         time = np.asarray(self.time, dtype=np.float64).ravel()
         position = np.asarray(self.position, dtype=np.float64)
         velocity = None if self.velocity is None else np.asarray(self.velocity, np.float64)
@@ -146,8 +149,9 @@ class Orbit:
     @property
     def span(self) -> tuple[np.datetime64, np.datetime64]:
         """UTC times of the first and the last state vector."""
-        return tuple(self.reference + np.timedelta64(int(round(t * 1e9)), "ns")
-                     for t in (self.time[0], self.time[-1]))
+        first, last = (self.reference + np.timedelta64(int(round(t * 1e9)), "ns")
+                       for t in (self.time[0], self.time[-1]))
+        return first, last
 
     def same_vectors(self, other: Orbit) -> bool:
         """Whether ``other`` holds the very same positions: two acquisitions never do, a copy
@@ -205,7 +209,8 @@ class RadarGrid:
     look_side: LookSide = "right"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "first_line_time", np.datetime64(self.first_line_time, "ns"))
+        # numpy's stubs lack datetime64(datetime64, unit)
+        object.__setattr__(self, "first_line_time", np.datetime64(self.first_line_time, "ns"))  # type: ignore[call-overload]
         checks = {"line_interval": (self.line_interval, 1e-6, 1.0),
                   "near_range": (self.near_range, 1e5, 5e6),
                   "range_spacing": (self.range_spacing, 1e-2, 1e3)}
@@ -687,19 +692,20 @@ def baselines(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any = 
     normal *= np.sign(_dot(normal, p_m))[..., None]
     _, _, up = enu_basis(lat, lon)
     incidence = np.arccos(_dot(-look, up))
-    bperp, bpar = [], []
+    bperp_columns: list[np.ndarray] = []
+    bpar_columns: list[np.ndarray] = []
     for k, orbit in enumerate(geometry.orbits):
         if k == geometry.mother:
-            bperp.append(np.zeros_like(r_m))
-            bpar.append(np.zeros_like(r_m))
+            bperp_columns.append(np.zeros_like(r_m))
+            bpar_columns.append(np.zeros_like(r_m))
             continue
         t_k = zero_doppler_time(orbit, target)
         p_k, _, _ = orbit.state(t_k)
         base = p_k - p_m
-        bperp.append(_dot(base, normal))
-        bpar.append(r_m - np.linalg.norm(target - p_k, axis=-1))
-    bperp = np.stack(bperp, axis=-1)
-    bpar = np.stack(bpar, axis=-1)
+        bperp_columns.append(_dot(base, normal))
+        bpar_columns.append(r_m - np.linalg.norm(target - p_k, axis=-1))
+    bperp = np.stack(bperp_columns, axis=-1)
+    bpar = np.stack(bpar_columns, axis=-1)
     h2ph = -bperp / (r_m * np.sin(incidence))[..., None]
     return {"bperp": bperp, "bpar": bpar, "h2ph": h2ph, "incidence": np.rad2deg(incidence),
             "slant_range": r_m}
@@ -808,7 +814,9 @@ def open_dem(path: str | Any) -> xr.DataArray:
     if transform.is_identity:
         raise GeometryError(f"DEM '{path}': expected a geotransform placing its pixels in "
                             "lon/lat, found none (the identity)")
-    dem = rioxarray.open_rasterio(path, masked=True).squeeze("band", drop=True)
+    # one raster file opens as one DataArray (a list or Dataset only for subdatasets)
+    raster = cast(xr.DataArray, rioxarray.open_rasterio(path, masked=True))
+    dem = raster.squeeze("band", drop=True)
     if not crs.is_geographic:
         raise GeometryError(f"DEM '{path}': expected geographic coordinates (WGS84 lon/lat), "
                             f"found the projected CRS {crs.to_string()}")
@@ -840,7 +848,7 @@ def check_dem_covers(dem: xr.DataArray, lat: Any, lon: Any, *, source: str = "DE
                             f"{np.nanmax(lon):.4f}")
 
 
-def geocode_with_dem(points: xr.DataArray | xr.Dataset, dem: xr.DataArray) -> xr.Dataset:
+def geocode_with_dem(points: xr.Dataset, dem: xr.DataArray) -> xr.Dataset:
     """Points geocoded at the heights of a DEM: geocode, sample the DEM at the positions
     (bilinear), geocode again at those heights, until the heights settle
     (:data:`DEM_TOLERANCE`). The heights become the ``height`` coordinate; positions outside

@@ -60,7 +60,7 @@ def date_in_name(path: str | os.PathLike) -> np.datetime64 | None:
         return None
 
 
-def check_dates_in_names(paths: Sequence[str | os.PathLike], dates: Sequence[Any], *,
+def check_dates_in_names(paths: Sequence[str | os.PathLike], dates: Sequence[Any] | np.ndarray, *,
                          field: str = "dates") -> None:
     """Refuse ``dates`` (one per file, in the files' order) that contradict a YYYYMMDD date in
     a file's name; files without a date in their name are not checked.
@@ -163,7 +163,7 @@ def raster_info(path: str | os.PathLike) -> RasterInfo:
                           src.crs, src.transform, _acquired(src, str(path)))
 
 
-def check_acquisition_dates(infos: Sequence[RasterInfo], dates: Sequence[Any], *,
+def check_acquisition_dates(infos: Sequence[RasterInfo], dates: Sequence[Any] | np.ndarray, *,
                             field: str = "dates") -> None:
     """Refuse ``dates`` (one per raster) that contradict the acquisition time a raster records
     (:data:`ACQUISITION_ITEM`); rasters without one are not checked.
@@ -352,7 +352,7 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
                 for t in stack["time"].values]
     n_az, n_rg = stack.sizes["azimuth"], stack.sizes["range"]
     values = dask.compute(stack["complex"].data, stack["h2ph"].data)
-    files: dict[str, list[Path]] = {"slc_files": [], "h2ph_files": []}
+    files: dict[str, Any] = {"slc_files": [], "h2ph_files": []}
     for t, day in enumerate(dates):
         for kind, data, dtype in (("slc", values[0], "complex64"), ("h2ph", values[1], "float32")):
             path = folder / f"{kind}_{day.replace('-', '')}.tif"

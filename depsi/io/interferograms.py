@@ -113,7 +113,7 @@ def _reference(pairs: list[_Pair]) -> np.datetime64:
         for p in pairs:
             for d in (p.first, p.second):
                 counts[d] = counts.get(d, 0) + 1
-        best = max(counts, key=counts.get)
+        best = max(counts, key=counts.__getitem__)
         outside = [p.path.name for p in pairs if best not in (p.first, p.second)]
         raise InterferogramStackError(
             f"expected single-reference interferograms (one date in every pair); the most "
@@ -384,12 +384,13 @@ def from_interferograms(path: str | os.PathLike, *, wavelength: float,
     logger.info("interferograms: %d dates %s..%s, reference %s, %s layout, amplitudes from %s",
                 len(dates), dates[0], dates[-1], reference, layout,
                 "images" if amplitude_files else "the interferograms' moduli")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    mother_time = str(np.datetime_as_string(np.datetime64(reference, "s")))  # type: ignore[call-overload]
     ds = xr.Dataset({"complex": (RASTER_DIMS, data)},
                     coords={"azimuth": np.arange(shape[0], dtype=np.int64),
                             "range": np.arange(shape[1], dtype=np.int64), "time": time},
                     attrs={"wavelength": wavelength,
-                           "mother_time": str(np.datetime_as_string(
-                               np.datetime64(reference, "s"))),
+                           "mother_time": mother_time,
                            "input_kind": "interferograms",
                            "amplitude_source": ("images" if amplitude_files
                                                 else "interferogram moduli")})

@@ -60,10 +60,10 @@ import logging
 import os
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import dask.array as da
 import numpy as np
@@ -119,7 +119,7 @@ class ImageHeader:
     bands: int
     data_type: str
     scheme: str
-    byteorder: str
+    byteorder: Literal["<", ">"]
 
     @property
     def dtype(self) -> np.dtype:
@@ -147,9 +147,9 @@ def _properties(element: ET.Element) -> dict[str, str]:
     """The direct ``<property name=...><value>`` children of a component, by ISCE key."""
     out = {}
     for prop in element.findall("property"):
-        value = prop.find("value")
-        if prop.get("name") is not None and value is not None:
-            out[_key(prop.get("name"))] = (value.text or "").strip()
+        name, value = prop.get("name"), prop.find("value")
+        if name is not None and value is not None:
+            out[_key(name)] = (value.text or "").strip()
     return out
 
 
@@ -157,9 +157,12 @@ def _components(element: ET.Element) -> dict[str, ET.Element]:
     return {_key(c.get("name", "")): c for c in element.findall("component")}
 
 
-def _integer(props: dict[str, str], name: str, where: str, *, minimum: int = 1) -> int:
+def _integer(props: Mapping[str, str | None], name: str, where: str, *,
+             minimum: int = 1) -> int:
     text = props.get(name)
     try:
+        if text is None:
+            raise ValueError
         value = int(float(text))
         if value != float(text) or value < minimum:
             raise ValueError
@@ -172,6 +175,8 @@ def _integer(props: dict[str, str], name: str, where: str, *, minimum: int = 1) 
 def _number(props: dict[str, str], name: str, where: str) -> float:
     text = props.get(name)
     try:
+        if text is None:
+            raise ValueError
         value = float(text)
         if not np.isfinite(value):
             raise ValueError
@@ -444,7 +449,8 @@ def _orbit(product: SwathProduct, day: np.datetime64) -> Orbit:
     if product.state_time.size == 0:
         raise ISCE2Error(f"ISCE product '{product.file}': expected orbit state vectors in "
                          "component 'burst1/orbit/state_vectors', found none")
-    reference = np.datetime64(day, "D").astype("datetime64[ns]")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    reference = np.datetime64(day, "D").astype("datetime64[ns]")  # type: ignore[call-overload]
     seconds = (product.state_time - reference) / np.timedelta64(1, "ns") * 1e-9
     return Orbit(reference=reference, time=seconds, position=product.position,
                  velocity=product.velocity, source=str(product.file))
@@ -562,7 +568,8 @@ def _read_products(folder: Path, dates: Sequence[str]) -> _Products | None:
                              f"(as '{secondary_files[0]}'), found no such file")
         return None
     reference = [read_swath_product(p) for p in reference_files]
-    day = str(np.datetime64(min(s.sensing_start for s in reference), "D")).replace("-", "")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    day = str(np.datetime64(min(s.sensing_start for s in reference), "D")).replace("-", "")  # type: ignore[call-overload]
     if day not in dates:
         raise ISCE2Error(f"ISCE2 stack '{folder}': expected the reference date of "
                          f"'{reference_files[0]}' ({day}) among the SLC dates {list(dates)}, "
@@ -595,12 +602,12 @@ def _los_coords(header: ImageHeader, chunks: tuple[int, int], look_side: str
         raise ISCE2Error(f"ISCE image '{header.file}': field 'number_bands': expected 2 "
                          f"(incidence, azimuth), found {header.bands} in '{header.header}'")
     incidence = _lazy_band(header, 0, chunks)
-    azimuth = np.deg2rad(_lazy_band(header, 1, chunks))
-    theta = np.deg2rad(incidence)
-    heading = (90.0 if look_side == "right" else -90.0) - np.rad2deg(azimuth)
+    azimuth = da.deg2rad(_lazy_band(header, 1, chunks))
+    theta = da.deg2rad(incidence)
+    heading = (90.0 if look_side == "right" else -90.0) - da.rad2deg(azimuth)
     return {"incidence": incidence, "heading": (heading + 180.0) % 360.0 - 180.0,
-            "los_east": -np.sin(theta) * np.sin(azimuth),
-            "los_north": np.sin(theta) * np.cos(azimuth), "los_up": np.cos(theta)}
+            "los_east": -da.sin(theta) * da.sin(azimuth),
+            "los_north": da.sin(theta) * da.cos(azimuth), "los_up": da.cos(theta)}
 
 
 def _scene_height(header: ImageHeader) -> float:
@@ -762,14 +769,16 @@ def from_isce2(
 
     with_orbits = products is not None and all(
         p.state_time.size for p in [products.reference[0], *products.secondaries.values()])
-    if not with_orbits:
+    if products is None or not with_orbits:
         return _without_orbits(ds, folder, ordered, baseline_files, height, grid, geometry)
+    # both are set above whenever the reference products are read
+    grid, wavelength = cast(RadarGrid, grid), cast(float, epochs.wavelength)
     orbits = tuple(_orbit(products.reference[0] if day == products.reference_date
                           else products.secondaries[day], np.datetime64(
                               f"{day[:4]}-{day[4:6]}-{day[6:]}")) for day in ordered)
     stack_geometry = StackGeometry(grid=grid, orbits=orbits,
                                    mother=ordered.index(products.reference_date),
-                                   wavelength=epochs.wavelength, height=scene_height)
+                                   wavelength=wavelength, height=scene_height)
     return attach_geometry(ds, stack_geometry, mode=geometry, height=height)
 
 

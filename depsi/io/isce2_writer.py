@@ -38,7 +38,8 @@ WRITE_BLOCK_LINES = 512
 
 def _isce_time(moment: np.datetime64) -> str:
     """A UTC time as ISCE writes one, ``str(datetime)`` (microseconds)."""
-    micro = np.datetime64(moment, "us").astype(np.int64)
+    # numpy's stubs lack datetime64(datetime64, unit)
+    micro = np.datetime64(moment, "us").astype(np.int64)  # type: ignore[call-overload]
     return str(datetime(1970, 1, 1) + timedelta(microseconds=int(micro)))
 
 
@@ -249,7 +250,8 @@ def write_isce2(folder: str | os.PathLike, stack: xr.Dataset, geometry: StackGeo
     """
     folder = Path(folder)
     if "complex" not in stack.data_vars:
-        raise ValueError(f"stack: expected a 'complex' variable, found {sorted(stack.data_vars)}")
+        raise ValueError(f"stack: expected a 'complex' variable, found "
+                         f"{sorted(stack.data_vars, key=str)}")
     data = stack["complex"].transpose(*RASTER_DIMS)
     n_az, n_rg, n_time = data.shape
     if len(geometry.orbits) != n_time:

@@ -38,7 +38,7 @@ from depsi.errors import BusyError, SystemFaultError
 try:
     import fcntl
 except ImportError:  # Windows: filelock's msvcrt lock, which removes its file itself
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # no module here: tested before use
 
 logger = logging.getLogger(__name__)
 

@@ -40,11 +40,13 @@ FIRST_SAR_YEAR, LAST_PLAUSIBLE_YEAR = 1978, 2100
 DRIVERS = ("doris4", "doris5", "auto")
 
 Driver = Literal["doris4", "doris5", "auto"]
+#: A driver once told apart, as ``detect_driver`` returns it.
+DorisVersion = Literal["doris4", "doris5"]
 
 
 #: ``First_pixel_azimuth_time (UTC)`` layouts: DORIS v4 ``01-Mar-2018 17:19:09.165000``,
 #: DORIS v5 ``2018-Mar-06 17:24:29.954980``.
-_TIME_PATTERNS = {
+_TIME_PATTERNS: dict[DorisVersion, re.Pattern[str]] = {
     "doris4": re.compile(r"^(?P<day>\d{1,2})-(?P<mon>[A-Za-z]{3})-(?P<year>\d{4})\s+"
                          r"(?P<h>\d{1,2}):(?P<m>\d{2}):(?P<s>\d{2})(?:\.(?P<f>\d+))?$"),
     "doris5": re.compile(r"^(?P<year>\d{4})-(?P<mon>[A-Za-z]{3})-(?P<day>\d{1,2})\s+"
@@ -122,7 +124,7 @@ def _split_sections(text: str) -> tuple[dict[str, dict[str, str]], dict[str, lis
     return fields, lines
 
 
-def detect_driver(text: str) -> str | None:
+def detect_driver(text: str) -> DorisVersion | None:
     """Tell DORIS v4 from v5 by the header (``Version: version 4...`` / ``DVersion`` ...).
 
     Falls back to the layout of ``First_pixel_azimuth_time (UTC)``; None if neither decides.
@@ -211,7 +213,7 @@ class _Collector:
         return None if value in (None, "dummy") else value
 
 
-def parse_azimuth_time(text: str, driver: str) -> np.datetime64:
+def parse_azimuth_time(text: str, driver: DorisVersion) -> np.datetime64:
     """Parse a DORIS ``First_pixel_azimuth_time (UTC)`` value to ``datetime64[ns]``.
 
     Month names are read without the locale, so ``Mar`` works whatever the system language.
@@ -248,7 +250,7 @@ def parse_azimuth_time(text: str, driver: str) -> np.datetime64:
 # Sections of a DORIS result file
 # ----------------------------------------------------------------------------------------------
 
-def _readfiles(get: _Collector, driver: str) -> dict[str, Any]:
+def _readfiles(get: _Collector, driver: DorisVersion) -> dict[str, Any]:
     """The ``readfiles`` section: sensor, wavelength, timing, image size, scene location."""
     sec = "readfiles"
     out: dict[str, Any] = {
@@ -285,7 +287,7 @@ def _readfiles(get: _Collector, driver: str) -> dict[str, Any]:
         try:
             out["first_azimuth_time"] = parse_azimuth_time(time_text, driver)
         except ValueError as err:
-            other = "doris4" if driver == "doris5" else "doris5"
+            other: DorisVersion = "doris4" if driver == "doris5" else "doris5"
             detail = "" if str(err).startswith("expected layout") else f" ({err})"
             hint = (f" (this is the {other} layout: pass driver={other!r})"
                     if _TIME_PATTERNS[other].match(time_text.strip()) else "")
@@ -334,16 +336,17 @@ def _window(get: _Collector, section: str, reference: str) -> dict[str, Any] | N
         "data_format": get.text(section, "Data_output_format"),
         **bounds,
     }
-    if any(v is None for v in bounds.values()):
+    known = {key: value for key, value in bounds.items() if value is not None}
+    if len(known) < len(bounds):
         return window
     for axis in ("line", "pixel"):
-        first, last = bounds[f"first_{axis}"], bounds[f"last_{axis}"]
+        first, last = known[f"first_{axis}"], known[f"last_{axis}"]
         if last < first:
             get.problem(f"Last_{axis} (w.r.t. {reference})",
                         f"a {axis} at or after First_{axis} = {first} (section '{section}')",
                         str(last))
-    window["number_of_lines"] = bounds["last_line"] - bounds["first_line"] + 1
-    window["number_of_pixels"] = bounds["last_pixel"] - bounds["first_pixel"] + 1
+    window["number_of_lines"] = known["last_line"] - known["first_line"] + 1
+    window["number_of_pixels"] = known["last_pixel"] - known["first_pixel"] + 1
     return window
 
 
@@ -384,7 +387,7 @@ def _check_process_control(get: _Collector) -> None:
                         "no such section (the file may be truncated)")
 
 
-def _interferogram(path: Path, driver: str) -> dict[str, Any]:
+def _interferogram(path: Path, driver: DorisVersion) -> dict[str, Any]:
     """Baseline geometry and interferogram size from the ``ifgs.res`` beside a DORIS v5 file.
 
     DORIS keeps one folder per date with ``slave.res`` and ``ifgs.res``; a flat folder of
@@ -741,13 +744,13 @@ def read_metadata_stack(paths: Iterable[str | os.PathLike], *,
     >>> [str(d)[:10] for d in stack["dates"]], stack["wavelength"]
     (['2018-03-06', '2018-03-18'], 0.05546576)
     """
-    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    if not paths:
+    files = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    if not files:
         raise ValueError("paths: expected at least one metadata file, found none")
-    missing = [str(p) for p in paths if not p.is_file()]
+    missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"metadata files do not exist: {missing}")
-    return combine_metadata([read_metadata(p, driver=driver) for p in paths])
+    return combine_metadata([read_metadata(p, driver=driver) for p in files])
 
 
 def resolve_metadata(metadata: Any, *, driver: Driver = "auto") -> dict[str, Any]:

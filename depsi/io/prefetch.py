@@ -105,7 +105,7 @@ class _Loads:
     def _finish(self, end: int, failure: _Failure | None, index: int | None = None) -> None:
         with self._ready:
             self._end = end
-            if failure is not None:
+            if failure is not None and index is not None:
                 self._results[index] = failure
             self._ready.notify_all()
 
@@ -118,6 +118,7 @@ class _Loads:
                 self._room.release()
                 return
             index, item = taken
+            value: tuple[Any, Any] | _Failure
             try:
                 value = (item, self._load(item))
             except BaseException as error:  # handed to the consumer, which re-raises it
@@ -261,10 +262,11 @@ def block_slices(
             raise ValueError(f"stack: expected dims including ('azimuth', 'range'), "
                              f"found {tuple(stack.dims)}")
     if block_shape is not None:
-        shape = tuple(int(b) for b in block_shape)
-        if len(shape) != 2 or min(shape) < 1:
+        sizes = tuple(int(b) for b in block_shape)
+        if len(sizes) != 2 or min(sizes) < 1:
             raise ValueError(f"block_shape: expected two positive sizes (azimuth, range), "
                              f"found {block_shape!r}")
+        shape: tuple[int | None, ...] = sizes
         az_chunks = rg_chunks = None
     else:
         chunks = stack[variables[0]].chunksizes if variables else stack.chunksizes
@@ -307,7 +309,9 @@ def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice],
     in ``split`` (time last) is read as a list of arrays, one per Dask chunk along ``time``,
     never joined along time.
     """
-    pieces, shapes, block = [], {}, {}
+    pieces: list[Any] = []
+    shapes: dict[str, tuple[int, tuple[int, ...]]] = {}
+    block: dict[str, Any] = {}
     for name, var in variables.items():
         part = var[slices]
         if isinstance(part.data, dask.array.Array):

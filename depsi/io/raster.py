@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import dask.array as da
 import numpy as np
@@ -40,7 +40,8 @@ COMPLEX_INT16_NAMES = ("complex_int16", "complex_short", "cint16")
 #: Names DORIS writes for complex float32 data.
 COMPLEX64_NAMES = ("complex_real4",)
 
-_BYTEORDERS = {"<": "<", "little": "<", ">": ">", "big": ">", "=": "=", "native": "="}
+_BYTEORDERS: dict[str, Literal["<", ">", "="]] = {"<": "<", "little": "<", ">": ">", "big": ">",
+                                                   "=": "=", "native": "="}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def _epochs(n: int, names: Sequence[str], *, dates: Any, metadata: Any,
 
     unique, counts = np.unique(time, return_counts=True)
     if (counts > 1).any():
-        clashes = [f"{d}: {[names[i] for i in np.flatnonzero(time == d)]}"
+        clashes = [f"{d}: {[names[int(i)] for i in np.flatnonzero(time == d)]}"
                    for d in unique[counts > 1]]
         raise ValueError(f"dates: expected one epoch per date, found duplicates "
                          f"{'; '.join(clashes)}")
@@ -185,7 +186,7 @@ def _chunks(chunks: Any, shape: tuple[int, int], n_time: int,
             raise ValueError(f"chunks[{dim!r}]: expected a positive integer or -1, "
                              f"found {size!r}")
         out.append(int(min(size, total)))
-    return tuple(out)
+    return out[0], out[1], out[2]
 
 
 def _raster(complex_data: da.Array, time: np.ndarray, attrs: dict[str, Any],
@@ -232,6 +233,7 @@ def _file_dtype(dtype: Any, byteorder: str) -> np.dtype:
     """The on-disk dtype: complex, or a two-field (real, imaginary) structured dtype."""
     if byteorder not in _BYTEORDERS:
         raise ValueError(f"byteorder: expected one of {sorted(_BYTEORDERS)}, found {byteorder!r}")
+    base: np.dtype
     if isinstance(dtype, str) and dtype.lower() in COMPLEX_INT16_NAMES:
         base = np.dtype([("re", "i2"), ("im", "i2")])
     elif isinstance(dtype, str) and dtype.lower() in COMPLEX64_NAMES:
@@ -242,8 +244,9 @@ def _file_dtype(dtype: Any, byteorder: str) -> np.dtype:
         except TypeError:
             raise ValueError(f"dtype: expected complex64, complex128, 'complex_int16' or a "
                              f"structured (re, im) dtype, found {dtype!r}") from None
-    two_parts = base.names is not None and len(base.names) == 2 and all(
-        base.fields[n][0].kind in "iuf" for n in base.names)
+    fields = base.fields
+    two_parts = base.names is not None and fields is not None and len(base.names) == 2 and all(
+        fields[n][0].kind in "iuf" for n in base.names)
     if base.kind != "c" and not two_parts:
         raise ValueError(f"dtype: expected complex64, complex128, 'complex_int16' or a "
                          f"structured (re, im) dtype, found {base}")
@@ -258,8 +261,9 @@ def _to_complex64(block: np.ndarray) -> np.ndarray:
 
 
 def _dtype_name(file_dtype: np.dtype) -> str:
-    if file_dtype.names:
-        return "(" + ", ".join(f"{n}: {file_dtype.fields[n][0]}" for n in file_dtype.names) + ")"
+    fields = file_dtype.fields
+    if file_dtype.names and fields is not None:
+        return "(" + ", ".join(f"{n}: {fields[n][0]}" for n in file_dtype.names) + ")"
     return str(file_dtype)
 
 

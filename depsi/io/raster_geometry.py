@@ -5,7 +5,7 @@ writes it (:func:`check_stack_for_writing`). The orbit model and its maths are i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import dask.array as da
 import numpy as np
@@ -141,8 +141,10 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
     out.attrs = dict(stack.attrs)
     azimuth = np.asarray(stack["azimuth"].values, np.float64)
     range_ = np.asarray(stack["range"].values, np.float64)
-    chunks = stack["complex"].chunks if stack["complex"].chunks else tuple(
-        (s,) for s in stack["complex"].shape)
+    # the complex stack is (azimuth, range, time): three chunk tuples
+    chunks = cast(tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+                  stack["complex"].chunks if stack["complex"].chunks else tuple(
+                      (s,) for s in stack["complex"].shape))
     if height is not None:
         height = xr.DataArray(height, dims=("azimuth", "range")) if not isinstance(
             height, xr.DataArray) else height
@@ -166,8 +168,9 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
     centre = look_geometry(geometry, azimuth[len(azimuth) // 2], range_[len(range_) // 2])
     # ground spacings: between the geocoded centre pixel and its next line and next sample
     a0, r0 = azimuth[len(azimuth) // 2], range_[len(range_) // 2]
-    lat, lon = radar_to_geo(geometry, np.array([a0, a0 + 1, a0]), np.array([r0, r0, r0 + 1]))
-    xyz = geodetic_to_ecef(lat, lon, geometry.height)
+    near_lat, near_lon = radar_to_geo(geometry, np.array([a0, a0 + 1, a0]),
+                                      np.array([r0, r0, r0 + 1]))
+    xyz = geodetic_to_ecef(near_lat, near_lon, geometry.height)
     out.attrs.update({
         GEOMETRY_ATTR: geometry.to_json(),
         "wavelength": float(out.attrs.get("wavelength", geometry.wavelength)),

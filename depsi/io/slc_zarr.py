@@ -195,7 +195,8 @@ def _check_zarr_chunks(path: Path, v3: bool) -> list[tuple[_ZarrArray, int]]:
                                        max(spatial, _SHOWN_KEYS) if maybe_mother else _SHOWN_KEYS)
         if count <= 0:
             continue
-        if maybe_mother and len(shown) == count and len({k[time_axis] for k in shown}) == 1:
+        if (maybe_mother and time_axis is not None and len(shown) == count
+                and len({k[time_axis] for k in shown}) == 1):
             deferred.append((claim, shown[0][time_axis]))
             continue
         raise STMValidationError(
@@ -247,7 +248,7 @@ def _default_blocks(path: Path, consolidated: bool) -> dict[str, int]:
     lazy = xr.open_zarr(path, consolidated=consolidated, chunks=None)
     variable = next((lazy[n] for n in ("complex", "real") if n in lazy.data_vars), None)
     stored = variable.encoding.get("chunks") if variable is not None else None
-    if stored is None or not set(RASTER_DIMS) <= set(variable.dims):
+    if stored is None or variable is None or not set(RASTER_DIMS) <= set(variable.dims):
         return {"time": -1}  # refused with its layout once opened
     step = dict(zip(variable.dims, stored))
     shape = (lazy.sizes["azimuth"], lazy.sizes["range"])
@@ -448,14 +449,15 @@ def write_slc_zarr(path: str | os.PathLike, stack: xr.Dataset, *,
     logger.info("writing SLC stack %s (%.3g GB complex) via %s", path,
                 stack["complex"].nbytes / 1e9, tmp)
     try:
-        groups = ((stack, None), *((ds, name) for name, ds in (groups or {}).items()))
-        for ds, group in groups:
+        parts: tuple[tuple[xr.Dataset, str | None], ...] = (
+            (stack, None), *((ds, name) for name, ds in (groups or {}).items()))
+        for ds, group in parts:
             ds.to_zarr(tmp, group=group, mode="w", compute=False, zarr_format=3,
                        consolidated=False)
         rows = _azimuth_blocks(stack)
         for block in tqdm(rows, desc=f"writing {path.name}", unit="block row",
                           disable=not progress):
-            for ds, group in groups:
+            for ds, group in parts:
                 _spatial_part(ds, block).to_zarr(tmp, group=group, region={"azimuth": block},
                                                  zarr_format=3, consolidated=False)
         with warnings.catch_warnings():

@@ -53,7 +53,7 @@ def _snap_date(text: str, what: str) -> np.datetime64:
     match = _SNAP_DATE.fullmatch(text)
     month = MONTH_NUMBERS.get(match.group(2).lower()) if match else None
     try:
-        if month is None:
+        if month is None or match is None:
             raise ValueError("unknown month")
         return np.datetime64(date(int(match.group(3)), month, int(match.group(1))), "ns")
     except ValueError as err:
@@ -152,12 +152,12 @@ def _check_band_arrays(path: Path) -> None:
             raise ValueError(f"SNAP product '{path}': band '{folder.name}' ('{folder}/.zarray'): "
                              f"field 'shape': expected {list(size)} (the product's raster "
                              f"size in .zattrs), found {meta['shape']}")
-    dtypes = {folder: str(meta.get("dtype")) for folder in folders
-              if (meta := metas.get(folder) or _zarray_or_none(folder)) is not None}
+    dtypes = {folder: str(zarray.get("dtype")) for folder in folders
+              if (zarray := metas.get(folder) or _zarray_or_none(folder)) is not None}
     orders = {f: o for f, d in dtypes.items() if (o := _byte_order(d)) is not None}
     if len(set(orders.values())) > 1:
         counts = {o: sum(v == o for v in orders.values()) for o in set(orders.values())}
-        usual = max(counts, key=counts.get)
+        usual = max(counts, key=counts.__getitem__)
         names = {">": "big-endian", "<": "little-endian"}
         odd = ", ".join(f"'{f.name}/.zarray' ({dtypes[f]})" for f, o in orders.items()
                         if o != usual)
@@ -207,6 +207,8 @@ def _snap_metadata(path: Path, parsed: dict[bytes, dict[str, Any]]) -> dict[str,
     abstracted = _snap_attributes(elements.get("Abstracted_Metadata", {}))
     frequency = abstracted.get("radar_frequency")
     try:
+        if frequency is None:
+            raise TypeError
         frequency_hz = float(np.ravel(frequency)[0]) * 1e6  # SNAP states MHz
     except (TypeError, ValueError, IndexError):
         raise MetadataError(f"SNAP metadata '{file}': field 'Abstracted_Metadata/"
@@ -258,8 +260,8 @@ def _snap_orbit(element: dict, what: str) -> Orbit:
     rows = [_snap_attributes(v) for v in vectors]
     try:
         times = np.array([_snap_time(r["time"], f"{what}/Orbit_State_Vectors") for r in rows])
-        position = [[float(np.ravel(r[f"{c}_pos"])[0]) for c in "xyz"] for r in rows]
-        velocity = [[float(np.ravel(r[f"{c}_vel"])[0]) for c in "xyz"] for r in rows]
+        position = np.array([[float(np.ravel(r[f"{c}_pos"])[0]) for c in "xyz"] for r in rows])
+        velocity = np.array([[float(np.ravel(r[f"{c}_vel"])[0]) for c in "xyz"] for r in rows])
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise GeometryError(f"{what}/Orbit_State_Vectors: expected time, x/y/z_pos and "
                             f"x/y/z_vel in every vector, found a vector without {err}") from None
@@ -335,8 +337,9 @@ def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
         raise GeometryError(f"SNAP metadata '{file}': expected orbit state vectors for every "
                             f"date of the stack, found none for {missing} (orbits of "
                             f"{sorted(str(d) for d in orbits)})")
+    # numpy's stubs lack datetime64(datetime64, unit)
     mother_day = first_line.astype("datetime64[D]") if mother is None else \
-        np.datetime64(mother, "D")
+        np.datetime64(mother, "D")  # type: ignore[call-overload]
     if mother_day not in days:
         raise GeometryError(f"SNAP metadata '{file}': expected the mother's product "
                             f"({mother_day}, whose grid the stack is on) among the stack's "
@@ -399,7 +402,7 @@ def _check_epoch_names(epochs: list[_SnapEpoch], ds: xr.Dataset, path: Path,
     for epoch in epochs:
         bands = [b for b in (epoch.i, epoch.q, epoch.h2ph) if b is not None]
         unknown = [b for b in bands if listed is not None and b not in listed]
-        if unknown:
+        if unknown and listed is not None:
             raise ValueError(f"SNAP product '{path}': band {unknown[0]!r}: expected one of the "
                              f"bands its .zattrs lists in original_raster_data_node_order "
                              f"{list(listed)}, found a band of another name (renamed?)")

@@ -9,6 +9,7 @@ input (sarxarray's ``from_dataset`` and ``multi_look`` write into the Dataset th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import xarray as xr
@@ -23,7 +24,8 @@ def _amplitude(ds: xr.Dataset) -> xr.DataArray:
     if "amplitude" in ds.variables:
         return ds["amplitude"]
     if "complex" in ds.variables:
-        return np.abs(ds["complex"]).rename("amplitude")
+        # a NumPy ufunc on a DataArray returns a DataArray
+        return cast(xr.DataArray, np.abs(ds["complex"])).rename("amplitude")
     raise KeyError(f"amplitude: expected 'amplitude' or 'complex' in the stack, found "
                    f"{sorted(map(str, ds.variables))}")
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Hashable
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,7 @@ def one_chunking(ds: xr.Dataset) -> xr.Dataset:
     >>> dict(one_chunking(ds).chunks)
     {'space': (3, 3)}
     """
-    chosen: dict[str, tuple[int, ...]] = {}
+    chosen: dict[Hashable, tuple[int, ...]] = {}
     consistent = True
     for var in sorted(ds.variables.values(), key=lambda v: v.nbytes, reverse=True):
         for dim, chunks in zip(var.dims, var.chunks or ()):
@@ -322,7 +323,7 @@ def save_stm(
 # -------------------------------------------------------------------------------------- read
 def _metadata_files(path: Path) -> list[Path]:
     names = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
-    found = []
+    found: list[Path] = []
     for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d not in ("c", STAGING)]  # chunk folders hold no metadata
         found.extend(Path(root) / f for f in files if f in names)
@@ -490,7 +491,7 @@ def _open_checked(path: Path, consolidated: bool) -> xr.Dataset:
                 f"STM store {str(path)!r}: expected the arrays {missing} of a store written "
                 f"whole, found no metadata (zarr.json) for them")
     stamp = (path / "zarr.json").stat().st_mtime_ns if (path / "zarr.json").exists() else 0
-    for name in list(raw.variables):
+    for name in [str(n) for n in raw.variables]:  # a store names its arrays with strings
         if name in raw.indexes:
             continue
         var = raw[name].variable
@@ -617,7 +618,7 @@ def verify_store(path: str | os.PathLike) -> dict[str, int]:
             continue
         var.data.map_blocks(lambda block: np.zeros((1,) * block.ndim, "i1"), dtype="i1",
                             chunks=tuple((1,) * len(c) for c in var.chunks)).compute()
-        counts[name] = int(np.prod([len(c) for c in var.chunks]))
+        counts[str(name)] = int(np.prod([len(c) for c in var.chunks]))
     return counts
 
 

@@ -8,7 +8,9 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import xarray as xr
@@ -60,8 +62,8 @@ def _check_appendable(old: xr.Dataset, new: xr.Dataset, path: Path) -> None:
     timed_new = {n for n, v in new.data_vars.items() if "time" in v.dims}
     if timed_old != timed_new:
         raise STMValidationError(
-            f"time-dependent variables of the new epochs: expected {sorted(timed_old)}, "
-            f"found {sorted(timed_new)}"
+            f"time-dependent variables of the new epochs: expected {sorted(timed_old, key=str)}, "
+            f"found {sorted(timed_new, key=str)}"
         )
     for name in timed_old:
         if np.result_type(old[name].dtype, new[name].dtype) != old[name].dtype:
@@ -96,6 +98,7 @@ def _check_not_reading(path: Path, new: xr.Dataset) -> None:
         if "time" not in var.dims:
             continue  # only the time-dependent variables are read to be written
         data = var._data
+        candidates: Iterable[Any]
         if hasattr(data, "__dask_graph__"):
             candidates = dict(data.__dask_graph__()).values()
         else:
@@ -139,7 +142,9 @@ def _encoded(var: xr.Variable, name: str, old: xr.Variable, dtype: np.dtype, pat
     if var.dtype.kind == "M":
         from xarray.coding.times import decode_cf_datetime, encode_cf_datetime
 
-        units, calendar = old.encoding.get("units"), old.encoding.get("calendar")
+        # a stored datetime variable carries its units
+        units = cast(str, old.encoding.get("units"))
+        calendar = old.encoding.get("calendar")
         numbers = np.asarray(encode_cf_datetime(var.values, units, calendar, dtype)[0])
         back = decode_cf_datetime(numbers, units, calendar)
         if not np.array_equal(np.asarray(back, dtype=var.dtype), var.values):
@@ -160,7 +165,7 @@ def _stage(path: Path, staging: Path, new: xr.Dataset, old_raw: xr.Dataset) -> d
     import zarr
 
     group = _store_arrays(path)
-    plan = {"arrays": {}, "root": None}
+    plan: dict[str, Any] = {"arrays": {}, "root": None}
     n_new = new.sizes["time"]
     for name, array in group.items():
         dims = list(array.metadata.dimension_names or ())
@@ -191,7 +196,8 @@ def _stage(path: Path, staging: Path, new: xr.Dataset, old_raw: xr.Dataset) -> d
                        for i in range(len(dims)))
         lazy = da.asarray(values).rechunk(
             {i: (array.chunks[i] if i != axis else -1) for i in range(len(dims))})
-        da.store(lazy, target, regions=region, lock=False)
+        # dask's annotation of targets leaves out zarr arrays, which it writes to
+        da.store(lazy, target, regions=region, lock=False)  # type: ignore[arg-type]
         plan["arrays"][name] = document
         _fault_point("append:staged-one")
     root = json.loads((path / "zarr.json").read_text())

@@ -141,7 +141,7 @@ def _sample(variable: xr.DataArray) -> np.ndarray:
     return np.concatenate([np.asarray(w) for w in windows], axis=0)
 
 
-def _days(stack: xr.Dataset, index: Sequence[int]) -> list[str]:
+def _days(stack: xr.Dataset, index: Sequence[int] | np.ndarray) -> list[str]:
     time = stack["time"].values
     return [str(np.datetime64(time[i], "D")) if time.dtype.kind == "M" else f"epoch {time[i]}"
             for i in index]
@@ -226,8 +226,8 @@ def _drop(stack: xr.Dataset, bad: dict[int, str], source: str) -> xr.Dataset:
             f"{len(keep)} of {stack.sizes['time']} (bad: {_days(stack, sorted(bad))})")
     out = stack.isel(time=keep)
     out.attrs = dict(stack.attrs)  # never write into attrs shared with the parent
-    if GEOMETRY_ATTR in stack.attrs:
-        geometry = StackGeometry.from_attrs(stack.attrs)
+    geometry = StackGeometry.from_attrs(stack.attrs)
+    if geometry is not None:
         out.attrs[GEOMETRY_ATTR] = geometry.select_epochs(keep).to_json()
     logger.warning("%s: dropped %d of %d epochs with unusable amplitude: %s", source, len(bad),
                    stack.sizes["time"], "; ".join(f"{d}: expected {bad[k]}" for d, k in

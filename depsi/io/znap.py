@@ -66,9 +66,9 @@ ORBIT_INTERVAL_SECONDS = 1
 TIE_POINT_SUBSAMPLING = 16
 #: Bytes of the stack held in memory at once while writing (one band of lines, all epochs).
 WRITE_BUDGET_BYTES = 256 * 2**20
-_ARRAY = {"dtype": ">f4", "compressors": None, "filters": None, "fill_value": 0.0,
+_ARRAY: dict[str, Any] = {"dtype": ">f4", "compressors": None, "filters": None, "fill_value": 0.0,
           "chunk_key_encoding": {"name": "v2", "separator": "."}}
-_GEOCODING = {"TiePointGeoCoding": {
+_GEOCODING: dict[str, Any] = {"TiePointGeoCoding": {
     "___persistence_id___": "TiePointGC:1",
     "Coordinate_Reference_System": {"Horizontal_CS": {
         "HORIZONTAL_CS_TYPE": "GEOGRAPHIC",
@@ -103,7 +103,8 @@ def _snap_utc(moment: Any) -> list[int]:
     >>> _snap_utc(np.datetime64("2023-03-31T05:50:35.812250"))
     [8490, 21035, 812250]
     """
-    ns = int((np.datetime64(moment, "ns") - SNAP_EPOCH) / np.timedelta64(1, "ns"))
+    # numpy's stubs type datetime64 - datetime64 as datetime.timedelta, not timedelta64
+    ns = int((np.datetime64(moment, "ns") - SNAP_EPOCH) / np.timedelta64(1, "ns"))  # type: ignore[operator]
     micro = (ns + 500) // 1000
     days, rest = divmod(micro, 86_400_000_000)
     seconds, micro = divmod(rest, 1_000_000)
@@ -162,7 +163,8 @@ def _orbit_samples(orbit: Orbit) -> tuple[list[np.datetime64], np.ndarray, np.nd
         (first - SNAP_EPOCH) / np.timedelta64(1, "us"))) * 1000, "ns")
     start_s = orbit.seconds(start)
     count = int(np.floor((orbit.time[-1] - start_s) / ORBIT_INTERVAL_SECONDS + 1e-9)) + 1
-    moments = [start + np.timedelta64(k * ORBIT_INTERVAL_SECONDS, "s") for k in range(count)]
+    moments: list[np.datetime64] = [start + np.timedelta64(k * ORBIT_INTERVAL_SECONDS, "s")
+                                    for k in range(count)]
     position, velocity, _ = orbit.state(np.array([orbit.seconds(m) for m in moments]))
     return moments, position, velocity
 
@@ -366,8 +368,9 @@ def write_znap(
     rg_nodes, rg_offset, rg_step = _tie_points(shape[1])
     lat, lon = radar_to_geo(geometry, origin[0] + az_nodes[:, None],
                             origin[1] + rg_nodes[None, :])
-    tie_attrs = {"subsampling_y": az_step, "subsampling_x": rg_step, "units": "degree",
-                 "offset_x": rg_offset, "offset_y": az_offset, "znap_format": ZNAP_FORMAT}
+    tie_attrs: dict[str, Any] = {"subsampling_y": az_step, "subsampling_x": rg_step,
+                                 "units": "degree", "offset_x": rg_offset,
+                                 "offset_y": az_offset, "znap_format": ZNAP_FORMAT}
     rows = _rows_per_block(shape, len(time))
     chunks = (max(rows, 1), max(shape[1], 1))
 
@@ -408,10 +411,10 @@ def write_znap(
             window = slice(start, min(start + rows, shape[0]))
             if isinstance(complex_data, da.Array):
                 block, factors = da.compute(complex_data[window],
-                                            h2ph_data[window] if has_h2ph else None)
+                                            h2ph_data[window] if h2ph_data is not None else None)
             else:
                 block = complex_data[window]
-                factors = np.asarray(h2ph_data[window]) if has_h2ph else None
+                factors = np.asarray(h2ph_data[window]) if h2ph_data is not None else None
             block = np.asarray(block).astype(np.complex64, copy=False)
             for k, written in enumerate(arrays):
                 written[names[k]["i"]][window] = np.ascontiguousarray(block[:, :, k].real)

@@ -10,6 +10,9 @@ python -m pip install --quiet --disable-pip-version-check -e ".[test,docs]"
 
 python -m ruff check depsi tests benchmarks scripts
 
+# the type checker over the package (mypy, configured in pyproject.toml: pydantic plugin)
+python -m mypy depsi
+
 # A one-node SLURM cluster for tests/test_slurm.py. Where it cannot start (not root, no apt-get)
 # those tests skip and print why; a SLURM that was already running is left running.
 slurm_state="${DEPSI_SLURM_DIR:-/tmp/depsi-slurm}"

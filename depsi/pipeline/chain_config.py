@@ -4,6 +4,7 @@ deprecated flat keywords of :func:`~depsi.pipeline.chain.run_ps_chain`."""
 from __future__ import annotations
 
 import warnings
+from types import FrameType
 from typing import Any
 
 from pydantic import Field, ValidationError
@@ -69,7 +70,8 @@ def _callers_level() -> int:
     from pathlib import Path
 
     package = str(Path(__file__).resolve().parents[1])
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and (frame.f_code.co_filename.startswith(package)
                                  or frame.f_code.co_filename.endswith("contextlib.py")):
         frame, level = frame.f_back, level + 1

@@ -28,6 +28,7 @@ import re
 import textwrap
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -302,12 +303,14 @@ class PipelineConfig(_Section):
     input: InputConfig = Field(default_factory=InputConfig, description="The SLC stack.")
     selection: SelectionConfig = Field(
         default_factory=SelectionConfig, description="PS candidate selection.")
-    network: NetworkConfig = ChainConfig.model_fields["network"]
-    arcs: ArcsConfig = ChainConfig.model_fields["arcs"]
-    integration: IntegrationConfig = ChainConfig.model_fields["integration"]
-    atmosphere: AtmosphereConfig = ChainConfig.model_fields["atmosphere"]
-    densification: DensificationConfig = ChainConfig.model_fields["densification"]
-    model: ModelConfig = ChainConfig.model_fields["model"]
+    # the chain's sections as ChainConfig declares them (default factory, description): a
+    # FieldInfo as the default is pydantic's way, which the type stubs do not model
+    network: NetworkConfig = ChainConfig.model_fields["network"]  # type: ignore[assignment]
+    arcs: ArcsConfig = ChainConfig.model_fields["arcs"]  # type: ignore[assignment]
+    integration: IntegrationConfig = ChainConfig.model_fields["integration"]  # type: ignore[assignment]
+    atmosphere: AtmosphereConfig = ChainConfig.model_fields["atmosphere"]  # type: ignore[assignment]
+    densification: DensificationConfig = ChainConfig.model_fields["densification"]  # type: ignore[assignment]
+    model: ModelConfig = ChainConfig.model_fields["model"]  # type: ignore[assignment]
     output: OutputConfig = Field(default_factory=OutputConfig, description="Outputs.")
     compute: ComputeConfig = Field(
         default_factory=ComputeConfig, description="Scheduler, workers and devices.")
@@ -331,7 +334,7 @@ _BOUND_WORDS = {"greater_than": ("gt", "greater than"), "greater_than_equal": ("
                 "multiple_of": ("multiple_of", "a multiple of")}
 
 
-def _problems(errors: list[dict[str, Any]], data: dict[str, Any],
+def _problems(errors: Sequence[Any], data: dict[str, Any],
               model: type[BaseModel]) -> list[str]:
     """One line per problem, sorted by key path; union members failing at one key are one line."""
     lines: dict[str, tuple[Any, ...]] = {}
@@ -393,8 +396,8 @@ def _expected_bounded(kind: str, ctx: dict[str, Any], annotation: Any,
         return f"{base} " + " and ".join(f"{words[name]} {_shown(limit)}"
                                          for name, limit in bounds)
     if kind == "finite_number":
-        words = _expected(annotation) or "a number"
-        return re.sub(r"\b(whole )?number", r"finite \g<0>", words)
+        phrase = _expected(annotation) or "a number"
+        return re.sub(r"\b(whole )?number", r"finite \g<0>", phrase)
     if kind in ("string_too_short", "too_short") and "min_length" in ctx:
         unit = "characters" if kind.startswith("string") else "items"
         return f"{base if kind.startswith('string') else 'a list'} of at least " \
@@ -475,7 +478,8 @@ def _expected(annotation: Any) -> str | None:
         return f"{phrase} or null" if phrase else None
     if _is_union(inner):
         phrases = [_expected(arg) for arg in typing.get_args(inner)]
-        return None if None in phrases else " or ".join(phrases)
+        known = [phrase for phrase in phrases if phrase is not None]
+        return None if len(known) < len(phrases) else " or ".join(known)
     if typing.get_origin(inner) is Literal:
         values = [_shown(value) for value in typing.get_args(inner)]
         return values[0] if len(values) == 1 else "one of " + ", ".join(values)
@@ -494,10 +498,12 @@ def _expected(annotation: Any) -> str | None:
         return f"a list of {_COUNT_WORDS.get(len(args), len(args))} {items}" if items else None
     if origin is tuple and args:
         parts = [_expected(arg) for arg in args]
-        return None if None in parts else f"a list of {len(args)} items: {', '.join(parts)}"
+        named = [part for part in parts if part is not None]
+        return None if len(named) < len(parts) else \
+            f"a list of {len(args)} items: {', '.join(named)}"
     if origin is dict and len(args) == 2:
-        values = _plural(args[1])
-        return f"a mapping of keys to {values}" if values else None
+        plural = _plural(args[1])
+        return f"a mapping of keys to {plural}" if plural else None
     return None
 
 
@@ -509,7 +515,8 @@ def _plural(annotation: Any) -> str | None:
         return " or ".join([", ".join(values[:-1]), values[-1]] if len(values) > 1 else values)
     if _is_union(inner):
         words = [_plural(arg) for arg in typing.get_args(inner) if arg is not type(None)]
-        return None if None in words else " or ".join(words)
+        known = [word for word in words if word is not None]
+        return None if len(known) < len(words) else " or ".join(known)
     if inner in _KIND_WORDS:
         return _KIND_WORDS[inner][1]
     if isinstance(inner, type) and issubclass(inner, BaseModel):
@@ -739,6 +746,7 @@ def parse_config(data: dict[str, Any] | str | None, *,
     if problems:
         raise ConfigError(f"{source}: {len(problems)} problems in the configuration:\n  "
                           + "\n  ".join(problems))
+    assert config is not None  # validation failed only with problems, each raised above
     return config
 
 

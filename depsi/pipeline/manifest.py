@@ -82,9 +82,10 @@ def read_failure(workspace: str | os.PathLike) -> dict[str, Any] | None:
 
 #: Keys every manifest has, with their types; the stack step's also has ``input_fingerprint``
 #: (:func:`~depsi.pipeline.fingerprint.input_fingerprint`). One without them is damaged.
-MANIFEST_KEYS = {"version": int, "step": str, "run_id": str, "config_hash": str,
-                 "inputs": dict, "product": str, "fingerprint": str, "counts": dict,
-                 "seconds": (int, float), "finished": (int, float)}
+MANIFEST_KEYS: dict[str, type | tuple[type, ...]] = {
+    "version": int, "step": str, "run_id": str, "config_hash": str, "inputs": dict,
+    "product": str, "fingerprint": str, "counts": dict, "seconds": (int, float),
+    "finished": (int, float)}
 
 
 def load_manifest(workspace: str | os.PathLike,
@@ -108,7 +109,8 @@ def load_manifest(workspace: str | os.PathLike,
     if manifest.get("version") != MANIFEST_VERSION:
         return None, (f"manifest {path.name} is damaged (expected version {MANIFEST_VERSION}, "
                       f"found {manifest.get('version')!r})")
-    expected = dict(MANIFEST_KEYS) | ({"input_fingerprint": dict} if step == "stack" else {})
+    expected: dict[str, type | tuple[type, ...]] = dict(MANIFEST_KEYS) | (
+        {"input_fingerprint": dict} if step == "stack" else {})
     missing = [key for key in expected if key not in manifest]
     wrong = [key for key, kind in expected.items()
              if key in manifest and not isinstance(manifest[key], kind)]

@@ -137,8 +137,9 @@ def arcs_grid(arcs: Any) -> dict[str, int]:
     height_step = arcs.height_step or default_step(ASSUMED_H2PH_SPAN, ASSUMED_WAVELENGTH)
     velocity_step = arcs.velocity_step or default_step(ASSUMED_TIME_SPAN_YEARS,
                                                        ASSUMED_WAVELENGTH)
-    return {"heights": _axis_nodes(*arcs.height_range, height_step),
-            "velocities": _axis_nodes(*arcs.velocity_range, velocity_step)}
+    (h_low, h_high), (v_low, v_high) = arcs.height_range, arcs.velocity_range
+    return {"heights": _axis_nodes(h_low, h_high, height_step),
+            "velocities": _axis_nodes(v_low, v_high, velocity_step)}
 
 
 def periodogram_task_bytes(n_heights: int, n_velocities: int, n_epochs: int) -> int:
@@ -492,7 +493,8 @@ def predicted_precision(years: np.ndarray, h2ph: np.ndarray | None, wavelength: 
     if h2ph is not None and np.ptp(h2ph) > 0:
         height_norm = float(np.linalg.norm(_regressor_residual(h2ph, [ones, t])))
     resolvable = height_norm > 0
-    time_residual = _regressor_residual(t, [ones, h2ph] if resolvable else [ones])
+    time_residual = _regressor_residual(
+        t, [ones, h2ph] if resolvable and h2ph is not None else [ones])
     return {"velocity_std": scale / float(np.linalg.norm(time_residual)),
             "height_std": scale / height_norm if resolvable else math.inf}
 
@@ -598,7 +600,7 @@ def _warn_precision(report: dict[str, Any], precision: dict[str, float], n_epoch
     report["drop_height"] = True
     if no_baselines:  # the stack step has said so, and every step leaves the height out
         return
-    if math.isfinite(height_std):
+    if math.isfinite(height_std) and h2ph is not None:
         report["height_std"] = height_std
         spread = f"an h2ph spread of {np.ptp(h2ph):.2e} m/m at the scene centre ({where})"
         found = f"gives a predicted height-error std of {height_std:.1f} m (expected at most " \

@@ -254,6 +254,7 @@ def _product_path(ctx: _Context, step: str) -> Path:
     """Where the product of ``step`` is: in the workspace, or the input read in place (its
     fingerprint is recorded all the same)."""
     if _reads_input_in_place(ctx.config, step):
+        assert ctx.config.input.path is not None  # the configuration requires it for input
         return Path(ctx.config.input.path)
     return ctx.workspace / PRODUCTS[step]
 
@@ -284,6 +285,7 @@ def valid_manifest(ctx: _Context, step: str, *,
 
     manifest, reason = load_manifest(ctx.workspace, step)
     if manifest is None:
+        assert reason is not None  # load_manifest says why when it gives no manifest
         if not reason.startswith("no manifest"):
             logger.warning("%s: step %s will be redone", reason, step)
         return None, reason
@@ -387,6 +389,7 @@ def verify_workspace(workspace: str | os.PathLike) -> list[StepCheck]:
     for step in STEP_NAMES:
         manifest, reason = load_manifest(workspace, step)
         if manifest is None:
+            assert reason is not None  # load_manifest says why when it gives no manifest
             damaged = not reason.startswith("no manifest")
             checks.append(StepCheck(step, "damaged" if damaged else "not run",
                                     reason if damaged else ""))

@@ -78,6 +78,8 @@ def _open_stack_unchecked(config: Any, *,
     section = config.input
     fmt = section.format
     if fmt == "simulated":
+        if path is None:
+            raise ValueError("input.format 'simulated': expected the simulated stack's store")
         return open_slc_zarr(path)
     source = Path(section.path)
     if not source.exists():
@@ -241,6 +243,8 @@ def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
     from depsi.io.geometry import StackGeometry, check_scene_geometry
 
     geometry = StackGeometry.from_attrs(stack.attrs)
+    if geometry is None:  # the caller checked that the stack has its geometry
+        return
     last_az, last_rg = int(stack.sizes["azimuth"]) - 1, int(stack.sizes["range"]) - 1
     at = {"azimuth": [0, 0, last_az, last_az], "range": [0, last_rg, 0, last_rg]}
     # the pixels' coordinates on the radar grid (a crop's start where it was cut)
@@ -260,6 +264,9 @@ def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
     from depsi.io.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
 
     geometry = StackGeometry.from_attrs(stack.attrs)
+    if geometry is None:
+        raise ValueError(f"input.dem {str(dem)!r}: needs the stack's orbits to geocode on it, "
+                         "found no orbits in this stack")
     azimuth = np.asarray(stack["azimuth"].values, np.float64)
     range_ = np.asarray(stack["range"].values, np.float64)
     corners_az = np.array([azimuth[0], azimuth[0], azimuth[-1], azimuth[-1],

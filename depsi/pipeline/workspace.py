@@ -86,9 +86,9 @@ def remove_stale_temporaries(workspace: Path, products: list[str],
                 shutil.rmtree(stale_path, ignore_errors=True)
             else:
                 stale_path.unlink(missing_ok=True)
-    for stale in workspace.glob(".*.tmp-*"):  # write_stack_zarr's temporary stores
-        logger.warning("removing %s, left by an interrupted run", stale)
-        shutil.rmtree(stale, ignore_errors=True)
+    for temporary in workspace.glob(".*.tmp-*"):  # write_stack_zarr's temporary stores
+        logger.warning("removing %s, left by an interrupted run", temporary)
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import NamedTuple, cast
+from typing import Literal, NamedTuple, cast, overload
 
 import numpy as np
 import xarray as xr
@@ -512,6 +512,33 @@ def _read_batches(chunks, n: int) -> list[tuple[int, int]]:
         stop += size
     batches.append((start, stop))
     return batches
+
+
+@overload
+def integrate_network(
+    points: xr.Dataset, arcs: xr.Dataset | ArcObservations, *, reference: int | None = ...,
+    min_coherence: float = ..., alpha: float = ..., max_iterations: int = ...,
+    reference_radius: float | None = ..., return_arcs: Literal[False] = ...,
+    regressors: Mapping[str, np.ndarray] | None = ...,
+) -> xr.Dataset: ...
+
+
+@overload
+def integrate_network(
+    points: xr.Dataset, arcs: xr.Dataset | ArcObservations, *, reference: int | None = ...,
+    min_coherence: float = ..., alpha: float = ..., max_iterations: int = ...,
+    reference_radius: float | None = ..., return_arcs: Literal[True],
+    regressors: Mapping[str, np.ndarray] | None = ...,
+) -> tuple[xr.Dataset, xr.Dataset]: ...
+
+
+@overload
+def integrate_network(
+    points: xr.Dataset, arcs: xr.Dataset | ArcObservations, *, reference: int | None = ...,
+    min_coherence: float = ..., alpha: float = ..., max_iterations: int = ...,
+    reference_radius: float | None = ..., return_arcs: bool = ...,
+    regressors: Mapping[str, np.ndarray] | None = ...,
+) -> xr.Dataset | tuple[xr.Dataset, xr.Dataset]: ...
 
 
 def integrate_network(

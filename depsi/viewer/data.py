@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -285,7 +286,7 @@ class ViewData:
                              *self.regressors) if n in row.variables]
         row = row[names].compute()
         displacement = np.asarray(row["displacement"].values, dtype=np.float32)
-        values = {}
+        values: dict[str, Any] = {}
         for name in POINT_QUANTITIES:
             if name in self.columns:
                 values[name] = _json_float(self.columns[name][index])
@@ -369,8 +370,11 @@ class ViewData:
             lat = np.asarray(self.result["lat"].values)
             keep &= (lon >= west) & (lon <= east) & (lat >= south) & (lat <= north)
         index = np.flatnonzero(keep)
+        if index.size == 0 and bbox is None:
+            raise ViewInputError("view: no point of the result has a position (lat/lon)")
         if index.size == 0:
-            raise ViewInputError(f"view: no points in the bbox {list(bbox)}; the result spans "
+            raise ViewInputError(f"view: no points in the bbox {list(bbox or ())}; the result "
+                                 "spans "
                                  f"lon {np.nanmin(self.result['lon'].values):.5f}.."
                                  f"{np.nanmax(self.result['lon'].values):.5f}, lat "
                                  f"{np.nanmin(self.result['lat'].values):.5f}.."

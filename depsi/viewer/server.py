@@ -98,8 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/api/point":
                 self._json({"point": self.data.point(int(query["index"][0]))})
             elif url.path == "/api/box":
-                corners = [float(query[k][0]) for k in ("x0", "y0", "x1", "y1")]
-                self._json(self.data.box(*corners, Filters.from_query(query)))
+                x0, y0, x1, y1 = (float(query[k][0]) for k in ("x0", "y0", "x1", "y1"))
+                self._json(self.data.box(x0, y0, x1, y1, Filters.from_query(query)))
             else:
                 self._json({"error": f"no such page {url.path!r}"}, HTTPStatus.NOT_FOUND)
         except (KeyError, ValueError) as err:

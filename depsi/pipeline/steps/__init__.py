@@ -281,8 +281,10 @@ class ConfigView:
             top, _, field = dotted.partition(".")
             if not field:
                 self._allowed[top] = None  # the whole section
-            elif self._allowed.get(top, set()) is not None:
-                self._allowed.setdefault(top, set()).add(field)
+            else:
+                allowed = self._allowed.setdefault(top, set())
+                if allowed is not None:  # None: the whole section is allowed already
+                    allowed.add(field)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

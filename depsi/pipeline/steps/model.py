@@ -44,6 +44,9 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
         page_out()  # (the first pass's pageable series: read back as the merge needs them)
         first_kept = kept_points(first, RESULT_VARIABLES + ("in_reference_area",))
         record = ChainRecord.of(first, "model")
+        if record.reference_radius is None or record.n_reference_area is None:
+            raise ValueError("model: expected the atmosphere step's product with its reference "
+                             f"area in its record, found {record}")
         reference_global = int(first["point_index"].values[record.reference])
         # run_ps_chain passes the only references to the first pass and the densified points:
         # the first pass goes once its kept points' results are copied, and the merge lets the
@@ -126,7 +129,8 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
         # positions moved by the estimated height errors (where the orbits are known)
         out = correct_positions(out)
         if not heights:
-            dropped = [name for name in out.data_vars if name.startswith("height_error")]
+            dropped = [str(name) for name in out.data_vars
+                       if str(name).startswith("height_error")]
             out = out.drop_vars(dropped)
             out.attrs["height_term"] = "none: the stack has no baselines (h2ph)"
             logger.warning("model: no baselines in the stack: velocity and displacement only; "

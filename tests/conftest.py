@@ -5,8 +5,10 @@ Shared scenes (simulated stacks and point STMs) are functions in tests/scenes.py
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +96,25 @@ def slurm_env() -> Iterator[dict[str, str]]:
     if started_here:
         subprocess.run(["bash", str(REPO / "scripts" / "slurm-down.sh")],
                        capture_output=True, timeout=120, check=False)
+
+
+class TerminalHandler(logging.StreamHandler):
+    """Writes to the ``sys.stderr`` of the moment (pytest swaps it between a test's phases)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+@pytest.fixture
+def console(capsys):
+    """The log lines as a user's terminal shows them (``depsi``'s own handler is pytest's)."""
+    from depsi.cli import LOG_FORMAT
+
+    handler = TerminalHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield lambda: capsys.readouterr().err
+    finally:
+        logging.getLogger().removeHandler(handler)

@@ -12,7 +12,6 @@ simulated by raising the operating system's error inside the store writer.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import shutil
 import signal
@@ -26,7 +25,7 @@ import yaml
 
 import depsi.io.store as store
 import depsi.pipeline.steps.network as network
-from depsi.cli import LOG_FORMAT, main
+from depsi.cli import main
 from depsi.errors import EXIT_CODE_MEANINGS, ExitCode, classify
 from depsi.pipeline.runner import manifest_path
 
@@ -64,26 +63,6 @@ def run(tmp_path, selected):
 
     depsi_run.workspace, depsi_run.config = workspace, config
     return depsi_run
-
-
-class TerminalHandler(logging.StreamHandler):
-    """Writes to the ``sys.stderr`` of the moment (pytest swaps it between a test's phases)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-@pytest.fixture
-def console(capsys):
-    """The log lines as a user's terminal shows them (``depsi``'s own handler is pytest's)."""
-    handler = TerminalHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logging.getLogger().addHandler(handler)
-    try:
-        yield lambda: capsys.readouterr().err
-    finally:
-        logging.getLogger().removeHandler(handler)
 
 
 def the_error_line(text: str, *expected: str, traceback: bool = False) -> str:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import yaml
 
 import depsi.io.export as export
 import depsi.pipeline.preflight as preflight
-from depsi.cli import LOG_FORMAT, main
+from depsi.cli import main
 from depsi.errors import ExitCode, classify
 from depsi.pipeline.config import parse_config
 from depsi.pipeline.preflight import ResourceLimitError, check_disk, check_feasible
@@ -48,25 +46,6 @@ def modelled(tmp_path_factory) -> Path:
     assert main(["run", str(write_config(folder, workspace, [])), "--to", "model",
                  "--no-progress"]) == 0
     return workspace
-
-
-class TerminalHandler(logging.StreamHandler):
-    """Writes to the ``sys.stderr`` of the moment (pytest swaps it between a test's phases)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-@pytest.fixture
-def console(capsys):
-    handler = TerminalHandler()
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logging.getLogger().addHandler(handler)
-    try:
-        yield lambda: capsys.readouterr().err
-    finally:
-        logging.getLogger().removeHandler(handler)
 
 
 def error_lines(text: str) -> list[str]:

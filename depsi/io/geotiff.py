@@ -88,11 +88,13 @@ def _require_rasterio() -> Any:
 
 
 @contextmanager
-def _open(path: str | os.PathLike) -> Iterator[Any]:
-    """A raster opened by rasterio, any GDAL error re-raised naming the file."""
+def open_radar_raster(path: str | os.PathLike) -> Iterator[Any]:
+    """A raster opened by rasterio, any GDAL error re-raised naming the file.
+
+    Rasters in radar geometry (SLCs, interferograms, their lat/lon and h2ph) have no
+    geotransform by nature, so rasterio's warning that says so is not passed on."""
     rasterio = _require_rasterio()
     with warnings.catch_warnings():
-        # an SLC in radar geometry has no geotransform by nature
         warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
         try:
             with rasterio.open(path) as src:
@@ -100,6 +102,20 @@ def _open(path: str | os.PathLike) -> Iterator[Any]:
         except rasterio.errors.RasterioError as err:
             raise OSError(f"raster '{path}': expected a file GDAL can read, found an error: "
                           f"{err}") from err
+
+
+def _write_band(path: str | os.PathLike, values: np.ndarray,
+                acquisition: dict[str, str] | None = None) -> None:
+    """One band in radar geometry (no geotransform) as a GeoTIFF, its acquisition tags in
+    ACQUISITION_DOMAIN."""
+    rasterio = _require_rasterio()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
+        with rasterio.open(path, "w", driver="GTiff", width=values.shape[1],
+                           height=values.shape[0], count=1, dtype=values.dtype.name) as tif:
+            tif.write(values[None])
+            if acquisition:
+                tif.update_tags(ns=ACQUISITION_DOMAIN, **acquisition)
 
 
 @dataclass(frozen=True)
@@ -157,7 +173,7 @@ def raster_info(path: str | os.PathLike) -> RasterInfo:
     ValueError
         A GeoTIFF shorter than its header says, or an unreadable acquisition time (named).
     """
-    with _open(path) as src:
+    with open_radar_raster(path) as src:
         _check_blocks_in_file(src, str(path))
         return RasterInfo(str(path), (src.height, src.width), src.count, tuple(src.dtypes),
                           src.crs, src.transform, _acquired(src, str(path)))
@@ -196,7 +212,7 @@ class _RasterBand:
 
         rows, cols = (range(n)[k] for n, k in zip(self.shape, key))
         window = Window(cols.start, rows.start, len(cols), len(rows))
-        with _open(self.path) as src:
+        with open_radar_raster(self.path) as src:
             try:
                 return src.read(self.band, window=window)
             except Exception as err:  # noqa: BLE001 -- any failed read, named
@@ -342,7 +358,6 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
     epoch (``h2ph_YYYYMMDD.tif``), each recording its epoch's time as GDAL's
     ``IMAGERY/ACQUISITIONDATETIME``, and float64 ``lat.tif``/``lon.tif`` (geocoded from the
     geometry), as an SLC stack exported by GDAL-based tools."""
-    import rasterio
 
     from depsi.io.geometry import radar_to_geo
 
@@ -357,22 +372,14 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
         for kind, data, dtype in (("slc", values[0], "complex64"), ("h2ph", values[1], "float32")):
             path = folder / f"{kind}_{day.replace('-', '')}.tif"
             part = path.with_name(path.name + ".part")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-                with rasterio.open(part, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
-                                   dtype=dtype) as tif:
-                    tif.write(np.ascontiguousarray(data[:, :, t], dtype=dtype)[None])
-                    tif.update_tags(ns=ACQUISITION_DOMAIN, **{ACQUISITION_ITEM: acquired[t]})
+            _write_band(part, np.ascontiguousarray(data[:, :, t], dtype=dtype),
+                        {ACQUISITION_ITEM: acquired[t]})
             os.replace(part, path)
             files[f"{kind}_files"].append(path)
     azimuth, range_ = np.meshgrid(np.arange(n_az), np.arange(n_rg), indexing="ij")
     for name, values in zip(("lat", "lon"), radar_to_geo(geometry, azimuth, range_)):
         path = folder / f"{name}.tif"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-            with rasterio.open(path, "w", driver="GTiff", width=n_rg, height=n_az, count=1,
-                               dtype="float64") as tif:
-                tif.write(values[None])
+        _write_band(path, np.asarray(values, np.float64))
         files[f"{name}_file"] = path
     return files | {"dates": dates}
 

@@ -39,8 +39,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.errors import BadInputError
+from depsi.io.geotiff import open_radar_raster
 from depsi.io.raster import RASTER_DIMS, _check_wavelength, _chunks, _finish
 
 logger = logging.getLogger(__name__)
@@ -205,18 +204,6 @@ class _PseudoSlcs:
         return out
 
 
-@contextmanager
-def _radar_raster(path: Path):
-    """A GeoTIFF opened with rasterio; interferograms in radar geometry have no geotransform
-    by nature, so rasterio's warning that says so is not passed on."""
-    import rasterio
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-        with rasterio.open(path) as source:
-            yield source
-
-
 def _read_window(path: Path, shape: tuple[int, int], dtype: str, azimuth: slice,
                  range_: slice) -> np.ndarray:
     if path.suffix.lower() in (".tif", ".tiff"):
@@ -224,7 +211,7 @@ def _read_window(path: Path, shape: tuple[int, int], dtype: str, azimuth: slice,
 
         rows = range(shape[0])[azimuth]
         cols = range(shape[1])[range_]
-        with _radar_raster(path) as source:
+        with open_radar_raster(path) as source:
             window = Window(cols.start, rows.start, len(cols), len(rows))
             return source.read(1, window=window).astype(np.dtype(dtype).newbyteorder("="))
     mapped = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=shape)
@@ -235,7 +222,7 @@ def _read_window(path: Path, shape: tuple[int, int], dtype: str, azimuth: slice,
 
 
 def _raster_shape(path: Path) -> tuple[int, int]:
-    with _radar_raster(path) as source:
+    with open_radar_raster(path) as source:
         if source.count != 1:
             raise InterferogramStackError(f"{path}: expected one band, found {source.count}")
         return source.height, source.width

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +123,11 @@ POSITION_SAMPLE = 512
 
 def _check_position_raster(path: Path, name: str) -> None:
     """Refuse a lat/lon raster whose values (on a decimated sample) are not WGS84 degrees."""
-    import rasterio
+    from depsi.io.geotiff import open_radar_raster
 
-    with warnings.catch_warnings():
-        # a lat/lon raster in radar geometry has no geotransform by nature
-        warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
-        with rasterio.open(path) as src:
-            sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),
-                                            min(src.width, POSITION_SAMPLE)))
+    with open_radar_raster(path) as src:
+        sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),
+                                        min(src.width, POSITION_SAMPLE)))
     sample = sample[np.isfinite(sample)]
     limit = POSITION_LIMITS[name]
     if sample.size and np.abs(sample).max() > limit:

@@ -42,6 +42,7 @@ import os
 import resource
 import tempfile
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -182,21 +183,48 @@ def case_default(path: str) -> dict:
             "points": ps.sizes["space"], "engine": ps.attrs["selection_engine"]}
 
 
-def case_pipeline(path: str) -> dict:
-    """What ``depsi run`` does up to the points: the stack step (open the store, check its
-    values on a sample, its geometry and epochs) and the selection step, as in a run."""
+def _corner_store(path: str) -> str:
+    """A copy of the store's first block (its first stored chunk of every variable, same
+    attributes), written once beside it: the pipeline case's warm-up input."""
+    import xarray as xr
+
+    corner = Path(path).with_name(Path(path).stem + "_corner.zarr")
+    if not corner.exists():
+        with warnings.catch_warnings():  # a foreign store has no consolidated metadata
+            warnings.simplefilter("ignore", RuntimeWarning)
+            stack = xr.open_zarr(path)
+        az, rg = stack["complex"].data.chunksize[:2]
+        block = stack.isel(azimuth=slice(0, az), range=slice(0, rg))
+        for variable in block.variables.values():
+            variable.encoding = {}
+        tmp = corner.with_name(corner.name + ".tmp")
+        block.to_zarr(tmp, mode="w", zarr_format=3, consolidated=True)
+        tmp.rename(corner)
+    return str(corner)
+
+
+def _pipeline(path: str) -> tuple:
+    """The stack and selection steps of ``depsi run`` on the store at ``path``."""
     from depsi.pipeline.config import parse_config
     from depsi.pipeline.steps import StepContext, run_step
 
     config = parse_config({"input": {"format": "zarr", "path": path},
                            "selection": {"method": "nad", "threshold": THRESHOLD,
                                          "ds": {"enabled": False}}})
-    _warm_up(_open(path))
-    base, cpu = _rss_mb(), _cpu_seconds()
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
         stack = run_step("stack", config, context=StepContext(target=Path(work) / "stack.zarr"))
-        ps = run_step("selection", config, stack=stack).compute()
+        return stack, run_step("selection", config, stack=stack).compute()
+
+
+def case_pipeline(path: str) -> dict:
+    """What ``depsi run`` does up to the points: the stack step (open the store, check its
+    values on a sample, its geometry and epochs) and the selection step, as in a run. Its
+    warm-up is the same two steps on a one-block copy of the store (the steps' own imports
+    and first calls, one-time costs of a process as the other cases' warm-ups are)."""
+    _pipeline(_corner_store(path))
+    base, cpu = _rss_mb(), _cpu_seconds()
+    start = time.perf_counter()
+    _, ps = _pipeline(path)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "peak_mb": _peak_mb() - base, "cpu": _cpu_seconds() - cpu,
             "points": ps.sizes["space"]}
@@ -313,6 +341,7 @@ def main() -> None:
         path = str(_in_child(ensure_stack, args.cache, tuple(args.shape), args.epochs,
                              args.chunk))
     _in_child(case_read, path, 1)  # warm the page cache
+    _in_child(_corner_store, path)  # the pipeline case's warm-up input, written once
     cores = os.cpu_count() or 1
 
     # rounds of every case in turn, so that each round's cases share the machine's load;
@@ -382,8 +411,9 @@ def report(args, cores: int, rounds: list[dict]) -> None:
           "ratio to that round's read; x CPU: CPU seconds over those of the 1-thread read")
     peer, default = runs.get("peer"), runs["default"]
     if peer is not None:
-        print(f"TU Delft DePSI over the default: {peer['seconds'] / default['seconds']:.1f}x "
-              f"(wall), {peer['cpu'] / default['cpu']:.1f}x (CPU)")
+        for name, own in (("the default", default), ("depsi run", runs["pipeline"])):
+            print(f"TU Delft DePSI over {name}: {peer['seconds'] / own['seconds']:.1f}x "
+                  f"(wall), {peer['cpu'] / own['cpu']:.1f}x (CPU)")
     stream, dask_run = runs["stream"], runs["dask"]
     print(f"peak memory relative to the stack's {gb * 1e3:.0f} MB: stream "
           f"{stream['peak_mb'] / (gb * 1e3):.1%}, dask {dask_run['peak_mb'] / (gb * 1e3):.1%}")

@@ -1,5 +1,6 @@
 """Reading and writing STMs and SLC stacks: Zarr stores, CSV, raw binary, DORIS-5, ISCE2, GAMMA,
-SNAP (znap and BEAM-DIMAP), GeoTIFF, metadata, and the geometry from their orbits."""
+SNAP (znap and BEAM-DIMAP), GeoTIFF, metadata; the geometry from their orbits is
+:mod:`depsi.geometry`."""
 
 from depsi.io.binary import from_binary, open_binary_folder
 from depsi.io.bounded import MetadataError

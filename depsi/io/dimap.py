@@ -50,8 +50,8 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.geometry import GeometryError, LookSide, Orbit, RadarGrid, StackGeometry
 from depsi.io.bounded import MAX_XML_BYTES, MetadataError, parse_xml, read_bounded_text
-from depsi.io.geometry import GeometryError, LookSide, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import WAVELENGTH_RANGE
 from depsi.io.raster import RASTER_DIMS, _chunks, _finish, _iq_to_complex64, _path_list, _raster
 from depsi.io.raster_geometry import attach_geometry
@@ -725,7 +725,7 @@ def from_dimap(
     Examples
     --------
     >>> import tempfile, pathlib
-    >>> from depsi.io.geometry import Orbit, RadarGrid, StackGeometry
+    >>> from depsi.geometry import Orbit, RadarGrid, StackGeometry
     >>> from depsi.io.dimap_writer import write_dimap
     >>> from depsi.simulate import simulate_stack
     >>> stack, _ = simulate_stack(shape=(8, 10), n_epochs=2, seed=0, start="2023-03-19",

@@ -359,7 +359,7 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
     ``IMAGERY/ACQUISITIONDATETIME``, and float64 ``lat.tif``/``lon.tif`` (geocoded from the
     geometry), as an SLC stack exported by GDAL-based tools."""
 
-    from depsi.io.geometry import radar_to_geo
+    from depsi.geometry import radar_to_geo
 
     folder.mkdir(parents=True, exist_ok=True)
     dates = [np.datetime_as_string(t, unit="D") for t in stack["time"].values]

@@ -21,8 +21,8 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.bounded import MetadataError
-from depsi.io.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import WAVELENGTH_RANGE
 from depsi.io.raster import (
     RASTER_DIMS,

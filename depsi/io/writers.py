@@ -8,10 +8,10 @@ from pathlib import Path
 
 import xarray as xr
 
+from depsi.geometry import StackGeometry
 from depsi.io.dimap_writer import write_dimap
 from depsi.io.doris_writer import write_doris_stack
 from depsi.io.gamma_writer import write_gamma
-from depsi.io.geometry import StackGeometry
 from depsi.io.geotiff import write_geotiff_stack
 from depsi.io.isce2_writer import write_isce2
 from depsi.io.znap import write_znap
@@ -32,7 +32,7 @@ def write_slc_stack(folder: str | os.PathLike, stack: xr.Dataset, geometry: Stac
         ``complex`` and ``h2ph`` on ``(azimuth, range, time)`` (GAMMA and ISCE2 stacks carry no
         h2ph: it is left out), with no coordinates beyond ``azimuth``, ``range``, ``time``.
     geometry
-        The stack's :class:`~depsi.io.geometry.StackGeometry` (radar grid, orbits, mother).
+        The stack's :class:`~depsi.geometry.StackGeometry` (radar grid, orbits, mother).
     format
         ``doris`` (DORIS-5 stack folder, doris_stack layout), ``gamma`` (rslc + slc.par),
         ``isce2`` (topsStack merged/ layout), ``dimap`` (SNAP BEAM-DIMAP), ``snap`` (SNAP znap

@@ -14,7 +14,7 @@ The layout is the one of the real SNAP pair in ``tests/data/sarxarray_slc/zarrs`
 - tie-point grids ``latitude``/``longitude`` (``[yt, xt]``, units ``degree``) with ``offset_x``,
   ``offset_y``, ``subsampling_x``, ``subsampling_y`` in SNAP's pixel-centre convention (tie point
   ``k`` at ``offset + k * subsampling``, pixel ``i`` sampled at ``i + 0.5``), geocoded by
-  :func:`~depsi.io.geometry.radar_to_geo` at the geometry's height;
+  :func:`~depsi.geometry.radar_to_geo` at the geometry's height;
 - ``SNAP/product_metadata.json``: a JSON list of metadata elements ``{name, attributes:
   [{name, readOnly, data: {type, elems}}], elements: [...]}``. ``Abstracted_Metadata`` holds
   the mother's timing (``first_line_time`` and the other UTC values as ``[days, seconds,
@@ -45,7 +45,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
-from depsi.io.geometry import (
+from depsi.geometry import (
     Orbit,
     StackGeometry,
     geodetic_to_ecef,

@@ -234,9 +234,9 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
 
 def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
     """The orbits and radar grid image a possible scene, which the product's own lat/lon (where
-    it has them) confirm at the scene's corners (:func:`depsi.io.geometry.check_scene_geometry`:
+    it has them) confirm at the scene's corners (:func:`depsi.geometry.check_scene_geometry`:
     four pixels of each read)."""
-    from depsi.io.geometry import StackGeometry, check_scene_geometry
+    from depsi.geometry import StackGeometry, check_scene_geometry
 
     geometry = StackGeometry.from_attrs(stack.attrs)
     if geometry is None:  # the caller checked that the stack has its geometry
@@ -257,7 +257,7 @@ def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
 def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
     """The DEM georeferenced and over the scene (its corners and centre geocoded on the
     orbits), before any pixel is read."""
-    from depsi.io.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
+    from depsi.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
 
     geometry = StackGeometry.from_attrs(stack.attrs)
     if geometry is None:

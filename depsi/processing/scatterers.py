@@ -21,8 +21,8 @@ import numpy as np
 import xarray as xr
 from pydantic import Field, field_validator
 
+from depsi.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.cf import with_cf_attributes
-from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.kernels.backend import batch_size, single_threaded_blas
 from depsi.kernels.phase_linking import (
     DEFAULT_ALPHA,

@@ -12,8 +12,8 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from depsi.geometry import POINT_GEOMETRY, correct_positions
 from depsi.io.cf import with_cf_attributes
-from depsi.io.geometry import POINT_GEOMETRY, correct_positions
 from depsi.kernels.backend import single_threaded_blas
 from depsi.pipeline.steps import ConfigView, Inputs, StepContext
 from depsi.pipeline.steps.shared import UNSPLIT_CHUNKS, ChainRecord, kept_points, model_terms

@@ -13,10 +13,10 @@ from depsi.io.isce2 import from_isce2
 from depsi.io.metadata import read_metadata, read_metadata_stack
 from depsi.io.prefetch import iter_blocks, iter_processed_blocks, prefetched
 from depsi.io.slc_zarr import open_slc_zarr
-from depsi.io.snap import from_snap
 from depsi.io.stack import from_dataset, multi_look
 from depsi.io.store import DEFAULT_CHUNK_BYTES, open_stm, save_stm
 from depsi.io.store_append import append_epochs
+from depsi.io.znap import from_snap
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

@@ -28,8 +28,8 @@ from depsi.io.interferograms import from_interferograms
 from depsi.io.isce2 import from_isce2
 from depsi.io.isce2_writer import write_isce2
 from depsi.io.slc_zarr import open_slc_zarr
-from depsi.io.snap import from_snap
-from depsi.io.znap import write_znap
+from depsi.io.znap import from_snap
+from depsi.io.znap_writer import write_znap
 
 #: ``read(source, options)``: ``source`` is ``input.path`` (it exists), ``options`` the
 #: ``input`` section (its ``geometry``, ``dates``, ``wavelength``, ``h2ph``, ``shape``,

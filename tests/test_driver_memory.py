@@ -22,8 +22,8 @@ from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step
 from depsi.pipeline.steps.selection import prepare_points
 from depsi.processing import ps_selection
 from depsi.processing.correlated_height import estimate_correlated_height
-from depsi.processing.model import fit_with_atmosphere, point_uncertainty
-from depsi.processing.temporal_model import (
+from depsi.processing.model_fit import fit_with_atmosphere, point_uncertainty
+from depsi.processing.motion_models import (
     ModelConfig,
     fit_terms_with_atmosphere,
     temporal_model,

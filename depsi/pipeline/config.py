@@ -43,9 +43,9 @@ from depsi.processing.arcs import ArcsConfig
 from depsi.processing.atmosphere import AtmosphereConfig
 from depsi.processing.densification import DensificationConfig
 from depsi.processing.integration import IntegrationConfig
+from depsi.processing.motion_models import ModelConfig
 from depsi.processing.network import NetworkConfig
 from depsi.processing.selection import SelectionConfig
-from depsi.processing.temporal_model import ModelConfig
 from depsi.sections import Section as _Section
 from depsi.sections import iso_dates
 

@@ -128,7 +128,7 @@ def estimate_arcs(
     extra_regressors
         Further terms searched on the grid, name to ``(values (T,), (low, high))`` as
         :func:`depsi.kernels.periodogram.periodogram` takes them (e.g. the seasonal terms of
-        :meth:`depsi.processing.temporal_model.TemporalModel.search`): an unmodelled seasonal
+        :meth:`depsi.processing.motion_models.TemporalModel.search`): an unmodelled seasonal
         or thermal signal of a few millimetres would otherwise cost whole cycles. Each adds a
         variable of that name (the arc's coefficient difference). Needs ``height``.
 

@@ -26,7 +26,7 @@ When the heights are white, the prediction removes most of the leak; when DEM er
 themselves correlated, the fitted extra term makes the prediction shrink towards zero instead
 of moving real DEM errors into the screen. Each point's kriging variance is the variance of the
 leak left in its height (``height_error_correlated_std``), which the height's standard
-deviation carries (:func:`~depsi.processing.model.point_uncertainty`).
+deviation carries (:func:`~depsi.processing.model_fit.point_uncertainty`).
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
         coefficients ``result`` holds under those names: taken out of the neighbours' residuals
         with velocity and height error (a seasonal signal left in would be read as the
         reference's noise). Refit the terms afterwards
-        (:func:`depsi.processing.temporal_model.refit_with_terms`).
+        (:func:`depsi.processing.motion_models.refit_with_terms`).
 
     Returns
     -------

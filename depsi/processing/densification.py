@@ -402,7 +402,7 @@ def densify(
         :func:`depsi.kernels.backend.configure_devices`.
     regressors
         Model terms beyond velocity and height error, column name to ``(T,)`` values
-        (:attr:`depsi.processing.temporal_model.TemporalModel.regressors`): ``first_order``
+        (:attr:`depsi.processing.motion_models.TemporalModel.regressors`): ``first_order``
         holds each point's coefficient under that name. A candidate's motion is its local
         reference's, plus its own difference of the terms in ``extra_regressors``.
     extra_regressors

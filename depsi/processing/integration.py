@@ -22,8 +22,8 @@ from pydantic import Field, model_validator
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre
+from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.lstsq import lstsq_batched
-from depsi.kernels.temporal import design_matrix
 from depsi.processing.arc_testing import ARC_REASONS, POINT_REASONS, _test_network
 from depsi.processing.arcs import estimate_arcs, heights_resolvable
 from depsi.processing.datum import (
@@ -590,7 +590,7 @@ def integrate_network(
         Also return the arcs with ``arc_kept``, ``arc_removal_reason`` and ``w_statistic``.
     regressors
         The further model terms the arcs' periodogram estimated beside velocity and height
-        (name to ``(T,)`` values, :attr:`depsi.processing.temporal_model.TemporalModel
+        (name to ``(T,)`` values, :attr:`depsi.processing.motion_models.TemporalModel
         .regressors`): the w-test's velocity std includes their variance inflation.
 
     Returns

@@ -19,7 +19,7 @@ from depsi.pipeline.steps.shared import ChainRecord, model_terms, network_points
 from depsi.processing.atmosphere import estimate_atmosphere, second_network_pass
 from depsi.processing.datum import apply_reference_area, remove_reference_noise
 from depsi.processing.integration import refit_points
-from depsi.processing.temporal_model import refit_with_terms
+from depsi.processing.motion_models import refit_with_terms
 from depsi.stm.dask_tools import pageable, release_memory, spilled_if_large
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import pytest
 from depsi.geometry import GeometryError, Orbit, StackGeometry
 from depsi.io.writers import write_slc_stack
 from depsi.pipeline.config import parse_config
-from depsi.pipeline.stack import _open_stack_unchecked
+from depsi.pipeline.input_stack import _open_stack_unchecked
 from depsi.simulate import simulate_stack
 from depsi.simulate.scene import simulated_geometry
 
@@ -188,7 +188,7 @@ def test_dem_without_crs_or_geotransform_is_refused(tmp_path, missing, found):
 
 def test_dem_away_from_the_scene_is_refused_before_the_pixels(written, tmp_path):
     from depsi.geometry import radar_to_geo
-    from depsi.pipeline.stack import _check_stack_geometry
+    from depsi.pipeline.input_stack import _check_stack_geometry
 
     stack = _open("isce2", written["isce2"])
     lat0, lon0 = radar_to_geo(StackGeometry.from_attrs(stack.attrs), 10.0, 12.0)

@@ -171,7 +171,7 @@ def test_binary_unknown_dtype_and_bad_wavelength_are_refused(tmp_path: Path) -> 
 @pytest.mark.realdata
 def test_binary_folder_with_doris_metadata_equals_the_simulated_stack(tmp_path: Path) -> None:
     from depsi.pipeline.config import parse_config
-    from depsi.pipeline.stack import open_stack
+    from depsi.pipeline.input_stack import open_stack
     from depsi.simulate import simulate_stack, write_stack_binary
 
     kwargs = {"shape": (20, 24), "n_epochs": 4, "seed": 5}

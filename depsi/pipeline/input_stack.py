@@ -1,5 +1,6 @@
-"""The input stack: opened lazily in its format, its values checked on sampled blocks, and its
-geometry checked against what the run will need (h2ph, positions, a DEM over the scene)."""
+"""The input stack of ``input``: opened lazily by its format's reader
+(:data:`depsi.io.formats.READERS`), its values checked on sampled blocks, and its geometry
+checked against what the run will need (h2ph, positions, a DEM over the scene)."""
 
 from __future__ import annotations
 

@@ -223,10 +223,10 @@ def test_the_tiles_w_tests_run_as_tasks_on_a_cluster_and_decide_as_the_threads_d
     points, arcs, bad = _tiled_network(monkeypatch)
     with scheduler(scheduler="threads", threads=2):
         expected, expected_arcs = integrate_network(points, arcs, return_arcs=True)
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
     # the driver's arcs' arrays pageable (as at 10^7 points), paged out after each tile's cut
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
     with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
         with caplog.at_level(logging.INFO, logger="depsi.processing.arc_testing"):
             got, got_arcs = integrate_network(points, arcs, return_arcs=True)

@@ -29,7 +29,8 @@ from depsi.kernels.backend import (
 from depsi.kernels.periodogram import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
-from depsi.stm.dask_tools import chunked_view, fused_kernels
+from depsi.stm.dask_tools import chunked_view
+from depsi.stm.runtime import fused_kernels
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)

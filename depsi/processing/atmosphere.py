@@ -27,7 +27,7 @@ from depsi.processing.datum import POINT_BLOCK
 from depsi.processing.integration import estimated_observations, integrate_network
 from depsi.processing.network import network_edges, on_threads, point_positions
 from depsi.sections import Section
-from depsi.stm.dask_tools import pageable_copy, release_memory
+from depsi.stm.runtime import pageable_copy, release_memory
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from depsi.pipeline.steps.shared import ChainRecord, model_terms, network_points
 from depsi.processing.datum import reference_by_point_index, reference_by_position
 from depsi.processing.integration import ArcObservations, arc_observations, integrate_network
 from depsi.processing.motion_models import refit_with_terms
-from depsi.stm.dask_tools import release_memory
+from depsi.stm.runtime import release_memory
 
 
 @single_threaded_blas()

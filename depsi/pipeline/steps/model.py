@@ -24,7 +24,8 @@ from depsi.processing.motion_models import fit_terms_with_atmosphere
 from depsi.processing.network import point_positions
 from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
 from depsi.processing.scatterers import SCATTERER_VARIABLES
-from depsi.stm.dask_tools import computed_in_place, page_out, release_memory
+from depsi.stm.dask_tools import computed_in_place
+from depsi.stm.runtime import page_out, release_memory
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)

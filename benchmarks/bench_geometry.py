@@ -1,7 +1,7 @@
 """Benchmark: geometry from orbits against the loop users would otherwise write, in one run,
 printed as ratios (no asserts).
 
-* ``geocode``: range-Doppler geocoding of 10^6 points (``depsi.io.geometry.radar_to_geo``,
+* ``geocode``: range-Doppler geocoding of 10^6 points (``depsi.geometry.radar_to_geo``,
   Newton vectorised over points) against a per-point ``scipy.optimize.fsolve`` of the same two
   equations (zero Doppler, slant range) on the same spline orbit (timed on a subset,
   extrapolated), and against one evaluation of the orbit splines for every point (the floor of
@@ -20,13 +20,13 @@ import time
 import numpy as np
 from scipy.optimize import fsolve
 
-from depsi.io.geometry import (
+from depsi.geometry import (
     baselines,
     geodetic_to_ecef,
     look_geometry,
-    pixel_time_range,
     radar_to_geo,
 )
+from depsi.geometry.range_doppler import pixel_time_range
 from depsi.simulate import simulate_stack, simulated_geometry
 
 QUICK = "--quick" in sys.argv

@@ -34,12 +34,12 @@ import numpy as np  # noqa: E402
 
 from depsi.conventions import wrap_phase  # noqa: E402
 from depsi.kernels.backend import get_namespace, to_host  # noqa: E402
+from depsi.kernels.design_matrices import design_matrix  # noqa: E402
 from depsi.kernels.lstsq import lstsq_batched, solve_normal_equations  # noqa: E402
 from depsi.kernels.network_inversion import connected_components, invert_network  # noqa: E402
 from depsi.kernels.periodogram import ensemble_coherence, periodogram  # noqa: E402
 from depsi.kernels.phase_linking import link_phases, sample_coherence  # noqa: E402
 from depsi.kernels.statistics import phase_of, statistics_block  # noqa: E402
-from depsi.kernels.temporal import design_matrix  # noqa: E402
 
 WAVELENGTH = 0.0555
 M2PH = -4 * np.pi / WAVELENGTH

@@ -49,7 +49,7 @@ import numpy as np
 from depsi.conventions import wrap_phase
 from depsi.kernels.backend import single_threaded_blas
 from depsi.kernels.phase_linking import DEFAULT_ALPHA, cramer_rao_bound
-from depsi.processing.distributed import DEFAULT_WINDOW, phase_linking, select_shp
+from depsi.processing.distributed_scatterers import DEFAULT_WINDOW, phase_linking, select_shp
 from depsi.simulate.ds import simulate_ds_stack
 
 DOLPHIN_VERSION = "0.42.9"

@@ -128,7 +128,7 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
     from depsi.pipeline.chain_config import chain_config
     from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
     from depsi.pipeline.steps.selection import prepare_points
-    from depsi.stm.dask_tools import tune_memory
+    from depsi.stm.runtime import tune_memory
 
     tune_memory()  # the process's memory settings, as run_ps_chain's
     config = chain_config(None, **options)

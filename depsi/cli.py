@@ -450,6 +450,7 @@ def _cmd_slurm_script(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from depsi.errors import exit_codes_help
+    from depsi.io.formats import STACK_FORMATS
 
     parser = argparse.ArgumentParser(
         prog="depsi", description=DESCRIPTION, epilog=exit_codes_help(),
@@ -507,8 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fraction of pixels that are persistent scatterers (default 0.02)")
     sim.add_argument("--ds-regions", type=int, default=0,
                      help="square patches of distributed scatterers (default 0: none)")
-    sim.add_argument("--format", choices=("zarr", "binary", "doris", "gamma", "isce2", "dimap",
-                                          "snap", "geotiff"), default="zarr",
+    # the simulator's own Zarr (with its truth) and binary stores, and every format with a writer
+    sim.add_argument("--format", choices=("zarr", "binary", *STACK_FORMATS), default="zarr",
                      help="Zarr store with truth group, raw per-epoch files with DORIS-like "
                           "metadata, or a stack in a processor's format, its orbits and "
                           "timing consistent (default zarr)")

@@ -39,7 +39,7 @@ from pydantic import Field, field_validator, model_validator
 from depsi.errors import ResourceError
 from depsi.kernels.backend import single_threaded_blas
 from depsi.sections import Section, check_bytes
-from depsi.stm.dask_tools import HUGEPAGE_VARIABLE, tune_memory
+from depsi.stm.runtime import HUGEPAGE_VARIABLE, tune_memory
 
 logger = logging.getLogger(__name__)
 

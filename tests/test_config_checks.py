@@ -76,7 +76,7 @@ def test_a_step_on_the_first_epoch_is_refused(tmp_path, caplog):
 
 def test_a_model_the_epochs_support_passes_the_check():
     from depsi.pipeline.preflight import check_model_support
-    from depsi.processing.temporal_model import ModelConfig
+    from depsi.processing.motion_models import ModelConfig
 
     time = np.datetime64("2020-01-01") + np.arange(12) * np.timedelta64(12, "D")
     model = ModelConfig(terms=["seasonal", "step"], step_dates=["2020-05-12"])
@@ -106,7 +106,7 @@ def _rows(values, separator=",", decimal="."):
         .encode("utf-8"))),
 ])
 def test_a_temperature_file_as_spreadsheets_write_it_is_read(tmp_path, name, write):
-    from depsi.processing.temporal_model import read_temperature
+    from depsi.processing.motion_models import read_temperature
 
     path = tmp_path / "temperature.csv"
     write(path)
@@ -114,17 +114,17 @@ def test_a_temperature_file_as_spreadsheets_write_it_is_read(tmp_path, name, wri
 
 
 def test_the_unit_of_the_temperatures_read_is_logged(tmp_path, caplog):
-    from depsi.processing.temporal_model import read_temperature
+    from depsi.processing.motion_models import read_temperature
 
     path = tmp_path / "temperature.csv"
     path.write_text("date,temperature\n" + "\n".join(_rows([t + 273.15 for t in CELSIUS])))
-    with caplog.at_level(logging.INFO, logger="depsi.processing.temporal_model"):
+    with caplog.at_level(logging.INFO, logger="depsi.processing.motion_models"):
         read_temperature(path, EPOCHS)
     assert "12 rows" in caplog.text and "read in kelvin" in caplog.text, caplog.text
 
 
 def test_a_header_with_both_separators_is_refused(tmp_path):
-    from depsi.processing.temporal_model import read_temperature
+    from depsi.processing.motion_models import read_temperature
 
     path = tmp_path / "temperature.csv"
     path.write_text("date;temperature,station\n")
@@ -331,7 +331,7 @@ def test_every_documented_configuration_runs(block, tmp_path, realdata, caplog):
 
 def test_two_steps_with_no_epoch_between_them_are_refused():
     from depsi.pipeline.preflight import StackConfigError, check_model_support
-    from depsi.processing.temporal_model import ModelConfig
+    from depsi.processing.motion_models import ModelConfig
 
     model = ModelConfig(terms=["step"], step_dates=["2020-02-05", "2020-02-01"])
     with pytest.raises(StackConfigError, match=r"model.step_dates: 2020-02-01 and 2020-02-05 "

@@ -1,5 +1,5 @@
-"""The Dask and memory helpers of the steps (``depsi.stm.dask_tools``): computing in place, culled
-batches, views as chunks, heap pages handed back."""
+"""The Dask and memory helpers of the steps (``depsi.stm.dask_tools``, ``depsi.stm.runtime``):
+computing in place, culled batches, views as chunks, heap pages handed back, pageable arrays."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from depsi.stm.dask_tools import chunked_view, computed_in_place, culled
 #: what a trim can return, so in-process the figure depends on the tests before it.
 _TRIM_CHECK = """
 import numpy as np, psutil
-from depsi.stm.dask_tools import _malloc_trim, release_memory
+from depsi.stm.runtime import _malloc_trim, release_memory
 if _malloc_trim() is None:
     print("no-trim", release_memory())
 else:
@@ -64,7 +64,7 @@ def test_release_memory_returns_the_heaps_free_pages():
 #: the second comes from the heap and stays resident when freed; bounded, it is handed back.
 _BOUND_CHECK = """
 import sys, numpy as np, psutil
-from depsi.stm.dask_tools import bound_allocator
+from depsi.stm.runtime import bound_allocator
 bounded = bound_allocator() if sys.argv[1] == "bound" else None
 process, mb = psutil.Process(), 2**20
 big = np.ones(24 * mb // 8)
@@ -81,7 +81,7 @@ print(bounded, (before - process.memory_info().rss) // mb)
 def test_bound_allocator_hands_back_a_freed_large_array():
     """Bounded, a freed 24 MiB array leaves the process at once; under glibc's defaults (the
     control, run the same way) the second one stays resident. A user's own tuning is left."""
-    from depsi.stm.dask_tools import _malloc_trim
+    from depsi.stm.runtime import _malloc_trim
 
     if _malloc_trim() is None:
         pytest.skip("not glibc: nothing to bound")
@@ -93,7 +93,7 @@ def test_bound_allocator_hands_back_a_freed_large_array():
 
 _HUGEPAGE_CHECK = """
 import numpy as np
-from depsi.stm.dask_tools import no_hugepage_advice
+from depsi.stm.runtime import no_hugepage_advice
 getter = (getattr(np, "_core", None) or np.core).multiarray._get_madvise_hugepage
 before = getter()
 print(before, no_hugepage_advice(), getter())
@@ -253,35 +253,35 @@ def test_a_dask_workers_memory_limit_caps_the_free_host_memory_its_batches_see()
     from distributed import Client, LocalCluster
 
     from depsi.kernels import backend
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
     limit = parse_bytes("450MB")
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit=limit,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         in_worker = client.submit(backend.available_host_memory, pure=False).result()
         items = client.submit(backend.batch_size, 1e6, "cpu", pure=False).result()
-    assert dask_tools.WORKER_MEMORY_FLOOR * limit <= in_worker
-    assert in_worker <= dask_tools.WORKER_MEMORY_TARGET * limit / 2  # two threads share it
+    assert runtime.WORKER_MEMORY_FLOOR * limit <= in_worker
+    assert in_worker <= runtime.WORKER_MEMORY_TARGET * limit / 2  # two threads share it
     assert items <= backend.DEFAULT_SAFETY * in_worker / 1e6 + 1
     # outside a worker: no cap of this kind, the machine's (or container's) free memory
-    assert dask_tools.worker_free_bytes() is None
-    assert dask_tools.worker_free_bytes in backend._HOST_MEMORY_CAPS
+    assert runtime.worker_free_bytes() is None
+    assert runtime.worker_free_bytes in backend._HOST_MEMORY_CAPS
 
 
 #: A pageable array of 64 MiB written, paged out and read back, the process's resident memory
 #: measured at each moment (in a fresh process: nothing else of the session's in its pages).
 _PAGE_CHECK = """
 import numpy as np, psutil
-from depsi.stm import dask_tools
+from depsi.stm import runtime
 process, mb = psutil.Process(), 2**20
 start = process.memory_info().rss
-a = dask_tools.pageable((8 * mb,), np.float64)
+a = runtime.pageable((8 * mb,), np.float64)
 a[:] = np.arange(a.size)
 written = process.memory_info().rss
-paged = dask_tools.page_out()
+paged = runtime.page_out()
 out = process.memory_info().rss
 same = bool((a == np.arange(a.size)).all())
-print(dask_tools.is_pageable(a), (written - start) // mb, (written - out) // mb, paged // mb, same)
+print(runtime.is_pageable(a), (written - start) // mb, (written - out) // mb, paged // mb, same)
 """
 
 
@@ -295,39 +295,39 @@ def test_page_out_lets_a_pageable_arrays_memory_go_and_its_values_stay():
 
 
 def test_pageable_arrays_behave_as_arrays_and_small_ones_are_ordinary(monkeypatch, tmp_path):
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
-    small = dask_tools.pageable((4, 3), np.int16)
+    small = runtime.pageable((4, 3), np.int16)
     assert small.shape == (4, 3) and small.dtype == np.int16
-    assert not dask_tools.is_pageable(small)  # below PAGEABLE_BYTES: no file
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    assert not runtime.is_pageable(small)  # below PAGEABLE_BYTES: no file
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
     rng = np.random.default_rng(0)
     values = rng.normal(size=(1000, 7)).astype(np.float32)
-    copy = dask_tools.pageable_copy(values)
-    assert dask_tools.is_pageable(copy) and dask_tools.is_pageable(copy[3:, 2])
+    copy = runtime.pageable_copy(values)
+    assert runtime.is_pageable(copy) and runtime.is_pageable(copy[3:, 2])
     assert copy.dtype == np.float32 and np.array_equal(copy, values)
     copy[5] += 1.0  # writable, and a write survives the page-out
-    dask_tools.page_out()
+    runtime.page_out()
     # one array's pages alone (a view names its array's); an ordinary array has none
-    assert dask_tools.page_out(copy[10:20]) == copy.nbytes
-    assert dask_tools.page_out(values) == 0
-    zeros = dask_tools.pageable((50, 3), np.int32, zeros=True)
-    assert dask_tools.is_pageable(zeros) and not zeros.any()
+    assert runtime.page_out(copy[10:20]) == copy.nbytes
+    assert runtime.page_out(values) == 0
+    zeros = runtime.pageable((50, 3), np.int32, zeros=True)
+    assert runtime.is_pageable(zeros) and not zeros.any()
     assert np.array_equal(copy[5], values[5] + 1.0) and np.array_equal(copy[6:], values[6:])
-    assert not dask_tools.is_pageable(copy[::2].copy())  # a copy is ordinary memory
+    assert not runtime.is_pageable(copy[::2].copy())  # a copy is ordinary memory
     # the file goes with the array: no file left in its directory
-    kept = dask_tools.pageable((100,), np.float64, directory=str(tmp_path))
+    kept = runtime.pageable((100,), np.float64, directory=str(tmp_path))
     kept[:] = 1.0
-    assert dask_tools.is_pageable(kept) and list(tmp_path.iterdir()) == []
+    assert runtime.is_pageable(kept) and list(tmp_path.iterdir()) == []
 
 
 def test_pageable_falls_back_to_memory_with_a_warning_where_no_file_can_be_made(
         monkeypatch, caplog, tmp_path):
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
-    with caplog.at_level("WARNING", logger="depsi.stm.dask_tools"):
-        array = dask_tools.pageable((10, 2), np.float64, directory=str(tmp_path / "missing"))
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
+    with caplog.at_level("WARNING", logger="depsi.stm.runtime"):
+        array = runtime.pageable((10, 2), np.float64, directory=str(tmp_path / "missing"))
     array[:] = 2.0
-    assert not dask_tools.is_pageable(array) and float(array.sum()) == 40.0
+    assert not runtime.is_pageable(array) and float(array.sum()) == 40.0
     assert "kept in memory (no temporary file" in caplog.text

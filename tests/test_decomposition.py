@@ -3,7 +3,7 @@
 The scenes are synthetic, with their own oracle: a smooth vertical and east velocity field, two
 point sets with Sentinel-1-like geometry and LOS velocities formed exactly from the field.
 
-LOS unit vector from heading and incidence (derived here, independently of depsi.io.geometry):
+LOS unit vector from heading and incidence (derived here, independently of depsi.geometry):
 the heading ``alpha`` is the flight direction, clockwise from north. A right-looking radar looks
 at azimuth ``alpha + 90 deg``, so the horizontal part of the vector from the ground to the
 satellite points at ``alpha - 90 deg``, with length ``sin(theta)`` for the incidence ``theta``

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from depsi.geometry import Orbit, RadarGrid, StackGeometry, baselines, radar_to_geo
 from depsi.io.dimap import from_dimap
 from depsi.io.dimap_writer import write_dimap
-from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, baselines, radar_to_geo
 from depsi.simulate import simulate_stack
 
 pytestmark = pytest.mark.realdata

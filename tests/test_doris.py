@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from depsi.conventions import SPEED_OF_LIGHT
+from depsi.geometry import Orbit, RadarGrid, StackGeometry, radar_to_geo
 from depsi.io.bounded import MetadataError
 from depsi.io.doris import (
     H2PH_FILE,
@@ -21,7 +22,6 @@ from depsi.io.doris import (
     from_doris_stack,
 )
 from depsi.io.doris_writer import write_doris_stack
-from depsi.io.geometry import Orbit, RadarGrid, StackGeometry, radar_to_geo
 from depsi.io.metadata import read_metadata
 from depsi.simulate import simulate_stack
 

@@ -22,8 +22,8 @@ from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step
 from depsi.pipeline.steps.selection import prepare_points
 from depsi.processing import ps_selection
 from depsi.processing.correlated_height import estimate_correlated_height
-from depsi.processing.model import fit_with_atmosphere, point_uncertainty
-from depsi.processing.temporal_model import (
+from depsi.processing.model_fit import fit_with_atmosphere, point_uncertainty
+from depsi.processing.motion_models import (
     ModelConfig,
     fit_terms_with_atmosphere,
     temporal_model,
@@ -223,10 +223,10 @@ def test_the_tiles_w_tests_run_as_tasks_on_a_cluster_and_decide_as_the_threads_d
     points, arcs, bad = _tiled_network(monkeypatch)
     with scheduler(scheduler="threads", threads=2):
         expected, expected_arcs = integrate_network(points, arcs, return_arcs=True)
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
     # the driver's arcs' arrays pageable (as at 10^7 points), paged out after each tile's cut
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
     with scheduler(scheduler="local", workers=2, threads=1, memory_limit=None) as running:
         with caplog.at_level(logging.INFO, logger="depsi.processing.arc_testing"):
             got, got_arcs = integrate_network(points, arcs, return_arcs=True)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from depsi.conventions import wrap_phase
 from depsi.io.store import open_stm, save_stm
-from depsi.processing.distributed import phase_linking, select_shp
+from depsi.processing.distributed_scatterers import phase_linking, select_shp
 from depsi.processing.scatterers import (
     STATE_VARIABLES,
     ds_selection,

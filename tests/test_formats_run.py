@@ -15,8 +15,8 @@ import xarray as xr
 import yaml
 
 from depsi.cli import main
+from depsi.geometry import StackGeometry, radar_to_geo
 from depsi.io import open_stm
-from depsi.io.geometry import StackGeometry, radar_to_geo
 from depsi.simulate import STACK_FORMATS, write_stack
 
 SCENE = {"shape": (80, 80), "n_epochs": 36, "seed": 7, "ps_fraction": 0.05}
@@ -145,8 +145,8 @@ def test_a_stack_without_positions_or_orbits_is_refused_before_selection(tmp_pat
 
 
 def test_the_flat_doris_folder_gets_its_geometry_from_the_res_orbits(tmp_path):
+    from depsi.geometry import baselines
     from depsi.io import open_binary_folder
-    from depsi.io.geometry import baselines
     from depsi.simulate import write_stack_binary
 
     info = write_stack_binary(tmp_path / "flat", shape=(30, 40), n_epochs=5, progress=False)
@@ -157,7 +157,7 @@ def test_the_flat_doris_folder_gets_its_geometry_from_the_res_orbits(tmp_path):
 
 
 def test_simulated_geometry_h2ph_matches_the_simulated_h2ph():
-    from depsi.io.geometry import baselines
+    from depsi.geometry import baselines
     from depsi.simulate import simulate_stack, simulated_geometry
 
     stack, _ = simulate_stack(shape=(30, 40), n_epochs=5, seed=3)

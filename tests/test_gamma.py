@@ -13,11 +13,11 @@ import pytest
 import xarray as xr
 
 from depsi.conventions import SPEED_OF_LIGHT
+from depsi.geometry import GEOMETRY_ATTR, RadarGrid, StackGeometry
 from depsi.io.bounded import MetadataError
 from depsi.io.gamma import from_gamma, slc_geometry
 from depsi.io.gamma_par import BPERP_COLUMNS, parse_par, read_bperp
 from depsi.io.gamma_writer import write_gamma
-from depsi.io.geometry import GEOMETRY_ATTR, RadarGrid, StackGeometry
 from depsi.simulate import simulate_stack
 
 #: The five dates of the round-trip stack (the first five of the real headers) and its mother.

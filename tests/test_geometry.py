@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from depsi.io import from_snap
-from depsi.io.geometry import (
+from depsi.geometry import (
     GeometryError,
     Orbit,
     RadarGrid,
@@ -30,6 +29,7 @@ from depsi.io.geometry import (
     look_geometry,
     radar_to_geo,
 )
+from depsi.io import from_snap
 
 SPEED_OF_LIGHT = 299_792_458.0
 
@@ -274,7 +274,7 @@ def test_points_geocoded_on_a_dem_sit_at_the_dem_height(tmp_path):
     import rasterio
     import xarray as xr
 
-    from depsi.io.geometry import geocode_with_dem, open_dem
+    from depsi.geometry import geocode_with_dem, open_dem
     from depsi.simulate import simulate_stack, simulated_geometry
 
     stack, _ = simulate_stack(shape=(30, 40), n_epochs=4, seed=2)
@@ -321,13 +321,13 @@ def _corner_pixels(shape, start=(0, 0)):
 
 
 def _corners(geometry, shape):
-    from depsi.io.geometry import radar_to_geo
+    from depsi.geometry import radar_to_geo
 
     return radar_to_geo(geometry, *_corner_pixels(shape))
 
 
 def test_a_scene_whose_corners_match_the_products_lat_lon_passes():
-    from depsi.io.geometry import check_scene_geometry
+    from depsi.geometry import check_scene_geometry
 
     geometry, shape = _simulated_geometry(), (40, 50)
     lat, lon = _corners(geometry, shape)
@@ -338,7 +338,7 @@ def test_a_scene_whose_corners_match_the_products_lat_lon_passes():
 def test_the_wrong_look_side_is_refused_against_the_products_lat_lon():
     from dataclasses import replace
 
-    from depsi.io.geometry import GeometryError, check_scene_geometry
+    from depsi.geometry import GeometryError, check_scene_geometry
 
     geometry, shape = _simulated_geometry(), (40, 50)
     lat, lon = _corners(geometry, shape)
@@ -353,7 +353,7 @@ def test_the_wrong_look_side_is_refused_against_the_products_lat_lon():
 def test_a_grid_that_images_no_possible_incidence_is_refused(near_range):
     from dataclasses import replace
 
-    from depsi.io.geometry import GeometryError, check_scene_geometry
+    from depsi.geometry import GeometryError, check_scene_geometry
 
     geometry = _simulated_geometry()
     wrong = replace(geometry, grid=replace(geometry.grid, near_range=near_range))
@@ -366,7 +366,7 @@ def test_a_grid_that_images_no_possible_incidence_is_refused(near_range):
 def test_the_real_snap_pair_images_a_possible_scene_at_its_own_lat_lon(snap_pair,
                                                                        snap_geometry):
     """SNAP's own lat/lon bands at the corners agree with the orbits and the radar grid."""
-    from depsi.io.geometry import check_scene_geometry
+    from depsi.geometry import check_scene_geometry
 
     shape = (snap_pair.sizes["azimuth"], snap_pair.sizes["range"])
     index = {"azimuth": [0, 0, shape[0] - 1, shape[0] - 1],

@@ -319,31 +319,31 @@ def test_tiled_testing_rejects_the_planted_arcs_and_agrees_with_the_whole_networ
     from depsi.processing.integration import arc_observations
 
     observations = arc_observations(points, arcs)
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
-    monkeypatch.setattr(dask_tools, "SPILL_BYTES", observations.rhs.nbytes)
+    monkeypatch.setattr(runtime, "SPILL_BYTES", observations.rhs.nbytes)
     xr.testing.assert_identical(integrate_network(points, observations), tiled)
     assert observations.rhs.spilled
     # every array pageable (each in a file's pages) and paged out before the tiles, the whole
     # network's factorisation and the point results: the same result to the bit
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
     paged = []
-    original = dask_tools.page_out
+    original = runtime.page_out
     from depsi.processing import network_solver
 
     def counting(array=None):
         if array is None:  # (the solve's blocks page out the solution alone)
-            paged.append(len(dask_tools._PAGEABLE))
+            paged.append(len(runtime._PAGEABLE))
         return original(array)
 
     monkeypatch.setattr(network_solver, "page_out", counting)
-    monkeypatch.setattr(dask_tools, "page_out", counting)  # (the tiles')
+    monkeypatch.setattr(runtime, "page_out", counting)  # (the tiles')
     import depsi.processing.integration as integration_module
 
     monkeypatch.setattr(integration_module, "page_out", counting)
     observations = arc_observations(points, arcs)
-    assert dask_tools.is_pageable(observations.coherence)
-    assert dask_tools.is_pageable(observations.rhs.ambiguity)
+    assert runtime.is_pageable(observations.coherence)
+    assert runtime.is_pageable(observations.rhs.ambiguity)
     xr.testing.assert_identical(integrate_network(points, observations), tiled)
     assert len(paged) == 3 and min(paged) >= 2, paged  # (the last: coherence and spread)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from depsi.io.geometry import (
+from depsi.geometry import (
     GeometryError,
     Orbit,
     RadarGrid,

@@ -91,7 +91,7 @@ def test_invert_network_cupy_matches_numpy(cp):
 def test_estimate_model_on_cupy_matches_numpy():
     import xarray as xr
 
-    from depsi.processing.model import estimate_model
+    from depsi.processing.model_fit import estimate_model
 
     rng = np.random.default_rng(43)
     time = np.datetime64("2020-01-01", "ns") + np.arange(30) * np.timedelta64(12, "D")

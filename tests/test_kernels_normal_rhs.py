@@ -68,7 +68,7 @@ def test_normal_rhs_looks_the_unknowns_up_by_block_into_a_given_array(monkeypatc
     """``column=``: the arcs' points mapped to their unknowns a block at a time (no
     ``(arcs,)`` copies), summed into a given zeroed array (``out=``, here pageable): the sums of
     the mapped arrays exactly, in that array."""
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
     n = 400
     source, target, weights, rhs, kept = _network(np.random.default_rng(9), n, 6000, 5,
@@ -84,9 +84,9 @@ def test_normal_rhs_looks_the_unknowns_up_by_block_into_a_given_array(monkeypatc
             return rhs[rows]
 
     monkeypatch.setattr(normal_rhs_numba, "BLOCK", 777)
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
-    out = dask_tools.pageable((n + 1, rhs.shape[1]), np.float64, zeros=True)
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
+    out = runtime.pageable((n + 1, rhs.shape[1]), np.float64, zeros=True)
     got = normal_rhs_numba.normal_rhs(source, target, weights, kept, Rows() if formed else rhs,
                                       n, column=column, out=out)
     np.testing.assert_array_equal(got, expected)
-    assert np.shares_memory(got, out) and dask_tools.is_pageable(got)
+    assert np.shares_memory(got, out) and runtime.is_pageable(got)

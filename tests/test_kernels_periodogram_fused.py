@@ -278,7 +278,7 @@ def test_small_dask_workers_run_the_reference_without_loading_numba():
         import numpy
 
         from depsi.kernels.periodogram import _fused_wanted, periodogram
-        from depsi.stm.dask_tools import fused_kernels
+        from depsi.stm.runtime import fused_kernels
 
         rng = numpy.random.default_rng(0)
         periodogram(rng.uniform(-3, 3, (8, 12)), rng.normal(0, 1e-4, (8, 12)),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from depsi.conventions import phase_per_metre
-from depsi.kernels.temporal import design_matrix
+from depsi.kernels.design_matrices import design_matrix
 
 
 def test_design_matrix_columns_and_names():

@@ -24,6 +24,8 @@ PACKAGE = ROOT / "depsi"
 #:   (NumPy and the standard library only), :mod:`depsi.sections` (the pydantic base of
 #:   every configuration section, so that each layer can define its own sections) and
 #:   :mod:`depsi.errors` (exit codes and the classification of faults, standard library only).
+#: - ``geometry``: :mod:`depsi.geometry`, the SAR geometry from orbits (science that the readers
+#:   and writers of io use to compute h2ph and positions): below io, above stm.
 #: - ``simulate``: :mod:`depsi.simulate` is a test-data generator. It writes stores through io
 #:   and its ``accuracy`` forms interferograms with processing, and the pipeline (its
 #:   ``simulated`` input) and the demo use it: so it sits above processing and below cluster.
@@ -35,6 +37,7 @@ LAYERS = (
     ("conventions", ("depsi.conventions", "depsi.sections", "depsi.errors")),
     ("kernels", ("depsi.kernels",)),
     ("stm", ("depsi.stm",)),
+    ("geometry", ("depsi.geometry",)),
     ("io", ("depsi.io",)),
     ("processing", ("depsi.processing",)),
     ("simulate", ("depsi.simulate",)),
@@ -49,6 +52,7 @@ LAYERS = (
 FORBIDDEN_PACKAGES = {
     "conventions": {"xarray", "dask", "zarr", "scipy", "pandas", "distributed"},
     "kernels": {"xarray", "dask", "zarr", "pydantic", "distributed"},
+    "geometry": {"dask", "zarr", "distributed"},
 }
 
 

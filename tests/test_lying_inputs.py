@@ -12,10 +12,10 @@ import shutil
 import numpy as np
 import pytest
 
-from depsi.io.geometry import GeometryError, Orbit, StackGeometry
+from depsi.geometry import GeometryError, Orbit, StackGeometry
 from depsi.io.writers import write_slc_stack
 from depsi.pipeline.config import parse_config
-from depsi.pipeline.stack import _open_stack_unchecked
+from depsi.pipeline.input_stack import _open_stack_unchecked
 from depsi.simulate import simulate_stack
 from depsi.simulate.scene import simulated_geometry
 
@@ -179,7 +179,7 @@ def _write_dem(path, lat0, lon0, **profile):
 @pytest.mark.parametrize(("missing", "found"), [("crs", "a coordinate reference system"),
                                                 ("transform", "a geotransform")])
 def test_dem_without_crs_or_geotransform_is_refused(tmp_path, missing, found):
-    from depsi.io.geometry import open_dem
+    from depsi.geometry import open_dem
 
     path = _write_dem(tmp_path / "dem.tif", 52.0, 4.9, **{missing: None})
     with pytest.raises(GeometryError, match=rf"DEM '.*dem\.tif': expected {found}.*found none"):
@@ -187,8 +187,8 @@ def test_dem_without_crs_or_geotransform_is_refused(tmp_path, missing, found):
 
 
 def test_dem_away_from_the_scene_is_refused_before_the_pixels(written, tmp_path):
-    from depsi.io.geometry import radar_to_geo
-    from depsi.pipeline.stack import _check_stack_geometry
+    from depsi.geometry import radar_to_geo
+    from depsi.pipeline.input_stack import _check_stack_geometry
 
     stack = _open("isce2", written["isce2"])
     lat0, lon0 = radar_to_geo(StackGeometry.from_attrs(stack.attrs), 10.0, 12.0)
@@ -212,7 +212,7 @@ def test_dem_away_from_the_scene_is_refused_before_the_pixels(written, tmp_path)
 # ----------------------------------------------------------------------------------------------
 
 def test_near_range_below_the_satellites_height_is_refused(scene):
-    from depsi.io.geometry import RadarGrid
+    from depsi.geometry import RadarGrid
 
     _, geometry = scene
     grid = geometry.grid

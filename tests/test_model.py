@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import xarray as xr
 
-import depsi.processing.model as model_module
+import depsi.processing.model_fit as model_module
 from depsi.conventions import years_since
 from depsi.kernels.backend import Device, cupy_available
+from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.lstsq import lstsq_batched
-from depsi.kernels.temporal import design_matrix
-from depsi.processing.model import estimate_model
+from depsi.processing.model_fit import estimate_model
 from depsi.stm import STMValidationError
 
 WAVELENGTH = 0.0555
@@ -146,7 +146,7 @@ def test_direct_fit_is_estimate_models_fit():
     points with a missing epoch and a constant ``h2ph`` (collinear with the offset: no fit)
     too."""
     from depsi.conventions import phase_per_metre
-    from depsi.processing.model import _direct_fit
+    from depsi.processing.model_fit import _direct_fit
     from depsi.stm.schema import years_since_mother
 
     rng = np.random.default_rng(4)

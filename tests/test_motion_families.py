@@ -23,8 +23,8 @@ import pytest
 from scipy.stats import norm, poisson
 
 from depsi import run_ps_chain
+from depsi.processing.motion_models import ModelConfig, temporal_model
 from depsi.processing.selection import ps_selection
-from depsi.processing.temporal_model import ModelConfig, temporal_model
 from scenes import (
     Family,
     make_scene,

@@ -41,7 +41,7 @@ from depsi.kernels.phase_linking import (
     temporal_coherence_tile,
     window_offsets,
 )
-from depsi.processing.distributed import phase_linking, select_shp
+from depsi.processing.distributed_scatterers import phase_linking, select_shp
 from depsi.simulate.ds import (
     circular_gaussian_looks,
     exponential_coherence,

@@ -28,7 +28,7 @@ from depsi.conventions import MONTH_ABBREVIATIONS
 from depsi.io.interferograms import from_interferograms
 from depsi.io.writers import STACK_FORMATS, write_slc_stack
 from depsi.pipeline.config import parse_config
-from depsi.pipeline.stack import _open_stack_unchecked
+from depsi.pipeline.input_stack import _open_stack_unchecked
 from depsi.simulate import simulate_stack
 from depsi.simulate.scene import simulated_geometry
 

@@ -15,10 +15,10 @@ import xarray as xr
 
 from depsi import run_ps_chain
 from depsi.conventions import phase_per_metre, years_since
-from depsi.io.geometry import baselines
+from depsi.geometry import baselines
 from depsi.io.writers import STACK_FORMATS, write_slc_stack
 from depsi.pipeline.config import parse_config
-from depsi.pipeline.stack import _open_stack_unchecked
+from depsi.pipeline.input_stack import _open_stack_unchecked
 from depsi.processing.interferogram import single_mother_interferograms
 from depsi.simulate import simulate_stack
 from depsi.simulate.physical import orbit_points, orbit_slcs

@@ -19,7 +19,7 @@ from depsi.io.bounded import MetadataError
 from depsi.io.geotiff import from_geotiff
 from depsi.io.metadata import SPEED_OF_LIGHT
 from depsi.io.slc_zarr import open_slc_zarr
-from depsi.io.snap import _interpolate_tie_points, _open_znap, _tie_point_geometry, from_snap
+from depsi.io.znap import _interpolate_tie_points, _open_znap, _tie_point_geometry, from_snap
 from depsi.stm.schema import STMValidationError
 
 SNAP_DATES = np.array(["2023-03-19", "2023-03-31"], dtype="datetime64[ns]")
@@ -171,7 +171,7 @@ def test_binary_unknown_dtype_and_bad_wavelength_are_refused(tmp_path: Path) -> 
 @pytest.mark.realdata
 def test_binary_folder_with_doris_metadata_equals_the_simulated_stack(tmp_path: Path) -> None:
     from depsi.pipeline.config import parse_config
-    from depsi.pipeline.stack import open_stack
+    from depsi.pipeline.input_stack import open_stack
     from depsi.simulate import simulate_stack, write_stack_binary
 
     kwargs = {"shape": (20, 24), "n_epochs": 4, "seed": 5}
@@ -230,7 +230,7 @@ def test_snap_corners_are_its_tie_points_read_at_pixel_centres_ours_at_line_indi
     """SNAP states its corner coordinates as its tie points read at pixel centres (+0.5 in
     both axes); the tie rows lie at the line indices themselves (measured from the orbits,
     tests/test_geometry.py), so from_snap reads them half a line earlier than SNAP does."""
-    from depsi.io.snap import SNAP_TIE_POINT_CENTRE, _interpolate_tie_points
+    from depsi.io.znap import SNAP_TIE_POINT_CENTRE, _interpolate_tie_points
 
     metadata = json.loads((snap_products[0] / "SNAP" / "product_metadata.json").read_text())
     stated = {a["name"]: a["data"]["elems"][0] for a in metadata[0]["attributes"]

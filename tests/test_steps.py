@@ -422,7 +422,9 @@ def test_every_other_config_field_is_read_by_the_code_that_runs_it():
     from depsi.pipeline.config import InputConfig, OutputConfig, SimulateConfig
 
     root = Path(depsi.__file__).parent
-    readers = [*sorted((root / "pipeline").rglob("*.py")), root / "cluster.py", root / "cli.py"]
+    # io/formats.py: the readers of the input section's formats (READERS)
+    readers = [*sorted((root / "pipeline").rglob("*.py")), root / "cluster.py", root / "cli.py",
+               root / "io" / "formats.py"]
     read = {node.attr for path in readers for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Attribute)}
     sections = (InputConfig, SimulateConfig, SelectionConfig, OutputConfig, ComputeConfig,
@@ -571,20 +573,20 @@ def test_the_atmosphere_step_with_its_screen_in_a_temporary_file_is_the_same(bas
     """At scale the second pass parks the screen (and the arcs' right-hand sides) in a
     temporary file while it integrates, and its points' and arcs' arrays in pageable ones:
     the product is the one kept in memory, to the bit."""
-    from depsi.stm import dask_tools
+    from depsi.stm import runtime
 
     config = chain_config(BASE)
     moved = []
-    original = dask_tools.SpilledArrays.__init__
+    original = runtime.SpilledArrays.__init__
 
     def counting(self, arrays, directory=None):
         moved.append(sorted(arrays))
         original(self, arrays, directory)
 
-    monkeypatch.setattr(dask_tools, "SPILL_BYTES", 0)
-    monkeypatch.setattr(dask_tools.SpilledArrays, "__init__", counting)
+    monkeypatch.setattr(runtime, "SPILL_BYTES", 0)
+    monkeypatch.setattr(runtime.SpilledArrays, "__init__", counting)
     # and every array pageable (the corrected points, the arcs' arrays) and paged out
-    monkeypatch.setattr(dask_tools, "PAGEABLE_BYTES", 0)
+    monkeypatch.setattr(runtime, "PAGEABLE_BYTES", 0)
     parked = atmosphere_step(base["network"], base["integration"], config)
     assert ["aps", "aps_observed"] in moved
     xr.testing.assert_identical(parked, base["atmosphere"])

@@ -11,7 +11,7 @@ from scipy import stats
 
 from depsi.conventions import phase_per_metre
 from depsi.processing.arcs import estimate_arcs
-from depsi.processing.temporal_model import (
+from depsi.processing.motion_models import (
     ModelConfig,
     candidates,
     fit_models,

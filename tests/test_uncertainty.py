@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from depsi import run_ps_chain
-from depsi.processing.model import Z95
+from depsi.processing.model_fit import Z95
 from depsi.processing.selection import ps_selection
 from depsi.simulate import simulate_stack
 from scenes import FAST_FAMILIES, make_scene, truth_index
@@ -100,7 +100,7 @@ def test_uncertainty_block_is_each_points_own_least_squares(case):
     """The block's matrix products (shared columns, one per-point column) and its direct
     inverses give what each point's own least squares gives: ``numpy.linalg.lstsq`` of its
     design, the residual variance and ``sigma0^2 (A^T A)^+`` (``pinv``) per point, in a loop."""
-    from depsi.processing.model import _uncertainty_block
+    from depsi.processing.model_fit import _uncertainty_block
 
     rng = np.random.default_rng(7)
     n, n_epochs = 40, 30

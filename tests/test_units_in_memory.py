@@ -18,7 +18,7 @@ from depsi.pipeline.chain_config import chain_config
 from depsi.pipeline.steps import CHAIN_STEPS, run_step
 from depsi.pipeline.steps.arcs import estimated_arcs
 from depsi.pipeline.steps.selection import prepare_points
-from depsi.processing.model import estimate_model
+from depsi.processing.model_fit import estimate_model
 from depsi.processing.selection import ps_selection
 from depsi.simulate import simulate_stack, write_stack_zarr
 

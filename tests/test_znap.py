@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from depsi.geometry import GeometryError, StackGeometry, radar_to_geo
 from depsi.io import from_snap
-from depsi.io.geometry import GeometryError, StackGeometry, radar_to_geo
-from depsi.io.znap import _date_tag, write_znap
+from depsi.io.znap_writer import _date_tag, write_znap
 from depsi.simulate import simulate_stack, simulated_geometry
 
 METRES_PER_DEGREE = 111_320.0

@@ -18,7 +18,7 @@ import xarray as xr
 from dask.base import tokenize
 from tqdm.auto import tqdm
 
-from depsi.io.geometry import Orbit, RadarGrid, StackGeometry
+from depsi.geometry import Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import read_metadata_stack
 from depsi.io.raster import (
     _azimuth_blocks,

@@ -126,7 +126,7 @@ CF: dict[str, dict[str, str]] = {
     "seasonal_sin": {"units": "m", "long_name": "annual sine term of the displacement"},
     "seasonal_cos": {"units": "m", "long_name": "annual cosine term of the displacement"},
     "sigma2": {"units": "1", "long_name": "a-posteriori variance factor"},
-    # the chain's model terms (depsi.processing.temporal_model; steps and breakpoints are
+    # the chain's model terms (depsi.processing.motion_models; steps and breakpoints are
     # named by their dates and carry their own units)
     "semi_annual_sin": {"units": "m", "long_name": "semi-annual sine term of the displacement"},
     "semi_annual_cos": {"units": "m",
@@ -140,7 +140,7 @@ CF.update({f"{name}_std": {"units": CF[name]["units"],
                             "long_name": f"a-posteriori standard deviation of {name}"}
            for name in ("offset", "velocity", "height_error", "seasonal_sin", "seasonal_cos",
                         "semi_annual_sin", "semi_annual_cos", "thermal")})
-# the chain's per-point uncertainty (depsi.processing.model.point_uncertainty): relative to
+# the chain's per-point uncertainty (depsi.processing.model_fit.point_uncertainty): relative to
 # the reference area, as the estimates are
 CF["displacement_std"] = {"units": "m", "long_name": "a-posteriori standard deviation of "
                                                     "displacement (zero at the first epoch)"}

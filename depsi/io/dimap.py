@@ -17,7 +17,7 @@ one band, band-sequential, big-endian) and ``BAND.hdr`` (``samples``, ``lines``,
 offset``, ``data type`` 1/2/3/4/5/12, ``byte order`` 1 = big-endian, as Java writes it). UTC
 values are ``ProductData.UTC`` text, ``19-MAR-2023 05:50:35.812250`` (English month, upper case,
 microseconds). Tie-point grids are read as the znap reader reads SNAP's: rows at the line
-indices, columns at pixel centres (:data:`depsi.io.snap.SNAP_TIE_POINT_CENTRE`, measured on the
+indices, columns at pixel centres (:data:`depsi.io.znap.SNAP_TIE_POINT_CENTRE`, measured on the
 real SNAP pair).
 
 Where the public sources are silent, the plain reading is taken:
@@ -50,12 +50,12 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import MONTH_ABBREVIATIONS, MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.geometry import GeometryError, LookSide, Orbit, RadarGrid, StackGeometry
 from depsi.io.bounded import MAX_XML_BYTES, MetadataError, parse_xml, read_bounded_text
-from depsi.io.geometry import GeometryError, LookSide, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import WAVELENGTH_RANGE
 from depsi.io.raster import RASTER_DIMS, _chunks, _finish, _iq_to_complex64, _path_list, _raster
 from depsi.io.raster_geometry import attach_geometry
-from depsi.io.snap import _SNAP_BAND, SNAP_TIE_POINT_CENTRE, _snap_date, _tie_point_raster
+from depsi.io.znap import _SNAP_BAND, SNAP_TIE_POINT_CENTRE, _snap_date, _tie_point_raster
 
 logger = logging.getLogger(__name__)
 
@@ -684,7 +684,7 @@ def from_dimap(
     one product per date are read together (the mother may repeat). ``h2ph_<pol>_...`` becomes
     ``h2ph`` (the mother gets zeros, a secondary without one NaN, with a warning); the
     ``latitude``/``longitude`` tie-point grids become ``lat``/``lon``, interpolated lazily as
-    :func:`depsi.io.snap.from_snap` does. The geometry is the mother's radar grid and orbit from
+    :func:`depsi.io.znap.from_snap` does. The geometry is the mother's radar grid and orbit from
     ``Abstracted_Metadata`` and each secondary's orbit from its ``Slave_Metadata`` element.
 
     Parameters
@@ -725,7 +725,7 @@ def from_dimap(
     Examples
     --------
     >>> import tempfile, pathlib
-    >>> from depsi.io.geometry import Orbit, RadarGrid, StackGeometry
+    >>> from depsi.geometry import Orbit, RadarGrid, StackGeometry
     >>> from depsi.io.dimap_writer import write_dimap
     >>> from depsi.simulate import simulate_stack
     >>> stack, _ = simulate_stack(shape=(8, 10), n_epochs=2, seed=0, start="2023-03-19",

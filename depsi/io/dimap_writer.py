@@ -24,8 +24,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
-from depsi.io.dimap import DIMAP_DTYPES, ENVI_TYPE_CODES
-from depsi.io.geometry import (
+from depsi.geometry import (
     Orbit,
     RadarGrid,
     StackGeometry,
@@ -33,6 +32,7 @@ from depsi.io.geometry import (
     radar_to_geo,
     zero_doppler_time,
 )
+from depsi.io.dimap import DIMAP_DTYPES, ENVI_TYPE_CODES
 from depsi.io.raster import RASTER_DIMS
 from depsi.io.raster_geometry import check_stack_for_writing
 
@@ -191,7 +191,7 @@ def write_dimap(
     ``i_<pol>_slvN_<date>`` / ``q_...`` and, when the stack has ``h2ph``,
     ``h2ph_<pol>_slvN_<date>`` (N from 1 in time order), each a big-endian float32 ENVI file.
     ``latitude``/``longitude`` tie-point grids come from
-    :func:`~depsi.io.geometry.radar_to_geo` at ``geometry.height`` (the stack's own lat/lon are
+    :func:`~depsi.geometry.radar_to_geo` at ``geometry.height`` (the stack's own lat/lon are
     not used). ``Abstracted_Metadata`` holds the mother's timing, radar frequency and orbit,
     ``Slave_Metadata`` each secondary's orbit; state vectors are sampled every 1-10 s across
     each orbit's span. The product appears whole or not at all: it is written in a temporary

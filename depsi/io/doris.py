@@ -2,7 +2,7 @@
 
 ``from_doris_stack`` opens the ``stack/`` folder that doris_stack leaves (and DePSI users keep),
 one folder per acquisition date, as a Dask-backed ``(azimuth, range, time)`` Dataset with its
-:class:`~depsi.io.geometry.StackGeometry`; :func:`depsi.io.doris_writer.write_doris_stack`
+:class:`~depsi.geometry.StackGeometry`; :func:`depsi.io.doris_writer.write_doris_stack`
 (for fixtures and ``depsi simulate``) writes a stack in that layout.
 
 The layout, per date folder ``YYYYMMDD/``, as TUDelftGeodesy/Doris
@@ -64,15 +64,15 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
-from depsi.io.binary import from_binary
-from depsi.io.bounded import MetadataError
-from depsi.io.geometry import (
+from depsi.geometry import (
     GeometryError,
     GeometryMode,
     Orbit,
     RadarGrid,
     StackGeometry,
 )
+from depsi.io.binary import from_binary
+from depsi.io.bounded import MetadataError
 from depsi.io.metadata import combine_metadata, read_metadata
 from depsi.io.raster import RASTER_DIMS, _chunks, _file_dtype
 from depsi.io.raster_geometry import attach_geometry
@@ -355,7 +355,7 @@ def from_doris_stack(folder: str | os.PathLike, *, geometry: GeometryMode = "pro
     Examples
     --------
     >>> import tempfile, numpy as np
-    >>> from depsi.io.geometry import Orbit, RadarGrid, StackGeometry
+    >>> from depsi.geometry import Orbit, RadarGrid, StackGeometry
     >>> time = np.datetime64("2020-01-01", "ns") + np.arange(2) * np.timedelta64(12, "D")
     >>> t = np.arange(20000.0, 20100.0)
     >>> omega = 2 * np.pi / 5900  # a circular polar orbit, 7000 km from the Earth's centre

@@ -22,6 +22,15 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
+from depsi.geometry import (
+    GeometryError,
+    Orbit,
+    RadarGrid,
+    StackGeometry,
+    baselines,
+    look_geometry,
+    radar_to_geo,
+)
 from depsi.io.doris import (
     EPOCH_RES,
     H2PH_FILE,
@@ -32,15 +41,6 @@ from depsi.io.doris import (
     MOTHER_RES,
     REAL_DTYPE,
     SLC_FILE,
-)
-from depsi.io.geometry import (
-    GeometryError,
-    Orbit,
-    RadarGrid,
-    StackGeometry,
-    baselines,
-    look_geometry,
-    radar_to_geo,
 )
 from depsi.io.metadata import WAVELENGTH_RTOL
 from depsi.io.raster import RASTER_DIMS

@@ -21,9 +21,9 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.conventions import SPEED_OF_LIGHT
+from depsi.geometry import GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.bounded import MetadataError, _raise_problems
 from depsi.io.gamma_par import _DATE_IN_NAME, SLC_FORMATS, parse_par
-from depsi.io.geometry import GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.metadata import WAVELENGTH_RTOL
 from depsi.io.raster import (
     _BinaryStack,
@@ -58,7 +58,7 @@ SAR_RADIUS_TOLERANCE = 0.1
 class GammaImage:
     """What one GAMMA image parameter file says of its image: grid timing and description.
 
-    The first five fields are those of :class:`~depsi.io.geometry.RadarGrid`
+    The first five fields are those of :class:`~depsi.geometry.RadarGrid`
     (:meth:`grid_fields`, :attr:`radar_grid`).
     """
 
@@ -80,7 +80,7 @@ class GammaImage:
     source: str
 
     def grid_fields(self) -> dict[str, Any]:
-        """The keyword arguments of :class:`~depsi.io.geometry.RadarGrid`."""
+        """The keyword arguments of :class:`~depsi.geometry.RadarGrid`."""
         return {"first_line_time": self.first_line_time, "line_interval": self.line_interval,
                 "near_range": self.near_range, "range_spacing": self.range_spacing,
                 "look_side": self.look_side}
@@ -167,7 +167,7 @@ def slc_geometry(par: dict[str, Any], source: str = "slc.par") -> tuple[GammaIma
     ``range_pixel_spacing`` the range spacing, ``c / radar_frequency`` the wavelength and
     ``azimuth_angle`` the look side (90: right, 270: left). The state vectors
     (``time_of_first_state_vector`` + k ``state_vector_interval``, positions and velocities)
-    become an :class:`~depsi.io.geometry.Orbit` whose reference is the date at 00:00 UTC.
+    become an :class:`~depsi.geometry.Orbit` whose reference is the date at 00:00 UTC.
 
     Parameters
     ----------

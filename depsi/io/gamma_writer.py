@@ -15,9 +15,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import SPEED_OF_LIGHT
-from depsi.io.geometry import (
-    WGS84_A,
-    WGS84_F,
+from depsi.geometry import (
     Orbit,
     StackGeometry,
     ecef_to_geodetic,
@@ -27,6 +25,7 @@ from depsi.io.geometry import (
     radar_to_geo,
     zero_doppler_time,
 )
+from depsi.geometry.ellipsoid import WGS84_A, WGS84_F
 from depsi.io.metadata import WAVELENGTH_RTOL
 from depsi.io.raster import RASTER_DIMS
 

@@ -1,6 +1,7 @@
 """Complex SLC rasters in any GDAL format (GeoTIFF, ENVI, ...) through rasterio: the reader
 :func:`from_geotiff` (needs the optional ``geo`` extra), the lazy band reader it shares with the
-pipeline's h2ph rasters (:func:`raster_info`, :func:`open_band`), and the GeoTIFF stack writer.
+h2ph and position rasters of a GeoTIFF stack (:func:`open_geotiff_stack`, the reader of
+``input.format: geotiff``), and the GeoTIFF stack writer.
 """
 
 from __future__ import annotations
@@ -350,6 +351,81 @@ def from_geotiff(
 
 
 # ----------------------------------------------------------------------------------------------
+# The pipeline's GeoTIFF stack: SLCs, h2ph and position rasters
+# ----------------------------------------------------------------------------------------------
+
+#: Valid WGS84 degrees of the position rasters, and the side of the decimated sample of each
+#: that is checked against them (a whole raster is not read before the pixel work).
+POSITION_LIMITS = {"lat": 90.0, "lon": 180.0}
+POSITION_SAMPLE = 512
+
+
+def _check_position_raster(path: Path, name: str) -> None:
+    """Refuse a lat/lon raster whose values (on a decimated sample) are not WGS84 degrees."""
+    with open_radar_raster(path) as src:
+        sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),
+                                        min(src.width, POSITION_SAMPLE)))
+    sample = sample[np.isfinite(sample)]
+    limit = POSITION_LIMITS[name]
+    if sample.size and np.abs(sample).max() > limit:
+        raise ValueError(f"input.path: '{path}': expected {name} in WGS84 degrees within "
+                         f"-{limit:g}..{limit:g}, found {sample.min():g}..{sample.max():g}")
+
+
+def open_geotiff_stack(source: Path, *, dates: Sequence[Any], wavelength: float,
+                       h2ph_folder: str | os.PathLike | None = None) -> xr.Dataset:
+    """A GeoTIFF stack (``input.format: geotiff``): the SLC rasters of ``source`` with
+    ``dates`` and ``wavelength`` from the configuration, h2ph from the ``h2ph_*.tif`` rasters
+    (beside the SLCs or in ``h2ph_folder``, ``input.h2ph``), positions from
+    ``lat.tif``/``lon.tif`` beside the SLCs (WGS84 degrees per radar pixel, as ISCE2's or
+    SNAP's geometry exports)."""
+    tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
+    h2ph_dir = Path(h2ph_folder) if h2ph_folder is not None else source
+    h2ph_files = sorted(p for p in h2ph_dir.iterdir() if p.name.lower().startswith("h2ph")
+                        and p.suffix.lower() in (".tif", ".tiff"))
+    position_files = {name: source / f"{name}.tif" for name in ("lat", "lon")}
+    slc_files = [p for p in tifs if p not in h2ph_files
+                 and p not in position_files.values()]
+    if not slc_files:
+        raise FileNotFoundError(f"input.path: expected SLC GeoTIFFs (*.tif) in "
+                                f"{str(source)!r}, found none")
+    if len(h2ph_files) != len(dates):
+        raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(dates)} "
+                         f"dates) in {str(h2ph_dir)!r}, found {len(h2ph_files)}: the chain "
+                         "needs h2ph and GeoTIFF SLCs carry no orbits")
+    if len(slc_files) == len(dates):
+        check_dates_in_names(slc_files, dates, field="input.dates")
+    # the h2ph rasters are taken in their names' order, which must be the dates' time order
+    in_time_order = sorted(np.array(dates, dtype="datetime64[D]"))
+    check_dates_in_names(h2ph_files, in_time_order, field="input.dates (in time order)")
+    h2ph_info = [raster_info(path) for path in h2ph_files]
+    check_acquisition_dates(h2ph_info, in_time_order, field="input.dates (in time order)")
+    stack = from_geotiff(slc_files, dates=dates, wavelength=wavelength)
+    block = stack["complex"].data.chunksize[:2]
+    layers = []
+    for info in h2ph_info:
+        if info.shape != (stack.sizes["azimuth"], stack.sizes["range"]):
+            raise ValueError(f"input.h2ph: '{info.path}': expected {stack.sizes['azimuth']} x "
+                             f"{stack.sizes['range']} pixels like the SLCs, found "
+                             f"{info.shape[0]} x {info.shape[1]}")
+        layers.append(open_band(info, 1, block).astype(np.float32))
+    order = np.argsort(np.array(dates, dtype="datetime64[D]"), kind="stable")
+    h2ph = da.stack([layers[i] for i in order], axis=-1).rechunk(stack["complex"].chunks)
+    stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
+    if all(p.is_file() for p in position_files.values()):
+        for name, path in position_files.items():
+            _check_position_raster(path, name)
+            info = raster_info(path)
+            if info.shape != (stack.sizes["azimuth"], stack.sizes["range"]):
+                raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
+                                 f"{stack.sizes['range']} pixels like the SLCs, found "
+                                 f"{info.shape[0]} x {info.shape[1]}")
+            stack = stack.assign_coords({name: (("azimuth", "range"),
+                                                open_band(info, 1, block).astype(np.float64))})
+    return stack
+
+
+# ----------------------------------------------------------------------------------------------
 # Writing
 # ----------------------------------------------------------------------------------------------
 
@@ -359,7 +435,7 @@ def write_geotiff_stack(folder: Path, stack: xr.Dataset, geometry) -> dict[str, 
     ``IMAGERY/ACQUISITIONDATETIME``, and float64 ``lat.tif``/``lon.tif`` (geocoded from the
     geometry), as an SLC stack exported by GDAL-based tools."""
 
-    from depsi.io.geometry import radar_to_geo
+    from depsi.geometry import radar_to_geo
 
     folder.mkdir(parents=True, exist_ok=True)
     dates = [np.datetime_as_string(t, unit="D") for t in stack["time"].values]
@@ -393,6 +469,7 @@ __all__ = [
     "check_dates_in_names",
     "date_in_name",
     "from_geotiff",
+    "open_geotiff_stack",
     "open_band",
     "raster_info",
     "write_geotiff_stack",

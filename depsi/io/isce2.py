@@ -45,7 +45,7 @@ Layout, as learnt from public sources (isce-framework/isce2 at b7702cf, insarlab
   ``isce_utils.read_tops_baseline``/``read_stripmap_baseline`` do; ``merged/baselines/DATE/DATE``
   is a coarse float32 Bperp grid (``baselineGrid.py``). ISCE's sign of Bperp is
   ``sign((target - P_ref) x (P_sec - P_ref) . V_ref)``: for a right-looking radar that is minus
-  depsi's ``bperp`` (:func:`depsi.io.geometry.baselines`), for a left-looking one the same.
+  depsi's ``bperp`` (:func:`depsi.geometry.baselines`), for a left-looking one the same.
 
 Where the sources are silent, the plain reading (each also said where it is used): the orbit of
 a date is that of the first burst of its lowest-numbered swath (ISCE: "for now all bursts have
@@ -71,8 +71,8 @@ import xarray as xr
 from dask.base import tokenize
 
 from depsi.errors import BadInputError
+from depsi.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.bounded import MAX_XML_BYTES, parse_xml, read_bounded_text
-from depsi.io.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
 from depsi.io.raster import RASTER_DIMS, _BinaryStack, _chunks, _epochs, _file_dtype, _raster
 from depsi.io.raster_geometry import attach_geometry
 from depsi.stm.schema import validate
@@ -656,7 +656,7 @@ def from_isce2(
         Without orbits but with baseline files: ``bperp`` on ``time`` (depsi's sign: minus
         ISCE's for a right-looking radar) and, when ``reference/IW*.xml`` gives the slant range
         and ``los`` the incidence, ``h2ph = -bperp / (R sin(incidence))`` as
-        :func:`~depsi.io.geometry.baselines` defines it, from one average Bperp per date.
+        :func:`~depsi.geometry.baselines` defines it, from one average Bperp per date.
 
     Raises
     ------
@@ -673,7 +673,7 @@ def from_isce2(
     Examples
     --------
     >>> import tempfile
-    >>> from depsi.io.geometry import Orbit, RadarGrid, StackGeometry
+    >>> from depsi.geometry import Orbit, RadarGrid, StackGeometry
     >>> from depsi.simulate import simulate_stack
     >>> stack, _ = simulate_stack(shape=(8, 10), n_epochs=2, seed=1)
     >>> t = np.arange(0.0, 60.0, 10.0)[:, None]  # a straight track along y at 7.5 km/s
@@ -815,7 +815,7 @@ def _without_orbits(ds: xr.Dataset, folder: Path, ordered: Sequence[str],
                        else "no slant range" if grid is None else "no incidence")
         return out
     slant = grid.near_range + ds["range"].values.astype(np.float64) * grid.range_spacing
-    # h2ph's sign as depsi.io.geometry.baselines gives it: -bperp / (R sin(incidence))
+    # h2ph's sign as depsi.geometry.baselines gives it: -bperp / (R sin(incidence))
     factor = -1.0 / (slant[None, :] * np.sin(np.deg2rad(ds["incidence"].data)))
     h2ph = (factor[:, :, None] * bperp[None, None, :]).astype(np.float32)
     out["h2ph"] = (RASTER_DIMS, h2ph.rechunk(ds["complex"].data.chunks))

@@ -1,4 +1,4 @@
-"""Writing a depsi raster stack and its :class:`~depsi.io.geometry.StackGeometry` as a
+"""Writing a depsi raster stack and its :class:`~depsi.geometry.StackGeometry` as a
 topsStack-shaped ISCE2 folder (merged SLCs with ISCE headers, ``geom_reference`` rasters, TOPS
 swath products, baselines), read back by :func:`depsi.io.isce2.from_isce2`; the layout is the one
 :mod:`depsi.io.isce2` describes."""
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depsi.io.geometry import (
+from depsi.geometry import (
     Orbit,
     StackGeometry,
     baselines,

@@ -1,7 +1,7 @@
 """The geometry of raster stacks: h2ph and lat/lon rasters from the orbits, laid lazily on a
 reader's stack (:func:`attach_geometry`), and a stack checked against its geometry before a writer
 writes it (:func:`check_stack_for_writing`). The orbit model and its maths are in
-:mod:`depsi.io.geometry`."""
+:mod:`depsi.geometry`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 from scipy.interpolate import RectBivariateSpline
 
-from depsi.io.geometry import (
+from depsi.geometry import (
     GEOMETRY_ATTR,
     POSITIONS_ATTR,
     GeometryError,
@@ -115,7 +115,7 @@ def attach_geometry(stack: xr.Dataset, geometry: StackGeometry, *,
     mode
         ``"product"``: keep the product's own ``h2ph`` and ``lat``/``lon`` where it has them,
         computing from the orbits only what it lacks (h2ph; lat/lon are then geocoded per point
-        after selection, :func:`~depsi.io.geometry.geocode_points`). ``"orbits"``: compute h2ph
+        after selection, :func:`~depsi.geometry.geocode_points`). ``"orbits"``: compute h2ph
         and lat/lon from the orbits even where the product has them (the product's stay as
         ``h2ph_product``, ``lat_product``, ``lon_product``), so the two can be compared.
     height

@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 
 from depsi.errors import BadInputError
-from depsi.io.geometry import GEOMETRY_ATTR, StackGeometry
+from depsi.geometry import GEOMETRY_ATTR, StackGeometry
 
 logger = logging.getLogger(__name__)
 

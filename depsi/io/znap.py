@@ -1,42 +1,18 @@
-"""Write a raster stack and its geometry as SNAP "znap" Zarr products, one per date.
-
-The layout is the one of the real SNAP pair in ``tests/data/sarxarray_slc/zarrs``
-(``20230319-coreg.znap``, ``20230331-coreg.znap``), read back by
-:func:`depsi.io.snap.from_snap`:
-
-- one product per epoch, ``YYYYMMDD-coreg.znap``, each a Zarr v2 group (``.zgroup``,
-  ``.zattrs`` with ``znap_format``, ``product_name``, raster size, time coverage, the tie-point
-  geocoding and ``original_raster_data_node_order``);
-- bands ``i_<pol>_<DDMonYYYY>`` and ``q_<pol>_<DDMonYYYY>`` (units ``real``/``imaginary``) and,
-  for a secondary of a stack with ``h2ph``, ``h2ph_<pol>_<DDMonYYYY>``; the mother has no h2ph
-  band (SNAP writes none). Every array is big-endian float32 (``>f4``), uncompressed, with
-  ``dimension_separator`` ``.``, fill value 0 and ``_ARRAY_DIMENSIONS`` ``[y, x]``;
-- tie-point grids ``latitude``/``longitude`` (``[yt, xt]``, units ``degree``) with ``offset_x``,
-  ``offset_y``, ``subsampling_x``, ``subsampling_y`` in SNAP's pixel-centre convention (tie point
-  ``k`` at ``offset + k * subsampling``, pixel ``i`` sampled at ``i + 0.5``), geocoded by
-  :func:`~depsi.io.geometry.radar_to_geo` at the geometry's height;
-- ``SNAP/product_metadata.json``: a JSON list of metadata elements ``{name, attributes:
-  [{name, readOnly, data: {type, elems}}], elements: [...]}``. ``Abstracted_Metadata`` holds
-  the mother's timing (``first_line_time`` and the other UTC values as ``[days, seconds,
-  microseconds]`` since 2000-01-01), ``radar_frequency`` (MHz), ``slant_range_to_first_pixel``,
-  ``range_spacing``, ``avg_scene_height``, ``antenna_pointing``, ``subset_offset_x/y`` and its
-  ``Orbit_State_Vectors/orbit_vectorN``; ``Slave_Metadata`` holds ``Master_bands`` and one
-  element per secondary, ``<name>_Orb_<DDMonYYYY>``, with its own timing and orbit. As in the
-  real pair, every product carries the same (the stack's) metadata.
-
-State vectors are sampled every second across each orbit's span (at whole microseconds), so an
-orbit of 1 s vectors comes back exactly. Each product appears whole or not at all: all are
-written in a temporary sibling folder and then renamed into place.
+"""The reader of coregistered SNAP "znap" Zarr products (I/Q bands per date) into one SLC stack;
+their writer is :mod:`depsi.io.znap_writer`.
 """
 
 from __future__ import annotations
 
-import base64
+import hashlib
 import json
+import logging
 import os
 import re
-import shutil
-import tempfile
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -44,397 +20,615 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from depsi.conventions import MONTH_ABBREVIATIONS, SPEED_OF_LIGHT
-from depsi.io.geometry import (
-    Orbit,
-    StackGeometry,
-    geodetic_to_ecef,
-    radar_to_geo,
-    zero_doppler_time,
+from depsi.conventions import MONTH_NUMBERS, SPEED_OF_LIGHT
+from depsi.geometry import GeometryError, GeometryMode, Orbit, RadarGrid, StackGeometry
+from depsi.io.bounded import MetadataError
+from depsi.io.metadata import WAVELENGTH_RANGE
+from depsi.io.raster import (
+    RASTER_DIMS,
+    _check_exist,
+    _chunks,
+    _finish,
+    _iq_to_complex64,
+    _path_list,
+    _raster,
 )
-from depsi.io.raster_geometry import check_stack_for_writing
+from depsi.io.raster_geometry import attach_geometry
 
-__all__ = ["write_znap"]
+logger = logging.getLogger(__name__)
 
-RASTER_DIMS = ("azimuth", "range", "time")
-ZNAP_FORMAT = "0.1"
-#: SNAP's UTC epoch: times are [days, seconds, microseconds] after it.
-SNAP_EPOCH = np.datetime64("2000-01-01T00:00:00", "ns")
-#: Seconds between the state vectors written.
-ORBIT_INTERVAL_SECONDS = 1
-#: Largest tie-point spacing (pixels); grids have at least 3 x 3 points.
-TIE_POINT_SUBSAMPLING = 16
-#: Bytes of the stack held in memory at once while writing (one band of lines, all epochs).
-WRITE_BUDGET_BYTES = 256 * 2**20
-_ARRAY: dict[str, Any] = {"dtype": ">f4", "compressors": None, "filters": None, "fill_value": 0.0,
-          "chunk_key_encoding": {"name": "v2", "separator": "."}}
-_GEOCODING: dict[str, Any] = {"TiePointGeoCoding": {
-    "___persistence_id___": "TiePointGC:1",
-    "Coordinate_Reference_System": {"Horizontal_CS": {
-        "HORIZONTAL_CS_TYPE": "GEOGRAPHIC",
-        "Geographic_CS": {"Horizontal_Datum": {
-            "HORIZONTAL_DATUM_NAME": "WGS-84",
-            "Ellipsoid": {"ELLIPSOID_NAME": "WGS-84", "Ellipsoid_Parameters": {
-                "ELLIPSOID_MAJ_AXIS": {"unit": "M", "value": "6378137.0"},
-                "ELLIPSOID_MIN_AXIS": {"unit": "M", "value": "6356752.3"}}}}}}},
-    "Geoposition": {"Geoposition_Points": {"TIE_POINT_GRID_NAME_LAT": "latitude",
-                                           "TIE_POINT_GRID_NAME_LON": "longitude"}}}}
-_VECTOR_DATA = {
-    "ground_control_points.csv": (
-        "#defaultCSS=symbol:plus; stroke:#ff8800; stroke-opacity:0.8; stroke-width:1.0\n"
-        "org.esa.snap.GroundControlPoint\tgeometry:Point\tstyle_css:String\tlabel:String\t"
-        "text:String\tpixelPos:Point\tgeoPos:Point\tdateTime:Date\n"),
-    "pins.csv": (
-        "#defaultCSS=symbol:pin; fill:#0000ff; fill-opacity:0.7; stroke:#ffffff; "
-        "stroke-opacity:1.0; stroke-width:0.5\n"
-        "org.esa.snap.Pin\tgeometry:Point\tstyle_css:String\tlabel:String\ttext:String\t"
-        "pixelPos:Point\tgeoPos:Point\tdateTime:Date\n")}
+_SNAP_BAND = re.compile(r"^(?P<kind>i|q|h2ph)_(?:(?P<swath>[A-Z]{2}\d)_)?(?P<pol>[HV]{2})"
+                        r"(?:_(?P<role>mst|slv\d*))?_(?P<date>\d{2}[A-Za-z]{3}\d{4})$")
+_SNAP_DATE = re.compile(r"(\d{2})([A-Za-z]{3})(\d{4})")
+#: Where pixel (azimuth, range) lies in the coordinates of a znap product's tie-point grids:
+#: rows at the line index itself, columns at the pixel's centre (as measured on the real pair:
+#: docs/benchmarks.md, "Geometry from orbits").
+SNAP_TIE_POINT_CENTRE = (0.0, 0.5)
+#: SNAP writes UTC times as [days, seconds, microseconds] since 2000-01-01.
+_MJD2000 = np.datetime64("2000-01-01T00:00:00", "ns")
 
 
-# ----------------------------------------------------------------------------------------------
-# Small helpers: SNAP times, date tags, metadata elements
-# ----------------------------------------------------------------------------------------------
+def _snap_date(text: str, what: str) -> np.datetime64:
+    """``19Mar2023`` -> ``2023-03-19`` at 00:00, without the locale."""
+    match = _SNAP_DATE.fullmatch(text)
+    month = MONTH_NUMBERS.get(match.group(2).lower()) if match else None
+    try:
+        if month is None or match is None:
+            raise ValueError("unknown month")
+        return np.datetime64(date(int(match.group(3)), month, int(match.group(1))), "ns")
+    except ValueError as err:
+        raise ValueError(f"{what}: expected a date such as '19Mar2023', found {text!r} "
+                         f"({err})") from None
 
-def _snap_utc(moment: Any) -> list[int]:
-    """SNAP's UTC ``[days, seconds, microseconds]`` since 2000-01-01, to the microsecond.
 
-    Examples
-    --------
-    >>> _snap_utc(np.datetime64("2023-03-31T05:50:35.812250"))
-    [8490, 21035, 812250]
+@dataclass(frozen=True)
+class _SnapEpoch:
+    date: np.datetime64
+    product: Path
+    i: str
+    q: str
+    h2ph: str | None
+    role: str | None
+
+
+def _open_znap(path: Path) -> xr.Dataset:
+    """Open a znap product as stored (no masking of SNAP's 0 fill value)."""
+    with warnings.catch_warnings():
+        # macOS Finder litter (.DS_Store) inside the product folder is not a Zarr node
+        warnings.filterwarnings("ignore", message=r"Object at .* is not recognized as a "
+                                                  r"component of a Zarr hierarchy")
+        try:
+            return xr.open_zarr(path, consolidated=False, mask_and_scale=False, chunks={})
+        except Exception as err:
+            raise ValueError(f"SNAP product '{path}': expected a znap Zarr store readable by "
+                             f"xarray.open_zarr, found an error: {err}") from err
+
+
+#: Keys of a band's Zarr v2 ``.zarray`` the reader needs to read it as written.
+ZARRAY_KEYS = ("shape", "chunks", "dtype")
+_CHUNK_KEY = re.compile(r"^\d+([./]\d+)*$")
+
+
+def _zarray(folder: Path, product: Path) -> dict[str, Any]:
+    file = folder / ".zarray"
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"SNAP product '{product}': array metadata '{file}': expected Zarr v2 "
+                         f"JSON, found an error: {err}") from None
+    missing = [k for k in ZARRAY_KEYS if k not in meta]
+    if not isinstance(meta, dict) or missing:
+        raise ValueError(f"SNAP product '{product}': array metadata '{file}': expected the keys "
+                         f"{list(ZARRAY_KEYS)}, found no {missing or 'JSON object'}")
+    return meta
+
+
+def _byte_order(dtype: str) -> str | None:
+    """``'>'`` or ``'<'`` for a multi-byte Zarr v2 dtype, None for one-byte or unparsable ones."""
+    try:
+        parsed = np.dtype(dtype)
+    except TypeError:
+        return None
+    return None if parsed.itemsize == 1 else (">" if parsed.byteorder == ">" or (
+        parsed.byteorder == "=" and not np.little_endian) else "<")
+
+
+def _check_chunk_files(folder: Path, meta: dict[str, Any], product: Path) -> None:
+    """Each stored chunk of an uncompressed band holds exactly one chunk of samples."""
+    if meta.get("compressor") is not None or meta.get("filters"):
+        return
+    expected = int(np.prod(meta["chunks"])) * np.dtype(meta["dtype"]).itemsize
+    nested = meta.get("dimension_separator") == "/"
+    files = (p for p in folder.rglob("*") if p.is_file()) if nested else \
+        (p for p in folder.iterdir() if p.is_file())
+    for file in files:
+        key = str(file.relative_to(folder))
+        if _CHUNK_KEY.match(key) and file.stat().st_size != expected:
+            raise ValueError(
+                f"SNAP product '{product}': band '{folder.name}' chunk '{file}': expected "
+                f"{expected} bytes (an uncompressed chunk of {meta['chunks']} samples of "
+                f"{meta['dtype']}), found {file.stat().st_size}")
+
+
+def _check_band_arrays(path: Path) -> None:
+    """The I/Q/h2ph bands' ``.zarray`` files and chunks, before the product is opened.
+
+    Every band needs ``shape``, ``chunks`` and ``dtype``; its shape is the product's raster
+    size (``.zattrs``) where stated; its byte order is that of the product's other arrays
+    (SNAP writes a product in one byte order: a band that differs was not written so); an
+    uncompressed chunk file holds exactly one chunk.
     """
-    # numpy's stubs type datetime64 - datetime64 as datetime.timedelta, not timedelta64
-    ns = int((np.datetime64(moment, "ns") - SNAP_EPOCH) / np.timedelta64(1, "ns"))  # type: ignore[operator]
-    micro = (ns + 500) // 1000
-    days, rest = divmod(micro, 86_400_000_000)
-    seconds, micro = divmod(rest, 1_000_000)
-    return [int(days), int(seconds), int(micro)]
+    folders = sorted(p for p in path.iterdir() if (p / ".zarray").is_file())
+    metas = {folder: _zarray(folder, path) for folder in folders
+             if _SNAP_BAND.match(folder.name)}
+    try:
+        root = json.loads((path / ".zattrs").read_text())
+    except (OSError, ValueError):
+        root = {}
+    size = tuple(root.get(k) for k in ("product_scene_raster_height",
+                                       "product_scene_raster_width"))
+    for folder, meta in metas.items():
+        if None not in size and tuple(meta["shape"]) != size:
+            raise ValueError(f"SNAP product '{path}': band '{folder.name}' ('{folder}/.zarray'): "
+                             f"field 'shape': expected {list(size)} (the product's raster "
+                             f"size in .zattrs), found {meta['shape']}")
+    dtypes = {folder: str(zarray.get("dtype")) for folder in folders
+              if (zarray := metas.get(folder) or _zarray_or_none(folder)) is not None}
+    orders = {f: o for f, d in dtypes.items() if (o := _byte_order(d)) is not None}
+    if len(set(orders.values())) > 1:
+        counts = {o: sum(v == o for v in orders.values()) for o in set(orders.values())}
+        usual = max(counts, key=counts.__getitem__)
+        names = {">": "big-endian", "<": "little-endian"}
+        odd = ", ".join(f"'{f.name}/.zarray' ({dtypes[f]})" for f, o in orders.items()
+                        if o != usual)
+        raise ValueError(f"SNAP product '{path}': field 'dtype': expected one byte order for "
+                         f"all of its arrays ({names[usual]}, as {counts[usual]} of them), "
+                         f"found another in {odd}")
+    for folder, meta in metas.items():
+        _check_chunk_files(folder, meta, path)
 
 
-def _iso(moment: Any) -> str:
-    return np.datetime_as_string(np.datetime64(moment, "us")) + "Z"
+def _zarray_or_none(folder: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((folder / ".zarray").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
-def _date_tag(moment: Any) -> str:
-    """``19Mar2023`` (English month, whatever the locale).
-
-    Examples
-    --------
-    >>> _date_tag(np.datetime64("2023-03-19T05:50"))
-    '19Mar2023'
-    """
-    day = np.datetime_as_string(np.datetime64(moment, "D"))
-    return f"{day[8:10]}{MONTH_ABBREVIATIONS[int(day[5:7]) - 1]}{day[:4]}"
+def _snap_attributes(element: dict) -> dict[str, Any]:
+    return {a["name"]: a.get("data", {}).get("elems") for a in element.get("attributes", [])}
 
 
-def _attribute(name: str, value: Any, kind: str, unit: str | None = None) -> dict[str, Any]:
-    if kind == "float64":
-        elems: Any = [float(value)]
-    elif kind in ("int32", "uint32"):
-        elems = [int(value)]
-    elif kind == "uint8":
-        elems = base64.b64encode(bytes([int(value)])).decode("ascii")
-    elif kind == "utc":
-        elems = _snap_utc(value)
+def _metadata_elements(file: Path, parsed: dict[bytes, dict[str, Any]]) -> dict[str, Any]:
+    """The metadata elements of a ``product_metadata.json`` by name, parsed once per content
+    into ``parsed`` (one reading of a stack: its products carry the same stack metadata, every
+    secondary's timing and orbit, which grows as epochs times epochs: 12 MB a product at 36
+    epochs, 0.5 s to parse). Read-only: shared by every product with the same bytes."""
+    content = file.read_bytes()
+    digest = hashlib.blake2b(content, digest_size=16).digest()
+    if digest not in parsed:
+        parsed[digest] = {e.get("name"): e for e in json.loads(content)}
+    return parsed[digest]
+
+
+def _snap_metadata(path: Path, parsed: dict[bytes, dict[str, Any]]) -> dict[str, Any]:
+    """Wavelength, mother date, subset offsets from ``SNAP/product_metadata.json``."""
+    file = path / "SNAP" / "product_metadata.json"
+    if not file.is_file():
+        raise MetadataError(f"SNAP product '{path}': expected SNAP/product_metadata.json (for "
+                            "the radar frequency), found no such file", paths=[str(file)])
+    try:
+        elements = _metadata_elements(file, parsed)
+    except (ValueError, AttributeError) as err:
+        raise MetadataError(f"SNAP metadata '{file}': expected a JSON list of metadata "
+                            f"elements, found unreadable content ({err})",
+                            paths=[str(file)]) from None
+    abstracted = _snap_attributes(elements.get("Abstracted_Metadata", {}))
+    frequency = abstracted.get("radar_frequency")
+    try:
+        if frequency is None:
+            raise TypeError
+        frequency_hz = float(np.ravel(frequency)[0]) * 1e6  # SNAP states MHz
+    except (TypeError, ValueError, IndexError):
+        raise MetadataError(f"SNAP metadata '{file}': field 'Abstracted_Metadata/"
+                            f"radar_frequency': expected the radar frequency in MHz, found "
+                            f"{frequency!r}", paths=[str(file)]) from None
+    wavelength = SPEED_OF_LIGHT / frequency_hz
+    if not WAVELENGTH_RANGE[0] < wavelength < WAVELENGTH_RANGE[1]:
+        raise MetadataError(f"SNAP metadata '{file}': field 'Abstracted_Metadata/"
+                            f"radar_frequency': expected a radar frequency in MHz, found "
+                            f"{frequency!r} (a wavelength of {wavelength:g} m)", paths=[str(file)])
+    mother = None
+    master_bands = _snap_attributes(elements.get("Slave_Metadata", {})).get("Master_bands")
+    found = _SNAP_DATE.search(master_bands or "")
+    if found:
+        mother = _snap_date(found.group(0), f"{file}: Slave_Metadata/Master_bands")
     else:
-        elems = str(value)
-    out: dict[str, Any] = {"name": name, "readOnly": False, "data": {"type": kind,
-                                                                     "elems": elems}}
-    if unit is not None:
-        out["unit"] = unit
-    return out
+        first_line = abstracted.get("first_line_time")
+        if isinstance(first_line, list) and len(first_line) == 3:
+            mother = (_MJD2000 + np.timedelta64(int(first_line[0]), "D")).astype(
+                "datetime64[D]").astype("datetime64[ns]")
+
+    def integer(name: str) -> int | None:
+        value = abstracted.get(name)
+        return int(np.ravel(value)[0]) if value is not None else None
+
+    return {"wavelength": wavelength, "radar_frequency": frequency_hz, "mother": mother,
+            "azimuth_offset": integer("subset_offset_y"),
+            "range_offset": integer("subset_offset_x"), "file": str(file)}
 
 
-def _element(name: str, attributes: list[dict] | None = None,
-             elements: list[dict] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name}
-    if attributes:
-        out["attributes"] = attributes
-    if elements:
-        out["elements"] = elements
-    return out
+def _snap_time(value: Any, what: str) -> np.datetime64:
+    """SNAP's UTC ``[days, seconds, microseconds]`` since 2000-01-01 as datetime64[ns]."""
+    try:
+        days, seconds, micro = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise GeometryError(f"{what}: expected a UTC time [days, seconds, microseconds], "
+                            f"found {value!r}") from None
+    return (_MJD2000 + np.timedelta64(days, "D") + np.timedelta64(seconds, "s")
+            + np.timedelta64(micro, "us"))
 
 
-def _orbit_samples(orbit: Orbit) -> tuple[list[np.datetime64], np.ndarray, np.ndarray]:
-    """State vectors every :data:`ORBIT_INTERVAL_SECONDS` across the orbit's span, at whole
-    microseconds (the first at or after the orbit's first vector)."""
-    first = orbit.reference + np.timedelta64(int(round(orbit.time[0] * 1e9)), "ns")
-    start = SNAP_EPOCH + np.timedelta64(int(np.ceil(
-        (first - SNAP_EPOCH) / np.timedelta64(1, "us"))) * 1000, "ns")
-    start_s = orbit.seconds(start)
-    count = int(np.floor((orbit.time[-1] - start_s) / ORBIT_INTERVAL_SECONDS + 1e-9)) + 1
-    moments: list[np.datetime64] = [start + np.timedelta64(k * ORBIT_INTERVAL_SECONDS, "s")
-                                    for k in range(count)]
-    position, velocity, _ = orbit.state(np.array([orbit.seconds(m) for m in moments]))
-    return moments, position, velocity
+def _snap_orbit(element: dict, what: str) -> Orbit:
+    """The ``Orbit_State_Vectors`` of an ``Abstracted_Metadata`` or ``Slave_Metadata`` item."""
+    children = {e.get("name"): e for e in element.get("elements", [])}
+    vectors = children.get("Orbit_State_Vectors", {}).get("elements", [])
+    if not vectors:
+        raise GeometryError(f"{what}: expected 'Orbit_State_Vectors' with state vectors, "
+                            "found none")
+    rows = [_snap_attributes(v) for v in vectors]
+    try:
+        times = np.array([_snap_time(r["time"], f"{what}/Orbit_State_Vectors") for r in rows])
+        position = np.array([[float(np.ravel(r[f"{c}_pos"])[0]) for c in "xyz"] for r in rows])
+        velocity = np.array([[float(np.ravel(r[f"{c}_vel"])[0]) for c in "xyz"] for r in rows])
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise GeometryError(f"{what}/Orbit_State_Vectors: expected time, x/y/z_pos and "
+                            f"x/y/z_vel in every vector, found a vector without {err}") from None
+    reference = times[0].astype("datetime64[D]").astype("datetime64[ns]")
+    return Orbit(reference, (times - reference) / np.timedelta64(1, "ns") * 1e-9, position,
+                 velocity, source=what)
 
 
-def _orbit_element(orbit: Orbit) -> dict[str, Any]:
-    moments, position, velocity = _orbit_samples(orbit)
-    vectors = []
-    for k, moment in enumerate(moments):
-        attributes = [_attribute("time", moment, "utc")]
-        attributes += [_attribute(f"{c}_pos", position[k, i], "float64", "m")
-                       for i, c in enumerate("xyz")]
-        attributes += [_attribute(f"{c}_vel", velocity[k, i], "float64", "m/s")
-                       for i, c in enumerate("xyz")]
-        vectors.append(_element(f"orbit_vector{k + 1}", attributes))
-    return _element("Orbit_State_Vectors", elements=vectors)
+def _snap_line_time(abstracted: dict, fields: dict[str, Any], what: str) -> np.datetime64:
+    """Zero-Doppler time of the product's line 0.
+
+    From the burst whose lines hold the subset's first line (``BurstBoundary``:
+    ``FirstLineTime`` + (``subset_offset_y`` - ``FirstLineDeburst``) x ``line_time_interval``)
+    where the product records its bursts, else ``first_line_time``, which can lie a line or so
+    later (figures of the real pair: docs/benchmarks.md, "Geometry from orbits").
+    """
+    stated = _snap_time(fields.get("first_line_time"), f"{what}/first_line_time")
+    children = {e.get("name"): e for e in abstracted.get("elements", [])}
+    bursts = [b for swath in children.get("BurstBoundary", {}).get("elements", [])
+              for b in swath.get("elements", [])]
+    try:
+        offset = float(np.ravel(fields.get("subset_offset_y") or [0])[0])
+        interval = float(np.ravel(fields["line_time_interval"])[0])
+        rows = [_snap_attributes(b) for b in bursts]
+        spans = [(float(np.ravel(r["FirstLineDeburst"])[0]),
+                  float(np.ravel(r["LastLineDeburst"])[0]),
+                  float(np.ravel(r["FirstLineTime"])[0])) for r in rows]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return stated
+    for first, last, seconds in spans:
+        if first <= offset <= last:
+            moment = _MJD2000 + np.timedelta64(
+                int(round((seconds + (offset - first) * interval) * 1e9)), "ns")
+            shift = float((stated - moment) / np.timedelta64(1, "ns")) * 1e-9 / interval
+            if abs(shift) > 0.1:
+                logger.info("%s: line 0 at the burst's timing, %.2f lines before its "
+                            "first_line_time", what, shift)
+            return moment
+    return stated
 
 
-def _timing(name: str, first_line: np.datetime64, near: float, geometry: StackGeometry,
-            orbit: Orbit, shape: tuple[int, int], polarisation: str) -> list[dict[str, Any]]:
-    grid = geometry.grid
-    last_line = first_line + np.timedelta64(int(round((shape[0] - 1) * grid.line_interval
-                                                      * 1e9)), "ns")
-    _, velocity, _ = orbit.state(np.array([orbit.seconds(first_line)]))
-    frequency_mhz = SPEED_OF_LIGHT / geometry.wavelength / 1e6
-    return [_attribute(*row) for row in (
-        ("PRODUCT", name, "ascii"), ("PRODUCT_TYPE", "SLC", "ascii"),
-        ("SPH_DESCRIPTOR", "depsi simulated SLC", "ascii"),
-        ("antenna_pointing", grid.look_side, "ascii"),
-        ("PASS", "ASCENDING" if velocity[0, 2] > 0 else "DESCENDING", "ascii"),
-        ("first_line_time", first_line, "utc"), ("last_line_time", last_line, "utc"),
-        ("SAMPLE_TYPE", "COMPLEX", "ascii"), ("mds1_tx_rx_polar", polarisation, "ascii"),
-        ("azimuth_looks", 1.0, "float64"), ("range_looks", 1.0, "float64"),
-        ("range_spacing", grid.range_spacing, "float64", "m"),
-        ("radar_frequency", frequency_mhz, "float64", "MHz"),
-        ("line_time_interval", grid.line_interval, "float64", "s"),
-        ("num_output_lines", shape[0], "uint32", "lines"),
-        ("num_samples_per_line", shape[1], "uint32", "samples"),
-        ("avg_scene_height", geometry.height, "float64", "m"),
-        ("slant_range_to_first_pixel", near, "float64", "m"))]
+def _snap_geometry(path: Path, dates: np.ndarray, mother: np.datetime64 | None,
+                   wavelength: float, parsed: dict[bytes, dict[str, Any]]) -> StackGeometry:
+    """The stack's geometry from a SNAP product's metadata: the mother's timing and orbit
+    (``Abstracted_Metadata``) and each secondary's orbit (``Slave_Metadata``)."""
+    file = path / "SNAP" / "product_metadata.json"
+    elements = _metadata_elements(file, parsed)
+    abstracted = elements.get("Abstracted_Metadata", {})
+    fields = _snap_attributes(abstracted)
+    what = f"SNAP metadata '{file}': Abstracted_Metadata"
+
+    def number(name: str) -> float:
+        try:
+            return float(np.ravel(fields[name])[0])
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise GeometryError(f"{what}/{name}: expected a number, found "
+                                f"{fields.get(name)!r}") from None
+
+    first_line = _snap_line_time(abstracted, fields, what)
+    grid = RadarGrid(first_line, number("line_time_interval"),
+                     number("slant_range_to_first_pixel"), number("range_spacing"),
+                     look_side="left" if fields.get("antenna_pointing") == "left" else "right")
+    orbits = {first_line.astype("datetime64[D]"): _snap_orbit(abstracted, what)}
+    for item in elements.get("Slave_Metadata", {}).get("elements", []):
+        found = _SNAP_DATE.search(str(item.get("name", ""))[-9:])
+        if found:
+            day = _snap_date(found.group(0), f"{file}: Slave_Metadata/{item.get('name')}")
+            orbits[day.astype("datetime64[D]")] = _snap_orbit(
+                item, f"SNAP metadata '{file}': Slave_Metadata/{item.get('name')}")
+    days = dates.astype("datetime64[D]")
+    missing = [str(d) for d in days if d not in orbits]
+    if missing:
+        raise GeometryError(f"SNAP metadata '{file}': expected orbit state vectors for every "
+                            f"date of the stack, found none for {missing} (orbits of "
+                            f"{sorted(str(d) for d in orbits)})")
+    # numpy's stubs lack datetime64(datetime64, unit)
+    mother_day = first_line.astype("datetime64[D]") if mother is None else \
+        np.datetime64(mother, "D")  # type: ignore[call-overload]
+    if mother_day not in days:
+        raise GeometryError(f"SNAP metadata '{file}': expected the mother's product "
+                            f"({mother_day}, whose grid the stack is on) among the stack's "
+                            f"dates, found only {[str(d) for d in days]}")
+    height = number("avg_scene_height") if "avg_scene_height" in fields else 0.0
+    return StackGeometry(grid, tuple(orbits[d] for d in days),
+                         int(np.flatnonzero(days == mother_day)[0]), wavelength, height)
 
 
-# ----------------------------------------------------------------------------------------------
-# The writer
-# ----------------------------------------------------------------------------------------------
-
-def _check_writable(stack: xr.Dataset, geometry: StackGeometry) -> xr.Dataset:
-    return check_stack_for_writing(stack, geometry, dates_in="product and band names",
-                                   raster="znap")
-
-
-def _tie_points(size: int) -> tuple[np.ndarray, float, float]:
-    """Tie-point pixel indices (from 0), SNAP offset and subsampling: at least 3 points, at
-    most :data:`TIE_POINT_SUBSAMPLING` pixels apart, the first on pixel 0's centre and the
-    last at or beyond the last pixel's."""
-    step = int(max(1, min(TIE_POINT_SUBSAMPLING, np.ceil(max(size - 1, 1) / 2))))
-    count = max(3, int(np.ceil(max(size - 1, 0) / step)) + 1)
-    return np.arange(count, dtype=np.float64) * step, 0.5, float(step)
-
-
-def _metadata(stack: xr.Dataset, geometry: StackGeometry, names: list[dict[str, str]],
-              shape: tuple[int, int], origin: tuple[int, int], polarisation: str,
-              product: str) -> list[dict[str, Any]]:
-    grid, mother = geometry.grid, geometry.mother
-    time = stack["time"].values
-    first_line = grid.first_line_time + np.timedelta64(
-        int(round(origin[0] * grid.line_interval * 1e9)), "ns")
-    near = grid.near_range + origin[1] * grid.range_spacing
-    abstracted = _timing(f"{product}_{_date_tag(time[mother])}", first_line, near, geometry,
-                         geometry.mother_orbit, shape, polarisation)
-    abstracted += [
-        _attribute("subset_offset_x", int(stack.attrs.get("range_offset") or 0) + origin[1],
-                   "uint32", "samples"),
-        _attribute("subset_offset_y", int(stack.attrs.get("azimuth_offset") or 0) + origin[0],
-                   "uint32", "samples"),
-        _attribute("coregistered_stack", 1, "uint8", "flag")]
-    secondaries = []
-    # a secondary's own first line and near range: its view of pixel (0, 0) on the mother grid
-    lat, lon = radar_to_geo(geometry, np.array([float(origin[0])]), np.array([float(origin[1])]))
-    target = geodetic_to_ecef(lat, lon, geometry.height)
-    for k, (moment, orbit) in enumerate(zip(time, geometry.orbits)):
-        if k == mother:
+def _snap_epochs(ds: xr.Dataset, path: Path, polarisation: str) -> list[_SnapEpoch]:
+    bands: dict[tuple[str, str | None], dict[str, str]] = {}
+    for name in ds.data_vars:
+        match = _SNAP_BAND.match(str(name))
+        if match and match["pol"] == polarisation:
+            bands.setdefault((match["date"], match["role"]), {})[match["kind"]] = str(name)
+    epochs = []
+    for (day, role), kinds in bands.items():
+        if "i" not in kinds and "q" not in kinds:
+            logger.info("SNAP product %s: band %s has no I/Q bands beside it; skipped",
+                        path, kinds.get("h2ph"))
             continue
-        t = zero_doppler_time(orbit, target)
-        position, _, _ = orbit.state(t)
-        name = f"{product}_Orb_{_date_tag(moment)}"
-        attributes = _timing(name, orbit.reference + np.timedelta64(int(round(t[0] * 1e9)), "ns"),
-                             float(np.linalg.norm(target[0] - position[0])), geometry, orbit,
-                             shape, polarisation)
-        attributes.append(_attribute("Slave_bands", f"{names[k]['i']} {names[k]['q']}", "ascii"))
-        secondaries.append(_element(name, attributes, [_orbit_element(orbit)]))
-    master_bands = (f"i_{polarisation}_mst_{_date_tag(time[mother])} "
-                    f"q_{polarisation}_mst_{_date_tag(time[mother])}")
-    return [_element("Abstracted_Metadata", abstracted,
-                     [_orbit_element(geometry.mother_orbit)]),
-            _element("Slave_Metadata", [_attribute("Master_bands", master_bands, "ascii")],
-                     secondaries)]
+        for part, other in (("i", "q"), ("q", "i")):
+            if part not in kinds:
+                present = kinds[other]
+                raise ValueError(f"SNAP product '{path}': expected band "
+                                 f"{part + present[1:]!r} beside {present!r}, "
+                                 "found no such band")
+        epochs.append(_SnapEpoch(_snap_date(day, f"band {kinds['i']!r} of '{path}'"), path,
+                                 kinds["i"], kinds["q"], kinds.get("h2ph"), role))
+    return epochs
 
 
-def _rows_per_block(shape: tuple[int, int], n_time: int) -> int:
-    per_row = max(1, shape[1] * n_time * 12)  # complex64 + float32 h2ph
-    return int(max(1, min(shape[0], WRITE_BUDGET_BYTES // per_row)))
+def _acquisition_days(elements: dict[str, Any], file: Path) -> dict[np.datetime64, str]:
+    """The days of the acquisitions a product's metadata describes: the mother's
+    ``first_line_time`` and each secondary's (else the date ending its element's name)."""
+    days = {}
+    items = [("Abstracted_Metadata", elements.get("Abstracted_Metadata", {}))]
+    items += [(f"Slave_Metadata/{e.get('name')}", e)
+              for e in elements.get("Slave_Metadata", {}).get("elements", [])]
+    for where, element in items:
+        first_line = _snap_attributes(element).get("first_line_time")
+        if isinstance(first_line, list) and len(first_line) == 3:
+            day = _snap_time(first_line, f"{file}: {where}/first_line_time")
+        elif (found := _SNAP_DATE.search(str(element.get("name", ""))[-9:])) is not None:
+            day = _snap_date(found.group(0), f"{file}: {where}")
+        else:
+            continue
+        days[day.astype("datetime64[D]")] = where
+    return days
 
 
-def _product_root_attrs(product: str, stack: xr.Dataset, geometry: StackGeometry,
-                        shape: tuple[int, int], origin: tuple[int, int],
-                        bands: list[str]) -> dict[str, Any]:
-    grid = geometry.grid
-    first_line = grid.first_line_time + np.timedelta64(
-        int(round(origin[0] * grid.line_interval * 1e9)), "ns")
-    last_line = first_line + np.timedelta64(int(round((shape[0] - 1) * grid.line_interval
-                                                      * 1e9)), "ns")
-    return {"znap_format": ZNAP_FORMAT, "product_name": product, "product_type": "SLC",
-            "product_description": "Coregistered SLC stack written by depsi",
-            "product_scene_raster_width": int(shape[1]),
-            "product_scene_raster_height": int(shape[0]),
-            "time_coverage_start": _iso(first_line), "time_coverage_end": _iso(last_line),
-            "geocoding": _GEOCODING,
-            "original_raster_data_node_order": bands + ["latitude", "longitude"]}
+def _check_epoch_names(epochs: list[_SnapEpoch], ds: xr.Dataset, path: Path,
+                       parsed: dict[bytes, dict[str, Any]]) -> None:
+    """Refuse bands whose names (and so dates) the product does not know: a band missing from
+    the product's own ``original_raster_data_node_order``, or dated on a day none of its
+    metadata's acquisitions (``first_line_time``) falls on."""
+    listed = ds.attrs.get("original_raster_data_node_order")
+    file = path / "SNAP" / "product_metadata.json"
+    days = _acquisition_days(_metadata_elements(file, parsed), file)
+    for epoch in epochs:
+        bands = [b for b in (epoch.i, epoch.q, epoch.h2ph) if b is not None]
+        unknown = [b for b in bands if listed is not None and b not in listed]
+        if unknown and listed is not None:
+            raise ValueError(f"SNAP product '{path}': band {unknown[0]!r}: expected one of the "
+                             f"bands its .zattrs lists in original_raster_data_node_order "
+                             f"{list(listed)}, found a band of another name (renamed?)")
+        day = epoch.date.astype("datetime64[D]")
+        if days and day not in days:
+            raise ValueError(f"SNAP metadata '{file}': band {epoch.i!r} of '{path}': expected "
+                             f"its date {day} to be that of an acquisition the metadata "
+                             f"describes (first_line_time: "
+                             f"{ {str(d): w for d, w in sorted(days.items())} }), found none")
 
 
-def write_znap(
-    folder: str | os.PathLike,
-    stack: xr.Dataset,
-    geometry: StackGeometry,
+def _interpolate_tie_points(grid: np.ndarray, azimuth: np.ndarray, range_: np.ndarray, *,
+                            offset: tuple[float, float], subsampling: tuple[float, float],
+                            centre: tuple[float, float] = (0.5, 0.5)) -> np.ndarray:
+    """Bilinear interpolation of a SNAP tie-point grid at pixel indices (azimuth, range).
+
+    SNAP's convention: pixel ``i`` covers ``[i, i + 1)`` and is sampled at its centre
+    ``i + centre`` (0.5 by default); tie point ``k`` lies at ``offset + k * subsampling``.
+    Outside the grid the outermost cell is extended linearly, as SNAP does.
+
+    Examples
+    --------
+    >>> grid = np.array([[0.0, 10.0], [100.0, 110.0]])
+    >>> _interpolate_tie_points(grid, np.array([[-0.5], [9.5]]), np.array([[-0.5, 4.5]]),
+    ...                         offset=(0.0, 0.0), subsampling=(10.0, 10.0))
+    array([[  0.,   5.],
+           [100., 105.]])
+    """
+    grid = np.asarray(grid, dtype=np.float64)
+    pos_az = (np.asarray(azimuth, dtype=np.float64) + centre[0] - offset[0]) / subsampling[0]
+    pos_rg = (np.asarray(range_, dtype=np.float64) + centre[1] - offset[1]) / subsampling[1]
+    i0 = np.clip(np.floor(pos_az).astype(np.int64), 0, grid.shape[0] - 2)
+    j0 = np.clip(np.floor(pos_rg).astype(np.int64), 0, grid.shape[1] - 2)
+    wa, wr = pos_az - i0, pos_rg - j0
+    return ((1 - wa) * (1 - wr) * grid[i0, j0] + (1 - wa) * wr * grid[i0, j0 + 1]
+            + wa * (1 - wr) * grid[i0 + 1, j0] + wa * wr * grid[i0 + 1, j0 + 1])
+
+
+def _tie_point_geometry(ds: xr.Dataset, name: str, path: Path) -> dict[str, Any]:
+    var = ds[name]
+    need = ("offset_y", "offset_x", "subsampling_y", "subsampling_x")
+    missing = [k for k in need if k not in var.attrs]
+    if missing:
+        raise ValueError(f"SNAP product '{path}': tie-point grid {name!r}: expected attributes "
+                         f"{list(need)}, found no {missing}")
+    grid = np.asarray(var.values, dtype=np.float64)
+    if grid.ndim != 2 or min(grid.shape) < 2 or not np.isfinite(grid).all():
+        raise ValueError(f"SNAP product '{path}': tie-point grid {name!r}: expected a finite "
+                         f"grid of at least 2 x 2 points, found shape {grid.shape} with "
+                         f"{int((~np.isfinite(grid)).sum())} non-finite value(s)")
+    return {"grid": grid, "offset": (float(var.attrs["offset_y"]), float(var.attrs["offset_x"])),
+            "subsampling": (float(var.attrs["subsampling_y"]),
+                            float(var.attrs["subsampling_x"]))}
+
+
+def _tie_point_block(azimuth: np.ndarray, range_: np.ndarray, **geometry: Any) -> np.ndarray:
+    return _interpolate_tie_points(geometry["grid"], azimuth, range_,
+                                   offset=geometry["offset"], subsampling=geometry["subsampling"],
+                                   centre=geometry.get("centre", (0.5, 0.5)))
+
+
+def _tie_point_raster(geometry: dict[str, Any], shape: tuple[int, int],
+                      block: tuple[int, int]) -> da.Array:
+    """Lazy per-pixel interpolation of a tie-point grid; the graph holds only the grid."""
+    azimuth = da.arange(shape[0], chunks=block[0], dtype=np.float64)[:, None]
+    range_ = da.arange(shape[1], chunks=block[1], dtype=np.float64)[None, :]
+    return da.map_blocks(_tie_point_block, azimuth, range_, dtype=np.float64,
+                         chunks=(azimuth.chunks[0], range_.chunks[1]),
+                         meta=np.empty((0, 0), dtype=np.float64), **geometry)
+
+
+def from_snap(
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
     *,
     polarisation: str = "VV",
-    overwrite: bool = False,
-) -> list[Path]:
-    """Write a raster stack and its geometry as SNAP znap products, one per date.
+    geometry: GeometryMode = "product",
+    chunks: Any = None,
+) -> xr.Dataset:
+    """Read coregistered SNAP "znap" Zarr products (I/Q bands per date) into one SLC stack.
+
+    Every ``i_<pol>_<date>`` / ``q_<pol>_<date>`` pair (also ``i_IW3_VV_mst_31Mar2023``-style
+    names) of every product becomes one epoch ``i + 1j * q`` (values as stored: SNAP's no-data
+    value 0 stays 0). ``h2ph_<pol>_<date>`` becomes ``h2ph``; the mother of the coregistration
+    has none and gets zeros (a secondary without one gets NaN, with a warning). ``lat``/``lon``
+    are the ``latitude``/``longitude`` tie-point grids interpolated bilinearly to every pixel
+    (lazily, in SNAP's pixel-centre convention). ``wavelength`` is ``c / radar_frequency`` of
+    ``SNAP/product_metadata.json``.
 
     Parameters
     ----------
-    folder
-        Where the products go (created): ``folder/YYYYMMDD-coreg.znap``, one per epoch.
-    stack
-        ``complex`` on ``(azimuth, range, time)`` with dates in ``time``, optional ``h2ph``,
-        ``wavelength`` in attrs; ``azimuth``/``range`` consecutive pixel indices of
-        ``geometry``'s grid (a subset's offset moves the written first-line time and range).
-    geometry
-        The stack's geometry, one orbit per epoch in time order.
+    paths
+        One or more ``.znap`` product folders of one coregistered stack.
     polarisation
-        The polarisation named in the band names.
-    overwrite
-        Replace existing products of the same names.
+        Which polarisation's bands to read.
+    geometry
+        ``"product"``: SNAP's own ``h2ph`` bands and tie-point lat/lon (h2ph from the orbits
+        only where no band has it). ``"orbits"``: h2ph and lat/lon computed from the orbit state
+        vectors of the metadata (:func:`depsi.io.raster_geometry.attach_geometry`; geocoded at
+        ``avg_scene_height``), SNAP's kept as ``h2ph_product``, ``lat_product``,
+        ``lon_product``. Either way the geometry goes into ``attrs["sar_geometry"]`` so that
+        selected points are geocoded with their line of sight.
+    chunks
+        Block shape as in :func:`~depsi.io.binary.from_binary`.
 
     Returns
     -------
-    list of pathlib.Path
-        The products written, in time order.
+    xarray.Dataset
+        ``complex`` (complex64) and ``h2ph`` (float32) on ``(azimuth, range, time)``, ``lat`` and
+        ``lon`` (float64) on ``(azimuth, range)``; attrs ``wavelength``, ``polarisation``,
+        ``coregistration_mother_time`` (ISO date), ``azimuth_offset``/``range_offset`` (the
+        subset's position in the SNAP scene).
 
     Raises
     ------
-    FileExistsError
-        A product exists and ``overwrite`` is False.
-    ValueError, GeometryError
-        No ``complex``, other dimensions, times that are not distinct dates, orbits not around
-        their epoch's date, a wavelength different from the geometry's, pixel indices with gaps.
+    FileNotFoundError
+        A missing product.
+    ValueError
+        No band of ``polarisation``, an I band without its Q band, bands of different shapes,
+        the same date in two products, tie-point grids without their geometry; a band's
+        ``.zarray`` without ``shape``/``chunks``/``dtype``, of another shape than the
+        product's raster or another byte order than the product's other arrays, a chunk file
+        of the wrong size, a band the product's ``.zattrs`` does not list, a band's date that
+        no acquisition of the product's metadata (``first_line_time``) falls on (each named).
+    MetadataError
+        Missing/malformed ``product_metadata.json`` or products of different wavelengths.
 
     Examples
     --------
-    >>> import tempfile
-    >>> from depsi.io import from_snap
-    >>> from depsi.simulate import simulate_stack, simulated_geometry
-    >>> stack, _ = simulate_stack(shape=(20, 30), n_epochs=3, seed=0)
-    >>> geometry = simulated_geometry(stack)
-    >>> raster = stack.drop_vars([c for c in stack.coords if c not in stack.dims])
-    >>> with tempfile.TemporaryDirectory() as folder:
-    ...     products = write_znap(folder, raster, geometry)
-    ...     ds = from_snap(products)
-    ...     [p.name for p in products] == [f"{str(t)[:10].replace('-', '')}-coreg.znap"
-    ...                                    for t in stack["time"].values]
-    ...     bool((ds["complex"].values == stack["complex"].values).all())
-    True
-    True
-    """
-    import zarr
+    The real SNAP pair in a clone's test data (``tests/data``, see its README):
 
+    >>> from pathlib import Path
+    >>> import depsi
+    >>> folder = Path(depsi.__file__).parents[1] / "tests" / "data" / "sarxarray_slc" / "zarrs"
+    >>> ds = from_snap(sorted(folder.glob("*-coreg.znap")))
+    >>> dict(ds.sizes), round(ds.attrs["wavelength"], 4)
+    ({'azimuth': 84, 'range': 338, 'time': 2}, 0.0555)
+    """
     if not isinstance(polarisation, str) or not re.fullmatch(r"[HV]{2}", polarisation):
         raise ValueError(f"polarisation: expected one of 'VV', 'VH', 'HH', 'HV', "
                          f"found {polarisation!r}")
-    stack = _check_writable(stack, geometry)
-    folder = Path(folder)
-    time = stack["time"].values
-    shape = (stack.sizes["azimuth"], stack.sizes["range"])
-    targets = [folder / f"{np.datetime_as_string(t, unit='D').replace('-', '')}-coreg.znap"
-               for t in time]
-    existing = [str(p) for p in targets if p.exists()]
-    if existing and not overwrite:
-        raise FileExistsError(f"folder: expected no products {existing}, found them (pass "
-                              "overwrite=True to replace them)")
-    origin = (int(stack["azimuth"].values[0]) if shape[0] else 0,
-              int(stack["range"].values[0]) if shape[1] else 0)
-    names = [{kind: f"{kind}_{polarisation}_{_date_tag(t)}" for kind in ("i", "q", "h2ph")}
-             for t in time]
-    has_h2ph = "h2ph" in stack.data_vars
-    product = f"depsi_SLC_{np.datetime_as_string(time[geometry.mother], unit='D')}_Stack"
-    metadata = json.dumps(_metadata(stack, geometry, names, shape, origin, polarisation,
-                                    product), indent=1)
-    az_nodes, _, az_step = _tie_points(shape[0])
-    az_offset = 0.0  # rows at the line index itself, as SNAP's (snap.SNAP_TIE_POINT_CENTRE)
-    rg_nodes, rg_offset, rg_step = _tie_points(shape[1])
-    lat, lon = radar_to_geo(geometry, origin[0] + az_nodes[:, None],
-                            origin[1] + rg_nodes[None, :])
-    tie_attrs: dict[str, Any] = {"subsampling_y": az_step, "subsampling_x": rg_step,
-                                 "units": "degree", "offset_x": rg_offset,
-                                 "offset_y": az_offset, "znap_format": ZNAP_FORMAT}
-    rows = _rows_per_block(shape, len(time))
-    chunks = (max(rows, 1), max(shape[1], 1))
+    products = _path_list(paths, "paths")
+    _check_exist(products, "SNAP products", kind="product")
+    for product in products:
+        _check_band_arrays(product)
+    opened = {p: _open_znap(p) for p in products}
+    parsed: dict[bytes, dict[str, Any]] = {}  # this reading's metadata documents, by content
+    meta = {p: _snap_metadata(p, parsed) for p in products}
 
-    folder.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".znap.", suffix=".tmp", dir=folder))
+    wavelengths = {p: m["wavelength"] for p, m in meta.items()}
+    first = next(iter(wavelengths.values()))
+    if any(abs(w - first) > 1e-5 * first for w in wavelengths.values()):
+        raise MetadataError("wavelength: expected one radar wavelength for the stack, found "
+                            + "; ".join(f"{w:.6f} m in '{p}'" for p, w in wavelengths.items()),
+                            paths=[str(p) for p in products])
+
+    epochs = [e for p in products for e in _snap_epochs(opened[p], p, polarisation)]
+    for product in products:
+        _check_epoch_names([e for e in epochs if e.product == product], opened[product],
+                           product, parsed)
+    if not epochs:
+        found = sorted({m["pol"] for ds in opened.values() for n in ds.data_vars
+                        if (m := _SNAP_BAND.match(str(n)))})
+        raise ValueError(f"polarisation: expected I/Q bands of {polarisation!r} in "
+                         f"{[str(p) for p in products]}, found polarisations {found}")
+    epochs.sort(key=lambda e: e.date)
+    dates = np.array([e.date for e in epochs], dtype="datetime64[ns]")
+    for a, b in zip(epochs, epochs[1:]):
+        if a.date == b.date:
+            raise ValueError(f"dates: expected one epoch per date, found {str(a.date)[:10]} in "
+                             f"band {a.i!r} of '{a.product}' and band {b.i!r} of '{b.product}'")
+    shapes = {(str(e.product), e.i): opened[e.product][e.i].shape for e in epochs}
+    shape = next(iter(shapes.values()))
+    if any(s != shape for s in shapes.values()) or len(shape) != 2:
+        raise ValueError(f"bands: expected one (azimuth, range) shape for all I/Q bands, found "
+                         f"{ {f'{p}:{b}': s for (p, b), s in shapes.items()} }")
+
+    mother = next((m["mother"] for m in meta.values() if m["mother"] is not None), None)
+    block = _chunks(chunks, shape, len(epochs))
+    planes, h2ph = [], []
+    for epoch in epochs:
+        ds = opened[epoch.product]
+        planes.append(da.map_blocks(_iq_to_complex64, ds[epoch.i].data, ds[epoch.q].data,
+                                    dtype=np.complex64))
+        if epoch.h2ph is not None:
+            h2ph.append(ds[epoch.h2ph].data.astype(np.float32))
+        else:
+            is_mother = epoch.role == "mst" or (mother is not None and epoch.date == mother)
+            if not is_mother:
+                logger.warning("SNAP product %s: no h2ph band for %s: h2ph is NaN for this date",
+                               epoch.product, str(epoch.date)[:10])
+            h2ph.append(da.full(shape, 0.0 if is_mother else np.nan, dtype=np.float32,
+                                chunks=planes[-1].chunks))
+    cube = da.stack(planes, axis=-1).rechunk(block)
+    reference = meta[products[0]]
+    attrs = {"wavelength": first, "polarisation": polarisation,
+             "coregistration_mother_time": None if mother is None else str(mother)[:10],
+             "azimuth_offset": reference["azimuth_offset"],
+             "range_offset": reference["range_offset"]}
+    out = _raster(cube, dates, attrs)
+    if any(e.h2ph is not None for e in epochs):
+        out["h2ph"] = (RASTER_DIMS, da.stack(h2ph, axis=-1).rechunk(block))
+
+    geo_source = opened[products[0]]
+    if {"latitude", "longitude"} <= set(geo_source.data_vars):
+        for name, coord in (("latitude", "lat"), ("longitude", "lon")):
+            tie_grid = _tie_point_geometry(geo_source, name, products[0]) | {
+                "centre": SNAP_TIE_POINT_CENTRE}
+            out = out.assign_coords({coord: (("azimuth", "range"),
+                                             _tie_point_raster(tie_grid, shape, block[:2]))})
+    else:
+        logger.warning("SNAP product %s has no latitude/longitude tie-point grids: no lat/lon",
+                       products[0])
     try:
-        arrays: list[dict[str, Any]] = []
-        for k, target in enumerate(targets):
-            bands = [names[k]["i"], names[k]["q"]]
-            if has_h2ph and k != geometry.mother:
-                bands.append(names[k]["h2ph"])
-            group = zarr.open_group(work / target.name, mode="w", zarr_format=2)
-            group.attrs.update(_product_root_attrs(product, stack, geometry, shape, origin,
-                                                   bands))
-            written = {}
-            for band in bands:
-                unit = "imaginary" if band.startswith("q_") else "real"
-                written[band] = group.create_array(
-                    band, shape=shape, chunks=chunks, **_ARRAY,
-                    attributes={"znap_format": ZNAP_FORMAT, "_ARRAY_DIMENSIONS": ["y", "x"],
-                                "units": unit, "geocoding": _GEOCODING})
-            arrays.append(written)
-            for name, values in (("latitude", lat), ("longitude", lon)):
-                grid = group.create_array(name, shape=values.shape, chunks=values.shape,
-                                          **_ARRAY, attributes={
-                                              "_ARRAY_DIMENSIONS": ["yt", "xt"], **tie_attrs})
-                grid[:] = values.astype(np.float32)
-            snap = work / target.name / "SNAP"
-            zarr.open_group(snap, mode="w", zarr_format=2)
-            (snap / "product_metadata.json").write_text(metadata)
-            (snap / "vector_data").mkdir()
-            for file, text in _VECTOR_DATA.items():
-                (snap / "vector_data" / file).write_text(text)
-
-        complex_data = stack["complex"].data
-        h2ph_data = stack["h2ph"].transpose(*RASTER_DIMS).data if has_h2ph else None
-        for start in range(0, shape[0], rows):  # one band of lines at a time
-            window = slice(start, min(start + rows, shape[0]))
-            if isinstance(complex_data, da.Array):
-                block, factors = da.compute(complex_data[window],
-                                            h2ph_data[window] if h2ph_data is not None else None)
-            else:
-                block = complex_data[window]
-                factors = np.asarray(h2ph_data[window]) if h2ph_data is not None else None
-            block = np.asarray(block).astype(np.complex64, copy=False)
-            for k, written in enumerate(arrays):
-                written[names[k]["i"]][window] = np.ascontiguousarray(block[:, :, k].real)
-                written[names[k]["q"]][window] = np.ascontiguousarray(block[:, :, k].imag)
-                if names[k]["h2ph"] in written:
-                    written[names[k]["h2ph"]][window] = np.asarray(
-                        factors[:, :, k], dtype=np.float32)
-        _replace(work, targets)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return targets
+        stack_geometry = _snap_geometry(products[0], dates, mother, first, parsed)
+    except GeometryError:
+        if geometry == "orbits" or "h2ph" not in out.data_vars:
+            raise
+        logger.warning("SNAP product %s: no usable orbits; the product's h2ph and lat/lon "
+                       "are used as they are", products[0], exc_info=True)
+    else:
+        out = attach_geometry(out, stack_geometry, mode=geometry)
+    return _finish(out, "depsi.io.znap.from_snap",
+                   lazy_coords=("lat", "lon", "lat_product", "lon_product"))
 
 
-def _replace(work: Path, targets: list[Path]) -> None:
-    """Move the finished products into place, an old product of the same name out first."""
-    trash = Path(tempfile.mkdtemp(prefix=".znap.", suffix=".old", dir=work.parent))
-    try:
-        for target in targets:
-            if target.exists():
-                os.replace(target, trash / target.name)
-            os.replace(work / target.name, target)
-    finally:
-        shutil.rmtree(trash, ignore_errors=True)
+__all__ = [
+    "SNAP_TIE_POINT_CENTRE",
+    "from_snap",
+]

@@ -17,6 +17,7 @@ from depsi.kernels.backend import (
     to_device,
     to_host,
 )
+from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.flags import Flag
 from depsi.kernels.lstsq import LstsqResult, lstsq_batched, solve_normal_equations
 from depsi.kernels.network_inversion import (
@@ -32,7 +33,6 @@ from depsi.kernels.phase_linking import (
     sequential_phase_linking,
     shp_glrt,
 )
-from depsi.kernels.temporal import design_matrix
 
 __all__ = [
     "MISSING_AMBIGUITY",

@@ -405,7 +405,7 @@ _HOST_MEMORY_CAPS: list[Callable[[], int | None]] = []
 
 def register_host_memory_cap(cap: Callable[[], int | None]) -> None:
     """Have :func:`available_host_memory` also take ``cap()`` into account (once, however often
-    registered). This layer knows no scheduler: :mod:`depsi.stm.dask_tools` registers the room
+    registered). This layer knows no scheduler: :mod:`depsi.stm.runtime` registers the room
     left under a Dask worker's memory limit, which a batch sized from the machine's free memory
     would overrun.
 

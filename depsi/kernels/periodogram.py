@@ -795,7 +795,7 @@ def periodogram(
 def _fused_wanted(xp, fused: bool | None) -> bool:
     """Whether :func:`periodogram` runs the compiled kernel (``fused``, else
     :data:`USE_FUSED`, for NumPy inputs when Numba can be imported; the steps pass
-    :func:`depsi.stm.dask_tools.fused_kernels`, False in small Dask workers)."""
+    :func:`depsi.stm.runtime.fused_kernels`, False in small Dask workers)."""
     if xp is not np or fused is False or (fused is None and not USE_FUSED):
         return False
     from depsi.kernels import periodogram_numba

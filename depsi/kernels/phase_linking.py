@@ -112,7 +112,7 @@ def shp_glrt(mean_intensity, window: tuple[int, int], *, threshold: float):
         Bound on ``|log(m_p / m_q)|`` for a neighbour to be homogeneous: exact for independent
         epochs from :func:`glrt_threshold` (``n_samples`` fewer than the epochs where speckle is
         correlated in time, see :func:`effective_samples`), or calibrated on the scene
-        (:func:`depsi.processing.distributed.shp_threshold`).
+        (:func:`depsi.processing.distributed_scatterers.shp_threshold`).
 
     Returns
     -------

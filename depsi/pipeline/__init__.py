@@ -22,7 +22,7 @@ _HOMES = {
     "STEPS": "steps", "STEP_NAMES": "steps", "Step": "steps",
     "PipelineError": "workspace", "WorkspaceBusyError": "workspace",
     "RunSummary": "runner", "StepRecord": "runner", "run_pipeline": "runner",
-    "open_stack": "stack",
+    "open_stack": "input_stack",
 }
 
 __all__ = sorted(_HOMES)

@@ -16,7 +16,7 @@ from depsi.pipeline.chain_config import ChainConfig, chain_config
 from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, StepContext, call_step, last_consumers
 from depsi.pipeline.steps.selection import prepare_points
 from depsi.pipeline.steps.shared import Devices
-from depsi.stm.dask_tools import tune_memory
+from depsi.stm.runtime import tune_memory
 
 #: The product the chain starts from: the selection's points (what its first step reads).
 CHAIN_INPUT = BY_NAME[CHAIN_STEPS[0]].inputs[0]

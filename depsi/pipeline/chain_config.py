@@ -13,8 +13,8 @@ from depsi.processing.arcs import ArcsConfig
 from depsi.processing.atmosphere import AtmosphereConfig
 from depsi.processing.densification import DensificationConfig
 from depsi.processing.integration import IntegrationConfig
+from depsi.processing.motion_models import ModelConfig
 from depsi.processing.network import NetworkConfig
-from depsi.processing.temporal_model import ModelConfig
 from depsi.sections import Section, describe_errors
 
 

@@ -37,14 +37,15 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from depsi.cluster import SCHEDULERS, AdaptiveConfig, ComputeConfig, SlurmConfig  # noqa: F401
 from depsi.errors import BadInputError
+from depsi.io.formats import READERS
 from depsi.pipeline.chain_config import ChainConfig
 from depsi.processing.arcs import ArcsConfig
 from depsi.processing.atmosphere import AtmosphereConfig
 from depsi.processing.densification import DensificationConfig
 from depsi.processing.integration import IntegrationConfig
+from depsi.processing.motion_models import ModelConfig
 from depsi.processing.network import NetworkConfig
 from depsi.processing.selection import SelectionConfig
-from depsi.processing.temporal_model import ModelConfig
 from depsi.sections import Section as _Section
 from depsi.sections import iso_dates
 
@@ -54,10 +55,9 @@ from depsi.simulate import scene
 
 logger = logging.getLogger(__name__)
 
-#: Stack formats the pipeline reads; ``simulated`` builds a stack with known truth instead.
-INPUT_FORMATS = ("zarr", "binary", "doris", "isce2", "gamma", "snap", "dimap", "geotiff",
-                 "interferograms",
-                 "simulated")
+#: Stack formats the pipeline reads (:data:`~depsi.io.formats.READERS`); ``simulated`` builds a
+#: stack with known truth instead. ``InputConfig.format`` spells them out for the type checker.
+INPUT_FORMATS = (*READERS, "simulated")
 
 
 class ConfigError(BadInputError, ValueError):

@@ -622,12 +622,12 @@ class StackConfigError(BadInputError, ValueError):
 
 
 def model_unknowns(model: Any) -> dict[str, int]:
-    """Unknowns per point of ``model`` (a :class:`~depsi.processing.temporal_model.ModelConfig`):
+    """Unknowns per point of ``model`` (a :class:`~depsi.processing.motion_models.ModelConfig`):
     the linear model's and each term's columns, in order.
 
     Examples
     --------
-    >>> from depsi.processing.temporal_model import ModelConfig
+    >>> from depsi.processing.motion_models import ModelConfig
     >>> model_unknowns(ModelConfig(terms=["seasonal", "step"], step_dates=["2021-05-01"]))
     {'offset': 1, 'velocity': 1, 'height_error': 1, 'seasonal': 2, 'step': 1}
     """
@@ -687,7 +687,7 @@ def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
     Parameters
     ----------
     model
-        The :class:`~depsi.processing.temporal_model.ModelConfig`.
+        The :class:`~depsi.processing.motion_models.ModelConfig`.
     time
         The stack's epochs (datetime64), sorted.
 
@@ -704,7 +704,7 @@ def check_model_support(model: Any, time: np.ndarray) -> dict[str, Any]:
 
     Examples
     --------
-    >>> from depsi.processing.temporal_model import ModelConfig
+    >>> from depsi.processing.motion_models import ModelConfig
     >>> time = np.datetime64("2021-01-01") + np.arange(6) * np.timedelta64(12, "D")
     >>> check_model_support(ModelConfig(terms=["seasonal"]), time)
     {'unknowns': 5, 'epochs': 6}
@@ -764,7 +764,7 @@ def check_model(config: Any, time: np.ndarray | None = None) -> dict[str, Any] |
     """:func:`check_model_support` of ``config.model`` at the epochs ``time`` (default
     :func:`known_epochs`), then its terms' regressors built there (the temperature file read,
     each column checked to vary); None when the epochs are not known yet."""
-    from depsi.processing.temporal_model import temporal_model
+    from depsi.processing.motion_models import temporal_model
 
     if not config.model.terms:
         return None

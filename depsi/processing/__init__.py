@@ -4,10 +4,10 @@ block."""
 from depsi.processing.arcs import estimate_arcs
 from depsi.processing.atmosphere import estimate_atmosphere, interpolate_aps
 from depsi.processing.densification import densify
-from depsi.processing.distributed import phase_linking, select_shp
+from depsi.processing.distributed_scatterers import phase_linking, select_shp
 from depsi.processing.integration import integrate_network
 from depsi.processing.interferogram import ifg_to_slc, single_mother_interferograms
-from depsi.processing.model import estimate_model
+from depsi.processing.model_fit import estimate_model
 from depsi.processing.network import first_order_indices, form_network
 from depsi.processing.scatterers import ds_selection, merge_scatterers
 from depsi.processing.selection import (

@@ -18,8 +18,9 @@ from scipy.sparse.csgraph import connected_components
 from depsi.processing.datum import _choose_reference, _point_quality
 from depsi.processing.network import cell_keys, worker_threads
 from depsi.processing.network_solver import ARC_BLOCK, _NetworkSolve
-from depsi.stm import dask_tools
-from depsi.stm.dask_tools import release_memory, workers_client
+from depsi.stm import runtime
+from depsi.stm.dask_tools import workers_client
+from depsi.stm.runtime import release_memory
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def _independent_worst(candidates, w_stat, source, target, n):
 
 
 #: Arcs per block of :func:`_largest_misclosure`: its buffers (8 MiB at 62 columns) stay below
-#: the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so every call of every tile's
+#: the allocator's :data:`~depsi.stm.runtime.MMAP_THRESHOLD`, so every call of every tile's
 #: w-test reuses the same heap pages instead of faulting in ARC_BLOCK-sized temporaries anew
 #: (docs/benchmarks.md, "The network solver's choices").
 MISCLOSURE_BLOCK = 8192
@@ -404,7 +405,7 @@ def _tiles_on_workers(client, wave, test_kwargs):
             del sub
             # the pages the cut read (the arcs' and points' pageable arrays) go again: the
             # driver holds one tile's share of them, not the network's
-            dask_tools.page_out()
+            runtime.page_out()
         limit = TILES_IN_FLIGHT * max(1, sum(threads.values()))
         while len(running) >= limit or (running and index == len(wave) - 1):
             done = wait(list(running), return_when="FIRST_COMPLETED").done
@@ -485,7 +486,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
 
     # the arcs' and points' pageable arrays leave memory: the tiles read them back a tile's
     # arcs at a time (and let them go after each tile's cut on a cluster)
-    dask_tools.page_out()
+    runtime.page_out()
     cell = float(np.sqrt(np.prod(np.ptp(positions, axis=0) + 1.0) * TILE_POINTS / n))
     low = positions.min(axis=0)
     tile_of_arc, margin = _arc_tiles(positions, source, target, arc_ok, low, cell)
@@ -497,7 +498,7 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     client = workers_client()
     workers = worker_threads() if client is None else sum(client.nthreads().values())
     rejected = 0
-    redundancy = dask_tools.pageable(len(source), np.float64, zeros=True)  # (a file's, large)
+    redundancy = runtime.pageable(len(source), np.float64, zeros=True)  # (a file's, large)
     network = {"low": low, "cell": cell, "margin": margin, "positions": positions,
                "source": source, "target": target, "arc_ok": arc_ok, "weights": weights,
                "rhs": rhs, "coherence": coherence, "sd": sd, "critical": critical,
@@ -535,11 +536,11 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
 
 def _spill_right_hand_sides(rhs) -> None:
     """Right-hand sides that can (:meth:`~depsi.processing.integration.ArcRightHandSides
-    .spill`) and hold at least :data:`~depsi.stm.dask_tools.SPILL_BYTES` go to a temporary
+    .spill`) and hold at least :data:`~depsi.stm.runtime.SPILL_BYTES` go to a temporary
     file: the whole network's solve reads them twice in order, and the driver need not hold
     them beside the factor and the point results (0.98 GB at 10^7 points)."""
     spill = getattr(rhs, "spill", None)
-    if spill is None or rhs.nbytes < dask_tools.SPILL_BYTES:
+    if spill is None or rhs.nbytes < runtime.SPILL_BYTES:
         return
     held = rhs.nbytes
     if spill():

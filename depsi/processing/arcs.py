@@ -29,7 +29,8 @@ from depsi.kernels.backend import (
 from depsi.kernels.periodogram import DEFAULT_HEIGHT_RANGE, DEFAULT_VELOCITY_RANGE, periodogram
 from depsi.processing.network import ARC_CHUNK
 from depsi.sections import Section, ordered_pair
-from depsi.stm.dask_tools import chunked_view, fused_kernels
+from depsi.stm.dask_tools import chunked_view
+from depsi.stm.runtime import fused_kernels
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def estimate_arcs(
     extra_regressors
         Further terms searched on the grid, name to ``(values (T,), (low, high))`` as
         :func:`depsi.kernels.periodogram.periodogram` takes them (e.g. the seasonal terms of
-        :meth:`depsi.processing.temporal_model.TemporalModel.search`): an unmodelled seasonal
+        :meth:`depsi.processing.motion_models.TemporalModel.search`): an unmodelled seasonal
         or thermal signal of a few millimetres would otherwise cost whole cycles. Each adds a
         variable of that name (the arc's coefficient difference). Needs ``height``.
 

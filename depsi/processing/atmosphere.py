@@ -27,7 +27,7 @@ from depsi.processing.datum import POINT_BLOCK
 from depsi.processing.integration import estimated_observations, integrate_network
 from depsi.processing.network import network_edges, on_threads, point_positions
 from depsi.sections import Section
-from depsi.stm.dask_tools import pageable_copy, release_memory
+from depsi.stm.runtime import pageable_copy, release_memory
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 if TYPE_CHECKING:
@@ -448,7 +448,7 @@ def estimate_atmosphere(
         is treated as unmodelled deformation, the rest as atmosphere plus noise.
     regressors
         Further model terms, column name to ``(T,)`` values (metres per unit coefficient, e.g.
-        :attr:`depsi.processing.temporal_model.TemporalModel.regressors`): each point's
+        :attr:`depsi.processing.motion_models.TemporalModel.regressors`): each point's
         coefficient is read from ``points_result[name]`` and its motion taken out of the
         residual with the velocity and height error's.
     stratified
@@ -587,7 +587,7 @@ def second_network_pass(points: xr.Dataset, reference: int, *, network: NetworkC
     testing (``integration``) on the point ``reference`` (an index into ``points``).
 
     ``extra_regressors``: the model's terms the arcs' periodogram searches
-    (:meth:`~depsi.processing.temporal_model.TemporalModel.search`), also the integration's
+    (:meth:`~depsi.processing.motion_models.TemporalModel.search`), also the integration's
     regressors."""
     k = network.k if network.second_pass_k is None else network.second_pass_k
     source, target = network_edges(point_positions(points), method=network.method, k=k,

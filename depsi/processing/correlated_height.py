@@ -26,7 +26,7 @@ When the heights are white, the prediction removes most of the leak; when DEM er
 themselves correlated, the fitted extra term makes the prediction shrink towards zero instead
 of moving real DEM errors into the screen. Each point's kriging variance is the variance of the
 leak left in its height (``height_error_correlated_std``), which the height's standard
-deviation carries (:func:`~depsi.processing.model.point_uncertainty`).
+deviation carries (:func:`~depsi.processing.model_fit.point_uncertainty`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from scipy.stats import f as f_distribution
 from depsi.conventions import phase_per_metre
 from depsi.kernels.backend import single_threaded_blas
 from depsi.processing.network import cell_keys, on_threads, point_positions
-from depsi.stm.dask_tools import MMAP_THRESHOLD, workers_client
+from depsi.stm.dask_tools import workers_client
+from depsi.stm.runtime import MMAP_THRESHOLD
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ TARGETS_PER_CELL = 32
 BLOCK = 65536
 #: Elements of the batched ``(targets, k, k)`` kriging systems solved at once (memory bound): a
 #: batch's largest temporaries, its ``(cells, k, k)`` float64 covariances and their factors, stay
-#: below half the allocator's :data:`~depsi.stm.dask_tools.MMAP_THRESHOLD`, so the batches reuse the
+#: below half the allocator's :data:`~depsi.stm.runtime.MMAP_THRESHOLD`, so the batches reuse the
 #: same heap pages instead of being faulted in anew (docs/benchmarks.md, "The correlated height's
 #: samples and batches").
 _BATCH_ELEMENTS = MMAP_THRESHOLD // 16

@@ -14,7 +14,7 @@ import xarray as xr
 from depsi.conventions import phase_per_metre, wrap_phase
 from depsi.kernels.periodogram import result_coherence
 from depsi.processing.network import on_threads, point_positions
-from depsi.stm.dask_tools import page_out, pageable
+from depsi.stm.runtime import page_out, pageable
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ REFERENCE_NEIGHBOURS = 30
 #: Points per block of the point results (float64 temporaries of about 10 x 8 bytes per point
 #: and epoch: 80 MB a block at 60 epochs)
 POINT_BLOCK = 16384
-#: Blocks of the point results between two :func:`~depsi.stm.dask_tools.page_out` calls.
+#: Blocks of the point results between two :func:`~depsi.stm.runtime.page_out` calls.
 PAGE_OUT_BLOCKS = 16
 
 _TWO_PI = 2.0 * np.pi
@@ -162,7 +162,7 @@ def remove_reference_noise(result: xr.Dataset, *, k: int = REFERENCE_NEIGHBOURS,
         coefficients ``result`` holds under those names: taken out of the neighbours' residuals
         with velocity and height error (a seasonal signal left in would be read as the
         reference's noise). Refit the terms afterwards
-        (:func:`depsi.processing.temporal_model.refit_with_terms`).
+        (:func:`depsi.processing.motion_models.refit_with_terms`).
 
     Returns
     -------

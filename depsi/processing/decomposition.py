@@ -17,7 +17,7 @@ import xarray as xr
 from scipy.spatial import cKDTree
 
 from depsi.conventions import years_since
-from depsi.io.geometry import ecef_to_geodetic, enu_basis, geodetic_to_ecef
+from depsi.geometry import ecef_to_geodetic, enu_basis, geodetic_to_ecef
 from depsi.stm.schema import STMValidationError
 
 logger = logging.getLogger(__name__)

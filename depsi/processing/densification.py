@@ -56,7 +56,8 @@ from depsi.processing.atmosphere import (
 from depsi.processing.datum import POINT_BLOCK
 from depsi.processing.network import on_threads, point_positions
 from depsi.sections import Section
-from depsi.stm.dask_tools import fused_kernels, workers_client
+from depsi.stm.dask_tools import workers_client
+from depsi.stm.runtime import fused_kernels
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -402,7 +403,7 @@ def densify(
         :func:`depsi.kernels.backend.configure_devices`.
     regressors
         Model terms beyond velocity and height error, column name to ``(T,)`` values
-        (:attr:`depsi.processing.temporal_model.TemporalModel.regressors`): ``first_order``
+        (:attr:`depsi.processing.motion_models.TemporalModel.regressors`): ``first_order``
         holds each point's coefficient under that name. A candidate's motion is its local
         reference's, plus its own difference of the terms in ``extra_regressors``.
     extra_regressors

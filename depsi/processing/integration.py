@@ -22,8 +22,8 @@ from pydantic import Field, model_validator
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre
+from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.lstsq import lstsq_batched
-from depsi.kernels.temporal import design_matrix
 from depsi.processing.arc_testing import ARC_REASONS, POINT_REASONS, _test_network
 from depsi.processing.arcs import estimate_arcs, heights_resolvable
 from depsi.processing.datum import (
@@ -38,13 +38,8 @@ from depsi.processing.datum import (  # moved: re-exported until the lead's file
 from depsi.processing.network import ARC_CHUNK, arcs_from_edges, on_threads, point_positions
 from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels
 from depsi.sections import Section
-from depsi.stm.dask_tools import (
-    SpilledArrays,
-    computed_in_place,
-    page_out,
-    pageable,
-    pageable_copy,
-)
+from depsi.stm.dask_tools import computed_in_place
+from depsi.stm.runtime import SpilledArrays, page_out, pageable, pageable_copy
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -192,7 +187,7 @@ class ArcRightHandSides:
     def spill(self, directory: str | None = None) -> bool:
         """Move the arcs' own values (velocity and height and the cycles, or the rows as an
         array) to an unnamed temporary file in ``directory`` (default: the system's, e.g.
-        ``$TMPDIR``; :class:`~depsi.stm.dask_tools.SpilledArrays`), which goes when this
+        ``$TMPDIR``; :class:`~depsi.stm.runtime.SpilledArrays`), which goes when this
         object does. Rows are read from it from then on, a block's span at a time, the same
         values to the bit; :meth:`fill` is then refused. The whole network's solve after its
         tiles reads every row twice, in order (the normal equations' right-hand sides, the
@@ -361,7 +356,7 @@ def empty_observations(source: np.ndarray, target: np.ndarray, n_epochs: int,
     rhs = (np.empty((n, 2 + n_epochs), np.float32) if phase is None
            else ArcRightHandSides(phase, source, target))
     # large (from about 4x10^6 arcs): in a file's pages, which the whole network's
-    # factorisation lets go (depsi.stm.dask_tools.page_out)
+    # factorisation lets go (depsi.stm.runtime.page_out)
     return ArcObservations(source, target, pageable(n, np.float64), rhs,
                            pageable(n, np.float64))
 
@@ -590,7 +585,7 @@ def integrate_network(
         Also return the arcs with ``arc_kept``, ``arc_removal_reason`` and ``w_statistic``.
     regressors
         The further model terms the arcs' periodogram estimated beside velocity and height
-        (name to ``(T,)`` values, :attr:`depsi.processing.temporal_model.TemporalModel
+        (name to ``(T,)`` values, :attr:`depsi.processing.motion_models.TemporalModel
         .regressors`): the w-test's velocity std includes their variance inflation.
 
     Returns

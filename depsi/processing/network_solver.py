@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
-from depsi.stm.dask_tools import page_out, pageable, roomy_process
+from depsi.stm.runtime import page_out, pageable, roomy_process
 
 if TYPE_CHECKING:
     from depsi.kernels.ldl_numba import LDLFactors
@@ -45,7 +45,7 @@ RHS_COLUMNS = 8
 SOLVE_COLUMNS = 16
 #: Rows of the whole network's solution copied to and from a group's right-hand sides at a
 #: time (:func:`_solved_in_place`; 31 MB at 62 columns): where the solution is
-#: :func:`~depsi.stm.dask_tools.pageable`, only these rows of it are resident beside the factor.
+#: :func:`~depsi.stm.runtime.pageable`, only these rows of it are resident beside the factor.
 SOLVE_ROWS = 65536
 
 #: Normal matrices up to this many unknowns go to QDLDL (:class:`_LDL`), larger ones to CHOLMOD
@@ -252,7 +252,7 @@ def _sparse_normal_rhs(AtW, kept, rhs, n_arcs, out, rows) -> None:
 def _normal_rhs_in_place(unknown, source, target, weights, kept, rhs, AtW, compiled):
     """``A^T W y`` ``(n, nrhs)`` in the points' rows (each unknown at its point's row, the
     reference's and the off-network points' sums dropped): the array
-    :func:`_solved_in_place` solves in place, :func:`~depsi.stm.dask_tools.pageable` (0.74 GB
+    :func:`_solved_in_place` solves in place, :func:`~depsi.stm.runtime.pageable` (0.74 GB
     at 10^7 points)."""
     n, n_rhs = len(unknown), rhs.shape[1]
     if compiled:
@@ -390,7 +390,7 @@ class _LDL:
 def _compiled_kernels(module: str) -> bool:
     """Whether the compiled kernel ``depsi.kernels.<module>`` runs here: Numba importable, and
     this process not a small Dask worker (a tile's task), where Numba's memory and a first
-    compilation would not fit (:func:`~depsi.stm.dask_tools.roomy_process`); there the
+    compilation would not fit (:func:`~depsi.stm.runtime.roomy_process`); there the
     reference runs, the same result to the bit, and Numba is never imported."""
     if not roomy_process():
         return False

@@ -2,9 +2,10 @@
 point STM (:func:`ds_selection`), and PS and DS in one point STM for the chain
 (:func:`merge_scatterers`), each point flagged by ``scatterer`` with its SHP count.
 
-A DS point's signal is its linked phase (:func:`depsi.processing.distributed.phase_linking`) with
-the amplitude of its SHP's mean intensity: ``complex = sqrt(shp_intensity) exp(j phase)``, so the
-chain forms its interferograms as it does a PS's. Its ``amplitude_dispersion`` is NaN: the
+A DS point's signal is its linked phase
+(:func:`depsi.processing.distributed_scatterers.phase_linking`) with the amplitude of its SHP's
+mean intensity: ``complex = sqrt(shp_intensity) exp(j phase)``, so the chain forms its
+interferograms as it does a PS's. Its ``amplitude_dispersion`` is NaN: the
 first-order network is chosen by amplitude dispersion among the PS (NaN is never chosen), and a
 DS is densified against it (see docs/steps/distributed.md for why).
 """
@@ -21,8 +22,8 @@ import numpy as np
 import xarray as xr
 from pydantic import Field, field_validator
 
+from depsi.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.cf import with_cf_attributes
-from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.kernels.backend import batch_size, single_threaded_blas
 from depsi.kernels.phase_linking import (
     DEFAULT_ALPHA,
@@ -33,7 +34,7 @@ from depsi.kernels.phase_linking import (
     phase_linking_bytes_per_pixel,
     window_offsets,
 )
-from depsi.processing.distributed import (
+from depsi.processing.distributed_scatterers import (
     DEFAULT_MIN_LOOKS,
     DEFAULT_WINDOW,
     check_ministack,
@@ -93,7 +94,7 @@ DEFAULT_MINISTACK = None
 #: With mini-stacks, the compressed SLCs a mini-stack is linked beside, at most: the first (the
 #: datum's) and the latest ones, so that a task's matrices and looks stop growing with the
 #: epochs (dolphin caps them too, its ``max_num_compressed``). ``"auto"``: enough to summarise
-#: about 45 epochs (:func:`depsi.processing.distributed.resolve_max_compressed`: 3 for
+#: about 45 epochs (:func:`depsi.processing.distributed_scatterers.resolve_max_compressed`: 3 for
 #: mini-stacks of 15, 9 for 5), about 1 % of phase RMSE at 120 epochs whatever the mini-stack
 #: (docs/steps/distributed.md); with mini-stacks of 15 the traced peak 1.24x from 30 to 120
 #: epochs against 1.54x with every compressed SLC, and 1.09x from 60 to 240.
@@ -231,10 +232,10 @@ def ds_selection(
     """Distributed scatterers of a raster stack, as a point STM beside :func:`ps_selection`'s.
 
     Every pixel's statistically homogeneous pixels (SHP) are found in its ``window``
-    (:func:`~depsi.processing.distributed.select_shp`); a pixel with ``min_looks`` SHP is a DS
-    candidate, its phase history linked from its coherence matrix over them
-    (:func:`~depsi.processing.distributed.phase_linking`), and it becomes a DS point when its
-    linked phase's temporal coherence reaches ``min_temporal_coherence``. One pass over the
+    (:func:`~depsi.processing.distributed_scatterers.select_shp`); a pixel with ``min_looks``
+    SHP is a DS candidate, its phase history linked from its coherence matrix over them
+    (:func:`~depsi.processing.distributed_scatterers.phase_linking`), and it becomes a DS point
+    when its linked phase's temporal coherence reaches ``min_temporal_coherence``. One pass over the
     stack, block by block with halos; each block's task keeps only its accepted pixels.
 
     Before linking, a candidate is pre-screened (``prescreen_sigmas``): it is linked only when

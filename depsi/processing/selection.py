@@ -26,8 +26,8 @@ import pandas as pd
 import xarray as xr
 from pydantic import Field
 
+from depsi.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.cf import with_cf_attributes
-from depsi.io.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.prefetch import default_block_shape, iter_processed_blocks
 from depsi.io.store import open_stm, space_chunk_size
 from depsi.io.store_append import append_epochs, epoch_coords, epochs_to_append

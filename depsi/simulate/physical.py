@@ -3,10 +3,10 @@
 :mod:`depsi.simulate.scene` builds its SLCs from depsi's own phase model, so a stack simulated
 there agrees with the chain's sign by construction, right or wrong. Here nothing of the phase
 model is used: a target is placed on the WGS84 ellipsoid at a pixel and a height
-(:func:`~depsi.io.geometry.radar_to_geo`), moved along its line of sight towards the mother's
+(:func:`~depsi.geometry.radar_to_geo`), moved along its line of sight towards the mother's
 satellite by a displacement, and its SLC value at each epoch is ``exp(-4 pi i R_t /
 wavelength)`` with ``R_t`` the distance from that epoch's satellite at its own zero-Doppler
-time (:func:`~depsi.io.geometry.zero_doppler_time`) to the moved target: the SLC phase of ESA's
+time (:func:`~depsi.geometry.zero_doppler_time`) to the moved target: the SLC phase of ESA's
 Sentinel-1 products, ISCE2, SNAP, GAMMA and DORIS (docs/concepts.md, "Phase model and sign
 convention"). A chain that reads these SLCs must find the displacement with its sign (positive
 towards the satellite) and the height it was given.
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from depsi.io.geometry import (
+from depsi.geometry import (
     StackGeometry,
     baselines,
     geodetic_to_ecef,
@@ -77,7 +77,7 @@ def orbit_slcs(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any,
 
 
 def _enu_to_ecef(lat, lon, east, north, up) -> np.ndarray:
-    from depsi.io.geometry import enu_basis
+    from depsi.geometry import enu_basis
 
     e, n, u = enu_basis(lat, lon)
     return east[..., None] * e + north[..., None] * n + up[..., None] * u
@@ -88,7 +88,7 @@ def orbit_points(geometry: StackGeometry, azimuth: Any, range_: Any, height: Any
     """A point STM of :func:`orbit_slcs` targets moving at constant velocities.
 
     ``complex`` (complex64), ``h2ph`` (SNAP's per-SLC sign, from
-    :func:`~depsi.io.geometry.baselines` at height 0: the targets' heights are height errors
+    :func:`~depsi.geometry.baselines` at height 0: the targets' heights are height errors
     against it), ``azimuth``, ``range``, ``lat``, ``lon`` and the attributes ``wavelength`` and
     ``mother_time``; ``times`` are the epochs' dates (one per orbit), ``velocity`` m/yr towards
     the satellite, counted from the mother epoch.

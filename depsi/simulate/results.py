@@ -9,8 +9,8 @@ import numpy as np
 import xarray as xr
 
 from depsi.conventions import years_since
+from depsi.processing.motion_models import ModelConfig, temporal_model
 from depsi.processing.scatterers import SCATTERER_ATTRS, SCATTERER_DTYPE
-from depsi.processing.temporal_model import ModelConfig, temporal_model
 from depsi.simulate.scene import SCENE_CENTRE
 
 #: Side of the square patch the points cover, degrees (about 11 km).

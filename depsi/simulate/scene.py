@@ -380,7 +380,7 @@ def _ds_region(scene: _Scene, az: slice, rg: slice) -> np.ndarray:
 
 def _h2ph(scene: _Scene, rg: slice) -> np.ndarray:
     """h2ph (float32, (range, time)): ``-B_perp / (R sin(theta))``, SNAP's per-SLC sign
-    (``d(R_t - R_mother)/dh``, :mod:`depsi.io.geometry`)."""
+    (``d(R_t - R_mother)/dh``, :mod:`depsi.geometry`)."""
     return (-scene.h2ph_factor[rg, None] * scene.bperp.astype(np.float64)).astype(np.float32)
 
 
@@ -837,7 +837,7 @@ def _orbit_geometry() -> dict[str, Any]:
 def _simulated_orbit(day: np.datetime64, centre_second: float, bperp: float):
     """A circular orbit over the scene centre, shifted across track so that its h2ph from the
     orbits has the sign and size of the simulator's ``h2ph = -bperp / (R sin(theta))``."""
-    from depsi.io.geometry import Orbit
+    from depsi.geometry import Orbit
 
     geometry = _orbit_geometry()
     seconds = np.floor(centre_second) - ORBIT_HALF_SPAN_SECONDS + np.arange(
@@ -855,7 +855,7 @@ def _simulated_orbit(day: np.datetime64, centre_second: float, bperp: float):
 
 
 def simulated_geometry(stack: xr.Dataset):
-    """The :class:`~depsi.io.geometry.StackGeometry` of a stack from :func:`simulate_stack`.
+    """The :class:`~depsi.geometry.StackGeometry` of a stack from :func:`simulate_stack`.
 
     The mother's radar grid (line time and interval, near range and slant spacing of the
     simulated flat-Earth geometry) and, per epoch, a circular orbit over the scene centre
@@ -871,7 +871,7 @@ def simulated_geometry(stack: xr.Dataset):
     >>> len(geometry.orbits), geometry.mother
     (4, 2)
     """
-    from depsi.io.geometry import RadarGrid, StackGeometry
+    from depsi.geometry import RadarGrid, StackGeometry
 
     time = stack["time"].values
     mother = int(np.flatnonzero(time == np.datetime64(stack.attrs["mother_time"]))[0])

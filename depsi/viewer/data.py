@@ -391,7 +391,7 @@ def _model_regressors(result: xr.Dataset, times: np.ndarray) -> dict[str, np.nda
     columns = [c for c in result.attrs.get("model_columns", ()) if c in result.variables]
     if not columns:
         return {}
-    from depsi.processing.temporal_model import ModelConfig, temporal_model
+    from depsi.processing.motion_models import ModelConfig, temporal_model
 
     terms = [t for t in result.attrs.get("model_terms", ()) if t != "thermal"]
     step_dates = [_iso(c.removeprefix("step_")) for c in columns if c.startswith("step_")]

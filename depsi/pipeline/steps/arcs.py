@@ -15,7 +15,8 @@ from depsi.pipeline.steps.shared import ChainRecord, Devices, network_points, se
 from depsi.processing.arcs import estimate_arcs
 from depsi.processing.integration import ArcObservations, estimated_observations
 from depsi.processing.network import arcs_from_edges
-from depsi.stm.dask_tools import computed_in_place, release_memory
+from depsi.stm.dask_tools import computed_in_place
+from depsi.stm.runtime import release_memory
 
 
 @single_threaded_blas()

@@ -19,8 +19,8 @@ from depsi.pipeline.steps.shared import ChainRecord, model_terms, network_points
 from depsi.processing.atmosphere import estimate_atmosphere, second_network_pass
 from depsi.processing.datum import apply_reference_area, remove_reference_noise
 from depsi.processing.integration import refit_points
-from depsi.processing.temporal_model import refit_with_terms
-from depsi.stm.dask_tools import pageable, release_memory, spilled_if_large
+from depsi.processing.motion_models import refit_with_terms
+from depsi.stm.runtime import pageable, release_memory, spilled_if_large
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ CORRECTED_BLOCK = 65536
 def corrected_points(points: xr.Dataset, keep: np.ndarray, aps_rows) -> xr.Dataset:
     """``points`` at ``keep`` with their phases corrected by the screen (``aps_rows(rows)``:
     the screen's rows of ``keep[rows]``, a slice), float32, and their h2ph: both
-    :func:`~depsi.stm.dask_tools.pageable` (the second pass holds them through its whole
+    :func:`~depsi.stm.runtime.pageable` (the second pass holds them through its whole
     network's factorisation, which lets their pages go: 0.72 GB at 10^7 points), made a block
     of points at a time (no whole copy of the points' series, of their difference from the
     screen or of its float64 wrap beside them: 2 GB at 10^7 points). The values of

@@ -14,8 +14,8 @@ from depsi.pipeline.steps import ConfigView, Inputs, StepContext
 from depsi.pipeline.steps.shared import ChainRecord, model_terms, network_points, searched_terms
 from depsi.processing.datum import reference_by_point_index, reference_by_position
 from depsi.processing.integration import ArcObservations, arc_observations, integrate_network
-from depsi.processing.temporal_model import refit_with_terms
-from depsi.stm.dask_tools import release_memory
+from depsi.processing.motion_models import refit_with_terms
+from depsi.stm.runtime import release_memory
 
 
 @single_threaded_blas()

@@ -12,19 +12,20 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from depsi.geometry import POINT_GEOMETRY, correct_positions
 from depsi.io.cf import with_cf_attributes
-from depsi.io.geometry import POINT_GEOMETRY, correct_positions
 from depsi.kernels.backend import single_threaded_blas
 from depsi.pipeline.steps import ConfigView, Inputs, StepContext
 from depsi.pipeline.steps.shared import UNSPLIT_CHUNKS, ChainRecord, kept_points, model_terms
 from depsi.processing.arcs import heights_resolvable
 from depsi.processing.correlated_height import estimate_correlated_height
-from depsi.processing.model import fit_with_atmosphere, point_uncertainty
+from depsi.processing.model_fit import fit_with_atmosphere, point_uncertainty
+from depsi.processing.motion_models import fit_terms_with_atmosphere
 from depsi.processing.network import point_positions
 from depsi.processing.results import RESULT_VARIABLES, merged_in_input_order, result_view
 from depsi.processing.scatterers import SCATTERER_VARIABLES
-from depsi.processing.temporal_model import fit_terms_with_atmosphere
-from depsi.stm.dask_tools import computed_in_place, page_out, release_memory
+from depsi.stm.dask_tools import computed_in_place
+from depsi.stm.runtime import page_out, release_memory
 from depsi.stm.schema import validate
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from depsi.processing.network import (
     network_edges,
     point_positions,
 )
-from depsi.stm.dask_tools import gathered_by_chunk, pageable_copy, release_memory, workers_client
+from depsi.stm.dask_tools import gathered_by_chunk, workers_client
+from depsi.stm.runtime import pageable_copy, release_memory
 
 
 def with_edges(points: xr.Dataset, section: NetworkConfig) -> xr.Dataset:
@@ -28,7 +29,7 @@ def with_edges(points: xr.Dataset, section: NetworkConfig) -> xr.Dataset:
     source, target = network_edges(point_positions(points), method=section.method, k=section.k,
                                    n_sectors=section.n_sectors, max_length=section.max_length)
     # held by the driver from the network to the atmosphere step: large, in a file's pages,
-    # which the whole network's factorisation lets go (depsi.stm.dask_tools.page_out)
+    # which the whole network's factorisation lets go (depsi.stm.runtime.page_out)
     return points.assign({"edge_source": (EDGE, pageable_copy(source)),
                           "edge_target": (EDGE, pageable_copy(target))})
 

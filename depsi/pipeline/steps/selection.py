@@ -47,7 +47,7 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
             prescreen_sigmas=ds.prescreen_sigmas, ministack=ds.ministack,
             max_compressed=ds.max_compressed))
     if config.input.dem is not None:
-        from depsi.io.geometry import geocode_with_dem, open_dem
+        from depsi.geometry import geocode_with_dem, open_dem
 
         ps = geocode_with_dem(ps, open_dem(config.input.dem))
     return ps

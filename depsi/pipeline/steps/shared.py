@@ -12,7 +12,7 @@ import xarray as xr
 
 from depsi.kernels.backend import Device
 from depsi.pipeline.steps import EDGE, ConfigView
-from depsi.processing.temporal_model import TemporalModel, temporal_model
+from depsi.processing.motion_models import TemporalModel, temporal_model
 
 #: The devices a step spreads its chunks over (None: those configured).
 Devices = Sequence[Device | str | int] | None

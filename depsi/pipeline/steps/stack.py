@@ -9,8 +9,8 @@ from typing import Any
 
 import xarray as xr
 
+from depsi.pipeline.input_stack import _check_stack_geometry, open_stack
 from depsi.pipeline.preflight import check_ds_window, check_model, check_stack_support
-from depsi.pipeline.stack import _check_stack_geometry, open_stack
 from depsi.pipeline.steps import ConfigView, Inputs, StepContext
 
 
@@ -54,5 +54,5 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
 
 
 def open_product(path: str | os.PathLike, config: ConfigView) -> xr.Dataset:
-    """The stack as every step reads it (:func:`~depsi.pipeline.stack.open_stack`)."""
+    """The stack as every step reads it (:func:`~depsi.pipeline.input_stack.open_stack`)."""
     return open_stack(config, path=path)

@@ -1,5 +1,6 @@
-"""The input stack: opened lazily in its format, its values checked on sampled blocks, and its
-geometry checked against what the run will need (h2ph, positions, a DEM over the scene)."""
+"""The input stack of ``input``: opened lazily by its format's reader
+(:data:`depsi.io.formats.READERS`), its values checked on sampled blocks, and its geometry
+checked against what the run will need (h2ph, positions, a DEM over the scene)."""
 
 from __future__ import annotations
 
@@ -72,126 +73,18 @@ def _open_stack_unchecked(config: Any, *,
     xarray.Dataset
         Raster stack ``(azimuth, range, time)`` with ``complex`` (and ``h2ph`` when known).
     """
-    from depsi.io import from_snap, open_binary_folder, open_slc_zarr
+    from depsi.io.formats import READERS
+    from depsi.io.slc_zarr import open_slc_zarr
 
     section = config.input
-    fmt = section.format
-    if fmt == "simulated":
+    if section.format == "simulated":
         if path is None:
             raise ValueError("input.format 'simulated': expected the simulated stack's store")
         return open_slc_zarr(path)
     source = Path(section.path)
     if not source.exists():
         raise FileNotFoundError(f"input.path: stack {str(source)!r} does not exist")
-    mode = section.geometry
-    if fmt == "zarr":
-        return open_slc_zarr(source)
-    if fmt == "snap":
-        return from_snap(sorted(source.glob("*.znap")) or source, geometry=mode)
-    if fmt == "dimap":
-        from depsi.io.dimap import from_dimap
-
-        return from_dimap(sorted(source.glob("*.dim")) if source.is_dir() else source,
-                          geometry=mode)
-    if fmt == "doris":
-        from depsi.io.doris import from_doris_stack
-
-        return from_doris_stack(source, geometry=mode)
-    if fmt == "gamma":
-        from depsi.io.gamma import from_gamma
-
-        return from_gamma(source, geometry=mode)
-    if fmt == "isce2":
-        from depsi.io.isce2 import from_isce2
-
-        return from_isce2(source, geometry=mode)
-    if fmt == "geotiff":
-        return _open_geotiff(section, source)
-    if fmt == "interferograms":
-        from depsi.io.interferograms import from_interferograms
-
-        return from_interferograms(source, wavelength=section.wavelength, shape=section.shape,
-                                   layout=section.layout)
-    return open_binary_folder(source)
-
-
-#: Valid WGS84 degrees of the position rasters, and the side of the decimated sample of each
-#: that is checked against them (a whole raster is not read before the pixel work).
-POSITION_LIMITS = {"lat": 90.0, "lon": 180.0}
-POSITION_SAMPLE = 512
-
-
-def _check_position_raster(path: Path, name: str) -> None:
-    """Refuse a lat/lon raster whose values (on a decimated sample) are not WGS84 degrees."""
-    from depsi.io.geotiff import open_radar_raster
-
-    with open_radar_raster(path) as src:
-        sample = src.read(1, out_shape=(min(src.height, POSITION_SAMPLE),
-                                        min(src.width, POSITION_SAMPLE)))
-    sample = sample[np.isfinite(sample)]
-    limit = POSITION_LIMITS[name]
-    if sample.size and np.abs(sample).max() > limit:
-        raise ValueError(f"input.path: '{path}': expected {name} in WGS84 degrees within "
-                         f"-{limit:g}..{limit:g}, found {sample.min():g}..{sample.max():g}")
-
-
-def _open_geotiff(section: Any, source: Path) -> xr.Dataset:
-    """A GeoTIFF stack: SLC rasters with dates and wavelength from the configuration, h2ph
-    from the ``h2ph_*.tif`` rasters (beside the SLCs or in ``input.h2ph``), positions from
-    ``lat.tif``/``lon.tif`` beside the SLCs (WGS84 degrees per radar pixel, as ISCE2's or
-    SNAP's geometry exports)."""
-    from depsi.io import from_geotiff
-    from depsi.io.geotiff import (
-        check_acquisition_dates,
-        check_dates_in_names,
-        open_band,
-        raster_info,
-    )
-
-    tifs = sorted(p for p in source.iterdir() if p.suffix.lower() in (".tif", ".tiff"))
-    h2ph_folder = Path(section.h2ph) if section.h2ph is not None else source
-    h2ph_files = sorted(p for p in h2ph_folder.iterdir() if p.name.lower().startswith("h2ph")
-                        and p.suffix.lower() in (".tif", ".tiff"))
-    position_files = {name: source / f"{name}.tif" for name in ("lat", "lon")}
-    slc_files = [p for p in tifs if p not in h2ph_files
-                 and p not in position_files.values()]
-    if not slc_files:
-        raise FileNotFoundError(f"input.path: expected SLC GeoTIFFs (*.tif) in "
-                                f"{str(source)!r}, found none")
-    if len(h2ph_files) != len(section.dates):
-        raise ValueError(f"input.h2ph: expected one h2ph_*.tif per epoch ({len(section.dates)} "
-                         f"dates) in {str(h2ph_folder)!r}, found {len(h2ph_files)}: the chain "
-                         "needs h2ph and GeoTIFF SLCs carry no orbits")
-    if len(slc_files) == len(section.dates):
-        check_dates_in_names(slc_files, section.dates, field="input.dates")
-    # the h2ph rasters are taken in their names' order, which must be the dates' time order
-    in_time_order = sorted(np.array(section.dates, dtype="datetime64[D]"))
-    check_dates_in_names(h2ph_files, in_time_order, field="input.dates (in time order)")
-    h2ph_info = [raster_info(path) for path in h2ph_files]
-    check_acquisition_dates(h2ph_info, in_time_order, field="input.dates (in time order)")
-    stack = from_geotiff(slc_files, dates=section.dates, wavelength=section.wavelength)
-    block = stack["complex"].data.chunksize[:2]
-    layers = []
-    for info in h2ph_info:
-        if info.shape != (stack.sizes["azimuth"], stack.sizes["range"]):
-            raise ValueError(f"input.h2ph: '{info.path}': expected {stack.sizes['azimuth']} x "
-                             f"{stack.sizes['range']} pixels like the SLCs, found "
-                             f"{info.shape[0]} x {info.shape[1]}")
-        layers.append(open_band(info, 1, block).astype(np.float32))
-    order = np.argsort(np.array(section.dates, dtype="datetime64[D]"), kind="stable")
-    h2ph = da.stack([layers[i] for i in order], axis=-1).rechunk(stack["complex"].chunks)
-    stack = stack.assign(h2ph=(("azimuth", "range", "time"), h2ph))
-    if all(p.is_file() for p in position_files.values()):
-        for name, path in position_files.items():
-            _check_position_raster(path, name)
-            info = raster_info(path)
-            if info.shape != (stack.sizes["azimuth"], stack.sizes["range"]):
-                raise ValueError(f"input.path: '{path}': expected {stack.sizes['azimuth']} x "
-                                 f"{stack.sizes['range']} pixels like the SLCs, found "
-                                 f"{info.shape[0]} x {info.shape[1]}")
-            stack = stack.assign_coords({name: (("azimuth", "range"),
-                                                open_band(info, 1, block).astype(np.float64))})
-    return stack
+    return READERS[section.format].read(source, section)
 
 
 #: Exports that place points on a map and so need their positions.
@@ -234,9 +127,9 @@ def _check_stack_geometry(stack: xr.Dataset, config: Any) -> None:
 
 def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
     """The orbits and radar grid image a possible scene, which the product's own lat/lon (where
-    it has them) confirm at the scene's corners (:func:`depsi.io.geometry.check_scene_geometry`:
+    it has them) confirm at the scene's corners (:func:`depsi.geometry.check_scene_geometry`:
     four pixels of each read)."""
-    from depsi.io.geometry import StackGeometry, check_scene_geometry
+    from depsi.geometry import StackGeometry, check_scene_geometry
 
     geometry = StackGeometry.from_attrs(stack.attrs)
     if geometry is None:  # the caller checked that the stack has its geometry
@@ -257,7 +150,7 @@ def _check_scene_geometry(stack: xr.Dataset, where: str) -> None:
 def _check_dem(dem: str | os.PathLike, stack: xr.Dataset) -> None:
     """The DEM georeferenced and over the scene (its corners and centre geocoded on the
     orbits), before any pixel is read."""
-    from depsi.io.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
+    from depsi.geometry import StackGeometry, check_dem_covers, open_dem, radar_to_geo
 
     geometry = StackGeometry.from_attrs(stack.attrs)
     if geometry is None:

@@ -667,7 +667,7 @@ def fit_terms_with_atmosphere(out: xr.Dataset, model: TemporalModel, *,
                               ) -> xr.Dataset:
     """The final model of every point with the terms of ``model``, each point's model chosen
     (:func:`fit_models`), fitted to its unwrapped phase *with* its atmosphere as
-    :func:`depsi.processing.model.fit_with_atmosphere` fits the linear one (and for the same
+    :func:`depsi.processing.model_fit.fit_with_atmosphere` fits the linear one (and for the same
     reason: the screen's own error would otherwise leak into the estimates).
 
     Parameters

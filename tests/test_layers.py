@@ -10,6 +10,7 @@ dependency. ``python tests/test_layers.py [FILE]`` writes the import graph by la
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -63,9 +64,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def _module_paths() -> tuple[tuple[str, Path], ...]:
+    return tuple((module_name(p), p) for p in sorted(PACKAGE.rglob("*.py")))
+
+
 def modules() -> dict[str, Path]:
-    """Every module of depsi by dotted name (a package by its ``__init__.py``)."""
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    """Every module of depsi by dotted name (a package by its ``__init__.py``); the tree is
+    walked once per process."""
+    return dict(_module_paths())
 
 
 def layer_of(name: str) -> str:
@@ -91,7 +98,14 @@ def _resolve(target: str, known: dict[str, Path]) -> str:
 
 
 def _imports(name: str, path: Path) -> tuple[set[str], set[str]]:
-    """(depsi modules, other top-level packages) that ``name`` imports anywhere."""
+    """(depsi modules, other top-level packages) that ``name`` imports anywhere (each file
+    parsed once per process)."""
+    inner, outer = _parsed_imports(name, path)
+    return set(inner), set(outer)
+
+
+@functools.cache
+def _parsed_imports(name: str, path: Path) -> tuple[frozenset[str], frozenset[str]]:
     known = modules()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     inner, outer = set(), set()
@@ -114,7 +128,7 @@ def _imports(name: str, path: Path) -> tuple[set[str], set[str]]:
                     inner.add(resolved)
             else:
                 outer.add(target.split(".")[0])
-    return inner, outer
+    return frozenset(inner), frozenset(outer)
 
 
 def import_graph(*, packages: bool = False) -> dict[str, set[str]]:

@@ -10,12 +10,14 @@ kernel module, whether the compiled kernels run: where the cache holds them (loa
 where ``DEPSI_NUMBA_COMPILE=inline`` (compiled at their first call, in this process). Otherwise
 the module's NumPy reference runs (the same results to the bit, the periodogram's to the
 tolerance its tests hold it to), and with a writable cache a background process
-(:mod:`depsi.kernels.warmup`) compiles every kernel into it for the next run; with none
-nothing is compiled, which per process would cost every run those 20 s.
+(:mod:`depsi.kernels.warmup`), started when this process exits so that it takes no core from
+the run, compiles every kernel into it for the next run; with none nothing is compiled, which
+per process would cost every run those 20 s.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import subprocess
@@ -76,6 +78,7 @@ Samples = Callable[[], Sequence[tuple[Any, tuple]]]
 
 _decided: dict[str, bool] = {}
 _background: list[subprocess.Popen] = []
+_pending: list[Path] = []
 
 
 def sample_array(dtype, ndim: int):
@@ -136,7 +139,7 @@ def ready(name: str, samples: Samples) -> bool:
 def _fall_back(name: str) -> None:
     """Say (once a process) that the NumPy kernels run, and start the background compilation
     where the cache can be written."""
-    told = bool(_background) or any(not done for done in _decided.values())
+    told = bool(_pending) or any(not done for done in _decided.values())
     log = logger.debug if told else logger.info
     path = cache_dir()
     if path is None:
@@ -145,11 +148,17 @@ def _fall_back(name: str) -> None:
             "NUMBA_CACHE_DIR): the NumPy kernels run instead of compiling them in every run, "
             "about 20 s (DEPSI_NUMBA_COMPILE=inline compiles them) [%s]", name)
         return
-    process = compile_in_background(path)
-    log("Numba's compiled kernels are not in the cache %s yet: this run uses the NumPy kernels "
-        "while a background process%s compiles them for the next run (its log: warmup.log "
-        "there; `depsi warmup` compiles them in the foreground) [%s]", path,
-        f" ({process.pid})" if process is not None else "", name)
+    if not _pending:
+        _pending.append(path)
+        atexit.register(compile_pending)
+    log("Numba's compiled kernels are not in the cache %s yet: this run uses the NumPy kernels, "
+        "and a background process compiles them for the next run when it ends (its log: "
+        "warmup.log there; `depsi warmup` compiles them now) [%s]", path, name)
+
+
+def compile_pending() -> subprocess.Popen | None:
+    """Start the background compilation a run's missing kernels asked for (at exit)."""
+    return compile_in_background(_pending[0]) if _pending else None
 
 
 def compile_in_background(path: Path) -> subprocess.Popen | None:
@@ -169,5 +178,6 @@ def compile_in_background(path: Path) -> subprocess.Popen | None:
         logger.warning("numba_support: the background compilation did not start: %s", error)
         return None
     _background.append(process)
-    logger.debug("numba_support: background compilation, process %d", process.pid)
+    logger.info("compiling Numba's kernels into %s in a background process (%d)", path,
+                process.pid)
     return process

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ Samples = Callable[[], Sequence[tuple[Any, tuple]]]
 _decided: dict[str, bool] = {}
 _background: list[subprocess.Popen] = []
 _pending: list[Path] = []
+_deciding = threading.Lock()  # Dask's threads ask at once: one decision, one message
 
 
 def sample_array(dtype, ndim: int):
@@ -122,6 +124,11 @@ def ready(name: str, samples: Samples) -> bool:
     first call, the same for the rest of the process, so that one run takes one path): True
     where the cache holds every sample's compilation or ``DEPSI_NUMBA_COMPILE=inline``; else
     False, the NumPy reference runs, and a background process fills a writable cache."""
+    with _deciding:
+        return _decide(name, samples)
+
+
+def _decide(name: str, samples: Samples) -> bool:
     if name in _decided:
         return _decided[name]
     if numba is None:

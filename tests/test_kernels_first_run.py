@@ -157,3 +157,13 @@ def test_warmup_without_a_writable_cache_fails_with_a_reason(tmp_path, monkeypat
     with caplog.at_level(logging.ERROR):
         assert warmup.main([]) == 1
     assert "NUMBA_CACHE_DIR" in caplog.text
+
+
+def test_the_warmup_command_says_why_it_cannot_compile(tmp_path, monkeypatch, caplog):
+    from depsi.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocker / "numba"))
+    assert main(["warmup"]) == 1
+    assert "no writable cache directory" in caplog.text

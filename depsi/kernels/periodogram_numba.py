@@ -25,9 +25,10 @@ No ``prange``: the chain runs the kernel on Dask's threads (BLAS at one thread),
 compiled functions release the GIL. Figures and agreement: ``docs/benchmarks.md`` ("Fused
 periodogram").
 
-Compiled on the first call of a process, and cached in
-:func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside the
-package: a read-only install compiles once per process instead.
+Cached in :func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside
+the package. Asked for (``fused=True``) it is compiled at its first call where no cache holds
+it; by default only where the cache holds it (:func:`ready`), else the reference runs and the
+cache is filled for the next run.
 """
 
 from __future__ import annotations

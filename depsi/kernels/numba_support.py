@@ -72,7 +72,6 @@ def jit_cached(function):
         numba.config.CACHE_DIR = saved
 
 
-
 #: A kernel module's sample calls: each dispatcher with arguments of the types its module
 #: passes it (tiny arrays), what :func:`ready` looks up and :mod:`depsi.kernels.warmup` compiles.
 Samples = Callable[[], Sequence[tuple[Any, tuple]]]

@@ -31,6 +31,8 @@ processed lazily with Dask. Commands:
   depsi config --example     write a commented example configuration (every key, its default)
   depsi slurm-script CONFIG  write an sbatch script whose job runs `depsi run CONFIG --resume`
   depsi demo                 simulate a small stack, run the PS chain, write results and plots
+  depsi warmup               compile the Numba kernels into their cache now (a first run
+                             otherwise runs NumPy's while a background process compiles them)
   depsi simulate OUT.zarr    write a simulated SLC stack (with its truth) to Zarr or raw binary
   depsi info PATH            dims, variables, chunking, attributes and size on disk of a store;
                              of a workspace: each step's status, product, counts and the log;
@@ -227,6 +229,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out = run_demo(Path(args.out), shape=(args.size, args.size), n_epochs=args.epochs,
                    seed=args.seed, overwrite=args.overwrite)
     sys.stdout.write(f"demo outputs written to {out.resolve()}\n")
+    return 0
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    from depsi.kernels.warmup import warmup
+
+    try:
+        warmup()
+    except OSError as error:
+        logger.error("%s", error)
+        return 1
     return 0
 
 
@@ -528,6 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "refuses an existing --out folder")
     demo.set_defaults(func=_cmd_demo)
 
+    warm = sub.add_parser("warmup", help="compile the Numba kernels into their cache "
+                                         "(NUMBA_CACHE_DIR, else ~/.cache/depsi/numba)")
+    warm.set_defaults(func=_cmd_warmup)
+
     view = sub.add_parser("view", help="explore a result in the web browser: a map of the "
                                        "points, a point's series on a click")
     view.add_argument("path", help="a depsi run (or demo) workspace folder, or a result Zarr "
@@ -561,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    if args.command in ("demo", "run"):
+    if args.command in ("demo", "run", "warmup"):
         level = min(level, logging.INFO)
     logging.basicConfig(level=level, format=LOG_FORMAT)
     if args.command is None:

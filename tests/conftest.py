@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 REALDATA = Path(os.environ.get("DEPSI_REALDATA", REPO / "tests" / "data"))
 #: State folder of scripts/slurm-up.sh (pid files, the clients' env).
 SLURM_STATE = Path(os.environ.get("DEPSI_SLURM_DIR", "/tmp/depsi-slurm"))
+# Numba's kernels compiled where a test's process finds them in no cache: one path whatever the
+# cache holds (tests/test_kernels_first_run.py sets the default, the background, itself)
+os.environ.setdefault("DEPSI_NUMBA_COMPILE", "inline")
 
 
 #: Test modules that run one test at a time, all in one worker, when the suite runs on several

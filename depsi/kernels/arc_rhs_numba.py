@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from depsi.conventions import wrap_phase
-from depsi.kernels.numba_support import jit_cached, numba
+from depsi.kernels import numba_support
+from depsi.kernels.numba_support import jit_cached, numba, sample_array
 
 #: Whether the compiled kernel can run in this process.
 AVAILABLE = numba is not None
@@ -48,6 +49,20 @@ def _form(phase, source, target, rows, motion, cycles, out):
 
 if AVAILABLE:
     _form = jit_cached(_form)
+
+
+def samples():
+    """The kernel with arguments of the types integration passes it (the phases float32, the
+    cycles int8)."""
+    f4, i8 = np.float32, np.int64
+    return [(_form, (sample_array(f4, 2), sample_array(i8, 1), sample_array(i8, 1),
+                     sample_array(i8, 1), sample_array(f4, 2), sample_array(np.int8, 2),
+                     sample_array(f4, 2)))]
+
+
+def ready() -> bool:
+    """Whether :func:`form_rows` runs compiled in this process (:func:`numba_support.ready`)."""
+    return AVAILABLE and numba_support.ready(__name__, samples)
 
 
 def form_rows(phase: np.ndarray, source: np.ndarray, target: np.ndarray, rows: np.ndarray,

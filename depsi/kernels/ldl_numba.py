@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from depsi.kernels.numba_support import jit_cached, numba
+from depsi.kernels import numba_support
+from depsi.kernels.numba_support import jit_cached, numba, sample_array
 
 #: Whether the compiled solve can run in this process.
 AVAILABLE = numba is not None
@@ -45,6 +46,20 @@ def _sweeps(Lp, Li, Lx, d_inverse, permutation, b, x):
 
 if AVAILABLE:
     _sweeps = jit_cached(_sweeps)
+
+
+def samples():
+    """The sweeps with arguments of the types :class:`LDLFactors` passes them."""
+    i8, f8 = np.int64, np.float64
+    return [(_sweeps, (sample_array(i8, 1), sample_array(i8, 1), sample_array(f8, 1),
+                       sample_array(f8, 1), sample_array(i8, 1), sample_array(f8, 2),
+                       sample_array(f8, 2)))]
+
+
+def ready() -> bool:
+    """Whether :class:`LDLFactors` runs compiled in this process
+    (:func:`numba_support.ready`)."""
+    return AVAILABLE and numba_support.ready(__name__, samples)
 
 
 class LDLFactors:

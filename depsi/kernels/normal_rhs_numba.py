@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from depsi.kernels.numba_support import jit_cached, numba
+from depsi.kernels import numba_support
+from depsi.kernels.numba_support import jit_cached, numba, sample_array
 
 #: Whether the compiled kernel can run in this process.
 AVAILABLE = numba is not None
@@ -36,6 +37,20 @@ def _scatter(source_column, target_column, weights, kept, rhs, out):
 
 if AVAILABLE:
     _scatter = jit_cached(_scatter)
+
+
+def samples():
+    """The kernel with arguments of the types the network solver passes it (the arcs'
+    right-hand sides float32)."""
+    i8, f8 = np.int64, np.float64
+    return [(_scatter, (sample_array(i8, 1), sample_array(i8, 1), sample_array(f8, 1),
+                        sample_array(i8, 1), sample_array(np.float32, 2), sample_array(f8, 2)))]
+
+
+def ready() -> bool:
+    """Whether :func:`normal_rhs` runs compiled in this process
+    (:func:`numba_support.ready`)."""
+    return AVAILABLE and numba_support.ready(__name__, samples)
 
 
 def normal_rhs(source_column: np.ndarray, target_column: np.ndarray, weights: np.ndarray,

@@ -4,14 +4,29 @@ breaks a read-only install (docs/design.md, "Kernels").
 Numba's own cache locators write beside the package's sources when they can, and make the
 decoration fail when no locator can write at all. :func:`jit_cached` caches only in
 :func:`cache_dir`, and compiles per process where that cannot be written.
+
+Compiling them costs about 20 s of a first run. :func:`ready` decides, once a process and
+kernel module, whether the compiled kernels run: where the cache holds them (loaded then), or
+where ``DEPSI_NUMBA_COMPILE=inline`` (compiled at their first call, in this process). Otherwise
+the module's NumPy reference runs (the same results to the bit, the periodogram's to the
+tolerance its tests hold it to), and with a writable cache a background process
+(:mod:`depsi.kernels.warmup`), started when this process exits so that it takes no core from
+the run, compiles every kernel into it for the next run; with none nothing is compiled, which
+per process would cost every run those 20 s.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import subprocess
+import sys
 import tempfile
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +71,119 @@ def jit_cached(function):
     finally:
         numba.config.CACHE_DIR = saved
 
+
+#: A kernel module's sample calls: each dispatcher with arguments of the types its module
+#: passes it (tiny arrays), what :func:`ready` looks up and :mod:`depsi.kernels.warmup` compiles.
+Samples = Callable[[], Sequence[tuple[Any, tuple]]]
+
+_decided: dict[str, bool] = {}
+_background: list[subprocess.Popen] = []
+_pending: list[Path] = []
+_deciding = threading.Lock()  # Dask's threads ask at once: one decision, one message
+
+
+def sample_array(dtype, ndim: int):
+    """A C-contiguous array of one element per axis: a sample argument's type."""
+    import numpy as np
+
+    return np.zeros((1,) * ndim, dtype=dtype)
+
+
+def compile_mode() -> str:
+    """``DEPSI_NUMBA_COMPILE``: ``background`` (the default) or ``inline``."""
+    mode = os.environ.get("DEPSI_NUMBA_COMPILE", "background").strip().lower()
+    if mode not in ("background", "inline"):
+        raise ValueError(f"DEPSI_NUMBA_COMPILE={mode!r}: expected 'background' or 'inline'")
+    return mode
+
+
+def signature(dispatcher, args: tuple) -> tuple:
+    """The Numba argument types of ``dispatcher(*args)``."""
+    return tuple(dispatcher.typeof_pyval(a) for a in args)
+
+
+def loaded(dispatcher, args: tuple) -> bool:
+    """Whether ``dispatcher(*args)`` runs without compiling: compiled in this process already,
+    or in the cache (then loaded)."""
+    sig = signature(dispatcher, args)
+    if sig in dispatcher.overloads:
+        return True
+    cache = getattr(dispatcher, "_cache", None)
+    load = getattr(cache, "load_overload", None)
+    if load is None:  # a Numba without the cache's lookup: compiled at the first call
+        return True
+    if load(sig, dispatcher.targetctx) is None:
+        return False
+    dispatcher.compile(sig)  # the cache's entry, as the first call would load it
+    return True
+
+
+def ready(name: str, samples: Samples) -> bool:
+    """Whether the compiled kernels of module ``name`` run in this process (decided at the
+    first call, the same for the rest of the process, so that one run takes one path): True
+    where the cache holds every sample's compilation or ``DEPSI_NUMBA_COMPILE=inline``; else
+    False, the NumPy reference runs, and a background process fills a writable cache."""
+    with _deciding:
+        return _decide(name, samples)
+
+
+def _decide(name: str, samples: Samples) -> bool:
+    if name in _decided:
+        return _decided[name]
+    if numba is None:
+        result = False
+    elif compile_mode() == "inline":
+        result = True
+    else:
+        result = all([loaded(dispatcher, args) for dispatcher, args in samples()])
+        if not result:
+            _fall_back(name)
+    _decided[name] = result
+    return result
+
+
+def _fall_back(name: str) -> None:
+    """Say (once a process) that the NumPy kernels run, and start the background compilation
+    where the cache can be written."""
+    told = bool(_pending) or any(not done for done in _decided.values())
+    log = logger.debug if told else logger.info
+    path = cache_dir()
+    if path is None:
+        (logger.debug if told else logger.warning)(
+            "Numba's compiled kernels cannot be cached (no writable cache directory; set "
+            "NUMBA_CACHE_DIR): the NumPy kernels run instead of compiling them in every run, "
+            "about 20 s (DEPSI_NUMBA_COMPILE=inline compiles them) [%s]", name)
+        return
+    if not _pending:
+        _pending.append(path)
+        atexit.register(compile_pending)
+    log("Numba's compiled kernels are not in the cache %s yet: this run uses the NumPy kernels, "
+        "and a background process compiles them for the next run when it ends (its log: "
+        "warmup.log there; `depsi warmup` compiles them now) [%s]", path, name)
+
+
+def compile_pending() -> subprocess.Popen | None:
+    """Start the background compilation a run's missing kernels asked for (at exit)."""
+    return compile_in_background(_pending[0]) if _pending else None
+
+
+def compile_in_background(path: Path) -> subprocess.Popen | None:
+    """Start :mod:`depsi.kernels.warmup` in a background process (once a process) that
+    compiles every kernel into the cache ``path``, at a low priority; its log is
+    ``path/warmup.log``."""
+    if _background:
+        return _background[0]
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(path))
+    try:
+        with open(path / "warmup.log", "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "depsi.kernels.warmup", "--background"], env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)  # outlives this process, and its Ctrl-C
+    except OSError as error:
+        logger.warning("numba_support: the background compilation did not start: %s", error)
+        return None
+    _background.append(process)
+    logger.info("compiling Numba's kernels into %s in a background process (%d)", path,
+                process.pid)
+    return process

@@ -795,7 +795,9 @@ def periodogram(
 def _fused_wanted(xp, fused: bool | None) -> bool:
     """Whether :func:`periodogram` runs the compiled kernel (``fused``, else
     :data:`USE_FUSED`, for NumPy inputs when Numba can be imported; the steps pass
-    :func:`depsi.stm.runtime.fused_kernels`, False in small Dask workers)."""
+    :func:`depsi.stm.runtime.fused_kernels`, False in small Dask workers). Not asked for
+    (None), only where it runs without compiling first
+    (:func:`depsi.kernels.periodogram_numba.ready`)."""
     if xp is not np or fused is False or (fused is None and not USE_FUSED):
         return False
     from depsi.kernels import periodogram_numba
@@ -804,7 +806,7 @@ def _fused_wanted(xp, fused: bool | None) -> bool:
         if fused:
             raise ImportError("periodogram(fused=True): expected Numba, found it not importable")
         return False
-    return True
+    return bool(fused) or periodogram_numba.ready()
 
 
 def _periodogram_batch(xp, phase, h2ph, t, extra_g, grid: _Grid, tables, steps, m2ph, refine,

@@ -25,9 +25,10 @@ No ``prange``: the chain runs the kernel on Dask's threads (BLAS at one thread),
 compiled functions release the GIL. Figures and agreement: ``docs/benchmarks.md`` ("Fused
 periodogram").
 
-Compiled on the first call of a process, and cached in
-:func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside the
-package: a read-only install compiles once per process instead.
+Cached in :func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside
+the package. Asked for (``fused=True``) it is compiled at its first call where no cache holds
+it; by default only where the cache holds it (:func:`ready`), else the reference runs and the
+cache is filled for the next run.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import NamedTuple
 import numpy as np
 
 from depsi.conventions import MISSING_AMBIGUITY, wrap_phase
+from depsi.kernels import numba_support
 from depsi.kernels.flags import FLAG_DTYPE, Flag
-from depsi.kernels.numba_support import jit_cached, numba
+from depsi.kernels.numba_support import jit_cached, numba, sample_array
 
 logger = logging.getLogger(__name__)
 
@@ -473,6 +475,27 @@ if AVAILABLE:
     _newton = numba.njit(_newton)
     _vertex = numba.njit(_vertex)
     _items = jit_cached(_items)
+
+
+def samples():
+    """The three cached kernels with arguments of the types :func:`fused_batch` passes them."""
+    f4, f8, i8 = np.float32, np.float64, np.int64
+    a2, a1 = sample_array(f8, 2), sample_array(f8, 1)
+    return [
+        (_grid_phasors, (a2, a2, 1.0, a1, 0, sample_array(f4, 4), a2)),
+        (_grid_best, (sample_array(f4, 4), 1, 1, 0, sample_array(i8, 1), sample_array(f4, 2),
+                      sample_array(f4, 1))),
+        (_items, (a2, a2, a2, a1, a2, sample_array(i8, 1), sample_array(f4, 2), 1, a1, 1.0,
+                  True, 1.0, (1.0, 1.0, 1.0, 1.0), 1, a2, a1, a1, a1,
+                  sample_array(np.int32, 2), a2, sample_array(i8, 1),
+                  sample_array(FLAG_DTYPE, 1), sample_array(np.bool_, 1))),
+    ]
+
+
+def ready() -> bool:
+    """Whether :func:`fused_batch` runs compiled in this process
+    (:func:`numba_support.ready`)."""
+    return AVAILABLE and numba_support.ready(__name__, samples)
 
 
 def mirrored_half(shared) -> int | None:

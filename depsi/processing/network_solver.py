@@ -391,12 +391,13 @@ def _compiled_kernels(module: str) -> bool:
     """Whether the compiled kernel ``depsi.kernels.<module>`` runs here: Numba importable, and
     this process not a small Dask worker (a tile's task), where Numba's memory and a first
     compilation would not fit (:func:`~depsi.stm.runtime.roomy_process`); there the
-    reference runs, the same result to the bit, and Numba is never imported."""
+    reference runs, the same result to the bit, and Numba is never imported. Elsewhere where
+    it runs without compiling first (:func:`depsi.kernels.numba_support.ready`)."""
     if not roomy_process():
         return False
     import importlib
 
-    return bool(importlib.import_module(f"depsi.kernels.{module}").AVAILABLE)
+    return bool(importlib.import_module(f"depsi.kernels.{module}").ready())
 
 
 def _factorise(normal: sp.spmatrix):

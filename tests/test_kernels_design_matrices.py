@@ -1,4 +1,5 @@
-"""Temporal model helpers: design matrices in metres (time baselines: test_conventions)."""
+"""The design matrices of the temporal model (``depsi.kernels.design_matrices``), in metres
+(time baselines: test_conventions)."""
 
 from __future__ import annotations
 

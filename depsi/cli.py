@@ -233,14 +233,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_warmup(args: argparse.Namespace) -> int:
-    from depsi.kernels.warmup import warmup
+    from depsi.kernels import warmup
 
-    try:
-        warmup()
-    except OSError as error:
-        logger.error("%s", error)
-        return 1
-    return 0
+    return warmup.main([])
 
 
 def _bbox(text: str) -> tuple[float, float, float, float]:

@@ -60,3 +60,21 @@ def test_each_need_of_a_format_is_required_by_the_configuration(fmt, tmp_path):
         without = {k: v for k, v in section.items() if k != need}
         with pytest.raises(ConfigError, match=need):
             parse_config({"input": without, "output": {"workspace": str(tmp_path / "ws")}})
+
+
+@pytest.mark.parametrize("fmt", STACK_FORMATS)
+def test_a_second_stack_in_the_same_folder_is_refused_unless_overwrite(fmt, tmp_path):
+    """Every writer refuses a folder that holds a stack of its format already, naming the
+    folder, and replaces it with ``overwrite``; the replaced stack reads back."""
+    from depsi.simulate import write_stack
+
+    kwargs = dict(shape=(12, 10), n_epochs=4, seed=1)
+    first = write_stack(tmp_path / fmt, format=fmt, **kwargs)
+    with pytest.raises(FileExistsError, match=str(tmp_path / fmt)):
+        write_stack(tmp_path / fmt, format=fmt, **kwargs)
+    again = write_stack(tmp_path / fmt, format=fmt, overwrite=True, **kwargs)
+    assert again["path"] == first["path"] and again["dates"] == first["dates"]
+    given = {need: again[need] for need in READERS[fmt].needs}  # geotiff: dates, wavelength
+    options = InputConfig(format=fmt, path=str(again["path"]), **given)
+    stack = READERS[fmt].read(Path(again["path"]), options)
+    assert stack.sizes["time"] == 4 and (stack.sizes["azimuth"], stack.sizes["range"]) == (12, 10)

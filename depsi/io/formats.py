@@ -72,6 +72,18 @@ def _read_binary(source: Path, options: Any) -> xr.Dataset:
     return open_binary_folder(source)
 
 
+def _refuse_existing(folder: Path, overwrite: bool, patterns: tuple[str, ...]) -> None:
+    """For a writer that replaces its files by name: refuse a folder that already holds files
+    of such a stack, unless ``overwrite`` (as the DORIS, DIMAP and znap writers do)."""
+    if overwrite or not folder.is_dir():
+        return
+    found = sorted(str(path) for pattern in patterns for path in folder.glob(pattern))
+    if found:
+        raise FileExistsError(f"files of a stack already exist in '{folder}': {found[:3]}"
+                              f"{' ...' if len(found) > 3 else ''}; pass overwrite=True "
+                              f"(--overwrite) to replace them")
+
+
 def _read_doris(source: Path, options: Any) -> xr.Dataset:
     return from_doris_stack(source, geometry=options.geometry)
 
@@ -88,6 +100,7 @@ def _read_gamma(source: Path, options: Any) -> xr.Dataset:
 
 def _write_gamma(folder: Path, stack: xr.Dataset, geometry: StackGeometry,
                  overwrite: bool) -> Path:
+    _refuse_existing(folder, overwrite, ("*.rslc", "*.rslc.par"))
     write_gamma(folder, stack.drop_vars("h2ph"), geometry)  # GAMMA stacks carry no h2ph
     return folder
 
@@ -98,6 +111,7 @@ def _read_isce2(source: Path, options: Any) -> xr.Dataset:
 
 def _write_isce2(folder: Path, stack: xr.Dataset, geometry: StackGeometry,
                  overwrite: bool) -> Path:
+    _refuse_existing(folder, overwrite, ("merged", "reference"))
     write_isce2(folder, stack.drop_vars("h2ph"), geometry)  # ISCE2 stacks carry no h2ph
     return folder
 
@@ -130,6 +144,7 @@ def _read_geotiff(source: Path, options: Any) -> xr.Dataset:
 
 def _write_geotiff(folder: Path, stack: xr.Dataset, geometry: StackGeometry,
                    overwrite: bool) -> Path:
+    _refuse_existing(folder, overwrite, ("slc_*.tif", "h2ph_*.tif", "lat.tif", "lon.tif"))
     write_geotiff_stack(folder, stack, geometry)
     return folder
 

@@ -31,8 +31,8 @@ def write_slc_stack(folder: str | os.PathLike, stack: xr.Dataset, geometry: Stac
         Zarr products, one ``YYYYMMDD-coreg.znap`` per date), ``geotiff`` (one complex GeoTIFF
         and one h2ph GeoTIFF per epoch).
     overwrite
-        Replace an existing stack (doris, dimap and snap refuse otherwise; the others
-        overwrite).
+        Replace the files of an existing stack; otherwise a folder that holds them already is
+        refused (FileExistsError) before anything is written.
 
     Returns
     -------

@@ -336,8 +336,8 @@ def write_stack(folder: str | os.PathLike, *, format: str, overwrite: bool = Fal
         ``geotiff`` (one complex GeoTIFF and one h2ph GeoTIFF per epoch; dates and
         wavelength then come from the configuration).
     overwrite
-        Replace an existing stack (doris, dimap and snap refuse otherwise; the others
-        overwrite).
+        Replace the files of an existing stack; otherwise a folder that holds them already is
+        refused (FileExistsError) before anything is written.
     **simulate_kwargs
         Keyword arguments of :func:`simulate_stack`.
 

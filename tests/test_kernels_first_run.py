@@ -16,8 +16,6 @@ import pytest
 
 from depsi.kernels import numba_support, warmup
 
-numba = pytest.importorskip("numba")
-
 MODULES = ("periodogram_numba", "arc_rhs_numba", "ldl_numba", "normal_rhs_numba")
 
 # one process's run: which modules run compiled, what it compiled itself, and whether the

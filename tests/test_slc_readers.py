@@ -404,7 +404,7 @@ def geotiff_warnings(test):
     return test
 
 def write_tiff(path: Path, bands: np.ndarray, dtype: str) -> Path:
-    rasterio = pytest.importorskip("rasterio")
+    import rasterio
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", rasterio.errors.NotGeoreferencedWarning)
         with rasterio.open(path, "w", driver="GTiff", width=bands.shape[2],
@@ -451,7 +451,7 @@ def test_geotiff_real_bands_as_complex_layout_are_refused(tmp_path: Path) -> Non
 
 
 def _dated_tiff(path: Path, values: np.ndarray, acquired: str) -> Path:
-    rasterio = pytest.importorskip("rasterio")
+    import rasterio
     write_tiff(path, values, "complex64")
     with rasterio.open(path, "r+") as tif:
         tif.update_tags(ns="IMAGERY", ACQUISITIONDATETIME=acquired)

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from depsi.kernels import numba_support, warmup
 
-MODULES = ("periodogram_numba", "arc_rhs_numba", "ldl_numba", "normal_rhs_numba")
+MODULES = ("periodogram_numba", "arc_rhs_numba", "ldl_numba", "normal_rhs_numba",
+           "statistics_numba")
 
 # one process's run: which modules run compiled, what it compiled itself, and whether the
 # periodogram's result is the reference's (the NumPy kernels) or the fused kernel's
@@ -25,7 +27,7 @@ _RUN = textwrap.dedent("""
     import numpy as np
     logging.basicConfig(level=logging.INFO)
     from depsi.kernels import (arc_rhs_numba, ldl_numba, normal_rhs_numba, numba_support,
-                               periodogram_numba)
+                               periodogram_numba, statistics_numba)
     from depsi.kernels.periodogram import periodogram
     t = np.linspace(0, 3, 20)
     h2ph = 3e-4 * np.sin(7.0 * np.arange(20))
@@ -33,7 +35,8 @@ _RUN = textwrap.dedent("""
     phase = np.angle(np.exp(1j * ((-4 * np.pi / 0.0555) * (0.01 * t + h2ph * 12.0)
                                   + rng.normal(0, 0.3, (40, 20)))))
     auto = periodogram(phase, h2ph, t, wavelength=0.0555)
-    modules = (periodogram_numba, arc_rhs_numba, ldl_numba, normal_rhs_numba)
+    modules = (periodogram_numba, arc_rhs_numba, ldl_numba, normal_rhs_numba,
+               statistics_numba)
     ready = {m.__name__.rsplit(".", 1)[1]: m.ready() for m in modules}
     misses = sum(sum(d.stats.cache_misses.values()) for m in modules for d, _ in m.samples())
     reference = periodogram(phase, h2ph, t, wavelength=0.0555, fused=False)
@@ -165,3 +168,8 @@ def test_the_warmup_command_says_why_it_cannot_compile(tmp_path, monkeypatch, ca
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocker / "numba"))
     assert main(["warmup"]) == 1
     assert "no writable cache directory" in caplog.text
+
+
+def test_every_compiled_kernel_module_is_warmed_and_checked_here():
+    kernels = Path(warmup.__file__).parent
+    assert set(MODULES) == set(warmup.MODULES) == {p.stem for p in kernels.glob("*_numba.py")}

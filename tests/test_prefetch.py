@@ -244,3 +244,39 @@ def test_iter_blocks_refuses_variables_without_azimuth_and_range():
     stack = _stack().assign_coords(epoch_index=("time", np.arange(5)))
     with pytest.raises(ValueError, match="epoch_index"):
         next(iter_blocks(stack, variables=["complex", "epoch_index"]))
+
+
+@pytest.mark.parametrize("time_chunk", [None, 3])
+def test_blocks_of_a_store_are_read_from_it_directly_with_the_values_dask_reads(
+        tmp_path, time_chunk, monkeypatch):
+    """A variable opened straight from a store is read through xarray's lazy view of it, not
+    a Dask graph per block; its blocks (and time pieces) are those Dask gives. Any other graph
+    (a window, a transpose, arithmetic) is read through Dask."""
+    from depsi.io import prefetch
+
+    rng = np.random.default_rng(3)
+    values = (rng.normal(size=(9, 11, 7)) + 1j * rng.normal(size=(9, 11, 7))).astype("c8")
+    xr.Dataset({"complex": (("azimuth", "range", "time"), values)}).chunk(
+        {"azimuth": 4, "range": 5, "time": time_chunk or -1}).to_zarr(tmp_path / "s.zarr")
+    stack = xr.open_zarr(tmp_path / "s.zarr")
+    data = stack["complex"].data
+    assert prefetch.stored_source(data) is not None
+    for other in (stack["complex"].isel(time=slice(1, 5)).data, (stack["complex"] * 2).data,
+                  stack["complex"].transpose("time", ...).data, da.from_array(values), values):
+        assert prefetch.stored_source(other) is None
+
+    def as_read(slices, block):
+        return block["complex"]
+
+    with monkeypatch.context() as patch:  # the blocks Dask reads
+        patch.setattr(prefetch, "stored_source", lambda data: None)
+        expected = list(iter_processed_blocks(stack, as_read, (4, 6), split_time=True))
+    monkeypatch.setattr(prefetch.dask, "compute", lambda *a, **k: pytest.fail("read by Dask"))
+    got = list(iter_processed_blocks(stack, as_read, (4, 6), split_time=True))
+    assert len(got) == len(expected) == 6
+    for (slices, pieces), (expected_slices, expected_pieces) in zip(got, expected):
+        assert slices == expected_slices
+        assert len(pieces) == len(expected_pieces) == (3 if time_chunk else 1)
+        for piece, expected_piece in zip(pieces, expected_pieces):
+            np.testing.assert_array_equal(piece, expected_piece)
+        np.testing.assert_array_equal(np.concatenate(pieces, axis=-1), values[slices])

@@ -9,8 +9,11 @@ import dask.array as da
 import numpy as np
 import pytest
 import xarray as xr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from depsi.io.store import open_stm, save_stm
+from depsi.kernels import statistics_numba
 from depsi.kernels.statistics import amplitude_sums, moments_from_sums, nad_screen
 from depsi.processing.network import worker_threads
 from depsi.processing.selection import (
@@ -144,11 +147,15 @@ def test_amplitude_sums_of_time_pieces_equal_the_joined_epochs_bit_for_bit(small
     np.testing.assert_array_equal(joined[1], np.where(finite, amplitude, 0).sum(axis=-1))
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("n_epochs", [3, 24, 300])
-def test_nad_screen_never_drops_a_pixel_the_exact_nad_selects(n_epochs):
+def test_nad_screen_never_drops_a_pixel_the_exact_nad_selects(n_epochs, compiled, monkeypatch):
     """Pixels around the threshold to a few float32 ulps, among clutter: every pixel whose
     exact float32 NAD is below the threshold stays for the exact computation, and clearly
-    dispersed pixels are screened out."""
+    dispersed pixels are screened out; with the screen's sums compiled and in NumPy."""
+    assert statistics_numba.ready()  # the tests compile Numba's kernels (tests/conftest.py)
+    if not compiled:
+        monkeypatch.setattr(statistics_numba, "ready", lambda: False)
     rng = np.random.default_rng(n_epochs)
     threshold = 0.25
     sign = np.where(np.arange(n_epochs) % 2, -1.0, 1.0)
@@ -171,6 +178,29 @@ def test_nad_screen_never_drops_a_pixel_the_exact_nad_selects(n_epochs):
     assert nad_screen(pieces, threshold)[selected].all()
     clutter_kept = kept[edge.shape[0]:].mean()
     assert clutter_kept < 0.05 or n_epochs < 10  # NAD about 0.52 once there are epochs enough
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 2**32 - 1), st.floats(-15, 15))
+def test_compiled_screen_sums_stay_within_the_bound_the_screen_assumes(n_epochs, seed, power):
+    """Each sum of :func:`statistics_numba.screen_sums` is that of ``np.abs``'s amplitudes
+    (and their squares), summed exactly, to ``g + TERM_ERROR u`` relatively, whatever the
+    magnitudes (1e-15 to 1e15: squares in float32's normal range; smaller sums are never
+    trusted by the screen) and the number of epochs."""
+    rng = np.random.default_rng(seed)
+    scale = np.float32(10.0 ** (power * rng.uniform(0, 1, (64, 1))))
+    slc = (rng.normal(size=(64, n_epochs)) + 1j * rng.normal(size=(64, n_epochs))) * scale
+    slc = slc.astype(np.complex64)
+    amplitude = np.abs(slc).astype(np.float64)
+    assert np.isfinite(amplitude).all()
+    exact, exact_sq = amplitude.sum(axis=1), np.square(amplitude).sum(axis=1)
+    total, total_sq = statistics_numba.screen_sums([slc[:, :n_epochs // 2],
+                                                    slc[:, n_epochs // 2:]])
+    u = 2.0 ** -24
+    g = n_epochs * u / (1 - n_epochs * u)
+    bound = g + statistics_numba.TERM_ERROR * u * (1 + g)
+    assert np.all(np.abs(total - exact) <= bound * exact)
+    assert np.all(np.abs(total_sq - exact_sq) <= bound * exact_sq)
 
 
 def test_nad_screen_keeps_missing_zero_and_tiny_pixels_for_the_exact_statistics():

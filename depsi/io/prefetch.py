@@ -300,19 +300,66 @@ def _joined(parts: Sequence, grid: tuple[int, ...]) -> np.ndarray:
     return concatenate3(nested.reshape(grid).tolist())
 
 
+def stored_source(data: Any) -> Any | None:
+    """The lazily indexed store array behind a Dask array that does nothing but read it chunk
+    by chunk, or None.
+
+    A variable opened with chunks (``xr.open_zarr``, ``xr.open_dataset(chunks=...)``) is a
+    Dask array of one ``getter`` task per chunk over one ``original-`` array, xarray's lazy
+    view of the store. A block of it read through that view is the same values, without
+    building, optimising and scheduling a graph per block (about 5 ms of Python a block, 15 %
+    of a selection's time on top of decoding its bytes: docs/benchmarks.md, "Selection").
+    Any other graph (a transpose, a window, arithmetic, a lock) gives None: read through Dask.
+    """
+    if not isinstance(data, dask.array.Array):
+        return None
+    try:
+        layers = data.__dask_graph__().layers  # type: ignore[attr-defined]  # a HighLevelGraph
+        if len(layers) != 2:
+            return None
+        (original,) = (name for name in layers if str(name).startswith("original-"))
+        (source,) = layers[original].values()
+        task = layers[data.name][(data.name, *(0,) * data.ndim)]
+        if (task.func is not dask.array.core.getter or task.kwargs
+                or len(task.args) != 2 or getattr(task.args[0], "key", None) != original):
+            return None
+    except (AttributeError, KeyError, TypeError, ValueError):  # not a plain read's graph
+        return None
+    if getattr(source, "shape", None) != data.shape or not hasattr(source, "__getitem__"):
+        return None
+    return source
+
+
+def _read_stored(source: Any, chunks: tuple[tuple[int, ...], ...], slices: tuple[slice, slice],
+                 split: bool) -> Any:
+    """A block of a :func:`stored_source` (``split``: one array per chunk along the last
+    axis, as :func:`_read` gives a split Dask variable)."""
+    if not split:
+        return np.asarray(source[slices])
+    edges = np.cumsum((0, *chunks[-1]))
+    return [np.asarray(source[(*slices, *(slice(None),) * (len(chunks) - 3),
+                               slice(int(a), int(b)))])
+            for a, b in zip(edges[:-1], edges[1:])]
+
+
 def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice],
-          split: Sequence[str] = ()) -> dict[str, Any]:
+          split: Sequence[str] = (), sources: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read a block of each variable; Dask chunks are computed without a final copy.
 
     ``dask.compute`` copies a single-chunk result when finalising it; computing the chunks as
     delayed pieces and joining them here avoids that extra pass over every block. A variable
     in ``split`` (time last) is read as a list of arrays, one per Dask chunk along ``time``,
-    never joined along time.
+    never joined along time. A variable with a store array in ``sources``
+    (:func:`stored_source`) is read from it directly.
     """
     pieces: list[Any] = []
     shapes: dict[str, tuple[int, tuple[int, ...]]] = {}
     block: dict[str, Any] = {}
     for name, var in variables.items():
+        source = (sources or {}).get(name)
+        if source is not None and var.chunks is not None:
+            block[name] = _read_stored(source, var.chunks, slices, name in split)
+            continue
         part = var[slices]
         if isinstance(part.data, dask.array.Array):
             chunks = part.data.to_delayed()
@@ -417,7 +464,9 @@ def iter_processed_blocks(
     logger.debug("iterating %d blocks of %s on %d thread(s)", len(slices), names, workers)
     lead = _lead_variables(stack, names, time_last=split_time)
     split = [name for name, var in lead.items() if split_time and "time" in var.dims]
-    yield from prefetched(lambda s: process(s, _read(lead, s, split)), slices,
+    sources = {name: source for name, var in lead.items()
+               if (source := stored_source(var.data)) is not None}
+    yield from prefetched(lambda s: process(s, _read(lead, s, split, sources)), slices,
                           prefetch=prefetch, workers=workers, progress=progress,
                           total=len(slices), desc=desc)
 

@@ -55,19 +55,21 @@ def cache_dir() -> Path | None:
     return path
 
 
-def jit_cached(function):
-    """``numba.njit(nogil=True)``, cached in :func:`cache_dir` only (compiled per process when
-    that cannot be written)."""
+def jit_cached(function=None, **options):
+    """``numba.njit(nogil=True, **options)``, cached in :func:`cache_dir` only (compiled per
+    process when that cannot be written). ``@jit_cached`` or ``jit_cached(fastmath=...)(f)``."""
+    if function is None:
+        return lambda f: jit_cached(f, **options)
     path = cache_dir()
     if path is None:
         logger.debug("numba_support: no writable cache directory; compiling per process")
-        return numba.njit(nogil=True)(function)
+        return numba.njit(nogil=True, **options)(function)
     saved = numba.config.CACHE_DIR
     numba.config.CACHE_DIR = str(path)  # read once, when the dispatcher locates its cache
     try:
-        return numba.njit(nogil=True, cache=True)(function)
+        return numba.njit(nogil=True, cache=True, **options)(function)
     except RuntimeError:  # no locator accepted the directory after all
-        return numba.njit(nogil=True)(function)
+        return numba.njit(nogil=True, **options)(function)
     finally:
         numba.config.CACHE_DIR = saved
 

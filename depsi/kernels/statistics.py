@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from depsi.kernels import statistics_numba
 from depsi.kernels.backend import array_namespace
 
 #: Scale that turns the MAD of normally distributed values into their standard deviation. It is
@@ -195,7 +196,11 @@ def nad_screen(values, threshold: float):
     ``g = n u / (1 - n u)`` relatively (u = 2**-24), so ``n S2 / S1**2 = 1 + NAD**2`` is known
     to ``(1 - g)**2 / (1 + g) > 1 - 4 g``; a pixel is screened out only when even that lower
     bound puts its NAD above the threshold by :data:`_SCREEN_MARGIN`. Pixels with a missing
-    epoch, a zero or tiny sum, or not in complex64/float32 are always candidates.
+    epoch, a zero or tiny sum, or not in complex64/float32 are always candidates. Complex64
+    values are summed by one compiled pass where Numba's kernels are ready
+    (:mod:`depsi.kernels.statistics_numba`, its terms a few units of rounding from ``np.abs``'s
+    and ``g`` widened by them); which pixels are screened out may then differ by a few at the
+    bound, never which are selected, since the exact statistics decide every candidate.
 
     Parameters
     ----------
@@ -225,11 +230,17 @@ def nad_screen(values, threshold: float):
                 and all(piece.dtype in (np.complex64, np.float32) for piece in pieces))
     if not screened:
         return xp.ones(lead, dtype=bool)
-    total, total_sq = (sums.astype(np.float64) for sums in _float32_sums(pieces,
-                                                                        SUM_BLOCK_PIXELS))
+    g = n_time * u / (1 - n_time * u)
+    if all(piece.dtype == np.complex64 for piece in pieces) and statistics_numba.ready():
+        # one compiled pass; its terms are np.abs's to TERM_ERROR units, so a sum is known
+        # to (1 + TERM_ERROR u)(1 + g) - 1 relatively instead of g
+        sums = statistics_numba.screen_sums(pieces)
+        g += statistics_numba.TERM_ERROR * u * (1 + g)
+    else:
+        sums = _float32_sums(pieces, SUM_BLOCK_PIXELS)
+    total, total_sq = (values.astype(np.float64) for values in sums)
     trusted = (np.isfinite(total) & np.isfinite(total_sq) & (total >= _SCREEN_FLOOR)
                & (total_sq >= _SCREEN_FLOOR))
-    g = n_time * u / (1 - n_time * u)
     ratio = n_time * total_sq / np.where(trusted, total * total, 1.0)
     lowest_nad_squared = ratio * (1 - 4 * g) - 1
     limit = max(float(threshold), float(np.float32(threshold))) * (1 + _SCREEN_MARGIN)

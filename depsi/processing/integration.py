@@ -597,7 +597,8 @@ def integrate_network(
         :func:`depsi.kernels.backend.get_devices`. The CUDA ones among them take the whole
         network's solve (the first) and the w-test tiles' (spread over them); without a CUDA
         device everything runs on the host, the reference path. The same arcs are rejected
-        either way, the values agree to rounding (:mod:`depsi.processing.network_solver`).
+        either way, the values agree to floating-point precision
+        (:mod:`depsi.processing.network_solver`).
 
     Returns
     -------

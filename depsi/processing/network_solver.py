@@ -18,13 +18,14 @@ network (QDLDL's ``L D L^T`` factorised on the host, as CuPy has no sparse Chole
 triangular factors moved once to the device, where all right-hand sides are solved together
 by sparse triangular solves, cuSPARSE's SpSM through ``cupyx``). Both are exact
 factorisations, not an iterative solver: the values and the arcs' leverage agree with the host
-path to rounding (the tests hold them to 1e-9), so the w-test decides the same. A preconditioned
-conjugate gradient would need a tolerance per right-hand side and a graph Laplacian's
-condition number grows with the network; CHOLMOD's factor (the host's choice for the whole
-network) cannot be read out of cholespy, QDLDL's can. Run with ``device=Device("cpu")`` this
-formulation runs on NumPy and SciPy (the tests' proof that it is right); CuPy's own calls are
-the few small functions :func:`_sparse_on`, :func:`_sparse_triangular_solve` and
-:func:`_dense_triangular_solve`. Not timed on a GPU (none was at hand when it was written).
+path to floating-point precision (the tests hold them to 1e-9), so the w-test decides the
+same. A preconditioned conjugate gradient would need a tolerance per right-hand side, and a
+graph Laplacian's condition number grows with the network; CHOLMOD's factor (the host's
+choice for the whole network) cannot be read out of cholespy, QDLDL's can. Run with
+``device=Device("cpu")`` this formulation runs on NumPy and SciPy (the tests' proof that it is
+right); CuPy's own calls are the few small functions :func:`_sparse_on`,
+:func:`_sparse_triangular_solve` and :func:`_dense_triangular_solve`. Not timed on a GPU (none
+was at hand when it was written).
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ LDL_MAX_UNKNOWNS = 50_000
 
 #: On a device, normal matrices up to this many unknowns (a w-test tile's: about
 #: :data:`~depsi.processing.arc_testing.TILE_POINTS` and its margin) are factorised dense
-#: (:class:`_DeviceDense`; 2 GiB a matrix at this size, the factor in its place), larger ones
-#: (the whole network) sparse (:class:`_DeviceLDL`).
+#: (:class:`_DeviceDense`; 2 GiB a matrix at this size, and its factor beside it while it
+#: factorises), larger ones (the whole network) sparse (:class:`_DeviceLDL`).
 DEVICE_DENSE_MAX_UNKNOWNS = 16384
 #: Right-hand sides solved together on a device in the whole network's solve
 #: (:func:`_solved_in_place`): each group one pair of sparse triangular solves; 0.5 GB of
@@ -167,7 +168,7 @@ class _NetworkSolve:
             # and every pageable array (the arcs' ends, weights and coherence, the points'
             # phases, the sums: 2 GB at 10^7 points) leaves the driver's resident memory
             page_out()
-        self.lu = _factorise(normal, device)
+        self.lu = _factorise(normal, device=device)
         if solution_only:
             normal = None
         if self._values is not None:

@@ -241,3 +241,30 @@ def test_the_device_path_runs_on_the_cupy_stand_in(tmp_path):
     assert outcome["seen"] == [["_DeviceDense", "cupy"], ["_DeviceLDL", "cupy"]]
     assert outcome["same_rejected"] and outcome["n_rejected"] > 0
     assert outcome["max_rel"] < 1e-9
+
+
+def test_the_integration_step_solves_on_the_runs_devices(monkeypatch):
+    """The chain's integration step hands the run's devices to the network's solve."""
+    from depsi.pipeline.chain_config import chain_config
+    from depsi.pipeline.steps import StepContext, run_step
+    from depsi.pipeline.steps import integration as integration_step
+    from depsi.pipeline.steps.selection import prepare_points
+    from depsi.processing import ps_selection
+    from depsi.simulate import simulate_stack
+
+    stack, _ = simulate_stack(shape=(40, 40), n_epochs=12, seed=0)
+    points = prepare_points(ps_selection(stack).compute())
+    config = chain_config(network={"first_order": 60})
+    network = run_step("network", config, selection=points)
+    arcs = run_step("arcs", config, network=network)
+    asked = []
+    real = integration_step.integrate_network
+
+    def recording(*args, devices=None, **kwargs):
+        asked.append(devices)
+        return real(*args, devices=devices, **kwargs)
+
+    monkeypatch.setattr(integration_step, "integrate_network", recording)
+    run_step("integration", config, context=StepContext(devices=["cpu:0", "cpu:1"]),
+             network=network, arcs=arcs)
+    assert asked == [["cpu:0", "cpu:1"]]

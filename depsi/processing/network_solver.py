@@ -517,7 +517,9 @@ def _sparse_on(xp: ModuleType, matrix: sp.csr_matrix) -> Any:
         return matrix
     import cupyx.scipy.sparse
 
-    return cupyx.scipy.sparse.csr_matrix(matrix)
+    copy = cupyx.scipy.sparse.csr_matrix(matrix)
+    copy.sum_duplicates()  # marks it canonical (sorted, no duplicates), as cuSPARSE's SpSM needs
+    return copy
 
 
 def _sparse_triangular_solve(xp: ModuleType, matrix: Any, b: Any, *, lower: bool) -> Any:

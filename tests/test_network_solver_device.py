@@ -118,14 +118,17 @@ def _scene_with_slips(shape=(200, 200), slips=30):
     return points, arcs.assign(ambiguity=(arcs["ambiguity"].dims, ambiguity)), bad
 
 
-def _spy_factorisations(monkeypatch):
-    """Counts of the factorisations built, by class name."""
+def _spy_factorisations(monkeypatch, devices=None):
+    """Counts of the factorisations built, by class name (and the devices given them, in
+    ``devices``)."""
     built: dict[str, int] = {}
     for name in ("_DeviceDense", "_DeviceLDL", "_LDL", "_Cholesky"):
         cls = getattr(network_solver, name)
 
         def counting(self, *args, name=name, init=cls.__init__, **kwargs):
             built[name] = built.get(name, 0) + 1
+            if devices is not None and len(args) > 1:
+                devices.setdefault(name, set()).add(args[1])
             init(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, "__init__", counting)
@@ -136,7 +139,8 @@ def _spy_factorisations(monkeypatch):
 def test_arc_testing_on_a_device_rejects_the_same_arcs_as_the_host(monkeypatch, tiled):
     """Planted cycle slips, the w-test iterated on the whole network or tile by tile and the
     whole network solved once: the device formulation rejects the same arcs with the same
-    values to 1e-9, and it did factorise (no host factorisation was built)."""
+    values to 1e-9, and it did factorise (no host factorisation was built); the tiles spread
+    over two devices, the whole network on the first."""
     points, arcs, bad = _scene_with_slips()
     if tiled:
         monkeypatch.setattr(arc_testing, "TILE_POINTS", points.sizes["space"] // 5)
@@ -144,12 +148,16 @@ def test_arc_testing_on_a_device_rejects_the_same_arcs_as_the_host(monkeypatch, 
         monkeypatch.setattr(network_solver, "DEVICE_DENSE_MAX_UNKNOWNS",
                             int(0.9 * points.sizes["space"]))
     host, host_arcs = integrate_network(points, arcs, return_arcs=True)
-    built = _spy_factorisations(monkeypatch)
-    monkeypatch.setattr(integration, "_solver_devices", lambda devices: (NUMPY_DEVICE,))
+    used: dict[str, set] = {}
+    built = _spy_factorisations(monkeypatch, used)
+    two = (Device("cpu", 0), Device("cpu", 1))  # the device formulation on NumPy, twice
+    monkeypatch.setattr(integration, "_solver_devices", lambda devices: two)
     device, device_arcs = integrate_network(points, arcs, return_arcs=True,
-                                            devices=["cuda:0"])
+                                            devices=["cuda:0", "cuda:1"])
     assert built.get("_DeviceDense", 0) >= (4 if tiled else 1), built
     assert tiled == (built.get("_DeviceLDL", 0) == 1), built  # the whole network after tiles
+    assert used == ({"_DeviceDense": set(two), "_DeviceLDL": {two[0]}} if tiled
+                    else {"_DeviceDense": {two[0]}}), used
     assert not built.get("_LDL") and not built.get("_Cholesky"), built
     np.testing.assert_array_equal(device_arcs.arc_removal_reason.values,
                                   host_arcs.arc_removal_reason.values)

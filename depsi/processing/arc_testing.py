@@ -353,13 +353,15 @@ def _test_tile(tile, *, devices: tuple[Device, ...] = (), **network):
     """One tile's w-test on its sub-network (:func:`_tile_subnetwork`). Returns
     ``(own arcs, their redundancy numbers, own arcs rejected)`` or None when the tile is too
     weak to test on its own; reads ``arc_ok`` and writes nothing shared. ``devices``: where
-    the tiles' factorisations solve, the tiles spread over them by their row and column
-    (none: the host reference)."""
+    the tiles' factorisations solve, the tiles spread over them (none: the host reference).
+    A wave's tiles are two rows or columns apart (:func:`_tile_waves`): counted on that
+    halved grid, neighbours in a wave alternate between devices."""
     selected = _tile_subnetwork(tile, **network)
     if selected is None:
         return None
     members, sub = selected
-    device = chunk_device(devices, int(tile[0]) + int(tile[1])) if devices else None
+    device = (chunk_device(devices, int(tile[0]) // 2 + int(tile[1]) // 2) if devices
+              else None)
     return _tile_outcome(members[sub.own], _test_subnetwork(sub, device))
 
 

@@ -102,3 +102,63 @@ def get_default_memory_pool():
 cuda = types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace(
     getDeviceCount=lambda: 1, memGetInfo=lambda: (8 * 2**30, 16 * 2**30),
     getDeviceProperties=lambda index: {"name": b"NumPy stand-in"}))
+
+
+# --- cupyx: the sparse matrices and triangular solves of depsi's device network solver --------
+# (registered as the modules ``cupyx``, ``cupyx.scipy``, ``cupyx.scipy.linalg``,
+# ``cupyx.scipy.sparse`` and ``cupyx.scipy.sparse.linalg`` when this stand-in is imported as
+# ``cupy``, which depsi always does before ``cupyx``; SciPy underneath, and only the
+# stand-in's arrays taken, so a device path that handed over host arrays would fail)
+
+
+def _csr_matrix(matrix):
+    """A copy of ``matrix`` whose arrays are the stand-in's (CuPy copies a SciPy matrix to
+    the device)."""
+    import scipy.sparse
+
+    copy = scipy.sparse.csr_matrix(matrix, copy=True)
+    copy.data, copy.indices, copy.indptr = (
+        asarray(copy.data), asarray(copy.indices), asarray(copy.indptr))
+    return copy
+
+
+def _on_device(*arrays):
+    if not all(isinstance(a, ndarray) for a in arrays):
+        raise TypeError("cupyx stand-in: expected the stand-in's (device) arrays")
+
+
+def _spsolve_triangular(A, b, lower=True, overwrite_A=False, overwrite_b=False,
+                        unit_diagonal=False):
+    import scipy.sparse.linalg
+
+    _on_device(A.data, b)
+    return _wrap(scipy.sparse.linalg.spsolve_triangular(
+        A, _np.asarray(b), lower=lower, unit_diagonal=unit_diagonal))
+
+
+def _solve_triangular(a, b, trans=0, lower=False, unit_diagonal=False, overwrite_b=False,
+                      check_finite=False):
+    import scipy.linalg
+
+    _on_device(a, b)
+    return _wrap(scipy.linalg.solve_triangular(_np.asarray(a), _np.asarray(b), trans=trans,
+                                               lower=lower, unit_diagonal=unit_diagonal))
+
+
+def _register_cupyx():
+    import sys
+
+    names = ("cupyx", "cupyx.scipy", "cupyx.scipy.linalg", "cupyx.scipy.sparse",
+             "cupyx.scipy.sparse.linalg")
+    modules = {name: types.ModuleType(name) for name in names}
+    for name in names[1:]:
+        parent, _, child = name.rpartition(".")
+        setattr(modules[parent], child, modules[name])
+    modules["cupyx.scipy.linalg"].solve_triangular = _solve_triangular
+    modules["cupyx.scipy.sparse"].csr_matrix = _csr_matrix
+    modules["cupyx.scipy.sparse.linalg"].spsolve_triangular = _spsolve_triangular
+    for name, module in modules.items():
+        sys.modules.setdefault(name, module)
+
+
+_register_cupyx()

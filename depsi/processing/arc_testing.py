@@ -3,7 +3,10 @@ misclosures and its own redundancy number, remove the worst failing arcs), the p
 connected points and small components, and the test of a large network tile by tile.
 
 The solutions come from :mod:`depsi.processing.network_solver`; the reference point each
-iteration is chosen by :mod:`depsi.processing.datum`.
+iteration is chosen by :mod:`depsi.processing.datum`. Given CUDA devices (``devices``), the
+solutions' factorisations solve there (a tile's dense, the whole network's sparse: the
+network solver's module docstring says how); the tests, misclosures and decisions stay on the
+host, so the same arcs are rejected.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from depsi.kernels.backend import Device, chunk_device
 from depsi.processing.datum import _choose_reference, _point_quality
 from depsi.processing.network import cell_keys, worker_threads
 from depsi.processing.network_solver import ARC_BLOCK, _NetworkSolve
@@ -134,12 +138,14 @@ def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
 
 
 def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
-               coherence, sd, critical, max_iterations, *, redundancy=None):
+               coherence, sd, critical, max_iterations, *, redundancy=None, device=None):
     """The w-test iterations on one network: solve, test every arc, remove the failing arcs
     :func:`_independent_worst` chooses, until none fails (or ``max_iterations``).
     ``arc_reason`` is updated in place (2: rejected). ``redundancy``: the arcs' redundancy
-    numbers, given (e.g. by the tiles) instead of estimated. Returns ``(arc_ok, point_reason,
-    values, ref, w_stat, redundancy, iterations, n_removed)``."""
+    numbers, given (e.g. by the tiles) instead of estimated. ``device``: where the solutions'
+    factorisations solve (None: the host reference; :class:`~depsi.processing.network_solver
+    ._NetworkSolve`). Returns ``(arc_ok, point_reason, values, ref, w_stat, redundancy,
+    iterations, n_removed)``."""
     w_stat = np.zeros(len(source))
     n_tested_out = 0
     iterations = 0
@@ -172,7 +178,8 @@ def _test_arcs(source, target, arc_ok, arc_reason, weights, rhs, n, reference, p
             # tiles) only the solution is asked of it: no factor held after the solve
             solved = _NetworkSolve(source, target, weights, rhs, np.flatnonzero(arc_ok), n,
                                    point_ok, ref,
-                                   solution_only=not estimate and max_iterations == 0)
+                                   solution_only=not estimate and max_iterations == 0,
+                                   device=device)
         values = solved.values()
         if fresh:
             cached = (np.zeros(len(source)), int(arc_ok.sum()))
@@ -324,32 +331,38 @@ def _tile_subnetwork(tile, *, low, cell, margin, positions, source, target, arc_
         np.all(tile_of_arc[members] == tile, axis=1), critical, max_iterations)
 
 
-def _test_subnetwork(sub: _SubNetwork):
+def _test_subnetwork(sub: _SubNetwork, device: Device | None = None):
     """The w-test of one tile's sub-network: ``(redundancy numbers of its own arcs, which of
     its own arcs were rejected)``, or None when the tile is too weak to test on its own. A
-    pure function of ``sub``: on a thread or on a worker it gives the same numbers."""
+    pure function of ``sub``: on a thread or on a worker it gives the same numbers.
+    ``device``: where its factorisations solve (None: the host reference)."""
     n_arcs = len(sub.source)
     reason = np.zeros(n_arcs, dtype=np.int8)
     try:
         *_, tile_redundancy, _, _ = _test_arcs(
             sub.source, sub.target, np.ones(n_arcs, dtype=bool), reason, sub.weights,
             sub.rhs, len(sub.positions), None, sub.positions, sub.coherence, sub.sd,
-            sub.critical, sub.max_iterations)
+            sub.critical, sub.max_iterations, device=device)
     except ValueError as err:  # a tile too weak to test on its own
         logger.debug("tile not tested: %s", err)
         return None
     return tile_redundancy[sub.own], (reason == 2)[sub.own]
 
 
-def _test_tile(tile, **network):
+def _test_tile(tile, *, devices: tuple[Device, ...] = (), **network):
     """One tile's w-test on its sub-network (:func:`_tile_subnetwork`). Returns
     ``(own arcs, their redundancy numbers, own arcs rejected)`` or None when the tile is too
-    weak to test on its own; reads ``arc_ok`` and writes nothing shared."""
+    weak to test on its own; reads ``arc_ok`` and writes nothing shared. ``devices``: where
+    the tiles' factorisations solve, the tiles spread over them (none: the host reference).
+    A wave's tiles are two rows or columns apart (:func:`_tile_waves`): counted on that
+    halved grid, neighbours in a wave alternate between devices."""
     selected = _tile_subnetwork(tile, **network)
     if selected is None:
         return None
     members, sub = selected
-    return _tile_outcome(members[sub.own], _test_subnetwork(sub))
+    device = (chunk_device(devices, int(tile[0]) // 2 + int(tile[1]) // 2) if devices
+              else None)
+    return _tile_outcome(members[sub.own], _test_subnetwork(sub, device))
 
 
 def _tile_outcome(own, tested):
@@ -466,7 +479,7 @@ def _tiles_by_dependency(pool, test, waves: list[np.ndarray], *, neighbours_only
 
 
 def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence,
-                   sd, critical, max_iterations):
+                   sd, critical, max_iterations, *, devices: tuple[Device, ...] = ()):
     """The w-test of a large network, tile by tile: each tile of about :data:`TILE_POINTS`
     points is tested on the sub-network of its points and a margin of
     :data:`TILE_MARGIN` median arc lengths around it, and decides on the arcs whose midpoint
@@ -478,7 +491,9 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
     :class:`~depsi.processing.network_solver._LDL`, which releases the GIL: they run on every
     core.) On a distributed scheduler (:func:`~depsi.stm.dask_tools.workers_client`) the
     wave's tiles are tasks on the workers instead (:func:`_tiles_on_workers`): the same
-    numbers, and the driver holds no tile's factorisation or temporaries.
+    numbers, and the driver holds no tile's factorisation or temporaries. Given ``devices``
+    (CUDA ones), the tiles on this process's threads factorise and solve there
+    (:func:`_test_tile`); a cluster's tasks run on their workers' host.
     Returns the updated ``arc_ok``, the number of arcs the tiles rejected, and each arc's
     redundancy number in its own tile (0 where its tile could not be tested)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -519,7 +534,8 @@ def _test_by_tiles(source, target, arc_ok, arc_reason, weights, rhs, n, position
         # on this process's threads, each tile as soon as the tiles of earlier waves next to
         # it are done (no barrier between waves; the same decisions as wave by wave)
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            for outcome in _tiles_by_dependency(pool, partial(_test_tile, **network), waves,
+            test = partial(_test_tile, devices=devices, **network)
+            for outcome in _tiles_by_dependency(pool, test, waves,
                                                 neighbours_only=2 * margin < cell):
                 apply(outcome)
     else:
@@ -549,17 +565,18 @@ def _spill_right_hand_sides(rhs) -> None:
 
 
 def _test_network(source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
-                  coherence, sd, critical, max_iterations):
+                  coherence, sd, critical, max_iterations, *, devices: tuple[Device, ...] = ()):
     """The w-test of the whole network: :func:`_test_arcs` on it, or above :data:`TILE_POINTS`
     points the tiles' test (:func:`_test_by_tiles`) and then one solution of the whole network.
-    ``arc_reason`` is updated in place. Returns ``(arc_ok, point_reason, values, ref, w_stat,
-    iterations, n_removed)``."""
+    ``arc_reason`` is updated in place. ``devices``: where the factorisations solve (the whole
+    network on the first, the tiles spread over them; none: the host reference). Returns
+    ``(arc_ok, point_reason, values, ref, w_stat, iterations, n_removed)``."""
     if n > TILE_POINTS:
         # the tiles decide on every arc; the whole network is solved once, and its
         # w-statistics (with the tiles' redundancy numbers) reported
         arc_ok, n_tested_out, redundancy = _test_by_tiles(
             source, target, arc_ok, arc_reason, weights, rhs, n, positions, coherence, sd,
-            critical, max_iterations)
+            critical, max_iterations, devices=devices)
         # the tiles' temporaries (on threads: freed around live arrays, in each thread's
         # heap) back to the system before the whole network is factorised (docs/benchmarks.md,
         # "The network solver's choices")
@@ -567,12 +584,13 @@ def _test_network(source, target, arc_ok, arc_reason, weights, rhs, n, reference
         _spill_right_hand_sides(rhs)
         arc_ok, point_reason, values, ref, w_stat, _, iterations, _ = _test_arcs(
             source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
-            coherence, sd, critical, 0, redundancy=redundancy)
+            coherence, sd, critical, 0, redundancy=redundancy,
+            device=devices[0] if devices else None)
         logger.info("integration: the whole network solved once after the tiles; %d of its "
                     "%d arcs exceed the critical value there (%.2f) and are kept",
                     int((w_stat > critical).sum()), int(arc_ok.sum()), critical)
     else:
         arc_ok, point_reason, values, ref, w_stat, _, iterations, n_tested_out = _test_arcs(
             source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions,
-            coherence, sd, critical, max_iterations)
+            coherence, sd, critical, max_iterations, device=devices[0] if devices else None)
     return arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out

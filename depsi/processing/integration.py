@@ -13,7 +13,7 @@ result says what was removed and why (docs/design.md, "Architecture"); its datum
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple, cast, overload
 
 import numpy as np
@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre
+from depsi.kernels.backend import Device, resolve_devices
 from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.processing.arc_testing import ARC_REASONS, POINT_REASONS, _test_network
@@ -515,6 +516,7 @@ def integrate_network(
     min_coherence: float = ..., alpha: float = ..., max_iterations: int = ...,
     reference_radius: float | None = ..., return_arcs: Literal[False] = ...,
     regressors: Mapping[str, np.ndarray] | None = ...,
+    devices: Sequence[Device | str | int] | None = ...,
 ) -> xr.Dataset: ...
 
 
@@ -524,6 +526,7 @@ def integrate_network(
     min_coherence: float = ..., alpha: float = ..., max_iterations: int = ...,
     reference_radius: float | None = ..., return_arcs: Literal[True],
     regressors: Mapping[str, np.ndarray] | None = ...,
+    devices: Sequence[Device | str | int] | None = ...,
 ) -> tuple[xr.Dataset, xr.Dataset]: ...
 
 
@@ -533,6 +536,7 @@ def integrate_network(
     min_coherence: float = ..., alpha: float = ..., max_iterations: int = ...,
     reference_radius: float | None = ..., return_arcs: bool = ...,
     regressors: Mapping[str, np.ndarray] | None = ...,
+    devices: Sequence[Device | str | int] | None = ...,
 ) -> xr.Dataset | tuple[xr.Dataset, xr.Dataset]: ...
 
 
@@ -547,6 +551,7 @@ def integrate_network(
     reference_radius: float | None = None,
     return_arcs: bool = False,
     regressors: Mapping[str, np.ndarray] | None = None,
+    devices: Sequence[Device | str | int] | None = None,
 ) -> xr.Dataset | tuple[xr.Dataset, xr.Dataset]:
     """Integrate estimated arcs into point velocity, height error and unwrapped phase.
 
@@ -587,6 +592,13 @@ def integrate_network(
         The further model terms the arcs' periodogram estimated beside velocity and height
         (name to ``(T,)`` values, :attr:`depsi.processing.motion_models.TemporalModel
         .regressors`): the w-test's velocity std includes their variance inflation.
+    devices
+        Where the network's factorisations solve (e.g. ``["cuda:0"]``); default
+        :func:`depsi.kernels.backend.get_devices`. The CUDA ones among them take the whole
+        network's solve (the first) and the w-test tiles' (spread over them); without a CUDA
+        device everything runs on the host, the reference path. The same arcs are rejected
+        either way, the values agree to floating-point precision
+        (:mod:`depsi.processing.network_solver`).
 
     Returns
     -------
@@ -633,6 +645,7 @@ def integrate_network(
     if reference is not None and not 0 <= int(reference) < n:
         raise ValueError(f"reference: expected an index into space in [0, {n}), "
                          f"found {reference}")
+    cuda = _solver_devices(devices)  # (checked before any work)
     source, target, coherence, rhs, h2ph_spread = _observations_of(points, arcs, return_arcs)
     finite, arc_reason, arc_ok = _usable_arcs(coherence, rhs, min_coherence)
     years = years_since_mother(points)
@@ -641,7 +654,7 @@ def integrate_network(
     positions = point_positions(points)
     arc_ok, point_reason, values, ref, w_stat, iterations, n_tested_out = _test_network(
         source, target, arc_ok, arc_reason, weights, rhs, n, reference, positions, coherence,
-        sd, critical, max_iterations)
+        sd, critical, max_iterations, devices=cuda)
     point_ok = point_reason == 0
     arc_reason[(arc_reason == 0) & ~arc_ok] = 3
     # the arcs' weights and standard deviations (four floats an arc: 0.44 GB at 10^7 points)
@@ -663,6 +676,13 @@ def integrate_network(
         return result
     # a Dataset: _observations_of refuses ArcObservations with return_arcs
     return result, _tested_arcs(cast(xr.Dataset, arcs), arc_ok, arc_reason, w_stat)
+
+
+def _solver_devices(devices: Sequence[Device | str | int] | None) -> tuple[Device, ...]:
+    """The devices the network's factorisations solve on: the CUDA ones of ``devices``
+    (:func:`~depsi.kernels.backend.resolve_devices`); none, the host reference, where there
+    are none (CPU devices only tell chunks apart, and the network is one problem)."""
+    return tuple(device for device in resolve_devices(devices) if device.kind == "cuda")
 
 
 def _observations_of(points: xr.Dataset, arcs: xr.Dataset | ArcObservations,

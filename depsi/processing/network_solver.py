@@ -3,21 +3,42 @@ one factorisation of the normal matrix ``A^T W A`` for every right-hand side (QD
 SuperLU), that solution with arcs removed by Woodbury updates, and the arcs' leverage (one
 minus their redundancy numbers).
 
-NumPy and SciPy on host arrays only (and, outside small Dask workers,
+NumPy and SciPy on host arrays (and, outside small Dask workers,
 :mod:`depsi.kernels.ldl_numba` for QDLDL's many right-hand sides and
 :mod:`depsi.kernels.normal_rhs_numba` for ``A^T W y``); :mod:`depsi.processing.arc_testing`
-tests the arcs with it.
+tests the arcs with it. That host path is the reference, and the one taken whenever no device
+is given.
+
+Given a device (``device``, a CUDA one from the steps' ``devices``), the factorisation's
+solves run on it, written once over the array namespace: :class:`_DeviceDense` for a tile's
+normal matrix (up to :data:`DEVICE_DENSE_MAX_UNKNOWNS` unknowns: the sparse matrix scattered
+into a dense one on the device, its Cholesky factor there, every right-hand side, probe and
+Woodbury column through two triangular solves at once), :class:`_DeviceLDL` for the whole
+network (QDLDL's ``L D L^T`` factorised on the host, as CuPy has no sparse Cholesky, and its
+triangular factors moved once to the device, where all right-hand sides are solved together
+by sparse triangular solves, cuSPARSE's SpSM through ``cupyx``). Both are exact
+factorisations, not an iterative solver: the values and the arcs' leverage agree with the host
+path to floating-point precision (the tests hold them to 1e-9), so the w-test decides the
+same. A preconditioned conjugate gradient would need a tolerance per right-hand side, and a
+graph Laplacian's condition number grows with the network; CHOLMOD's factor (the host's
+choice for the whole network) cannot be read out of cholespy, QDLDL's can. Run with
+``device=Device("cpu")`` this formulation runs on NumPy and SciPy (the tests' proof that it is
+right); CuPy's own calls are the few small functions :func:`_sparse_on`,
+:func:`_sparse_triangular_solve` and :func:`_dense_triangular_solve`. Not timed on a GPU (none
+was at hand when it was written).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
+from depsi.kernels.backend import DEFAULT_SAFETY, Device, free_memory, to_host, use_device
 from depsi.stm.runtime import page_out, pageable, roomy_process
 
 if TYPE_CHECKING:
@@ -54,6 +75,16 @@ SOLVE_ROWS = 65536
 #: the faster for the whole network (docs/benchmarks.md, "The network solver's choices").
 LDL_MAX_UNKNOWNS = 50_000
 
+#: On a device, normal matrices up to this many unknowns (a w-test tile's: about
+#: :data:`~depsi.processing.arc_testing.TILE_POINTS` and its margin) are factorised dense
+#: (:class:`_DeviceDense`; 2 GiB a matrix at this size, and its factor beside it while it
+#: factorises), larger ones (the whole network) sparse (:class:`_DeviceLDL`).
+DEVICE_DENSE_MAX_UNKNOWNS = 16384
+#: Right-hand sides solved together on a device in the whole network's solve
+#: (:func:`_solved_in_place`): each group one pair of sparse triangular solves; 0.5 GB of
+#: float64 on the device at 10^6 points.
+DEVICE_SOLVE_COLUMNS = 64
+
 
 def incidence_matrix(source: np.ndarray, target: np.ndarray, n_points: int) -> sp.csr_matrix:
     """Sparse ``(arc, point)`` matrix with -1 at the source and +1 at the target of each arc.
@@ -69,11 +100,13 @@ def incidence_matrix(source: np.ndarray, target: np.ndarray, n_points: int) -> s
     vals = np.tile(np.array([-1.0, 1.0]), m)
     return sp.csr_matrix((vals, (rows, cols)), shape=(m, n_points))
 
-def _solve(source, target, weights, rhs, kept, n, point_ok, reference, *, leverage=False):
+def _solve(source, target, weights, rhs, kept, n, point_ok, reference, *, leverage=False,
+           device=None):
     """Weighted LSQ over the arcs ``kept`` (indices into the arrays); returns ``(n, nrhs)``
     values (NaN off-network) and, with ``leverage``, each kept arc's ``w_a a^T N^-1 a`` (one
     minus its redundancy number). See :class:`_NetworkSolve`."""
-    solved = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, reference)
+    solved = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, reference,
+                           device=device)
     return solved.values(), (solved.leverage() if leverage else None)
 
 
@@ -99,10 +132,14 @@ class _NetworkSolve:
     ``G = N^-1 A_R^T`` and ``S = W_R^-1 - A_R G``, the solution without the arcs ``R`` is
     ``u + G S^-1 A_R u``, ``u = x - G W_R y_R`` (one solve per removed arc through the same
     factorisation, a ``(k, k)`` Cholesky); it agrees with a new factorisation to about 1e-13.
+
+    ``device``: None (the host reference), or the device whose factorisation solves
+    (:func:`_factorise`); the right-hand sides, the update and the leverage's probes are formed
+    on the host either way.
     """
 
     def __init__(self, source, target, weights, rhs, kept, n, point_ok, reference, *,
-                 solution_only=False):
+                 solution_only=False, device=None):
         # solution_only: the solution alone is wanted (the whole network's one solve after
         # its tiles): the sparse matrices go before the factorisation and the factor after
         # the solve, so neither is held beside the other's peak (1.6 GB of factor at 10^7
@@ -131,7 +168,7 @@ class _NetworkSolve:
             # and every pageable array (the arcs' ends, weights and coherence, the points'
             # phases, the sums: 2 GB at 10^7 points) leaves the driver's resident memory
             page_out()
-        self.lu = _factorise(normal)
+        self.lu = _factorise(normal, device=device)
         if solution_only:
             normal = None
         if self._values is not None:
@@ -279,14 +316,15 @@ def _solved_in_place(lu, values, unknown, point_ok, reference) -> np.ndarray:
     "The network solver's choices" and "The driver's allocator, pages and temporary files")."""
     n_rhs = values.shape[1]
     rows = np.flatnonzero(unknown)
-    for first in range(0, n_rhs, SOLVE_COLUMNS):
-        group = slice(first, first + SOLVE_COLUMNS)
+    width = DEVICE_SOLVE_COLUMNS if isinstance(lu, _DeviceLDL) else SOLVE_COLUMNS
+    for first in range(0, n_rhs, width):
+        group = slice(first, first + width)
         b = np.empty((rows.size, len(range(n_rhs)[group])))
         for block in range(0, rows.size, SOLVE_ROWS):
             b[block:block + SOLVE_ROWS] = values[rows[block:block + SOLVE_ROWS], group]
             page_out(values)
         if isinstance(lu, _Cholesky):  # its workspace let go after the last group
-            b = lu.solve(b, overwrite_b=True, release=first + SOLVE_COLUMNS >= n_rhs)
+            b = lu.solve(b, overwrite_b=True, release=first + width >= n_rhs)
         else:
             b = lu.solve(b)
         for block in range(0, rows.size, SOLVE_ROWS):
@@ -387,6 +425,113 @@ class _LDL:
         return x
 
 
+def _device_factorise(normal: sp.spmatrix, device: Device):
+    """The factorisation whose solves run on ``device``: :class:`_DeviceDense` up to
+    :data:`DEVICE_DENSE_MAX_UNKNOWNS` unknowns where the device has room for the dense matrix
+    now (tiles factorise on several threads at once), else :class:`_DeviceLDL`."""
+    n = normal.shape[0]
+    if n <= DEVICE_DENSE_MAX_UNKNOWNS and 2 * 8 * n * n <= DEFAULT_SAFETY * free_memory(device):
+        return _DeviceDense(normal, device)
+    return _DeviceLDL(normal, device)
+
+
+class _DeviceDense:
+    """A tile's normal matrix factorised dense on ``device`` (Cholesky, ``N = L L^T``):
+    ``solve(b)`` takes and gives host arrays of shape ``(n,)`` or ``(n, k)``, its ``k``
+    columns (epochs, probes, Woodbury columns) through two triangular solves at once. On a GPU
+    the dense factorisation of a tile (about 10^4 unknowns, a few times 10^11 flops) is one
+    large cuSOLVER call, where the sparse one is a long chain of small dependent steps."""
+
+    def __init__(self, matrix: sp.spmatrix, device: Device):
+        self.n, self.device = matrix.shape[0], device
+        entries = sp.csr_matrix(matrix)
+        entries.sum_duplicates()  # each entry once: the scatter below assigns, not adds
+        entries = entries.tocoo()
+        with use_device(device) as xp:
+            dense = xp.zeros((self.n, self.n))
+            dense[xp.asarray(entries.row), xp.asarray(entries.col)] = xp.asarray(
+                entries.data, dtype=xp.float64)
+            self.factor = xp.linalg.cholesky(dense)
+            del dense
+            # CuPy's Cholesky returns NaN where NumPy's raises
+            if not bool(xp.all(xp.diagonal(self.factor) > 0)):
+                raise np.linalg.LinAlgError("normal matrix not positive definite")
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        with use_device(self.device) as xp:
+            x = xp.asarray(b, dtype=xp.float64)
+            x = _dense_triangular_solve(xp, self.factor, x)
+            return to_host(_dense_triangular_solve(xp, self.factor, x, transpose=True))
+
+
+class _DeviceLDL:
+    """The whole network's normal matrix factorised by QDLDL on the host,
+    ``N = P (I + L) D (I + L)^T P^T``, its factors moved once to ``device``: ``solve(b)``
+    (host arrays in and out, ``(n,)`` or ``(n, k)``) solves every column of ``b`` together, by
+    the permutation, a sparse lower triangular solve, the scaling by ``1 / D`` and a sparse
+    upper triangular solve (the sweeps of :mod:`depsi.kernels.ldl_numba`, as matrix
+    operations)."""
+
+    def __init__(self, matrix: sp.spmatrix, device: Device):
+        import qdldl
+
+        self.n, self.device = matrix.shape[0], device
+        strictly_lower, d, permutation = qdldl.Solver(sp.triu(matrix, format="csc")).factors()
+        lower = sp.csr_matrix(sp.identity(self.n, format="csc") + strictly_lower)
+        lower.sort_indices()
+        upper = sp.csr_matrix(lower.T)
+        upper.sort_indices()
+        with use_device(device) as xp:
+            self.lower = _sparse_on(xp, lower)
+            self.upper = _sparse_on(xp, upper)
+            self.d_inverse = xp.asarray(1.0 / np.asarray(d, dtype=np.float64))
+            self.permutation = xp.asarray(np.asarray(permutation, dtype=np.int64))
+
+    def solve(self, b: np.ndarray) -> np.ndarray:
+        with use_device(self.device) as xp:
+            y = xp.asarray(b, dtype=xp.float64)[self.permutation]
+            y = _sparse_triangular_solve(xp, self.lower, y, lower=True)
+            y = y * (self.d_inverse[:, None] if y.ndim == 2 else self.d_inverse)
+            y = _sparse_triangular_solve(xp, self.upper, y, lower=False)
+            x = xp.empty_like(y)
+            x[self.permutation] = y
+            return to_host(x)
+
+
+def _dense_triangular_solve(xp: ModuleType, factor: Any, b: Any, *,
+                            transpose: bool = False) -> Any:
+    """``L^-1 b`` (``L^-T b`` with ``transpose``) for the lower triangular ``factor``: SciPy's
+    (LAPACK) on NumPy arrays, ``cupyx``'s (cuBLAS) on CuPy's."""
+    if xp is np:
+        from scipy.linalg import solve_triangular
+    else:
+        from cupyx.scipy.linalg import solve_triangular
+    return solve_triangular(factor, b, trans=1 if transpose else 0, lower=True,
+                            check_finite=False)
+
+
+def _sparse_on(xp: ModuleType, matrix: sp.csr_matrix) -> Any:
+    """``matrix`` (SciPy CSR) where ``xp``'s arrays live: itself on NumPy, a ``cupyx`` copy on
+    the current CUDA device."""
+    if xp is np:
+        return matrix
+    import cupyx.scipy.sparse
+
+    copy = cupyx.scipy.sparse.csr_matrix(matrix)
+    copy.sum_duplicates()  # marks it canonical (sorted, no duplicates), as cuSPARSE's SpSM needs
+    return copy
+
+
+def _sparse_triangular_solve(xp: ModuleType, matrix: Any, b: Any, *, lower: bool) -> Any:
+    """``matrix^-1 b`` for a sparse triangular CSR ``matrix`` (:func:`_sparse_on`) and every
+    column of ``b``: SciPy's on NumPy arrays, ``cupyx``'s (cuSPARSE) on CuPy's."""
+    if xp is np:
+        from scipy.sparse.linalg import spsolve_triangular
+    else:
+        from cupyx.scipy.sparse.linalg import spsolve_triangular
+    return spsolve_triangular(matrix, b, lower=lower)
+
+
 def _compiled_kernels(module: str) -> bool:
     """Whether the compiled kernel ``depsi.kernels.<module>`` runs here: Numba importable, and
     this process not a small Dask worker (a tile's task), where Numba's memory and a first
@@ -400,10 +545,13 @@ def _compiled_kernels(module: str) -> bool:
     return bool(importlib.import_module(f"depsi.kernels.{module}").ready())
 
 
-def _factorise(normal: sp.spmatrix):
+def _factorise(normal: sp.spmatrix, device: Device | None = None):
     """The factorisation of the normal matrix: :class:`_LDL` up to
     :data:`LDL_MAX_UNKNOWNS` unknowns (a tile's), :class:`_Cholesky` above (the whole
-    network), SuperLU (symmetric mode, MMD ordering) where neither package can be imported."""
+    network), SuperLU (symmetric mode, MMD ordering) where neither package can be imported.
+    Given a ``device``, the device's (:func:`_device_factorise`)."""
+    if device is not None:
+        return _device_factorise(normal, device)
     solvers = (_LDL, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS else (_Cholesky,)
     for solver in solvers:
         try:

@@ -41,7 +41,8 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
                 searched_terms(config, points, "arcs").items()}
     result = integrate_network(points, arcs, reference=reference,
                                min_coherence=section.min_coherence, alpha=section.alpha,
-                               max_iterations=section.max_iterations, regressors=searched)
+                               max_iterations=section.max_iterations, regressors=searched,
+                               devices=context.devices)
     # with model terms, the points' motion as the whole model (the atmosphere's residual and
     # densification's local reference read it)
     result = refit_with_terms(result, model_terms(config, result))

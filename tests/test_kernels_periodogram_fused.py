@@ -4,6 +4,7 @@ ambiguities; and a cache that never breaks a read-only install."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -158,17 +159,32 @@ def test_fused_kernel_agrees_with_the_reference(seed, K, T, sigma, nan_fraction,
 
 
 def test_the_tolerance_of_a_flat_peak_is_a_small_share_of_its_precision():
-    """A scene whose refined heights end 0.074 m apart (0.0066 of a grid step, over the step
-    tolerance) on a ridge 6 m wide: within STD_FRACTION of the height's standard deviation, and
-    the two coherences equal within COHERENCE_TOLERANCE."""
+    """A scene with a ridge 6 m wide, where the two refinements stopped 0.074 m apart on one
+    CPU (0.0066 of a grid step, over the step tolerance) and 1e-5 m apart on another: where
+    they stop on a flat peak depends on the CPU's rounding. They agree within STD_FRACTION of
+    the height's standard deviation, and that tolerance accepts an estimate moved along the
+    ridge by less than that share (with the coherence the same) and refuses one moved by
+    more."""
     phase, h2ph, t = _scene(240824, 29, 26, 0.8, shared_h2ph=True)
     reference, fused = _both(phase, h2ph, t, refine=True)
     stds = _standard_deviations(phase, h2ph, t, reference.coherence)
-    _assert_agree(reference, fused, _steps(h2ph, t), stds=stds)
+    steps = _steps(h2ph, t)
+    _assert_agree(reference, fused, steps, stds=stds)
     apart = np.abs(fused.height_error - reference.height_error) / stds[:, 0]
     assert apart.max() < STD_FRACTION
-    with pytest.raises(AssertionError, match="height_error: items"):
-        _assert_agree(reference, fused, _steps(h2ph, t))
+    ridge = np.nanargmax(stds[:, 0])
+    assert stds[ridge, 0] * STD_FRACTION > STEP_FRACTION * steps[0]  # wider than a step's share
+    for share, accepted in ((0.9, True), (1.2, False)):
+        height = reference.height_error.copy()
+        height[ridge] += share * STD_FRACTION * stds[ridge, 0]
+        moved = dataclasses.replace(reference, height_error=height)
+        if accepted:
+            _assert_agree(reference, moved, steps, stds=stds)
+            with pytest.raises(AssertionError, match="height_error: items"):
+                _assert_agree(reference, moved, steps)  # over the step tolerance alone
+        else:
+            with pytest.raises(AssertionError, match="height_error: items"):
+                _assert_agree(reference, moved, steps, stds=stds)
 
 
 def test_fused_kernel_agrees_on_many_noisy_arcs():

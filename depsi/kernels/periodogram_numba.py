@@ -23,11 +23,11 @@ what the reference computes, item by item:
 The compiled loops run over the epochs (or the nodes) innermost, with few arrays written a loop,
 so that LLVM compiles them to SIMD: a loop over the terms inside one over the epochs, or one
 writing many arrays that might overlap, stays scalar. Sums over the epochs in the refinement are
-reassociated (:data:`_REDUCTION_MATH`); the grid stage keeps IEEE order, so its best node and
-powers are the same to the bit as before that was so. The GEMM stays in BLAS: compiled loops
-reached 3 GMAC/s against OpenBLAS's 7 on these shapes. No ``prange``: the chain runs the kernel on Dask's threads (BLAS at one thread), and the
-compiled functions release the GIL. Figures and agreement: ``docs/benchmarks.md`` ("Fused
-periodogram").
+reassociated (:data:`_REDUCTION_MATH`); the grid stage keeps IEEE order, its best node and
+powers independent of how its loops are compiled. The GEMM stays in BLAS: compiled loops
+reached 3 GMAC/s against OpenBLAS's 7 on these shapes. No ``prange``: the chain runs the kernel
+on Dask's threads (BLAS at one thread), and the compiled functions release the GIL. Figures and
+agreement: ``docs/benchmarks.md`` ("Fused periodogram").
 
 Cached in :func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside
 the package. Asked for (``fused=True``) it is compiled at its first call where no cache holds

@@ -155,7 +155,8 @@ def _evaluate(phase0, vmask, design, theta, r, c, s):
 
 
 def _masked_sums(vmask, c, s):
-    """``c`` and ``s`` zeroed where ``vmask`` is, and their sums (:data:`_REDUCTION_MATH`)."""
+    """``c`` and ``s`` times ``vmask`` (zero at missing epochs), and their sums
+    (:data:`_REDUCTION_MATH`)."""
     C = 0.0
     S = 0.0
     for t in range(vmask.shape[0]):

@@ -10,8 +10,11 @@ per caller, as in the chain's steps, unless ``--blas-threads`` says otherwise.
 The first call of a process compiles the kernel or loads it from the cache: both are timed in
 fresh subprocesses (an empty cache directory, then the one it filled).
 
+``--stages``: the fused kernel's thread CPU an arc in each of its stages instead (per-item
+``h2ph``, the smallest of ``--repeat`` calls per stage).
+
 Run: ``python benchmarks/bench_periodogram_fused.py [--items 20000] [--epochs 60]
-[--repeat 3] [--blas-threads N] [--no-compile]``
+[--repeat 3] [--blas-threads N] [--no-compile] [--stages]``
 """
 
 from __future__ import annotations
@@ -71,6 +74,52 @@ def compare(label, phase, h2ph, t, repeat, **kwargs):
           f"{cpu:6.2f} s CPU)   ratio {ref_wall / wall:4.2f}x wall, {ref_cpu / cpu:4.2f}x CPU")
 
 
+#: The fused kernel's stages timed by ``--stages``: its module's functions that the calls go
+#: through (the grid stage's GEMM is its total less the phasors and the moduli).
+STAGES = {"_grid_phasors": "height phasors", "_grid_best": "moduli and argmax",
+          "_mirrored_coarse": "grid stage", "_items": "refinement and results"}
+
+
+def stages(phase, h2ph, t, repeat):
+    """Thread CPU per arc (us) of each stage of the fused kernel, and of the whole call."""
+    from depsi.kernels import periodogram_numba as kernel
+
+    K = phase.shape[0]
+    spent: dict[str, float] = {}
+
+    def timed(name, function):
+        def run(*args):
+            start = time.thread_time()
+            try:
+                return function(*args)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.thread_time() - start
+        return run
+
+    saved = {name: getattr(kernel, name) for name in STAGES}
+    best: dict[str, float] = {}
+    try:
+        for name, function in saved.items():
+            setattr(kernel, name, timed(name, function))
+        periodogram(phase[:50], h2ph[:50], t, wavelength=WAVELENGTH, fused=True)  # compiled
+        for _ in range(repeat):
+            spent.clear()
+            start = time.thread_time()
+            periodogram(phase, h2ph, t, wavelength=WAVELENGTH, fused=True)
+            spent["total"] = time.thread_time() - start
+            for name, seconds in spent.items():
+                best[name] = min(best.get(name, np.inf), seconds / K * 1e6)
+    finally:
+        for name, function in saved.items():
+            setattr(kernel, name, function)
+    gemm = best["_mirrored_coarse"] - best["_grid_phasors"] - best["_grid_best"]
+    other = best["total"] - best["_mirrored_coarse"] - best["_items"]
+    print(f"per-item h2ph, thread CPU an arc: {STAGES['_grid_phasors']} "
+          f"{best['_grid_phasors']:.2f} us, GEMM {gemm:.2f}, {STAGES['_grid_best']} "
+          f"{best['_grid_best']:.2f}, {STAGES['_items']} {best['_items']:.2f}, the rest "
+          f"{other:.2f}; total {best['total']:.2f} us")
+
+
 FIRST_CALL = textwrap.dedent("""
     import time
     start = time.perf_counter()
@@ -102,10 +151,15 @@ def main():
     parser.add_argument("--blas-threads", default=_BLAS)
     parser.add_argument("--no-compile", action="store_true",
                         help="skip timing the first call in fresh processes")
+    parser.add_argument("--stages", action="store_true",
+                        help="time the fused kernel's stages instead of comparing kernels")
     args = parser.parse_args()
     print(f"periodogram, fused / reference: {args.items:,} arcs x {args.epochs} epochs, "
           f"BLAS threads {args.blas_threads}, load average {os.getloadavg()[0]:.2f}")
     phase, h2ph, t = arcs(args.items, args.epochs)
+    if args.stages:
+        stages(phase, h2ph, t, args.repeat)
+        return
     compare("per-item h2ph", phase, h2ph, t, args.repeat)
     compare("shared h2ph", phase, h2ph[0], t, args.repeat)
     seasonal = {"seasonal": (np.sin(2 * np.pi * t), (-0.01, 0.01), 0.004)}

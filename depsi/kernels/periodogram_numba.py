@@ -20,10 +20,14 @@ what the reference computes, item by item:
    reference's ``_moved_sums`` series, the same GRID_ONLY rule, the same identifiability test
    (``lstsq._solve_transposed`` for one system), constant phase, residuals and ambiguities.
 
-The GEMM stays in BLAS: compiled loops reached 3 GMAC/s against OpenBLAS's 7 on these shapes.
-No ``prange``: the chain runs the kernel on Dask's threads (BLAS at one thread), and the
-compiled functions release the GIL. Figures and agreement: ``docs/benchmarks.md`` ("Fused
-periodogram").
+The compiled loops run over the epochs (or the nodes) innermost, with few arrays written a loop,
+so that LLVM compiles them to SIMD: a loop over the terms inside one over the epochs, or one
+writing many arrays that might overlap, stays scalar. Sums over the epochs in the refinement are
+reassociated (:data:`_REDUCTION_MATH`); the grid stage keeps IEEE order, its best node and
+powers independent of how its loops are compiled. The GEMM stays in BLAS: compiled loops
+reached 3 GMAC/s against OpenBLAS's 7 on these shapes. No ``prange``: the chain runs the kernel
+on Dask's threads (BLAS at one thread), and the compiled functions release the GIL. Figures and
+agreement: ``docs/benchmarks.md`` ("Fused periodogram").
 
 Cached in :func:`~depsi.kernels.numba_support.cache_dir` when that can be written, never beside
 the package. Asked for (``fused=True``) it is compiled at its first call where no cache holds
@@ -56,6 +60,17 @@ AVAILABLE = numba is not None
 MIRRORED_GRID = True
 
 _TWO_PI = 2.0 * np.pi
+
+#: Bytes of height phasors and GEMM products per block of the mirrored grid search: a block
+#: this size stays in a core's L2 between the phasors' build, the GEMM and the moduli. Blocks
+#: of 8 MiB (the reference's) took 10 % longer (docs/benchmarks.md, "Fused periodogram").
+GRID_BLOCK_BYTES = 1 << 20
+
+#: LLVM's fast-math flags of the sums over the epochs in the refinement: reassociated (SIMD
+#: partial sums) and fused multiply-adds. They move a sum by about 1e-16 of its size, which the
+#: Newton iterations' stopping rule and the float64 step after them absorb; the grid search
+#: keeps IEEE order.
+_REDUCTION_MATH = {"reassoc", "contract"}
 
 
 class Reference(NamedTuple):
@@ -115,23 +130,56 @@ def _sincos(x, c, s):
         c[t], s[t] = _sincos1(x[t])
 
 
-def _evaluate(phase0, vmask, height, shared, theta, r, c, s):
+def _model(design, theta, constant, out):
+    """``out_t = constant + sum_p theta_p design_pt`` over the first ``len(theta)`` rows of
+    ``design`` (the regressors, epochs along the rows), term after term as a scalar loop over
+    the terms would add them: one loop over the epochs a term, which compiles to SIMD."""
+    T = out.shape[0]
+    for t in range(T):
+        out[t] = theta[0] * design[0, t] + constant
+    for p in range(1, theta.shape[0]):
+        coefficient = theta[p]
+        row = design[p]
+        for t in range(T):
+            out[t] += coefficient * row[t]
+
+
+def _evaluate(phase0, vmask, design, theta, r, c, s):
     """Cosines and sines of the residual ``phase0 - model(theta)`` into ``c``, ``s``, zero at
     missing epochs; returns their sums."""
-    T = phase0.shape[0]
-    for t in range(T):
-        model = theta[0] * height[t]
-        for p in range(shared.shape[1]):
-            model += theta[1 + p] * shared[t, p]
-        r[t] = phase0[t] - model
+    _model(design, theta, 0.0, r)
+    for t in range(r.shape[0]):
+        r[t] = phase0[t] - r[t]
     _sincos(r, c, s)
+    return _masked_sums(vmask, c, s)
+
+
+def _masked_sums(vmask, c, s):
+    """``c`` and ``s`` times ``vmask`` (zero at missing epochs), and their sums
+    (:data:`_REDUCTION_MATH`)."""
     C = 0.0
     S = 0.0
-    for t in range(T):
+    for t in range(vmask.shape[0]):
         c[t] *= vmask[t]
         s[t] *= vmask[t]
         C += c[t]
         S += s[t]
+    return C, S
+
+
+def _moved_sums(c, s, d):
+    """The reference's ``_moved_sums``: the sums of ``cos(r - d)`` and ``sin(r - d)`` from
+    ``c = cos r``, ``s = sin r`` by ``cos(r - d) = c cos d + s sin d``, ``cos d`` and ``sin d``
+    as series (:data:`_REDUCTION_MATH`)."""
+    C = 0.0
+    S = 0.0
+    for t in range(d.shape[0]):
+        d1 = d[t]
+        d2 = d1 * d1
+        cos_d = 1.0 - d2 * (0.5 - d2 * (1.0 / 24 - d2 * (1.0 / 720)))
+        sin_d = d1 * (1.0 - d2 * (1.0 / 6 - d2 * (1.0 / 120)))
+        C += c[t] * cos_d + s[t] * sin_d
+        S += s[t] * cos_d - c[t] * sin_d
     return C, S
 
 
@@ -203,25 +251,25 @@ def _solve(N, b, rcond, x, work):
 
 
 def _normal_equations(w, g, design, N, b):
-    """``N = sum_t w_t x_t x_t^T``, ``b = sum_t g_t x_t`` over the rows ``x_t`` of ``design``
-    (T, Q): the regressors and the constant, ``[height_t, shared_t..., 1]``."""
+    """``N = sum_t w_t x_t x_t^T``, ``b = sum_t g_t x_t`` over the columns ``x_t`` of ``design``
+    (Q, T): the regressors and the constant, ``[height_t, shared_t..., 1]``. ``g_t`` is zero
+    wherever ``w_t`` is. One reduction over the epochs an entry, which compiles to SIMD with
+    reassociated sums (:data:`_REDUCTION_MATH`)."""
     Q = N.shape[0]
+    T = w.shape[0]
     for i in range(Q):
-        b[i] = 0.0
-        for j in range(Q):
-            N[i, j] = 0.0
-    for t in range(w.shape[0]):
-        if w[t] == 0.0:
-            continue
-        x = design[t]
-        for i in range(Q):
-            b[i] += g[t] * x[i]
-            wi = w[t] * x[i]
-            for j in range(i + 1):
-                N[i, j] += wi * x[j]
-    for i in range(Q):
-        for j in range(i + 1, Q):
-            N[i, j] = N[j, i]
+        xi = design[i]
+        acc = 0.0
+        for t in range(T):
+            acc += g[t] * xi[t]
+        b[i] = acc
+        for j in range(i + 1):
+            xj = design[j]
+            acc = 0.0
+            for t in range(T):
+                acc += w[t] * xi[t] * xj[t]
+            N[i, j] = acc
+            N[j, i] = acc
 
 
 def _newton(c, s, C, S, design, rcond, w, g, N, b, x, work, step):
@@ -260,28 +308,38 @@ def _grid_phasors(phase, h2ph, m2ph, heights, start, X, work):
     """Height phasors ``exp(j (phase_t - m2ph h2ph_t H_h))`` (zero at missing epochs) of items
     ``start:start + len(X)``, real and imaginary parts apart: ``X`` (items, Nh, 2, T) float32.
     By a float64 recurrence over the evenly spaced heights from two cosines and sines an epoch
-    (``work`` (4, T) float64 scratch)."""
+    (``work`` (7, T) float64 scratch). Each loop below runs over the epochs with few arrays
+    written, so that it compiles to SIMD (too many arrays that may overlap and LLVM keeps the
+    loop scalar)."""
     T = phase.shape[1]
     Nh = heights.shape[0]
     spacing = heights[1] - heights[0] if Nh > 1 else 0.0
     re, im, step_re, step_im = work[0], work[1], work[2], work[3]
+    first, step, valid = work[4], work[5], work[6]
     for i in range(X.shape[0]):
         k = start + i
         row = 0 if h2ph.shape[0] == 1 else k
         for t in range(T):
             ph = phase[k, t]
             alpha = -m2ph * h2ph[row, t]
-            if math.isfinite(ph) and math.isfinite(alpha):
-                re[t], im[t] = _sincos1(_wrap(ph) + alpha * heights[0])
-                step_re[t], step_im[t] = _sincos1(alpha * spacing)
-            else:
-                re[t], im[t], step_re[t], step_im[t] = 0.0, 0.0, 0.0, 0.0
+            ok = math.isfinite(ph) and math.isfinite(alpha)
+            ph = ph if ok else 0.0
+            alpha = alpha if ok else 0.0
+            first[t] = _wrap(ph) + alpha * heights[0]
+            step[t] = alpha * spacing
+            valid[t] = 1.0 if ok else 0.0
+        _sincos(first, re, im)
+        _sincos(step, step_re, step_im)
+        for t in range(T):
+            re[t] *= valid[t]
+            im[t] *= valid[t]
         for h in range(Nh):
             out_re = X[i, h, 0]
             out_im = X[i, h, 1]
             for t in range(T):
                 out_re[t] = re[t]
                 out_im[t] = im[t]
+            for t in range(T):
                 next_re = re[t] * step_re[t] - im[t] * step_im[t]
                 im[t] = re[t] * step_im[t] + im[t] * step_re[t]
                 re[t] = next_re
@@ -294,34 +352,52 @@ def _grid_best(R, Ns, v_stride, start, best, peaks, power):
 
     ``R`` (items, Nh, 2, 2H) holds the products of the phasors' real and imaginary parts with
     the cosines and sines of the first H nodes; node ``Ns - 1 - n`` is node ``n`` mirrored
-    (its phasors the conjugates). ``power`` (Nh * Ns) float32 is scratch."""
+    (its phasors the conjugates). ``power`` (Nh * Ns) float32 is scratch. The powers are
+    non-negative, so they order as their bit patterns do: the maxima are integer reductions,
+    which compile to SIMD where float ones (NaN-aware) stay scalar."""
     Nh = R.shape[1]
     H = R.shape[3] // 2
+    bits = power.view(np.int32)
     for i in range(R.shape[0]):
+        top = np.int32(-1)
+        top_row = 0
         for h in range(Nh):
             A = R[i, h, 0]
             B = R[i, h, 1]
-            row = power[h * Ns:(h + 1) * Ns]
+            base = h * Ns
             for n in range(H):
                 re = A[n] - B[H + n]
                 im = A[H + n] + B[n]
-                row[n] = re * re + im * im
-            for n in range(H, Ns):
-                m = Ns - 1 - n  # node n mirrored, one of the first H
+                power[base + n] = re * re + im * im
+            for m in range(Ns - H):  # node Ns - 1 - m: node m mirrored
                 re = A[m] + B[H + m]
                 im = B[m] - A[H + m]
-                row[n] = re * re + im * im
-        flat = 0
-        top = power[0]
-        for j in range(1, Nh * Ns):
-            if power[j] > top:
-                top = power[j]
-                flat = j
+                power[base + Ns - 1 - m] = re * re + im * im
+            row_top = np.int32(0)
+            for n in range(base, base + Ns):
+                row_top = max(row_top, bits[n])
+            if row_top > top:
+                top = row_top
+                top_row = h
+        flat = top_row * Ns
+        while bits[flat] != top:
+            flat += 1
         k = start + i
         best[k] = flat
         for j, other in enumerate((flat, flat - Ns, flat + Ns, flat - v_stride, flat + v_stride)):
             other = min(max(other, 0), Nh * Ns - 1)
             peaks[k, j] = np.float32(math.sqrt(np.float64(power[other])))
+
+
+def _residuals(phase0, vmask, model, ambiguity, residual):
+    """The residual phase ``wrap(phase0 - model)`` and the ambiguities ``rint((model + residual
+    - phase0) / 2 pi)`` of one item, :data:`MISSING_AMBIGUITY` and NaN at missing epochs."""
+    for t in range(phase0.shape[0]):
+        wrapped = _wrap(phase0[t] - model[t])
+        cycles = np.int32(np.rint((model[t] + wrapped - phase0[t]) / _TWO_PI))
+        valid = vmask[t] > 0
+        ambiguity[t] = cycles if valid else _MISSING
+        residual[t] = wrapped if valid else np.nan
 
 
 def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_velocity, steps,
@@ -341,12 +417,12 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
     P = years_shared.shape[1] + 1
     Q = P + 1
     v_stride = Ns // n_velocity
-    phase0, height, vmask = np.empty(T), np.empty(T), np.empty(T)
+    phase0, vmask = np.empty(T), np.empty(T)
     r, c, s, c2, s2, w, g = (np.empty(T), np.empty(T), np.empty(T), np.empty(T), np.empty(T),
                              np.empty(T), np.empty(T))
     N, b, x, work = np.empty((Q, Q)), np.empty(Q), np.empty(Q), np.empty((5, Q, Q))
-    design = np.ones((T, Q))  # [height_t, shared_t..., 1]; the height's column per item
-    design[:, 1:P] = years_shared
+    design = np.ones((Q, T))  # [height_t, shared_t..., 1]; the height's row per item
+    design[1:P] = years_shared.T
     step, theta, grid, best, polished = (np.empty(P), np.empty(P), np.empty(P), np.empty(P),
                                          np.empty(P))
     for k in range(K):
@@ -358,8 +434,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
             ok = math.isfinite(ph) and math.isfinite(hh)
             n += 1 if ok else 0
             phase0[t] = ph if ok else 0.0
-            height[t] = m2ph * hh if ok else 0.0
-            design[t, 0] = height[t]
+            design[0, t] = m2ph * hh if ok else 0.0
             vmask[t] = 1.0 if ok else 0.0
         n_valid_out[k] = n
         n1 = max(n, 1)
@@ -383,7 +458,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
             theta[0] += _vertex(p0, peaks[k, 1], peaks[k, 2], flat // Ns, Nh) * steps[0]
             theta[1] += _vertex(p0, peaks[k, 3], peaks[k, 4], (flat // v_stride) % n_velocity,
                                 n_velocity) * steps[1]
-            C, S = _evaluate(phase0, vmask, height, years_shared, theta, r, c, s)
+            C, S = _evaluate(phase0, vmask, design, theta, r, c, s)
             best[:] = theta
             best_coh = math.sqrt(C * C + S * S) / n1
             at_best = True  # c, s hold the cosines and sines at best
@@ -393,7 +468,7 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
                 started = accepted if it == 0 else started
                 for p in range(P):
                     theta[p] += step[p]
-                C, S = _evaluate(phase0, vmask, height, years_shared, theta, r, c, s)
+                C, S = _evaluate(phase0, vmask, design, theta, r, c, s)
                 coh = math.sqrt(C * C + S * S) / n1
                 at_best = coh >= best_coh - tie
                 if at_best:
@@ -406,30 +481,18 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
                     break
             # one more Newton step from the best iterate, as the reference's float64 step
             if not at_best:
-                C, S = _evaluate(phase0, vmask, height, years_shared, best, r, c, s)
+                C, S = _evaluate(phase0, vmask, design, best, r, c, s)
             _newton(c, s, C, S, design, rcond, w, g, N, b, x, work, step)
+            _model(design, step, 0.0, r)  # the step's change of the model phase
             far = False
             for t in range(T):
-                delta = step[0] * height[t]
-                for p in range(P - 1):
-                    delta += step[1 + p] * years_shared[t, p]
-                r[t] = delta
-                far |= abs(delta) > series_reach
+                far |= abs(r[t]) > series_reach
             for p in range(P):
                 polished[p] = best[p] + step[p]
             if far:
-                C2, S2 = _evaluate(phase0, vmask, height, years_shared, polished, r, c2, s2)
+                C2, S2 = _evaluate(phase0, vmask, design, polished, r, c2, s2)
             else:
-                # the reference's _moved_sums: cos(r - d) = c cos d + s sin d, as series
-                C2 = 0.0
-                S2 = 0.0
-                for t in range(T):
-                    d = r[t]
-                    d2 = d * d
-                    cos_d = 1.0 - d2 * (0.5 - d2 * (1.0 / 24 - d2 * (1.0 / 720)))
-                    sin_d = d * (1.0 - d2 * (1.0 / 6 - d2 * (1.0 / 120)))
-                    C2 += c[t] * cos_d + s[t] * sin_d
-                    S2 += s[t] * cos_d - c[t] * sin_d
+                C2, S2 = _moved_sums(c, s, r)
             if math.sqrt(C2 * C2 + S2 * S2) / n1 >= math.sqrt(C * C + S * S) / n1 - tie:
                 theta[:] = polished
                 C, S = C2, S2
@@ -441,24 +504,15 @@ def _items(phase, h2ph, years_shared, heights, grid_shared, best_node, peaks, n_
             grid_only = not (started and reached)
         if grid_only:
             theta[:] = grid
-            C, S = _evaluate(phase0, vmask, height, years_shared, theta, r, c, s)
+            C, S = _evaluate(phase0, vmask, design, theta, r, c, s)
 
         # the constant phase, residuals and ambiguities at the estimate
         coherence_out[k] = math.sqrt(C * C + S * S) / n1
         offset = math.atan2(S, C)
         offset_out[k] = offset
         grid_out[k] = grid_coh
-        for t in range(T):
-            model = theta[0] * height[t] + offset
-            for p in range(P - 1):
-                model += theta[1 + p] * years_shared[t, p]
-            residual = _wrap(phase0[t] - model)
-            if vmask[t] > 0:
-                ambiguity_out[k, t] = np.int32(np.rint((model + residual - phase0[t]) / _TWO_PI))
-                residual_out[k, t] = residual
-            else:
-                ambiguity_out[k, t] = _MISSING
-                residual_out[k, t] = np.nan
+        _model(design, theta, offset, r)
+        _residuals(phase0, vmask, r, ambiguity_out[k], residual_out[k])
         theta_out[k] = theta
         flag_out[k] = _GRID_ONLY if (refine and grid_only) else 0
 
@@ -469,9 +523,13 @@ if AVAILABLE:
     _sincos = numba.njit(_sincos)
     _grid_phasors = jit_cached(_grid_phasors)
     _grid_best = jit_cached(_grid_best)
+    _model = numba.njit(_model)
     _evaluate = numba.njit(_evaluate)
+    _moved_sums = numba.njit(fastmath=_REDUCTION_MATH)(_moved_sums)
+    _residuals = numba.njit(_residuals)
+    _masked_sums = numba.njit(fastmath=_REDUCTION_MATH)(_masked_sums)
     _solve = numba.njit(_solve)
-    _normal_equations = numba.njit(_normal_equations)
+    _normal_equations = numba.njit(fastmath=_REDUCTION_MATH)(_normal_equations)
     _newton = numba.njit(_newton)
     _vertex = numba.njit(_vertex)
     _items = jit_cached(_items)
@@ -514,21 +572,33 @@ def mirrored_half(shared) -> int | None:
     return (shared.shape[0] + 1) // 2
 
 
-def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half, block_items):
+def grid_block_items(n_epochs: int, n_heights: int, half: int) -> int:
+    """Items per block of :func:`_mirrored_coarse`: their height phasors and GEMM products
+    (``8 Nh (T + 2H)`` bytes an item) within :data:`GRID_BLOCK_BYTES`.
+
+    Examples
+    --------
+    >>> grid_block_items(60, 15, 37)
+    65
+    """
+    return max(1, GRID_BLOCK_BYTES // (8 * n_heights * (n_epochs + 2 * half)))
+
+
+def _mirrored_coarse(phase, h2ph, t, extra_g, grid, m2ph, half):
     """Best node and the powers around it (the reference's ``_coarse_search``) on a grid with
     mirrored shared nodes: the phasors' real and imaginary parts times the cosines and sines of
     half the nodes, one real GEMM (float32) of half the multiplications of the complex one,
-    in blocks of the reference's cache-sized items."""
+    in blocks of :func:`grid_block_items`."""
     K, T = phase.shape
     Nh, Ns = grid.heights.shape[0], grid.shared.shape[0]
     regressors = np.stack([t] + list(extra_g), axis=0)
     phasors = np.exp(-1j * m2ph * (grid.shared[:half] @ regressors)).T  # (T, H)
     table = np.ascontiguousarray(np.concatenate([phasors.real, phasors.imag], axis=1),
                                  dtype=np.float32)  # (T, 2H)
-    block = max(1, min(K, block_items(T, Nh, Nh * Ns)))
+    block = max(1, min(K, grid_block_items(T, Nh, half)))
     X = np.empty((block, Nh, 2, T), dtype=np.float32)
     R = np.empty((block * Nh * 2, 2 * half), dtype=np.float32)
-    work, power = np.empty((4, T)), np.empty(Nh * Ns, dtype=np.float32)
+    work, power = np.empty((7, T)), np.empty(Nh * Ns, dtype=np.float32)
     best = np.empty(K, dtype=np.int64)
     peaks = np.empty((K, 5), dtype=np.float32)
     heights = np.asarray(grid.heights, dtype=np.float64)
@@ -571,7 +641,7 @@ def fused_batch(xp, phase, h2ph, t, extra_g, grid, tables, steps, m2ph, refine, 
     half = mirrored_half(grid.shared) if MIRRORED_GRID else None
     if half is not None and K:
         best, peaks = _mirrored_coarse(phase, h2ph.reshape(-1, T), t, extra_g, grid, m2ph,
-                                       half, reference.coarse_block_items)
+                                       half)
     else:
         best, peaks = _reference_coarse(phase, h2ph, grid, tables, m2ph, reference)
 

@@ -332,8 +332,8 @@ def _cache_files(folder):
 def test_small_dask_workers_run_the_reference_without_loading_numba():
     """Numba holds about 100 MB in a process: a worker under MIN_WORKER_MEMORY (450 MB here, as
     tests/test_faults.py's) would pass distributed's pause threshold and stall the run, so it
-    runs the references (the periodogram's, and the network solve's for a w-test tile) and
-    never imports Numba; a roomy worker runs the fused kernels."""
+    runs the references (the periodogram's, the network solve's for a w-test tile and the NAD
+    screen's sums) and never imports Numba; a roomy worker runs the fused kernels."""
     from distributed import Client, LocalCluster
 
     def probe():  # defined here, so it travels by value (the module would import Numba)
@@ -358,6 +358,12 @@ def test_small_dask_workers_run_the_reference_without_loading_numba():
                                rng.normal(size=(len(pairs), 4)).astype(numpy.float32),
                                numpy.arange(len(pairs)), 100, numpy.ones(100, bool), 0)
         assert numpy.isfinite(solved.values()).all()
+        # and a block's NAD selection (the screen's compiled sums where roomy)
+        from depsi.processing.selection import _block_points
+
+        slc = (rng.normal(size=(6, 7, 12)) + 1j).astype(numpy.complex64)
+        counts = _block_points(slc, method="nad", threshold=0.5, offset=(0, 0))[1]
+        assert counts["n_candidates"] == 42
         return _fused_wanted(numpy, fused_kernels()), "numba" in sys.modules
 
     for limit, expected in (("450MB", (False, False)), ("2GB", (True, True))):

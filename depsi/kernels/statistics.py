@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from depsi.kernels import statistics_numba
 from depsi.kernels.backend import array_namespace
 
 #: Scale that turns the MAD of normally distributed values into their standard deviation. It is
@@ -186,7 +185,7 @@ def _float32_sums(pieces: list, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return total, total_sq
 
 
-def nad_screen(values, threshold: float):
+def nad_screen(values, threshold: float, *, compiled: bool = True):
     """Pixels whose NAD may be below ``threshold`` or is undefined; every other pixel's NAD, as
     :func:`moments_from_sums` computes it from :func:`amplitude_sums`, is certainly not below.
 
@@ -209,6 +208,9 @@ def nad_screen(values, threshold: float):
         :func:`amplitude_sums`.
     threshold
         The NAD threshold of the selection (a pixel is selected when its float32 NAD is below).
+    compiled
+        Whether complex64 values may be summed by the compiled pass (where Numba's kernels are
+        ready); False: NumPy alone, Numba not imported (a Dask worker too small for it).
 
     Returns
     -------
@@ -231,7 +233,12 @@ def nad_screen(values, threshold: float):
     if not screened:
         return xp.ones(lead, dtype=bool)
     g = n_time * u / (1 - n_time * u)
-    if all(piece.dtype == np.complex64 for piece in pieces) and statistics_numba.ready():
+    if compiled and all(piece.dtype == np.complex64 for piece in pieces):
+        # imported here: a process that asks for NumPy never imports Numba
+        from depsi.kernels import statistics_numba
+
+        compiled = statistics_numba.ready()
+    if compiled and all(piece.dtype == np.complex64 for piece in pieces):
         # one compiled pass; its terms are np.abs's to TERM_ERROR units, so a sum is known
         # to (1 + TERM_ERROR u)(1 + g) - 1 relatively instead of g
         sums = statistics_numba.screen_sums(pieces)

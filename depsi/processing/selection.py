@@ -46,6 +46,7 @@ from depsi.processing.network import worker_threads
 from depsi.processing.scatterers import DSConfig
 from depsi.sections import Section
 from depsi.stm.order import morton_order
+from depsi.stm.runtime import fused_kernels
 from depsi.stm.schema import STMValidationError, validate
 
 logger = logging.getLogger(__name__)
@@ -426,7 +427,8 @@ def _pixels_to_decide(slc: np.ndarray | list, *, method: str,
     rejected), for NMAD every pixel."""
     pieces = slc if isinstance(slc, list) else [slc]
     if method == "nad":
-        ia, ir = np.nonzero(nad_screen(pieces, threshold))
+        # compiled where this process may load Numba (not a Dask worker too small for it)
+        ia, ir = np.nonzero(nad_screen(pieces, threshold, compiled=fused_kernels() is not False))
         return ia, ir, _at_pixels(slc, ia, ir)
     ia, ir = (index.ravel() for index in np.indices(pieces[0].shape[:2]))
     joined = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-1)

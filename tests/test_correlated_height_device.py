@@ -154,6 +154,10 @@ _CHILD = textwrap.dedent("""
     edges_host = network.redundant_edges(positions)
     edges_device = network.redundant_edges(
         positions, device=network.search_device(["cuda:0"]))
+    from depsi.pipeline.steps.network import with_edges
+    searches = len(seen["neighbours"])
+    step_host = with_edges(ds, network.NetworkConfig(), ["cpu"])
+    step_device = with_edges(ds, network.NetworkConfig(), ["cuda:0"])
     scale = float(np.abs(host["height_error_correlated"].values).max())
     json.dump({
         "systems_on_device": seen["systems"], "neighbours_on_device": seen["neighbours"],
@@ -161,14 +165,18 @@ _CHILD = textwrap.dedent("""
                                        - host["height_error_correlated"].values).max()),
         "field_scale": scale,
         "edges_equal": all(np.array_equal(a, b) for a, b in zip(edges_host, edges_device)),
+        "step_searches_on_device": len(seen["neighbours"]) - searches,
+        "step_edges_equal": all(np.array_equal(step_host[name].values, step_device[name].values)
+                                for name in ("edge_source", "edge_target")),
     }, sys.stdout)
 """)
 
 
 def test_a_cuda_device_runs_the_device_kriging_and_search_on_device_arrays(tmp_path):
     """With the NumPy stand-in for CuPy (tests/cupy_stand_in.py) a child process asks for
-    ``cuda:0``: every kriging system and neighbour search sees device arrays, the host's batch
-    is never called (it raises there), and the results are the host's."""
+    ``cuda:0``: every kriging system and neighbour search (the kriging's, the network's, the
+    network step's) sees device arrays, the host's batch is never called (it raises there),
+    and the results are the host's."""
     package = tmp_path / "stand_in" / "cupy"
     package.mkdir(parents=True)
     shutil.copy(REPO / "tests" / "cupy_stand_in.py", package / "__init__.py")
@@ -182,3 +190,5 @@ def test_a_cuda_device_runs_the_device_kriging_and_search_on_device_arrays(tmp_p
     assert len(seen["neighbours_on_device"]) >= 2 and all(seen["neighbours_on_device"])
     assert seen["field_max_diff"] <= 1e-6 * seen["field_scale"]  # float32 outputs
     assert seen["edges_equal"]
+    # the network step passes its devices down: its search ran once more, on the device
+    assert seen["step_searches_on_device"] >= 1 and seen["step_edges_equal"]

@@ -7,8 +7,8 @@ cells ``column_lo..column_hi`` of one row are one contiguous run of the sorted p
 query's window of ``(2 r + 1)`` rows of cells is ``2 r + 1`` runs, found by a search in the
 table of cell starts, and every candidate of every query is gathered in one flat array (no loop
 over points). A query is settled when its ``k``-th candidate is nearer than the window's border
-(no point outside can be nearer) or the window covers every cell; the others go to the next
-round with the window's half-width doubled, so a few rounds settle even isolated points.
+(no point outside can be nearer) or the window covers every cell; the others are searched
+again with the window's half-width doubled, so a few passes settle even isolated points.
 
 Results are those of :meth:`scipy.spatial.cKDTree.query` (``dist``, ``idx``; ``inf`` and
 ``n`` where fewer than ``k`` points are within ``upper_bound``), nearest first and equal
@@ -27,9 +27,9 @@ from depsi.kernels.backend import array_namespace
 
 #: Points per cell of the grid of a k-nearest search, per neighbour asked for: at ``k / 2``
 #: points a cell, the 3 x 3 window around a point holds about ``4.5 k`` points, which settles
-#: nearly every query of a uniform scene in the first round.
+#: nearly every query of a uniform scene in the first pass.
 POINTS_PER_CELL_PER_NEIGHBOUR = 0.5
-#: Candidates (query, point) gathered at once: bounds a round's temporaries (about 40 bytes
+#: Candidates (query, point) gathered at once: bounds a pass's temporaries (about 40 bytes
 #: each) whatever the number of queries.
 CANDIDATES_PER_BLOCK = 1 << 22
 #: Margin of the settling test, in cells: a point's cell from ``floor`` may be one rounding
@@ -205,7 +205,7 @@ def nearest_neighbours(points: Any, queries: Any, k: int, *,
             dist[done], idx[done] = found[settled], which[settled]
             still.append(rows[~settled])
         pending = xp.concatenate(still)
-        # a window 4x as large: isolated queries settle in a few rounds, the last one with
+        # a window 4x as large: isolated queries settle in a few passes, the last one with
         # the whole grid
         half = min(2 * half, max(grid.rows, grid.columns))
     return dist, idx

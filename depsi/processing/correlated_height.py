@@ -373,7 +373,7 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None, place
 
     ``placed`` (:func:`kriging_devices`): ``None``, the host's reference (the k-d tree's
     neighbours, :func:`_krige_batch` on this process's threads or a cluster's workers); else
-    the devices the batches go to, round robin (:func:`_krige_batch_on`), the cells' neighbours
+    the devices the batches go to in turn (:func:`_krige_batch_on`), the cells' neighbours
     found by the grid search (:func:`~depsi.kernels.neighbours.nearest_neighbours`) on the
     first of them.
     """
@@ -570,7 +570,7 @@ def _krige_batch_on(device: Device, nb, values, tp, valid, *, signal, noise, pri
 
 
 def kriging_devices(devices: Any = None) -> list[Device] | None:
-    """The devices the kriging's batches go to, round robin: every device of ``devices``
+    """The devices the kriging's batches go to in turn: every device of ``devices``
     (:func:`~depsi.kernels.backend.resolve_devices`) where one is a CUDA device, so that a
     batch's result does not depend on where it lands; ``None`` where none is, for the host's
     reference path (:func:`_krige_batch`).
@@ -721,7 +721,7 @@ def estimate_correlated_height(
         default those of :func:`~depsi.kernels.backend.configure_devices`). With a CUDA device
         among them every batch runs the device formulation (:func:`kriging_devices`: the
         Cholesky factors' systems solved in one batched call, neighbours by the grid
-        search), round robin over the devices; with CPU devices only, the host's reference
+        search), the batches in turn over the devices; with CPU devices only, the host's reference
         (a triangular solve a cell, the k-d tree's neighbours). The two agree to round-off
         (1e-10 relative).
 

@@ -214,7 +214,7 @@ def _thinned(positions: np.ndarray, ranked: np.ndarray, min_distance: float,
              device: Device | str | None = None) -> np.ndarray:
     """``ranked`` (indices, best first) less each point closer than ``min_distance`` to a better
     one kept: the sequential greedy, from a neighbour list (a KD-tree's, or the grid search's
-    on ``device``; N log N, no distance matrix) in vectorised rounds."""
+    on ``device``; N log N, no distance matrix) in vectorised passes."""
     xy = positions[ranked]
     pairs = _pairs_within(xy, min_distance, device)
     if pairs.size:

@@ -6,10 +6,12 @@ and its peak memory is its own):
 
 * ``scene N FOLDER``: the scale benchmark's scene of ``N`` PS (``_scale_scene.py``, independent
   of ``depsi.simulate``); an existing complete scene of the same generator version is reused.
-* ``run FOLDER DEVICE SAVE.npz``: ``run_ps_chain`` on ``FOLDER/ps.zarr`` with
-  ``devices=[DEVICE]`` (``cpu`` or ``cuda:0``); the per-point results go to ``SAVE.npz`` and the
-  figures (wall and CPU time, peak RSS, accuracy against the truth as ``bench_scale.py`` scores
-  it) to ``SAVE.json``.
+* ``run FOLDER DEVICE SAVE.npz``: the chain's steps on ``FOLDER/ps.zarr`` as ``run_ps_chain``
+  runs them with ``devices=[DEVICE]`` (``cpu`` or ``cuda:0``), each step timed as
+  ``bench_scale.py`` times them (its ``run_chain``; on a GPU each step waits for the device's
+  queued work before it ends); the per-point results go to ``SAVE.npz`` and the figures
+  (wall and CPU time of the chain and of each step, peak RSS, accuracy against the truth as
+  ``bench_scale.py`` scores it) to ``SAVE.json``.
 * ``compare CPU.npz GPU.npz --json OUT``: points in both results, and per variable the largest
   absolute difference on the common points (velocity in mm/yr, height error in m, displacement
   in mm), the fraction of ambiguities that differ and the points only one run kept.
@@ -38,18 +40,6 @@ COMPARED = {"velocity": ("mm/yr", 1e3), "height_error": ("m", 1.0),
 SAVED = (*COMPARED, "point_index", "order", "ambiguity")
 
 
-def import_run_ps_chain():
-    """``run_ps_chain`` from where it lives now (it is moving from depsi.processing.chain)."""
-    try:
-        from depsi import run_ps_chain
-    except ImportError:
-        try:
-            from depsi.pipeline import run_ps_chain
-        except ImportError:
-            from depsi.processing.chain import run_ps_chain
-    return run_ps_chain
-
-
 def make_scene(n_points: int, folder: Path) -> dict:
     summary = scene_module.scene_summary(folder)
     if summary is not None and int(summary["n_points"]) == n_points:
@@ -60,20 +50,44 @@ def make_scene(n_points: int, folder: Path) -> dict:
     return {**scene_module.write_scene(n_points, folder), "reused": False}
 
 
+def _synchronised(record, device: str):
+    """``record`` (bench_scale's step timer) that waits for ``device``'s queued work before a
+    step ends, so each step's time holds its own GPU work."""
+    if not device.startswith("cuda"):
+        return record
+    import cupy
+
+    def timed(name, func):
+        def run_and_wait():
+            out = func()
+            cupy.cuda.Device().synchronize()
+            return out
+        return record(name, run_and_wait)
+
+    return timed
+
+
 def run(folder: Path, device: str, save: Path) -> dict:
-    from bench_scale import accuracy
+    from bench_scale import _Recorder, accuracy, run_chain
 
     from depsi.io.store import open_stm
 
-    run_ps_chain = import_run_ps_chain()
     ps_stm = open_stm(folder / scene_module.PS_STORE)
+    # the chain's steps as run_ps_chain runs them, each timed as bench_scale times them
+    progress = save.with_suffix(".progress.jsonl")
+    progress.unlink(missing_ok=True)
+    record = _Recorder(progress)
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_ps_chain(ps_stm, devices=[device])
+    result = run_chain(ps_stm, {}, _synchronised(record, device), devices=[device])
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     figures = {"device": device, "n_points": int(ps_stm.sizes["space"]), "wall_s": wall,
                "cpu_s": cpu, "points_per_s": ps_stm.sizes["space"] / wall,
                "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-               "run_ps_chain": f"{run_ps_chain.__module__}.run_ps_chain"}
+               "run_ps_chain": "bench_scale.run_chain (run_ps_chain's steps, each timed)",
+               "steps": [{"step": step["step"], "wall_s": step["wall_s"],
+                          "cpu_s": step["cpu_s"],
+                          "peak_rss_gib": step["peak_rss_bytes"] / 2**30}
+                         for step in record.steps]}
     if device.startswith("cuda"):
         import cupy
 

@@ -121,17 +121,18 @@ def _lazy_variables(out) -> list[str]:
     return sorted(str(name) for name, var in variables.items() if var.chunks is not None)
 
 
-def run_chain(ps_stm, options: dict, record: _Recorder):
+def run_chain(ps_stm, options: dict, record: _Recorder, devices: list[str] | None = None):
     """The chain on ``ps_stm``: the chain's steps of the table, each timed, executed exactly
     as :func:`~depsi.pipeline.chain.run_ps_chain` executes them (each product handed to its
-    last reader as the only reference)."""
+    last reader as the only reference), on ``devices`` as ``run_ps_chain(devices=...)``."""
     from depsi.pipeline.chain_config import chain_config
-    from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, call_step, last_consumers
+    from depsi.pipeline.steps import BY_NAME, CHAIN_STEPS, StepContext, call_step, last_consumers
     from depsi.pipeline.steps.selection import prepare_points
     from depsi.stm.runtime import tune_memory
 
     tune_memory()  # the process's memory settings, as run_ps_chain's
     config = chain_config(None, **options)
+    context = StepContext(devices=devices)
     products = {"selection": record("prepare", lambda: prepare_points(ps_stm))}
     last = last_consumers(CHAIN_STEPS)
     for step in CHAIN_STEPS:
@@ -141,7 +142,7 @@ def run_chain(ps_stm, options: dict, record: _Recorder):
             return products.pop(name) if last[name] == step else products[name]
 
         products[step] = record(step, lambda spec=spec, step=step, take=take: call_step(
-            spec.run_in_memory, step, take, config))
+            spec.run_in_memory, step, take, config, context))
     return products.pop(CHAIN_STEPS[-1])
 
 

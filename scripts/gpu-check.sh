@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: the CuPy tests, NumPy against CuPy for every kernel, and the PS chain
-# on the CPU and on the GPU for one scene, inside 8 minutes on one GPU; figures into OUTDIR.
+# on the CPU and on the GPU for one scene (or several sizes), each chain step timed on both,
+# inside 8 minutes on one GPU; figures into OUTDIR.
 #
 #   bash scripts/gpu-check.sh OUTDIR
 #
@@ -11,7 +12,9 @@
 # 1 a part failed or ran out of time, 2 depsi or its dependencies cannot be imported.
 #
 # Environment (all optional):
-#   DEPSI_GPU_CHECK_POINTS  PS in the chain's scene: default 1e6 with a GPU, 3000 without
+#   DEPSI_GPU_CHECK_POINTS  PS in the chain's scene: default 1e6 with a GPU, 3000 without; a
+#                           list ("1e6 3e6") runs each size in order, skipping (and saying so)
+#                           a size the time left cannot cover
 #   DEPSI_GPU_CHECK_SCALE   kernel benchmark sizes x this: default 1 with a GPU, 0.02 without
 #   DEPSI_GPU_CHECK_BUDGET  seconds for the whole check (default 480); each part gets at most its
 #                           own share below and never more than what is left
@@ -42,7 +45,8 @@ fi
 OUTDIR=$(mkdir -p "$1" && cd "$1" && pwd) || { echo "gpu-check: cannot create $1" >&2; exit 64; }
 WORK=${DEPSI_GPU_CHECK_WORK:-${TMPDIR:-/tmp}/depsi-gpu-check}
 mkdir -p "$WORK"
-rm -f "$WORK/parts.tsv" "$WORK"/chain-*.json "$WORK"/chain-*.npz "$OUTDIR"/*.json \
+rm -f "$WORK/parts.tsv" "$WORK/chain-sizes.txt" "$WORK"/chain*.json "$WORK"/chain*.npz \
+    "$WORK"/chain*.jsonl "$OUTDIR"/*.json \
     "$OUTDIR"/*.md "$OUTDIR"/*.log
 PYTHON=${PYTHON:-python3}
 BUDGET=${DEPSI_GPU_CHECK_BUDGET:-480}
@@ -144,7 +148,8 @@ import numpy
 path, commit, gpu, smi, points, scale, budget = sys.argv[1:]
 json.dump({"commit": commit, "gpu": gpu, "nvidia_smi": smi, "python": platform.python_version(),
            "numpy": numpy.__version__, "cpus": os.cpu_count(), "host": platform.node(),
-           "points": int(float(points)), "kernel_scale": float(scale), "budget_s": int(budget)},
+           "points": [int(float(p)) for p in points.split()], "kernel_scale": float(scale),
+           "budget_s": int(budget)},
           open(path, "w"), indent=1)
 EOF
 log "commit $COMMIT; $(${PYTHON} -V 2>&1); GPU: $GPU_REASON; nvidia-smi: $SMI"
@@ -181,33 +186,57 @@ run_part "kernels" 120 10 "$WORK/kernels.log" "$PYTHON" benchmarks/bench_gpu_ker
     --scale "$SCALE" --json "$OUTDIR/kernels.json" || FAILED=1
 
 # ---- 3. the chain on the CPU and on the GPU -------------------------------------------------
+# each size of DEPSI_GPU_CHECK_POINTS in order ("1e6 3e6"); a later size runs only where the
+# time left covers the last size's time scaled by the points (the chain grows about linearly),
+# else it is reported skipped. The first size's parts keep the plain names ("chain: cpu"),
+# later ones name their size ("chain 3000000: cpu").
 CHAIN=("$PYTHON" benchmarks/bench_gpu_chain.py)
-SCENE="$WORK/scene-$POINTS"
-if run_part "chain: scene" 90 5 "$WORK/chain.log" \
-        "${CHAIN[@]}" scene "$POINTS" "$SCENE" --json "$WORK/chain-scene.json"; then
-    if ((GPU)); then
-        SECOND=cuda:0
-    else
-        # no GPU: a second CPU device stands in, so that the comparison itself runs
-        SECOND=cpu:1
-        log "chain on cuda:0 SKIPPED: $GPU_REASON; comparing against cpu:1 instead (a stand-in)"
-        part "chain: cuda:0" skipped 0 "$GPU_REASON"
-    fi
-    run_part "chain: $SECOND" 200 10 "$WORK/chain.log" \
-        "${CHAIN[@]}" run "$SCENE" "$SECOND" "$WORK/chain-second.npz" || FAILED=1
-    run_part "chain: cpu" 400 10 "$WORK/chain.log" \
-        "${CHAIN[@]}" run "$SCENE" cpu "$WORK/chain-cpu.npz" || FAILED=1
-    if [[ -s $WORK/chain-cpu.npz && -s $WORK/chain-second.npz ]]; then
-        RESERVE=0 run_part "chain: compare" 30 1 "$WORK/chain.log" "${CHAIN[@]}" compare \
-            "$WORK/chain-cpu.npz" "$WORK/chain-second.npz" --json "$WORK/chain-compare.json" \
-            || FAILED=1
-    else
-        log "chain comparison SKIPPED: a run has no result"
-        part "chain: compare" skipped 0 "a run has no result"
-    fi
+if ((GPU)); then
+    SECOND=cuda:0
 else
-    FAILED=1
+    SECOND=cpu:1  # no GPU: a second CPU device stands in, so that the comparison itself runs
 fi
+read -r -a SIZES <<<"$POINTS"
+LAST_N=0 LAST_S=0
+for SIZE in "${SIZES[@]}"; do
+    N=$("$PYTHON" -c "import sys; print(int(float(sys.argv[1])))" "$SIZE")
+    if ((LAST_N == 0)); then P="chain" TAG="" ; else P="chain $N" TAG="-$N"; fi
+    if ((LAST_N > 0)); then
+        NEEDED=$((LAST_S * N / LAST_N))
+        if (( $(left) < NEEDED )); then
+            log "$P SKIPPED: about ${NEEDED}s needed (${LAST_S}s at $LAST_N points), $(left)s left"
+            part "$P: scene" skipped 0 "about ${NEEDED}s needed, $(left)s left of the budget"
+            echo "$N skipped about ${NEEDED}s needed, $(left)s left of the ${BUDGET}s budget" \
+                >>"$WORK/chain-sizes.txt"
+            continue
+        fi
+    fi
+    T_SIZE=$SECONDS
+    SCENE="$WORK/scene-$N"
+    echo "$N ran" >>"$WORK/chain-sizes.txt"
+    if run_part "$P: scene" 90 5 "$WORK/chain.log" \
+            "${CHAIN[@]}" scene "$N" "$SCENE" --json "$WORK/chain$TAG-scene.json"; then
+        if ! ((GPU)); then
+            log "$P on cuda:0 SKIPPED: $GPU_REASON; comparing against cpu:1 instead (a stand-in)"
+            part "$P: cuda:0" skipped 0 "$GPU_REASON"
+        fi
+        run_part "$P: $SECOND" 200 10 "$WORK/chain.log" \
+            "${CHAIN[@]}" run "$SCENE" "$SECOND" "$WORK/chain$TAG-second.npz" || FAILED=1
+        run_part "$P: cpu" 400 10 "$WORK/chain.log" \
+            "${CHAIN[@]}" run "$SCENE" cpu "$WORK/chain$TAG-cpu.npz" || FAILED=1
+        if [[ -s $WORK/chain$TAG-cpu.npz && -s $WORK/chain$TAG-second.npz ]]; then
+            RESERVE=0 run_part "$P: compare" 30 1 "$WORK/chain.log" "${CHAIN[@]}" compare \
+                "$WORK/chain$TAG-cpu.npz" "$WORK/chain$TAG-second.npz" \
+                --json "$WORK/chain$TAG-compare.json" || FAILED=1
+        else
+            log "$P comparison SKIPPED: a run has no result"
+            part "$P: compare" skipped 0 "a run has no result"
+        fi
+    else
+        FAILED=1
+    fi
+    LAST_N=$N LAST_S=$((SECONDS - T_SIZE))
+done
 
 # ---- report ---------------------------------------------------------------------------------
 "$PYTHON" benchmarks/_gpu_check_report.py "$WORK" "$OUTDIR" || FAILED=1

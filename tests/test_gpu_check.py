@@ -26,7 +26,8 @@ FILES = {"summary.md", "summary.json", "kernels.json", "chain.json", "tests.log"
 
 @pytest.mark.slow  # it runs the chain (twice, at 1,000 points)
 def test_gpu_check_dry_run_writes_every_figure_and_reports_cupy_parts(tmp_path):
-    summary = _run_check(tmp_path)
+    # a second size far beyond the budget: skipped, and the summary says so
+    summary = _run_check(tmp_path, DEPSI_GPU_CHECK_POINTS="1000 1e9")
     out = tmp_path / "out"
     status = {p["part"]: p["status"] for p in summary["parts"]}
     kernels = summary["kernels"]["cases"]
@@ -45,6 +46,27 @@ def test_gpu_check_dry_run_writes_every_figure_and_reports_cupy_parts(tmp_path):
         assert compare["velocity"]["max_abs_diff"] == 0.0
     assert set(status.values()) <= {"ok", "skipped"}
     assert "| kernels | ok |" in (out / "summary.md").read_text()
+    _assert_step_times_on_both_devices(summary, out, "cpu:1")
+    skipped = summary["chains"][1]
+    assert skipped["n_points"] == 10**9 and "needed" in skipped["skipped"]
+    assert status["chain 1000000000: scene"] == "skipped"
+    assert "## Chain (1,000,000,000 PS): skipped" in (out / "summary.md").read_text()
+
+
+def _assert_step_times_on_both_devices(summary, out, second):
+    """Every chain step timed on the CPU and on the second device, in summary.json, chain.json
+    and summary.md's table of steps."""
+    chain = json.loads((out / "chain.json").read_text())
+    for record in (summary["chain"], chain):
+        cpu, other = record["cpu"]["steps"], record["second"]["steps"]
+        assert record["second"]["device"] == second
+        assert [s["step"] for s in cpu] == [s["step"] for s in other]
+        assert {"prepare", "network", "model"} <= {s["step"] for s in cpu}
+        assert all(s["wall_s"] > 0 and s["cpu_s"] >= 0 for s in cpu + other)
+    table = (out / "summary.md").read_text().split("### Chain steps")[1]
+    assert f"| step | cpu wall s | cpu CPU s | {second} wall s | {second} CPU s |" in table
+    for step in summary["chain"]["cpu"]["steps"]:
+        assert f"| {step['step']} | " in table
 
 
 def _run_check(tmp_path, **env):
@@ -78,6 +100,7 @@ def test_gpu_check_takes_its_gpu_branch_where_cupy_works(tmp_path):
     assert all(case["cupy_s"] > 0 and case["differences"] for case in summary["kernels"]["cases"])
     assert summary["chain"]["second"]["device"] == "cuda:0"
     assert summary["chain"]["compare"]["n_common"] > 0
+    _assert_step_times_on_both_devices(summary, tmp_path / "out", "cuda:0")
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import dask.array as da
@@ -44,7 +45,17 @@ from scipy.spatial import cKDTree
 from scipy.stats import f as f_distribution
 
 from depsi.conventions import phase_per_metre
-from depsi.kernels.backend import single_threaded_blas
+from depsi.kernels.backend import (
+    Device,
+    array_namespace,
+    chunk_device,
+    resolve_devices,
+    single_threaded_blas,
+    to_device,
+    to_host,
+    use_device,
+)
+from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
 from depsi.stm.dask_tools import workers_client
 from depsi.stm.runtime import MMAP_THRESHOLD
@@ -324,29 +335,33 @@ def fit_height_covariance(positions, normalised, signal: dict, *,
             "signal_scale": scale}
 
 
-def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Distances between the points of ``a`` (B, m, 2) and ``b`` (B, n, 2): (B, m, n)."""
+def _distances(a: Any, b: Any) -> Any:
+    """Distances between the points of ``a`` (B, m, 2) and ``b`` (B, n, 2): (B, m, n), on
+    their device."""
+    xp = array_namespace(a, b)
     dx = a[:, :, None, 0] - b[:, None, :, 0]
     dy = a[:, :, None, 1] - b[:, None, :, 1]
     dx *= dx
     dy *= dy
     dx += dy
-    return np.sqrt(dx, out=dx)
+    return xp.sqrt(dx, out=dx)
 
 
-def _signal_covariance(distance: np.ndarray, signal: dict) -> np.ndarray:
-    """``sill correlation(d) - offset`` in place on float32 ``distance``, as float64."""
+def _signal_covariance(distance: Any, signal: dict) -> Any:
+    """``sill correlation(d) - offset`` in place on float32 ``distance``, as float64, on its
+    device."""
+    xp = array_namespace(distance)
     distance *= np.float32(1.0 / signal["range"])
     if signal["shape"] != 1.0:
-        np.power(distance, np.float32(signal["shape"]), out=distance)
-    np.negative(distance, out=distance)
-    cov = np.exp(distance).astype(np.float64)
+        xp.power(distance, np.float32(signal["shape"]), out=distance)
+    xp.negative(distance, out=distance)
+    cov = xp.exp(distance).astype(np.float64)
     cov *= signal["sill"]
     cov -= signal["offset"]
     return cov
 
 
-def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
+def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None, placed=None):
     """Local simple kriging of the signal at ``dst_pos`` from its noisy samples: the
     prediction and its error variance (``C(0) - c^T K^-1 c``) at each target.
 
@@ -355,9 +370,15 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
     sources nearest each cell's centre form one kriging system, factorised once for all its
     targets (moving-neighbourhood kriging by cells), and the systems of many cells are solved
     in one batched call.
+
+    ``placed`` (:func:`kriging_devices`): ``None``, the host's reference (the k-d tree's
+    neighbours, :func:`_krige_batch` on this process's threads or a cluster's workers); else
+    the devices the batches go to in turn (:func:`_krige_batch_on`), the cells' neighbours
+    found by the grid search (:func:`~depsi.kernels.neighbours.nearest_neighbours`) on the
+    first of them.
     """
     k = min(k, len(src_pos))
-    tree = cKDTree(src_pos) if tree is None else tree
+    tree = cKDTree(src_pos) if tree is None and placed is None else tree
     low = dst_pos.min(axis=0)
     extent = np.maximum(np.ptp(dst_pos, axis=0), 1.0)
     cell = np.sqrt(TARGETS_PER_CELL * extent[0] * extent[1] / max(len(dst_pos), 1))
@@ -376,7 +397,12 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
     # own fullest cell, not the scene's (1.8x the mean on a uniform scene, more on a city's)
     fullest = np.argsort(-counts, kind="stable")
     table, centres, counts = table[fullest], centres[fullest], counts[fullest]
-    _, idx = tree.query(centres, k=k, workers=-1)  # the same neighbours on every core
+    if placed is None:
+        _, idx = tree.query(centres, k=k, workers=-1)  # the same neighbours on every core
+    else:
+        _, idx = nearest_neighbours(to_device(src_pos, placed[0]), to_device(centres, placed[0]),
+                                    k)
+        idx = to_host(idx)
     idx = idx.reshape(n_cells, k)
     out = np.empty(len(dst_pos))
     variance = np.empty(len(dst_pos))
@@ -407,6 +433,16 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None):
         variance[targets[valid]] = predicted[1][valid]
 
     batches = range(len(bounds) - 1)
+    if placed is not None:
+        def predict_on_device(batch: int) -> None:
+            nb, values, tp, targets = inputs(batch)
+            write(targets, _krige_batch_on(chunk_device(placed, batch), nb, values, tp,
+                                           targets >= 0, **options))
+
+        # each batch's systems formed and solved on its device; the threads overlap one
+        # batch's transfers with another's work
+        on_threads(predict_on_device, batches)
+        return out, variance
     client = workers_client()
     if client is not None and len(batches) > 1:
         # on a cluster's workers, a task a batch (the driver cuts each batch's inputs, a few
@@ -451,23 +487,32 @@ def _moved_on_chunks(series: da.Array, h2ph: da.Array | np.ndarray, field: np.nd
                         dtype=np.float32)
 
 
+def _kriging_systems(nb, tp, *, signal, noise):
+    """The kriging matrices ``K`` ``(B, k, k)`` (signal, extra term and nugget) and the
+    sources' signal covariances with the targets ``c`` ``(B, k, width)`` of a batch of cells
+    (:func:`_krige_batch`'s inputs), float64, on the inputs' device."""
+    xp = array_namespace(nb, tp)
+    k = nb.shape[1]
+    nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
+    d_nn = _distances(nb, nb)                                            # (B, k, k)
+    if extra_sill > 0:
+        cov = extra_sill * xp.exp(d_nn * np.float32(-1.0 / extra_range))
+        cov += _signal_covariance(d_nn, signal)
+    else:
+        cov = _signal_covariance(d_nn, signal)
+    del d_nn
+    cov[:, xp.arange(k), xp.arange(k)] += nugget
+    return cov, _signal_covariance(_distances(nb, tp), signal)          # (B, k, width)
+
+
 def _krige_batch(nb, values, tp, valid, *, signal, noise, prior):
     """The kriging systems of a batch of ``B`` cells: ``nb`` ``(B, k, 2)`` float32 source
     positions and ``tp`` ``(B, width, 2)`` float32 target positions, each relative to its
     cell's centre, ``values`` ``(B, k)`` the sources' values, ``valid`` ``(B, width)`` the
     cells' filled target slots. Returns the predictions and their error variances
-    ``(B, width)`` (unfilled slots: whatever the padding gave)."""
-    k = nb.shape[1]
-    nugget, extra_sill, extra_range = noise["nugget"], noise["extra_sill"], noise["extra_range"]
-    d_nn = _distances(nb, nb)                                            # (B, k, k)
-    if extra_sill > 0:
-        cov = extra_sill * np.exp(d_nn * np.float32(-1.0 / extra_range))
-        cov += _signal_covariance(d_nn, signal)
-    else:
-        cov = _signal_covariance(d_nn, signal)
-    del d_nn
-    cov[:, np.arange(k), np.arange(k)] += nugget
-    c_nt = _signal_covariance(_distances(nb, tp), signal)                # (B, k, width)
+    ``(B, width)`` (unfilled slots: whatever the padding gave). The host's reference
+    (:func:`_krige_batch_on` is the device's)."""
+    cov, c_nt = _kriging_systems(nb, tp, signal=signal, noise=noise)
     # one factorisation per cell, K = L L^T, for the data and every target's covariances: the
     # prediction (L^-1 v) . (L^-1 c) and its error variance C(0) - |L^-1 c|^2, in float64 (a
     # Cholesky and one triangular solve cost what an LU solve for the data alone did)
@@ -479,10 +524,64 @@ def _krige_batch(nb, values, tp, valid, *, signal, noise, prior):
         predicted = np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:])
         explained = np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:])
     except np.linalg.LinAlgError:  # not positive definite to round-off: LU
-        solved = np.linalg.solve(cov, rhs)
-        predicted = np.einsum("bk,bkw->bw", solved[..., 0], c_nt)
-        explained = np.einsum("bkw,bkw->bw", solved[..., 1:], c_nt)
+        predicted, explained = _lu_solved(cov, c_nt, rhs)
     return predicted, np.where(valid, np.maximum(prior - explained, 0.0), 0.0)
+
+
+def _lu_solved(cov, c_nt, rhs):
+    """Predictions ``c^T K^-1 v`` and explained variances ``c^T K^-1 c`` by one batched LU
+    solve (``rhs``: ``v`` then ``c``), on the arrays' device."""
+    xp = array_namespace(cov, c_nt, rhs)
+    solved = xp.linalg.solve(cov, rhs)
+    return (xp.einsum("bk,bkw->bw", solved[..., 0], c_nt),
+            xp.einsum("bkw,bkw->bw", solved[..., 1:], c_nt))
+
+
+def _solved_systems(cov, c_nt, values, valid, prior):
+    """:func:`_krige_batch`'s predictions and error variances from its systems, on the arrays'
+    device (NumPy or CuPy): the same Cholesky factor and whitening, the factor's systems solved
+    in one batched call (no batched triangular solve is common to both); LU where the factor
+    fails (NumPy raises, CuPy gives NaN)."""
+    xp = array_namespace(cov, c_nt, values)
+    rhs = xp.concatenate([values[..., None], c_nt], axis=2)
+    try:
+        lower = xp.linalg.cholesky(cov)
+    except np.linalg.LinAlgError:
+        lower = None
+    if lower is not None and bool(xp.isfinite(lower).all()):
+        whitened = xp.linalg.solve(lower, rhs)                          # (B, k, 1 + width)
+        predicted = xp.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:])
+        explained = xp.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:])
+    else:
+        predicted, explained = _lu_solved(cov, c_nt, rhs)
+    return predicted, xp.where(valid, xp.maximum(prior - explained, 0.0), 0.0)
+
+
+def _krige_batch_on(device: Device, nb, values, tp, valid, *, signal, noise, prior):
+    """:func:`_krige_batch` on ``device``: the batch's inputs moved there once, the systems
+    formed and solved there (:func:`_solved_systems`), the predictions and variances moved
+    back. With a CPU device the same code runs on NumPy (within 1e-10 of the host's
+    triangular solves)."""
+    with use_device(device):
+        nb, values, tp, valid = (to_device(a, device) for a in (nb, values, tp, valid))
+        cov, c_nt = _kriging_systems(nb, tp, signal=signal, noise=noise)
+        predicted, variance = _solved_systems(cov, c_nt, values, valid, prior)
+        return to_host(predicted), to_host(variance)
+
+
+def kriging_devices(devices: Any = None) -> list[Device] | None:
+    """The devices the kriging's batches go to in turn: every device of ``devices``
+    (:func:`~depsi.kernels.backend.resolve_devices`) where one is a CUDA device, so that a
+    batch's result does not depend on where it lands; ``None`` where none is, for the host's
+    reference path (:func:`_krige_batch`).
+
+    Examples
+    --------
+    >>> kriging_devices(["cpu:0", "cpu:1"]) is None
+    True
+    """
+    chosen = resolve_devices(devices)
+    return chosen if any(device.kind == "cuda" for device in chosen) else None
 
 
 def _krige_batch_task(nb, values, tp, valid, options):
@@ -588,6 +687,7 @@ def estimate_correlated_height(
     screen_range: float | None = None,
     k: int | None = None,
     overwrite: bool = False,
+    devices: Sequence[Device | str | int] | None = None,
 ) -> xr.Dataset:
     """Move the atmosphere's projection on the baselines from the height errors to the screen.
 
@@ -616,6 +716,14 @@ def estimate_correlated_height(
         ``(space, time)``), so ``result`` changes too, instead of into new ones: for a caller
         that owns ``result`` (the chain's model step), it saves one copy of both series
         (0.5 GB at 10^6 points and 60 epochs). Other variables are never written in place.
+    devices
+        Where the kriging's batches of systems are formed and solved (e.g. ``["cuda:0"]``;
+        default those of :func:`~depsi.kernels.backend.configure_devices`). With a CUDA device
+        among them every batch runs the device formulation (:func:`kriging_devices`: the
+        Cholesky factors' systems solved in one batched call, neighbours by the grid
+        search), the batches in turn over the devices; with CPU devices only, the host's reference
+        (a triangular solve a cell, the k-d tree's neighbours). The two agree to round-off
+        (1e-10 relative).
 
     Returns
     -------
@@ -704,7 +812,8 @@ def estimate_correlated_height(
         density = use.sum() / max(float(extent[0] * extent[1]), 1.0)
         k = int(np.clip(density * np.pi * screen["range"] ** 2, *NEIGHBOURS))
     predicted, variance = _predict(positions[use], normalised - mean, positions, tree=tree,
-                                   signal=signal, noise=noise, k=k)
+                                   signal=signal, noise=noise, k=k,
+                                   placed=kriging_devices(devices))
     field = np.where(np.isfinite(gain), predicted * gain, 0.0)
     left = np.where(use, np.sqrt(variance) * gain, 0.0)
     if "in_reference_area" in result and result["in_reference_area"].values[use].any():

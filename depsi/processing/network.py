@@ -21,6 +21,8 @@ from pydantic import Field
 from scipy.spatial import Delaunay, QhullError, cKDTree
 
 from depsi.conventions import wrap_phase
+from depsi.kernels.backend import Device, parse_device, resolve_devices, to_device, to_host
+from depsi.kernels.neighbours import nearest_neighbours, pairs_within
 from depsi.sections import Section
 from depsi.stm.schema import STMValidationError, validate
 
@@ -170,12 +172,51 @@ def _greedy_by_rank(rank: np.ndarray, pairs: np.ndarray) -> np.ndarray:
         state[j[winners[i]]] = -1
 
 
-def _thinned(positions: np.ndarray, ranked: np.ndarray, min_distance: float) -> np.ndarray:
+def search_device(devices: Any = None) -> Device | None:
+    """Where the network's neighbour searches run for a step given ``devices``: the first CUDA
+    device among them (:func:`~depsi.kernels.backend.resolve_devices`; the network is one
+    computation over the whole scene), else ``None``, the k-d tree on the host.
+
+    Examples
+    --------
+    >>> search_device(["cpu:0", "cpu:1"]) is None
+    True
+    """
+    cuda = [device for device in resolve_devices(devices) if device.kind == "cuda"]
+    return cuda[0] if cuda else None
+
+
+def _pairs_within(xy: np.ndarray, distance: float, device: Device | str | None) -> np.ndarray:
+    """Index pairs of ``xy`` at most ``distance`` apart: the k-d tree's on the host
+    (``device`` None), else the grid search's on ``device`` (the same pairs)."""
+    if device is None:
+        return cKDTree(xy).query_pairs(r=distance, output_type="ndarray")
+    return to_host(pairs_within(to_device(xy, parse_device(device)), distance))
+
+
+def _nearest(positions: np.ndarray, queries: np.ndarray, k: int, bound: float,
+             device: Device | str | None, tree: cKDTree | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` nearest ``positions`` of each of ``queries`` (``cKDTree.query``'s ``dist``,
+    ``idx``): the k-d tree ``tree`` on the host (``device`` None), else the grid search on
+    ``device`` (the same neighbours; equal distances by index)."""
+    if device is None:
+        tree = cKDTree(positions) if tree is None else tree
+        dist, idx = tree.query(queries, k=k, distance_upper_bound=bound, workers=-1)
+        return dist.reshape(len(queries), k), idx.reshape(len(queries), k)
+    device = parse_device(device)
+    dist, idx = nearest_neighbours(to_device(positions, device), to_device(queries, device), k,
+                                   upper_bound=bound)
+    return to_host(dist), to_host(idx)
+
+
+def _thinned(positions: np.ndarray, ranked: np.ndarray, min_distance: float,
+             device: Device | str | None = None) -> np.ndarray:
     """``ranked`` (indices, best first) less each point closer than ``min_distance`` to a better
-    one kept: the sequential greedy, from a KD-tree neighbour list (N log N, no distance
-    matrix) in vectorised rounds."""
+    one kept: the sequential greedy, from a neighbour list (a KD-tree's, or the grid search's
+    on ``device``; N log N, no distance matrix) in vectorised passes."""
     xy = positions[ranked]
-    pairs = cKDTree(xy).query_pairs(r=min_distance, output_type="ndarray")
+    pairs = _pairs_within(xy, min_distance, device)
     if pairs.size:
         distance = np.hypot(*(xy[pairs[:, 0]] - xy[pairs[:, 1]]).T)
         pairs = pairs[distance < min_distance]
@@ -190,6 +231,7 @@ def first_order_indices(
     cell_size: float | None = DEFAULT_CELL_SIZE,
     min_distance: float | None = None,
     ds_first_order: bool = DEFAULT_DS_FIRST_ORDER,
+    device: Device | str | None = None,
 ) -> np.ndarray:
     """Indices (into ``points.space``, ascending) of the first-order points, by amplitude
     dispersion (lowest first).
@@ -222,6 +264,10 @@ def first_order_indices(
         standard deviation (rad) among the PS' dispersions: a PS's phase noise has the
         standard deviation ``D_A`` for small ``D_A`` (Ferretti, Prati and Rocca 2001, IEEE
         TGRS 39(1), eq. 13), so the two rank on one scale. ``False``: DS are never chosen.
+    device
+        Where ``min_distance``'s neighbour pairs are found: ``None`` (default) a k-d tree on
+        the host; a device (``"cuda:0"``; ``"cpu"`` runs the same code on NumPy) the grid
+        search of :mod:`depsi.kernels.neighbours` there, which finds the same pairs.
 
     Examples
     --------
@@ -260,7 +306,7 @@ def first_order_indices(
         if not np.isfinite(min_distance) or min_distance <= 0:
             raise ValueError(f"min_distance: expected a positive distance in metres, found "
                              f"{min_distance!r}")
-        ranked = _thinned(point_positions(points), ranked, min_distance)
+        ranked = _thinned(point_positions(points), ranked, min_distance, device)
     chosen = np.sort(ranked[:first_order])
     if cell_size is not None and len(ranked) > first_order:
         cells = np.floor(point_positions(points)[ranked] / cell_size).astype(np.int64)
@@ -315,11 +361,15 @@ def redundant_edges(
     k: int = DEFAULT_K,
     n_sectors: int = DEFAULT_N_SECTORS,
     max_length: float | None = None,
+    device: Device | str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Edges to the ``k`` nearest neighbours in each of ``n_sectors`` angular sectors.
 
     One KD-tree query gives every point its nearest candidates; a stable sort of each point's
     candidates by sector ranks them within each sector, so no Python loop runs over points.
+    ``device`` (``None``: the KD-tree on the host) runs the query as the grid search of
+    :mod:`depsi.kernels.neighbours` on that device instead: the same candidates (equal
+    distances ordered by index), so the same edges.
 
     Examples
     --------
@@ -332,14 +382,13 @@ def redundant_edges(
     if n < 2:
         raise ValueError(f"points: expected at least 2 points for a network, found {n}")
     n_query = int(min(n, 1 + max(4 * k * n_sectors, 16)))
-    tree = cKDTree(positions)
+    tree = cKDTree(positions) if device is None else None
     bound = np.inf if max_length is None else float(max_length)
     sources, targets = [], []
     # blocks of points bound the (points, n_query) temporaries whatever the network's size
     for start in range(0, n, EDGE_QUERY_BLOCK):
         block = np.arange(start, min(start + EDGE_QUERY_BLOCK, n))
-        dist, idx = tree.query(positions[block], k=n_query, distance_upper_bound=bound,
-                               workers=-1)
+        dist, idx = _nearest(positions, positions[block], n_query, bound, device, tree)
         dist, idx = dist[:, 1:], idx[:, 1:]  # drop the point itself
         valid = np.isfinite(dist) & (idx < n)
         nbrs = np.where(valid, idx, block[:, None])
@@ -453,10 +502,12 @@ def network_edges(
     k: int = DEFAULT_K,
     n_sectors: int = DEFAULT_N_SECTORS,
     max_length: float | None = None,
+    device: Device | str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Arcs (``source < target`` index pairs) among points at ``positions`` (m, ``(n, 2)``).
 
-    See :func:`form_network` for ``method``, ``k``, ``n_sectors`` and ``max_length``.
+    See :func:`form_network` for ``method``, ``k``, ``n_sectors``, ``max_length`` and
+    ``device``.
 
     Examples
     --------
@@ -480,7 +531,7 @@ def network_edges(
         if k < 1 or n_sectors < 1:
             raise ValueError(f"k, n_sectors: expected >= 1, found k={k}, n_sectors={n_sectors}")
         source, target = redundant_edges(positions, k=k, n_sectors=n_sectors,
-                                         max_length=max_length)
+                                         max_length=max_length, device=device)
     else:
         raise ValueError(f"method: expected 'delaunay' or 'redundant', found {method!r}")
     if len(source) == 0:
@@ -498,6 +549,7 @@ def form_network(
     max_length: float | None = None,
     azimuth_spacing: float | None = None,
     range_spacing: float | None = None,
+    device: Device | str | None = None,
 ) -> xr.Dataset:
     """Connect the points by arcs and form their double-difference phases.
 
@@ -519,6 +571,11 @@ def form_network(
     azimuth_spacing, range_spacing
         Pixel spacing in metres when the points have no ``x``/``y``; see
         :func:`point_positions`.
+    device
+        Where the redundant scheme's neighbour search runs: ``None`` (default) a KD-tree on
+        the host; a device (``"cuda:0"``; ``"cpu"`` runs the same code on NumPy) the grid
+        search of :mod:`depsi.kernels.neighbours`, which finds the same neighbours. The
+        Delaunay triangulation always runs on the host (Qhull).
 
     Returns
     -------
@@ -546,7 +603,7 @@ def form_network(
     positions = point_positions(points, azimuth_spacing=azimuth_spacing,
                                 range_spacing=range_spacing)
     source, target = network_edges(positions, method=method, k=k, n_sectors=n_sectors,
-                                   max_length=max_length)
+                                   max_length=max_length, device=device)
     arcs = arcs_from_edges(points, source, target, positions)
     arcs.attrs["network_method"] = method
     return validate(arcs, "arcs")

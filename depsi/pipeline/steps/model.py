@@ -96,7 +96,7 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
         if section.method != "none":
             if section.correlated_height and heights:
                 # out is this step's own: its series are updated in place (no second copy)
-                out = estimate_correlated_height(out, overwrite=True)
+                out = estimate_correlated_height(out, overwrite=True, devices=context.devices)
                 out = out.persist() if on_workers else out
         out = point_uncertainty(out, terms).drop_vars("h2ph")
         fitted = {k: v for k, v in out.attrs.items()

@@ -11,7 +11,7 @@ import xarray as xr
 from depsi.io.cf import with_cf_attributes
 from depsi.kernels.backend import single_threaded_blas
 from depsi.pipeline.steps import EDGE, ConfigView, Inputs, StepContext
-from depsi.pipeline.steps.shared import ChainRecord, model_terms
+from depsi.pipeline.steps.shared import ChainRecord, Devices, model_terms
 from depsi.processing.atmosphere import terrain_heights
 from depsi.processing.datum import not_first_order
 from depsi.processing.network import (
@@ -19,15 +19,20 @@ from depsi.processing.network import (
     first_order_indices,
     network_edges,
     point_positions,
+    search_device,
 )
 from depsi.stm.dask_tools import gathered_by_chunk, workers_client
 from depsi.stm.runtime import pageable_copy, release_memory
 
 
-def with_edges(points: xr.Dataset, section: NetworkConfig) -> xr.Dataset:
-    """``points`` with the arcs of ``section`` among them (``edge_source``, ``edge_target``)."""
+def with_edges(points: xr.Dataset, section: NetworkConfig, devices: Devices = None
+               ) -> xr.Dataset:
+    """``points`` with the arcs of ``section`` among them (``edge_source``, ``edge_target``);
+    the neighbour search on the first CUDA device of ``devices`` where there is one
+    (:func:`~depsi.processing.network.search_device`)."""
     source, target = network_edges(point_positions(points), method=section.method, k=section.k,
-                                   n_sectors=section.n_sectors, max_length=section.max_length)
+                                   n_sectors=section.n_sectors, max_length=section.max_length,
+                                   device=search_device(devices))
     # held by the driver from the network to the atmosphere step: large, in a file's pages,
     # which the whole network's factorisation lets go (depsi.stm.runtime.page_out)
     return points.assign({"edge_source": (EDGE, pageable_copy(source)),
@@ -67,7 +72,7 @@ def run(inputs: Inputs, config: ConfigView, context: StepContext) -> xr.Dataset:
     client = workers_client()
     # on a cluster a chunk at a time into this process: not concatenated on one worker
     first = first.compute() if client is None else gathered_by_chunk(first, client)
-    network = with_edges(first, config.network)
+    network = with_edges(first, config.network, context.devices)
     record = ChainRecord(n_first_order=int(len(chosen)), network_method=config.network.method)
     return with_cf_attributes(record.on(network))
 

@@ -57,6 +57,8 @@ class _ZarrArray:
     prefix: str
     separator: str
     source: str
+    shape: tuple[int, ...] = ()
+    chunks: tuple[int, ...] = ()
 
 
 def _read_json(file: Path, store: Path) -> dict[str, Any]:
@@ -95,7 +97,7 @@ def _zarr_claim(name: str, meta: dict[str, Any], attrs: dict[str, Any], v3: bool
         raise STMValidationError(f"{source}: expected positive chunk sizes, one per dimension "
                                  f"of shape {shape}, found chunks {chunks}")
     grid = tuple(-(-n // c) for n, c in zip(shape, chunks))
-    return _ZarrArray(name, dims, grid, prefix, separator, source)
+    return _ZarrArray(name, dims, grid, prefix, separator, source, tuple(shape), tuple(chunks))
 
 
 def _zarr_claims(path: Path, v3: bool) -> list[_ZarrArray]:
@@ -178,7 +180,7 @@ def _key_text(index: tuple[int, ...], claim: _ZarrArray) -> str:
     return claim.separator.join(parts + [str(i) for i in index]) or "0"
 
 
-def _check_zarr_chunks(path: Path, v3: bool) -> list[tuple[_ZarrArray, int]]:
+def _check_zarr_chunks(path: Path, claims: list[_ZarrArray]) -> list[tuple[_ZarrArray, int]]:
     """Refuse an SLC store whose arrays lack chunk files their metadata claims.
 
     Missing ``h2ph`` chunks all in one time chunk are returned instead (the claim and that
@@ -186,7 +188,7 @@ def _check_zarr_chunks(path: Path, v3: bool) -> list[tuple[_ZarrArray, int]]:
     :func:`_check_h2ph_chunks` decides once the dates are known.
     """
     deferred = []
-    for claim in _zarr_claims(path, v3):
+    for claim in claims:
         present = _present_chunks(path / claim.name, claim)
         time_axis = claim.dims.index("time") if "time" in claim.dims else None
         spatial = int(np.prod([n for i, n in enumerate(claim.grid) if i != time_axis]))
@@ -241,18 +243,20 @@ def _whole_chunks(target: int, stored: int) -> int:
     return max(stored, target // stored * stored)
 
 
-def _default_blocks(path: Path, consolidated: bool) -> dict[str, int]:
+def _default_blocks(path: Path, claims: list[_ZarrArray]) -> dict[str, int]:
     """Dask chunks to open a store with by default: its stored (azimuth, range) chunks with
     time whole, or, when those are tiny and many (:data:`MIN_STORED_BLOCK_BYTES`), blocks of whole
-    stored chunks about :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES` large."""
-    lazy = xr.open_zarr(path, consolidated=consolidated, chunks=None)
-    variable = next((lazy[n] for n in ("complex", "real") if n in lazy.data_vars), None)
-    stored = variable.encoding.get("chunks") if variable is not None else None
-    if stored is None or variable is None or not set(RASTER_DIMS) <= set(variable.dims):
+    stored chunks about :data:`~depsi.io.store.DEFAULT_CHUNK_BYTES` large. ``claims``: what
+    the store's metadata says of its arrays (:func:`_zarr_claims`, the last one of a name the
+    array's own document, as xarray reads it)."""
+    by_name = {claim.name: claim for claim in claims}
+    variable = next((by_name[n] for n in ("complex", "real") if n in by_name), None)
+    if variable is None or not set(RASTER_DIMS) <= set(variable.dims):
         return {"time": -1}  # refused with its layout once opened
-    step = dict(zip(variable.dims, stored))
-    shape = (lazy.sizes["azimuth"], lazy.sizes["range"])
-    n_time = lazy.sizes["time"]
+    step = dict(zip(variable.dims, variable.chunks))
+    size = dict(zip(variable.dims, variable.shape))
+    shape = (size["azimuth"], size["range"])
+    n_time = size["time"]
     itemsize = np.dtype(np.complex64).itemsize
     n_blocks = math.ceil(shape[0] / step["azimuth"]) * math.ceil(shape[1] / step["range"])
     if (step["azimuth"] * step["range"] * n_time * itemsize >= MIN_STORED_BLOCK_BYTES
@@ -322,12 +326,13 @@ def open_slc_zarr(
         raise STMValidationError(f"SLC store '{path}': expected a Zarr group (a .zgroup or "
                                  "zarr.json file), found neither")
     consolidated = (path / ".zmetadata").is_file() and not v3
-    deferred = _check_zarr_chunks(path, v3)
+    claims = _zarr_claims(path, v3)
+    deferred = _check_zarr_chunks(path, claims)
     # By default each Dask chunk spans every stored time chunk of its (azimuth, range) block:
     # zarr then decodes them straight into one array, where a rechunk after opening would
     # copy every block once more to join its time chunks.
     ds = xr.open_zarr(path, consolidated=consolidated,
-                      chunks=_default_blocks(path, consolidated) if chunks is None else {})
+                      chunks=_default_blocks(path, claims) if chunks is None else {})
     layout = "; ".join(f"{n} {tuple(v.dims)}" for n, v in ds.data_vars.items()) or "nothing"
     if deferred and "h2ph" in ds.data_vars:
         _check_h2ph_chunks(deferred, ds, path)

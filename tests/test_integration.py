@@ -845,27 +845,40 @@ def test_reference_noise_holds_no_float64_copy_of_the_series(monkeypatch):
     assert peak < 3.5 * series, peak / series  # 2.9 measured; 6.7 before
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "numba"])
 @pytest.mark.parametrize("block", [1, 7, 4096])
-def test_largest_misclosure_blocks_equal_the_whole_arrays_to_the_bit(monkeypatch, block):
-    """The w-test's statistic in reused block buffers equals the plain expression over whole
-    arrays (float32 misclosures, float64 divisions), NaN where a value is NaN, for blocks of one
-    arc, blocks that do not divide the arcs and one block."""
+def test_largest_misclosure_blocks_equal_the_whole_arrays_to_the_bit(monkeypatch, block,
+                                                                      compiled):
+    """The w-test's statistic in reused block buffers (NumPy's) or in one compiled pass equals
+    the plain expression over whole arrays (float32 misclosures, float64 divisions), NaN where
+    a value is NaN or a misclosure and its standard deviation are both zero, infinity where
+    only the deviation is, for blocks of one arc, blocks that do not divide the arcs and one
+    block."""
     from depsi.processing import arc_testing
 
+    if compiled:
+        pytest.importorskip("numba")
+    else:
+        monkeypatch.setattr(arc_testing, "_compiled_kernels", lambda module: False)
     rng = np.random.default_rng(5)
     n, m, width = 40, 300, 9
     values = rng.normal(scale=300.0, size=(n, width))
     values[3, 4] = np.nan
+    values[5, 0] = np.nan  # a velocity's NaN, not only a phase's
     source, target = rng.integers(0, n, m), rng.integers(0, n, m)
     rhs = rng.normal(scale=300.0, size=(m, width)).astype(np.float32)
     sd = (rng.uniform(0.1, 1.0, m), 0.5, rng.uniform(0.1, 1.0, m))
+    sd[0][:2] = 0.0  # x / 0: infinity
+    source[2], target[2], rhs[2] = 7, 7, 0.0  # a zero misclosure over a zero deviation: NaN
+    sd[0][2] = sd[2][2] = 0.0
     expected = np.abs(rhs - (values[target].astype(np.float32)
                              - values[source].astype(np.float32)))
-    expected = np.maximum(np.maximum(expected[:, 0] / sd[0], expected[:, 1] / sd[1]),
-                          expected[:, 2:].max(axis=1) / sd[2])
     monkeypatch.setattr(arc_testing, "MISCLOSURE_BLOCK", block)
-    found = arc_testing._largest_misclosure(rhs, values, source, target, sd)
-    assert np.isnan(found).any()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.maximum(np.maximum(expected[:, 0] / sd[0], expected[:, 1] / sd[1]),
+                              expected[:, 2:].max(axis=1) / sd[2])
+        found = arc_testing._largest_misclosure(rhs, values, source, target, sd)
+    assert np.isnan(found).sum() > 2 and np.isnan(found[2]) and np.isinf(found).any()
     np.testing.assert_array_equal(found, expected)
     assert arc_testing._largest_misclosure(rhs[:0], values, source[:0], target[:0],
                                            (sd[0][:0], 0.5, sd[2][:0])).shape == (0,)

@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 ARC_BLOCK = 65536
 #: Probes per block of the redundancy estimate (temporaries of ``(ARC_BLOCK, PROBE_BLOCK)``).
 PROBE_BLOCK = 16
+#: Probe columns solved together through the factorisation (:func:`_leverage`): one pass over
+#: the factor's entries for all of them, not one a :data:`PROBE_BLOCK` (an ``(unknowns, 64)``
+#: float64 array, 5 MB at a tile's 10^4 unknowns; docs/benchmarks.md, "The integration
+#: tiles' solves").
+PROBE_SOLVE_COLUMNS = 64
 #: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
 #: normal matrix (``n^2`` floats); above, from random probes.
 EXACT_REDUNDANCY_POINTS = 1000
@@ -342,9 +347,19 @@ class _Updated:
     def __init__(self, lu, G, factor):
         self.lu, self.G, self.factor = lu, G, factor
 
-    def solve(self, b: np.ndarray) -> np.ndarray:
-        return self.lu.solve(b) + self.G @ cho_solve(self.factor, self.G.T @ b,
-                                                      check_finite=False)
+    def solve(self, b: np.ndarray, *, columns: int | None = None) -> np.ndarray:
+        """``N^-1 b``; with ``columns``, the update's products a group of that many columns
+        at a time (BLAS's blocking then the same as for a ``b`` of that width, and so the
+        numbers), the factorisation's solve of them all at once."""
+        x = self.lu.solve(b)
+        width = columns or max(1, b.shape[1] if b.ndim == 2 else 1)
+        if b.ndim == 1 or width >= b.shape[1]:
+            return x + self.G @ cho_solve(self.factor, self.G.T @ b, check_finite=False)
+        for first in range(0, b.shape[1], width):
+            group = slice(first, first + width)
+            x[:, group] = x[:, group] + self.G @ cho_solve(
+                self.factor, self.G.T @ np.ascontiguousarray(b[:, group]), check_finite=False)
+        return x
 
 
 class _Cholesky:
@@ -597,16 +612,26 @@ def _leverage(A, weights, lu, normal, n_unknown):
         return bits[:rows * count].reshape(rows, count) * 2.0 - 1.0
 
     # the probes in blocks of columns, and each over blocks of ARC_BLOCK arcs: the temporaries
-    # are (ARC_BLOCK, PROBE_BLOCK) whatever the network's size
+    # are (ARC_BLOCK, PROBE_BLOCK) whatever the network's size; PROBE_SOLVE_COLUMNS of them
+    # go through the factorisation in one solve (its columns are independent: each the
+    # PROBE_BLOCK solve's to the bit, and so is every sum below, in the same order)
     blocks = [slice(start, min(start + ARC_BLOCK, A.shape[0]))
               for start in range(0, A.shape[0], ARC_BLOCK)]
-    for first in range(0, REDUNDANCY_PROBES, PROBE_BLOCK):
-        count = min(PROBE_BLOCK, REDUNDANCY_PROBES - first)
-        projected = np.zeros((A.shape[1], count))
+    for together in range(0, REDUNDANCY_PROBES, PROBE_SOLVE_COLUMNS):
+        groups = [(first, min(PROBE_BLOCK, REDUNDANCY_PROBES - first))
+                  for first in range(together, min(together + PROBE_SOLVE_COLUMNS,
+                                                   REDUNDANCY_PROBES), PROBE_BLOCK)]
+        projected = np.zeros((A.shape[1], sum(count for _, count in groups)))
         for block in blocks:
-            projected += rows[block].T @ (root[block, None] * probes(first, count, block))
-        solved = lu.solve(np.ascontiguousarray(projected))
+            for first, count in groups:
+                columns = slice(first - together, first - together + count)
+                projected[:, columns] += rows[block].T @ (root[block, None]
+                                                          * probes(first, count, block))
+        solved = (lu.solve(projected, columns=PROBE_BLOCK) if isinstance(lu, _Updated)
+                  else lu.solve(projected))
         for block in blocks:
-            hat = root[block, None] * (rows[block] @ solved)
-            total[block] += np.sum(hat * probes(first, count, block), axis=1)
+            for first, count in groups:
+                columns = slice(first - together, first - together + count)
+                hat = root[block, None] * (rows[block] @ np.ascontiguousarray(solved[:, columns]))
+                total[block] += np.sum(hat * probes(first, count, block), axis=1)
     return np.clip(total / REDUNDANCY_PROBES, 0.0, 1.0)

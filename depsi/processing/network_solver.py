@@ -155,12 +155,21 @@ class _NetworkSolve:
         # the reference maps to an extra last column, dropped below
         col = np.full(n, n_unknown, dtype=np.int64)
         col[unknown] = np.arange(n_unknown)
-        A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
-        A = A[:, :-1].tocsc()
         w = weights[kept]
-        AtW = A.T.multiply(w[None, :]).tocsr()
-        normal = (AtW @ A).tocsc()
         compiled = rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba")
+        if compiled:
+            # A^T W A from the arcs' ends, SciPy's product to the bit; the incidence matrix
+            # only if the leverage asks for it (docs/benchmarks.md, "The integration tiles'
+            # solves")
+            from depsi.kernels import normal_rhs_numba
+
+            A = AtW = None
+            normal = normal_rhs_numba.normal_matrix(col[source[kept]], col[target[kept]], w,
+                                                    n_unknown)
+        else:
+            A = _incidence(col, source, target, kept, n_unknown)
+            AtW = A.T.multiply(w[None, :]).tocsr()
+            normal = (AtW @ A).tocsc()
         self._values = None
         if solution_only:  # the sparse matrices go before the factorisation's own peak
             A = None
@@ -201,10 +210,23 @@ class _NetworkSolve:
                 self.lu = None
         self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
         self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
-        self.unknown, self.col, self.A, self.w, self.normal = unknown, col, A, w, normal
+        self.unknown, self.col, self._A, self.w, self.normal = unknown, col, A, w, normal
+        self._incidence_wanted = not solution_only
         self.removed = np.zeros(0, dtype=np.int64)  # arcs of kept removed by without()
         self._G = np.zeros((n_unknown, 0))
         self._S = None  # the Cholesky factor of S, once arcs are removed
+
+    @property
+    def A(self) -> sp.csc_matrix:
+        """The kept arcs' incidence matrix, the reference's column dropped (made when first
+        asked for)."""
+        if self._A is None:
+            if not self._incidence_wanted:
+                raise ValueError("_NetworkSolve: the incidence matrix of a solution_only "
+                                 "solve is not kept")
+            self._A = _incidence(self.col, self.source, self.target, self.kept,
+                                 self.x.shape[0])
+        return self._A
 
     def values(self) -> np.ndarray:
         """``(n, nrhs)``: NaN off the network, 0 at the reference (with ``solution_only``,
@@ -277,6 +299,13 @@ class _NetworkSolve:
         if n_unknown <= EXACT_REDUNDANCY_POINTS:
             return _leverage(A, w, None, (A.T.multiply(w[None, :]) @ A).tocsc(), n_unknown)
         return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
+
+
+def _incidence(col, source, target, kept, n_unknown) -> sp.csc_matrix:
+    """The incidence matrix of the arcs ``kept`` over the unknowns ``col`` (the reference's
+    column, ``n_unknown``, dropped)."""
+    A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
+    return A[:, :-1].tocsc()
 
 
 def _sparse_normal_rhs(AtW, kept, rhs, n_arcs, out, rows) -> None:

@@ -717,6 +717,43 @@ def test_the_whole_networks_solution_made_in_place_is_the_solutions_to_the_bit(
     assert np.isnan(got[:5]).all() and (got[17] == 0).all() and np.isfinite(got[5:]).all()
 
 
+@pytest.mark.parametrize("n", [600, 3000])  # the exact leverage and the probes'
+def test_a_tiles_solution_and_leverage_compiled_are_the_references_to_the_bit(monkeypatch, n):
+    """A tile's solve with the compiled normal matrix and right-hand sides, its leverage (the
+    probes' 64 columns solved at once) and both after a Woodbury update are those of the
+    reference path (SciPy's products, 16 probe columns a solve) to the bit."""
+    pytest.importorskip("numba")
+    from depsi.processing import network_solver
+    from depsi.processing.network_solver import _NetworkSolve
+
+    rng = np.random.default_rng(n + 1)
+    near = rng.integers(0, n, 5 * n)
+    source = np.concatenate([np.arange(n - 1), near])
+    target = np.concatenate([np.arange(1, n), (near + rng.integers(1, 50, near.size)) % n])
+    keep = source != target
+    source, target = source[keep], target[keep]
+    m = len(source)
+    weights = rng.uniform(0.5, 2.0, m)
+    rhs = rng.normal(size=(m, 7)).astype(np.float32)
+    point_ok = np.ones(n, bool)
+    kept = np.arange(m)
+    removed = kept[n + rng.choice(m - n, 20, replace=False)]  # not the chain: connected
+
+    def solve_and_update():
+        solved = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, 3)
+        first = solved.values(), solved.leverage()
+        assert solved.without(removed)
+        return first + (solved.values(), solved.leverage())
+
+    compiled = solve_and_update()
+    monkeypatch.setattr(network_solver, "_compiled_kernels", lambda module: False)
+    monkeypatch.setattr(network_solver, "PROBE_SOLVE_COLUMNS", network_solver.PROBE_BLOCK)
+    reference = solve_and_update()
+    for got, expected in zip(compiled, reference):
+        np.testing.assert_array_equal(got, expected)
+    assert np.ptp(compiled[1]) > 0 and not np.array_equal(compiled[1], compiled[3])
+
+
 def test_the_whole_networks_solve_in_column_groups_is_one_solve_to_the_bit():
     """CHOLMOD solves the whole network's right-hand sides 16 at a time (its workspace and
     copies follow the group): each column is that of one solve of them all to the bit (a

@@ -69,8 +69,8 @@ def time_calls(calls_path: str) -> None:
             wall, cpu = time.perf_counter(), time.process_time()
             outcome = arc_testing._test_network(*args, **kwargs)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            same = [bool(np.array_equal(np.asarray(got), want,
-                                        equal_nan=want.dtype.kind == "f"))
+            same = [bool(np.array_equal(np.asarray(got), np.asarray(want),
+                                        equal_nan=np.asarray(want).dtype.kind == "f"))
                     for got, want in zip(outcome, expected)]
             report.append({"points": int(inputs[6]), "cpu": cpu, "wall": wall,
                            "same": dict(zip(OUTCOMES, same))})

@@ -24,22 +24,24 @@ def _largest(values, source, target, rhs, sd_velocity, sd_height, sd_phase, out)
     """``out[i]``: arc ``i``'s largest misclosure over its standard deviation (NaN where
     any is NaN, as ``np.maximum`` and ``max`` give it)."""
     n_columns = rhs.shape[1]
+    row = np.empty(n_columns, np.float32)
+    # the phases' largest |misclosure| by its bits: a float32 without its sign bit orders as
+    # its bits do, and a NaN's are above infinity's, so the integer maximum is NumPy's max
+    # (NaN where any is) in a loop that vectorises
+    bits = row.view(np.int32)
     for i in range(source.shape[0]):
         s, t = source[i], target[i]
-        largest = np.nan
-        phase = np.float32(-np.inf)
         for c in range(n_columns):
-            difference = np.float32(values[t, c]) - np.float32(values[s, c])
-            misclosure = abs(np.float32(rhs[i, c] - difference))
-            if c == 0:
-                largest = np.float64(misclosure) / sd_velocity[i]
-            elif c == 1:
-                quotient = np.float64(misclosure) / sd_height[i]
-                if not quotient <= largest:  # NaN in either is kept, as np.maximum keeps it
-                    largest = quotient if largest == largest else largest
-            elif not misclosure <= phase:
-                phase = misclosure if phase == phase else phase
-        quotient = np.float64(phase) / sd_phase[i]
+            row[c] = rhs[i, c] - (np.float32(values[t, c]) - np.float32(values[s, c]))
+        phase = np.int32(0)
+        for c in range(2, n_columns):
+            phase = max(phase, bits[c] & np.int32(0x7FFFFFFF))
+        largest = np.float64(abs(row[0])) / sd_velocity[i]
+        quotient = np.float64(abs(row[1])) / sd_height[i]
+        if not quotient <= largest:  # NaN in either is kept, as np.maximum keeps it
+            largest = quotient if largest == largest else largest
+        bits[0] = phase
+        quotient = np.float64(row[0]) / sd_phase[i]
         if not quotient <= largest:
             largest = quotient if largest == largest else largest
         out[i] = largest

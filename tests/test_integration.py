@@ -717,6 +717,43 @@ def test_the_whole_networks_solution_made_in_place_is_the_solutions_to_the_bit(
     assert np.isnan(got[:5]).all() and (got[17] == 0).all() and np.isfinite(got[5:]).all()
 
 
+@pytest.mark.parametrize("n", [600, 3000])  # the exact leverage and the probes'
+def test_a_tiles_solution_and_leverage_compiled_are_the_references_to_the_bit(monkeypatch, n):
+    """A tile's solve with the compiled normal matrix and right-hand sides, its leverage (the
+    probes' 64 columns solved at once) and both after a Woodbury update are those of the
+    reference path (SciPy's products, 16 probe columns a solve) to the bit."""
+    pytest.importorskip("numba")
+    from depsi.processing import network_solver
+    from depsi.processing.network_solver import _NetworkSolve
+
+    rng = np.random.default_rng(n + 1)
+    near = rng.integers(0, n, 5 * n)
+    source = np.concatenate([np.arange(n - 1), near])
+    target = np.concatenate([np.arange(1, n), (near + rng.integers(1, 50, near.size)) % n])
+    keep = source != target
+    source, target = source[keep], target[keep]
+    m = len(source)
+    weights = rng.uniform(0.5, 2.0, m)
+    rhs = rng.normal(size=(m, 7)).astype(np.float32)
+    point_ok = np.ones(n, bool)
+    kept = np.arange(m)
+    removed = kept[n + rng.choice(m - n, 20, replace=False)]  # not the chain: connected
+
+    def solve_and_update():
+        solved = _NetworkSolve(source, target, weights, rhs, kept, n, point_ok, 3)
+        first = solved.values(), solved.leverage()
+        assert solved.without(removed)
+        return first + (solved.values(), solved.leverage())
+
+    compiled = solve_and_update()
+    monkeypatch.setattr(network_solver, "_compiled_kernels", lambda module: False)
+    monkeypatch.setattr(network_solver, "PROBE_SOLVE_COLUMNS", network_solver.PROBE_BLOCK)
+    reference = solve_and_update()
+    for got, expected in zip(compiled, reference):
+        np.testing.assert_array_equal(got, expected)
+    assert np.ptp(compiled[1]) > 0 and not np.array_equal(compiled[1], compiled[3])
+
+
 def test_the_whole_networks_solve_in_column_groups_is_one_solve_to_the_bit():
     """CHOLMOD solves the whole network's right-hand sides 16 at a time (its workspace and
     copies follow the group): each column is that of one solve of them all to the bit (a
@@ -845,27 +882,40 @@ def test_reference_noise_holds_no_float64_copy_of_the_series(monkeypatch):
     assert peak < 3.5 * series, peak / series  # 2.9 measured; 6.7 before
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy", "numba"])
 @pytest.mark.parametrize("block", [1, 7, 4096])
-def test_largest_misclosure_blocks_equal_the_whole_arrays_to_the_bit(monkeypatch, block):
-    """The w-test's statistic in reused block buffers equals the plain expression over whole
-    arrays (float32 misclosures, float64 divisions), NaN where a value is NaN, for blocks of one
-    arc, blocks that do not divide the arcs and one block."""
+def test_largest_misclosure_blocks_equal_the_whole_arrays_to_the_bit(monkeypatch, block,
+                                                                      compiled):
+    """The w-test's statistic in reused block buffers (NumPy's) or in one compiled pass equals
+    the plain expression over whole arrays (float32 misclosures, float64 divisions), NaN where
+    a value is NaN or a misclosure and its standard deviation are both zero, infinity where
+    only the deviation is, for blocks of one arc, blocks that do not divide the arcs and one
+    block."""
     from depsi.processing import arc_testing
 
+    if compiled:
+        pytest.importorskip("numba")
+    else:
+        monkeypatch.setattr(arc_testing, "_compiled_kernels", lambda module: False)
     rng = np.random.default_rng(5)
     n, m, width = 40, 300, 9
     values = rng.normal(scale=300.0, size=(n, width))
     values[3, 4] = np.nan
+    values[5, 0] = np.nan  # a velocity's NaN, not only a phase's
     source, target = rng.integers(0, n, m), rng.integers(0, n, m)
     rhs = rng.normal(scale=300.0, size=(m, width)).astype(np.float32)
     sd = (rng.uniform(0.1, 1.0, m), 0.5, rng.uniform(0.1, 1.0, m))
+    sd[0][:2] = 0.0  # x / 0: infinity
+    source[2], target[2], rhs[2] = 7, 7, 0.0  # a zero misclosure over a zero deviation: NaN
+    sd[0][2] = sd[2][2] = 0.0
     expected = np.abs(rhs - (values[target].astype(np.float32)
                              - values[source].astype(np.float32)))
-    expected = np.maximum(np.maximum(expected[:, 0] / sd[0], expected[:, 1] / sd[1]),
-                          expected[:, 2:].max(axis=1) / sd[2])
     monkeypatch.setattr(arc_testing, "MISCLOSURE_BLOCK", block)
-    found = arc_testing._largest_misclosure(rhs, values, source, target, sd)
-    assert np.isnan(found).any()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = np.maximum(np.maximum(expected[:, 0] / sd[0], expected[:, 1] / sd[1]),
+                              expected[:, 2:].max(axis=1) / sd[2])
+        found = arc_testing._largest_misclosure(rhs, values, source, target, sd)
+    assert np.isnan(found).sum() > 2 and np.isnan(found[2]) and np.isinf(found).any()
     np.testing.assert_array_equal(found, expected)
     assert arc_testing._largest_misclosure(rhs[:0], values, source[:0], target[:0],
                                            (sd[0][:0], 0.5, sd[2][:0])).shape == (0,)

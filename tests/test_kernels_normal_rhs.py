@@ -90,3 +90,36 @@ def test_normal_rhs_looks_the_unknowns_up_by_block_into_a_given_array(monkeypatc
                                       n, column=column, out=out)
     np.testing.assert_array_equal(got, expected)
     assert np.shares_memory(got, out) and runtime.is_pageable(got)
+
+
+@pytest.mark.parametrize("order", ["increasing", "shuffled"])
+def test_normal_matrix_is_the_sparse_products_to_the_bit(order):
+    """``A^T W A`` from the arcs' ends: SciPy's ``(A^T W @ A).tocsc()`` exactly (the same
+    entries, rows ascending, each sum's bits), with parallel arcs (off-diagonal sums of
+    several terms), zero weights (entries summing to 0 dropped), points off the network and
+    the reference (their rows and columns dropped)."""
+    from depsi.processing.network_solver import incidence_matrix
+
+    rng = np.random.default_rng(4)
+    n, m = 300, 3000
+    source, target, weights, _, kept = _network(rng, n, m, 1, reach=6, share=0.8)
+    weights = weights ** 3  # sums whose order shows in their last bits
+    weights[rng.random(m) < 0.03] = 0.0
+    if order == "shuffled":
+        kept = rng.permutation(kept)
+    unknown = rng.random(n) < 0.9
+    unknown[7] = False  # the reference
+    n_unknown = int(unknown.sum())
+    col = np.full(n, n_unknown, dtype=np.int64)
+    col[unknown] = np.arange(n_unknown)
+    A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
+    A = A[:, :-1].tocsc()
+    expected = (A.T.multiply(weights[kept][None, :]).tocsr() @ A).tocsc()
+    got = normal_rhs_numba.normal_matrix(col[source[kept]], col[target[kept]], weights[kept],
+                                         n_unknown)
+    pairs = np.sort(np.column_stack([source[kept], target[kept]]), axis=1)
+    assert len(np.unique(pairs, axis=0)) < len(pairs)  # parallel arcs present
+    assert got.indices.dtype == expected.indices.dtype
+    np.testing.assert_array_equal(got.indptr, expected.indptr)
+    np.testing.assert_array_equal(got.indices, expected.indices)
+    np.testing.assert_array_equal(got.data.view(np.int64), expected.data.view(np.int64))

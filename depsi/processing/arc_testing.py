@@ -21,7 +21,7 @@ from scipy.sparse.csgraph import connected_components
 from depsi.kernels.backend import Device, chunk_device
 from depsi.processing.datum import _choose_reference, _point_quality
 from depsi.processing.network import cell_keys, worker_threads
-from depsi.processing.network_solver import ARC_BLOCK, _NetworkSolve
+from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels, _NetworkSolve
 from depsi.stm import runtime
 from depsi.stm.dask_tools import workers_client
 from depsi.stm.runtime import release_memory
@@ -113,10 +113,23 @@ def _largest_misclosure(rhs, values, source, target, sd) -> np.ndarray:
     buffers made once, so no ``(arcs, epochs)`` temporary is made. In float32, the precision of
     the right-hand sides (an unwrapped phase of 1,000 rad to 6e-5 rad, where no arc's standard
     deviation is below 0.1 rad); the per-arc divisions are float64. The points' values are cast
-    a block's rows at a time (no float32 copy of them all: 0.37 GB at 10^7 points)."""
+    a block's rows at a time (no float32 copy of them all: 0.37 GB at 10^7 points). Where
+    Numba runs, :mod:`depsi.kernels.misclosure_numba` computes it, each arc's row read once
+    (the same numbers to the bit)."""
     sd_velocity, sd_height, sd_phase = (np.broadcast_to(v, source.shape) for v in sd)
     out = np.empty(len(source))
     block = max(1, min(MISCLOSURE_BLOCK, len(source)))
+    if _compiled_kernels("misclosure_numba"):
+        from depsi.kernels import misclosure_numba
+
+        # each arc's row read once, NumPy's operations in its order: the same numbers to the
+        # bit (docs/benchmarks.md, "The integration tiles' solves")
+        for start in range(0, len(source), block):
+            rows = slice(start, start + block)
+            misclosure_numba.largest_misclosure(values, source[rows], target[rows],
+                                                rhs[rows], sd_velocity[rows],
+                                                sd_height[rows], sd_phase[rows], out[rows])
+        return out
     gathered = np.empty((block, values.shape[1]), values.dtype)
     misclosure = np.empty((block, values.shape[1]), np.float32)
     other = np.empty_like(misclosure)

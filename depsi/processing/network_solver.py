@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 ARC_BLOCK = 65536
 #: Probes per block of the redundancy estimate (temporaries of ``(ARC_BLOCK, PROBE_BLOCK)``).
 PROBE_BLOCK = 16
+#: Probe columns solved together through the factorisation (:func:`_leverage`): one pass over
+#: the factor's entries for all of them, not one a :data:`PROBE_BLOCK` (an ``(unknowns, 64)``
+#: float64 array, 5 MB at a tile's 10^4 unknowns; docs/benchmarks.md, "The integration
+#: tiles' solves").
+PROBE_SOLVE_COLUMNS = 64
 #: Up to this many unknowns the arcs' redundancy numbers come from the exact inverse of the
 #: normal matrix (``n^2`` floats); above, from random probes.
 EXACT_REDUNDANCY_POINTS = 1000
@@ -150,12 +155,21 @@ class _NetworkSolve:
         # the reference maps to an extra last column, dropped below
         col = np.full(n, n_unknown, dtype=np.int64)
         col[unknown] = np.arange(n_unknown)
-        A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
-        A = A[:, :-1].tocsc()
         w = weights[kept]
-        AtW = A.T.multiply(w[None, :]).tocsr()
-        normal = (AtW @ A).tocsc()
         compiled = rhs.ndim == 2 and _compiled_kernels("normal_rhs_numba")
+        if compiled:
+            # A^T W A from the arcs' ends, SciPy's product to the bit; the incidence matrix
+            # only if the leverage asks for it (docs/benchmarks.md, "The integration tiles'
+            # solves")
+            from depsi.kernels import normal_rhs_numba
+
+            A = AtW = None
+            normal = normal_rhs_numba.normal_matrix(col[source[kept]], col[target[kept]], w,
+                                                    n_unknown)
+        else:
+            A = _incidence(col, source, target, kept, n_unknown)
+            AtW = A.T.multiply(w[None, :]).tocsr()
+            normal = (AtW @ A).tocsc()
         self._values = None
         if solution_only:  # the sparse matrices go before the factorisation's own peak
             A = None
@@ -196,10 +210,23 @@ class _NetworkSolve:
                 self.lu = None
         self.source, self.target, self.weights, self.rhs = source, target, weights, rhs
         self.kept, self.point_ok, self.reference = kept, point_ok.copy(), reference
-        self.unknown, self.col, self.A, self.w, self.normal = unknown, col, A, w, normal
+        self.unknown, self.col, self._A, self.w, self.normal = unknown, col, A, w, normal
+        self._incidence_wanted = not solution_only
         self.removed = np.zeros(0, dtype=np.int64)  # arcs of kept removed by without()
         self._G = np.zeros((n_unknown, 0))
         self._S = None  # the Cholesky factor of S, once arcs are removed
+
+    @property
+    def A(self) -> sp.csc_matrix:
+        """The kept arcs' incidence matrix, the reference's column dropped (made when first
+        asked for)."""
+        if self._A is None:
+            if not self._incidence_wanted:
+                raise ValueError("_NetworkSolve: the incidence matrix of a solution_only "
+                                 "solve is not kept")
+            self._A = _incidence(self.col, self.source, self.target, self.kept,
+                                 self.x.shape[0])
+        return self._A
 
     def values(self) -> np.ndarray:
         """``(n, nrhs)``: NaN off the network, 0 at the reference (with ``solution_only``,
@@ -274,6 +301,13 @@ class _NetworkSolve:
         return _leverage(A, w, _Updated(self.lu, self._G, self._S), None, n_unknown)
 
 
+def _incidence(col, source, target, kept, n_unknown) -> sp.csc_matrix:
+    """The incidence matrix of the arcs ``kept`` over the unknowns ``col`` (the reference's
+    column, ``n_unknown``, dropped)."""
+    A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
+    return A[:, :-1].tocsc()
+
+
 def _sparse_normal_rhs(AtW, kept, rhs, n_arcs, out, rows) -> None:
     """``out[rows] = A^T W y`` by SciPy's sparse product (where the compiled kernel is not):
     ``A^T W`` over every arc, zero columns for the others, so the product reads only kept
@@ -342,9 +376,19 @@ class _Updated:
     def __init__(self, lu, G, factor):
         self.lu, self.G, self.factor = lu, G, factor
 
-    def solve(self, b: np.ndarray) -> np.ndarray:
-        return self.lu.solve(b) + self.G @ cho_solve(self.factor, self.G.T @ b,
-                                                      check_finite=False)
+    def solve(self, b: np.ndarray, *, columns: int | None = None) -> np.ndarray:
+        """``N^-1 b``; with ``columns``, the update's products a group of that many columns
+        at a time (BLAS's blocking then the same as for a ``b`` of that width, and so the
+        numbers), the factorisation's solve of them all at once."""
+        x = self.lu.solve(b)
+        width = columns or max(1, b.shape[1] if b.ndim == 2 else 1)
+        if b.ndim == 1 or width >= b.shape[1]:
+            return x + self.G @ cho_solve(self.factor, self.G.T @ b, check_finite=False)
+        for first in range(0, b.shape[1], width):
+            group = slice(first, first + width)
+            x[:, group] = x[:, group] + self.G @ cho_solve(
+                self.factor, self.G.T @ np.ascontiguousarray(b[:, group]), check_finite=False)
+        return x
 
 
 class _Cholesky:
@@ -594,19 +638,34 @@ def _leverage(A, weights, lu, normal, n_unknown):
         rng = np.random.default_rng((first, block.start))
         rows = block.stop - block.start  # one random bit a sign: 5x faster than rng.choice
         bits = np.unpackbits(np.frombuffer(rng.bytes(-(-rows * count // 8)), np.uint8))
-        return bits[:rows * count].reshape(rows, count) * 2.0 - 1.0
+        # int8 signs (8x less memory than float64; the products promote them exactly)
+        return bits[:rows * count].reshape(rows, count).view(np.int8) * np.int8(2) - np.int8(1)
 
     # the probes in blocks of columns, and each over blocks of ARC_BLOCK arcs: the temporaries
-    # are (ARC_BLOCK, PROBE_BLOCK) whatever the network's size
+    # are (ARC_BLOCK, PROBE_BLOCK) whatever the network's size; PROBE_SOLVE_COLUMNS of them
+    # go through the factorisation in one solve (its columns are independent: each the
+    # PROBE_BLOCK solve's to the bit, and so is every sum below, in the same order)
     blocks = [slice(start, min(start + ARC_BLOCK, A.shape[0]))
               for start in range(0, A.shape[0], ARC_BLOCK)]
-    for first in range(0, REDUNDANCY_PROBES, PROBE_BLOCK):
-        count = min(PROBE_BLOCK, REDUNDANCY_PROBES - first)
-        projected = np.zeros((A.shape[1], count))
-        for block in blocks:
-            projected += rows[block].T @ (root[block, None] * probes(first, count, block))
-        solved = lu.solve(np.ascontiguousarray(projected))
-        for block in blocks:
-            hat = root[block, None] * (rows[block] @ solved)
-            total[block] += np.sum(hat * probes(first, count, block), axis=1)
+    block_rows = [rows] if len(blocks) == 1 else [rows[block] for block in blocks]
+    for together in range(0, REDUNDANCY_PROBES, PROBE_SOLVE_COLUMNS):
+        groups = [(first, min(PROBE_BLOCK, REDUNDANCY_PROBES - first))
+                  for first in range(together, min(together + PROBE_SOLVE_COLUMNS,
+                                                   REDUNDANCY_PROBES), PROBE_BLOCK)]
+        projected = np.zeros((A.shape[1], sum(count for _, count in groups)))
+        signs = {}  # each block's probes, made once for both products (int8: 64 bytes an arc)
+        for index, block in enumerate(blocks):
+            for first, count in groups:
+                columns = slice(first - together, first - together + count)
+                signs[index, first] = probes(first, count, block)
+                projected[:, columns] += block_rows[index].T @ (root[block, None]
+                                                                * signs[index, first])
+        solved = (lu.solve(projected, columns=PROBE_BLOCK) if isinstance(lu, _Updated)
+                  else lu.solve(projected))
+        for index, block in enumerate(blocks):
+            for first, count in groups:
+                columns = slice(first - together, first - together + count)
+                hat = root[block, None] * (block_rows[index]
+                                           @ np.ascontiguousarray(solved[:, columns]))
+                total[block] += np.sum(hat * signs.pop((index, first)), axis=1)
     return np.clip(total / REDUNDANCY_PROBES, 0.0, 1.0)

@@ -134,11 +134,24 @@ def sample_windows(data) -> list[tuple[slice, slice]]:
 
 def _sample(variable: xr.DataArray) -> np.ndarray:
     """``(pixels, time)`` values of the sampled windows (one compute for all windows)."""
-    data = variable.transpose("azimuth", "range", "time").data
-    windows = [data[a, r, :].reshape(-1, data.shape[2]) for a, r in sample_windows(data)]
-    if hasattr(data, "dask"):
-        windows = dask.compute(*windows)
-    return np.concatenate([np.asarray(w) for w in windows], axis=0)
+    return _samples({"values": variable})["values"]
+
+
+def _samples(variables: dict[str, xr.DataArray]) -> dict[str, np.ndarray]:
+    """:func:`_sample` of each variable, all windows of all of them in one compute, so that
+    the stored chunks they touch are decoded at once on the threads (``complex`` and ``h2ph``
+    together: the stack step's time is the larger read, not their sum)."""
+    windows, owners = [], []
+    for name, variable in variables.items():
+        data = variable.transpose("azimuth", "range", "time").data
+        for a, r in sample_windows(data):
+            windows.append(data[a, r, :].reshape(-1, data.shape[2]))
+            owners.append(name)
+    if any(hasattr(window, "dask") for window in windows):
+        windows = list(dask.compute(*windows))
+    return {name: np.concatenate([np.asarray(w) for w, owner in zip(windows, owners)
+                                  if owner == name], axis=0)
+            for name in variables}
 
 
 def _days(stack: xr.Dataset, index: Sequence[int] | np.ndarray) -> list[str]:
@@ -147,11 +160,13 @@ def _days(stack: xr.Dataset, index: Sequence[int] | np.ndarray) -> list[str]:
             for i in index]
 
 
-def _bad_epochs(stack: xr.Dataset) -> dict[int, str]:
-    """{epoch index: what is wrong} from the sampled ``complex`` values."""
+def _bad_epochs(stack: xr.Dataset, sample: np.ndarray | None = None) -> dict[int, str]:
+    """{epoch index: what is wrong} from the sampled ``complex`` values (``sample``: those
+    values, where read already)."""
     if "complex" not in stack.data_vars:
         return {}
-    sample = _sample(stack["complex"])
+    if sample is None:
+        sample = _sample(stack["complex"])
     bad = {}
     finite = np.isfinite(sample.real) & np.isfinite(sample.imag)
     amplitude = np.abs(sample)
@@ -178,11 +193,12 @@ def _h2ph_source(stack: xr.Dataset, source: str) -> str:
     return f"{source}: h2ph" + (f" ({origin})" if origin else "")
 
 
-def _check_h2ph(stack: xr.Dataset, source: str) -> None:
-    """|h2ph| within H2PH_MAX, and not zero at every epoch (a secondary's h2ph is never 0)."""
+def _check_h2ph(stack: xr.Dataset, source: str, sample: np.ndarray | None = None) -> None:
+    """|h2ph| within H2PH_MAX, and not zero at every epoch (a secondary's h2ph is never 0);
+    ``sample``: the sampled values, where read already."""
     if "h2ph" not in stack.data_vars:
         return
-    sample = _sample(stack["h2ph"]).astype(np.float64)
+    sample = (_sample(stack["h2ph"]) if sample is None else sample).astype(np.float64)
     what = _h2ph_source(stack, source)
     with np.errstate(invalid="ignore"):
         over = np.abs(sample) > H2PH_MAX
@@ -278,8 +294,10 @@ def validate_stack(stack: xr.Dataset, *, on_bad_epoch: BadEpochPolicy = "fail",
     if on_bad_epoch not in ("fail", "drop"):
         raise ValueError(f"on_bad_epoch: expected 'fail' or 'drop', found {on_bad_epoch!r}")
     check_epoch_span(stack["time"].values, f"{source}: time")
-    _check_h2ph(stack, source)
-    bad = _bad_epochs(stack)
+    samples = _samples({name: stack[name] for name in ("h2ph", "complex")
+                        if name in stack.data_vars})
+    _check_h2ph(stack, source, samples.get("h2ph"))
+    bad = _bad_epochs(stack, samples.get("complex"))
     if not bad:
         return stack
     if on_bad_epoch == "fail":

@@ -12,9 +12,9 @@
 # 1 a part failed or ran out of time, 2 depsi or its dependencies cannot be imported.
 #
 # Environment (all optional):
-#   DEPSI_GPU_CHECK_POINTS  PS in the chain's scene: default 1e6 with a GPU, 3000 without; a
-#                           list ("1e6 3e6") runs each size in order, skipping (and saying so)
-#                           a size the time left cannot cover
+#   DEPSI_GPU_CHECK_POINTS  PS in the chain's scene: default "1e6 3e6" with a GPU (3e6 where
+#                           the time left covers it), 3000 without; a list runs each size in
+#                           order, skipping (and saying so) a size the time left cannot cover
 #   DEPSI_GPU_CHECK_SCALE   kernel benchmark sizes x this: default 1 with a GPU, 0.02 without
 #   DEPSI_GPU_CHECK_BUDGET  seconds for the whole check (default 480); each part gets at most its
 #                           own share below and never more than what is left
@@ -138,7 +138,7 @@ EOF
 )
 [[ $GPU_REASON == ok:* ]] && GPU=1 || GPU=0
 COMMIT=${DEPSI_GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-POINTS=${DEPSI_GPU_CHECK_POINTS:-$( ((GPU)) && echo 1000000 || echo 3000)}
+POINTS=${DEPSI_GPU_CHECK_POINTS:-$( ((GPU)) && echo "1000000 3000000" || echo 3000)}
 SCALE=${DEPSI_GPU_CHECK_SCALE:-$( ((GPU)) && echo 1 || echo 0.02)}
 SMI=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
       || echo "no nvidia-smi")

@@ -173,3 +173,18 @@ def test_the_warmup_command_says_why_it_cannot_compile(tmp_path, monkeypatch, ca
 def test_every_compiled_kernel_module_is_warmed_and_checked_here():
     kernels = Path(warmup.__file__).parent
     assert set(MODULES) == set(warmup.MODULES) == {p.stem for p in kernels.glob("*_numba.py")}
+
+
+def test_the_warmup_log_keeps_its_end_only(tmp_path):
+    log = tmp_path / "warmup.log"
+    lines = [f"line {i} compiled\n".encode() for i in range(40_000)]
+    log.write_bytes(b"".join(lines))
+    numba_support.trim_log(log, keep=1000)
+    kept = log.read_bytes()
+    assert len(kept) <= 1000 and kept.endswith(lines[-1])
+    assert kept.startswith(b"line ")  # from a line's start
+    assert kept == b"".join(lines[-len(kept.splitlines()):])
+    numba_support.trim_log(log, keep=10_000)  # shorter than kept: untouched
+    assert log.read_bytes() == kept
+    numba_support.trim_log(tmp_path / "absent.log")  # no log yet: nothing to do
+    assert not (tmp_path / "absent.log").exists()

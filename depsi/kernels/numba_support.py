@@ -169,6 +169,29 @@ def compile_pending() -> subprocess.Popen | None:
     return compile_in_background(_pending[0]) if _pending else None
 
 
+#: Bytes of ``warmup.log`` kept (its end) before a background compilation appends to it.
+LOG_KEEP_BYTES = 256 * 1024
+
+
+def trim_log(log: Path, keep: int = LOG_KEEP_BYTES) -> None:
+    """Keep the last ``keep`` bytes of ``log`` (from a line's start), where it is longer: each
+    background compilation appends its lines, so the log would otherwise grow with every run
+    that finds the cache cold. A log that cannot be read or written is left as it is."""
+    try:
+        if log.stat().st_size <= keep:
+            return
+        with open(log, "rb") as file:
+            file.seek(-keep, os.SEEK_END)
+            tail = file.read()
+        newline = tail.find(b"\n")
+        tail = tail[newline + 1:] if newline >= 0 else tail
+        partial = log.with_name(log.name + ".trim")
+        partial.write_bytes(tail)
+        partial.replace(log)  # atomic: the log is whole before and after
+    except OSError as error:
+        logger.debug("numba_support: %s not trimmed: %s", log, error)
+
+
 def compile_in_background(path: Path) -> subprocess.Popen | None:
     """Start :mod:`depsi.kernels.warmup` in a background process (once a process) that
     compiles every kernel into the cache ``path``, at a low priority; its log is
@@ -176,6 +199,7 @@ def compile_in_background(path: Path) -> subprocess.Popen | None:
     if _background:
         return _background[0]
     env = dict(os.environ, NUMBA_CACHE_DIR=str(path))
+    trim_log(path / "warmup.log")
     try:
         with open(path / "warmup.log", "ab") as log:
             process = subprocess.Popen(

@@ -19,6 +19,17 @@ def _network(rng, n, m, n_rhs, *, reach, share):
     return source, target, weights, rhs, np.flatnonzero(rng.random(m) < share)
 
 
+def _columns(rng, n, share, reference):
+    """Each point's unknown (about ``share`` of the points on the network; the others and the
+    ``reference`` map to ``n_unknown``, the dropped row) and ``n_unknown``."""
+    unknown = rng.random(n) < share
+    unknown[reference] = False
+    n_unknown = int(unknown.sum())
+    col = np.full(n, n_unknown, dtype=np.int64)
+    col[unknown] = np.arange(n_unknown)
+    return col, n_unknown
+
+
 @pytest.mark.parametrize("order", ["increasing", "shuffled"])
 def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
     """Each point's sum over its arcs in the sparse product's order: SciPy's float64 result
@@ -31,11 +42,7 @@ def test_normal_rhs_is_the_sparse_products_to_the_bit(order):
     source, target, weights, rhs, kept = _network(rng, n, m, 9, reach=40, share=0.7)
     if order == "shuffled":
         kept = rng.permutation(kept)
-    unknown = rng.random(n) < 0.95
-    unknown[11] = False  # the reference
-    n_unknown = int(unknown.sum())
-    col = np.full(n, n_unknown, dtype=np.int64)
-    col[unknown] = np.arange(n_unknown)
+    col, n_unknown = _columns(rng, n, 0.95, reference=11)
     A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
     AtW = A[:, :-1].tocsc().T.multiply(weights[kept][None, :]).tocsr()
     AtW_all = sp.csr_matrix((AtW.data, kept[AtW.indices], AtW.indptr), shape=(n_unknown, m))
@@ -107,11 +114,7 @@ def test_normal_matrix_is_the_sparse_products_to_the_bit(order):
     weights[rng.random(m) < 0.03] = 0.0
     if order == "shuffled":
         kept = rng.permutation(kept)
-    unknown = rng.random(n) < 0.9
-    unknown[7] = False  # the reference
-    n_unknown = int(unknown.sum())
-    col = np.full(n, n_unknown, dtype=np.int64)
-    col[unknown] = np.arange(n_unknown)
+    col, n_unknown = _columns(rng, n, 0.9, reference=7)
     A = incidence_matrix(col[source[kept]], col[target[kept]], n_points=n_unknown + 1)
     A = A[:, :-1].tocsc()
     expected = (A.T.multiply(weights[kept][None, :]).tocsr() @ A).tocsc()

@@ -132,15 +132,11 @@ def sample_windows(data) -> list[tuple[slice, slice]]:
     return list(windows.values())
 
 
-def _sample(variable: xr.DataArray) -> np.ndarray:
-    """``(pixels, time)`` values of the sampled windows (one compute for all windows)."""
-    return _samples({"values": variable})["values"]
-
-
 def _samples(variables: dict[str, xr.DataArray]) -> dict[str, np.ndarray]:
-    """:func:`_sample` of each variable, all windows of all of them in one compute, so that
-    the stored chunks they touch are decoded at once on the threads (``complex`` and ``h2ph``
-    together: the stack step's time is the larger read, not their sum)."""
+    """``(pixels, time)`` values of each variable's sampled windows, all windows of all of them
+    in one compute, so that the stored chunks they touch are decoded at once on the threads
+    (``complex`` and ``h2ph`` together: the stack step's time is the larger read, not their
+    sum)."""
     windows, owners = [], []
     for name, variable in variables.items():
         data = variable.transpose("azimuth", "range", "time").data
@@ -160,13 +156,11 @@ def _days(stack: xr.Dataset, index: Sequence[int] | np.ndarray) -> list[str]:
             for i in index]
 
 
-def _bad_epochs(stack: xr.Dataset, sample: np.ndarray | None = None) -> dict[int, str]:
-    """{epoch index: what is wrong} from the sampled ``complex`` values (``sample``: those
-    values, where read already)."""
-    if "complex" not in stack.data_vars:
-        return {}
+def _bad_epochs(stack: xr.Dataset, sample: np.ndarray | None) -> dict[int, str]:
+    """{epoch index: what is wrong} from the sampled ``complex`` values (None: no
+    ``complex``)."""
     if sample is None:
-        sample = _sample(stack["complex"])
+        return {}
     bad = {}
     finite = np.isfinite(sample.real) & np.isfinite(sample.imag)
     amplitude = np.abs(sample)
@@ -193,12 +187,12 @@ def _h2ph_source(stack: xr.Dataset, source: str) -> str:
     return f"{source}: h2ph" + (f" ({origin})" if origin else "")
 
 
-def _check_h2ph(stack: xr.Dataset, source: str, sample: np.ndarray | None = None) -> None:
-    """|h2ph| within H2PH_MAX, and not zero at every epoch (a secondary's h2ph is never 0);
-    ``sample``: the sampled values, where read already."""
-    if "h2ph" not in stack.data_vars:
+def _check_h2ph(stack: xr.Dataset, source: str, sample: np.ndarray | None) -> None:
+    """|h2ph| within H2PH_MAX, and not zero at every epoch (a secondary's h2ph is never 0),
+    from the sampled values (None: no ``h2ph``)."""
+    if sample is None:
         return
-    sample = (_sample(stack["h2ph"]) if sample is None else sample).astype(np.float64)
+    sample = sample.astype(np.float64)
     what = _h2ph_source(stack, source)
     with np.errstate(invalid="ignore"):
         over = np.abs(sample) > H2PH_MAX

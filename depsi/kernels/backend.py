@@ -562,6 +562,19 @@ def resolve_devices(devices: Sequence[Device | str | int] | None = None) -> list
     return chosen
 
 
+def cuda_devices(devices: Sequence[Device | str | int] | None = None) -> list[Device]:
+    """The CUDA devices among :func:`resolve_devices`'s (checked before any work): where the
+    steps that are one computation over the scene (the network's search and solve, the
+    kriging) take their device path; none, the host's reference path.
+
+    Examples
+    --------
+    >>> cuda_devices(["cpu:0", "cpu:1"])
+    []
+    """
+    return [device for device in resolve_devices(devices) if device.kind == "cuda"]
+
+
 def chunk_device(devices: Sequence[Device], chunk_index: int) -> Device:
     """The device of chunk ``chunk_index``: round-robin over ``devices``, the same assignment
     for every step (docs/design.md, "Hardware mapping").

@@ -233,12 +233,13 @@ def nad_screen(values, threshold: float, *, compiled: bool = True):
     if not screened:
         return xp.ones(lead, dtype=bool)
     g = n_time * u / (1 - n_time * u)
-    if compiled and all(piece.dtype == np.complex64 for piece in pieces):
+    compiled = compiled and all(piece.dtype == np.complex64 for piece in pieces)
+    if compiled:
         # imported here: a process that asks for NumPy never imports Numba
         from depsi.kernels import statistics_numba
 
         compiled = statistics_numba.ready()
-    if compiled and all(piece.dtype == np.complex64 for piece in pieces):
+    if compiled:
         # one compiled pass; its terms are np.abs's to TERM_ERROR units, so a sum is known
         # to (1 + TERM_ERROR u)(1 + g) - 1 relatively instead of g
         sums = statistics_numba.screen_sums(pieces)

@@ -49,6 +49,7 @@ from depsi.kernels.backend import (
     Device,
     array_namespace,
     chunk_device,
+    cuda_devices,
     resolve_devices,
     single_threaded_blas,
     to_device,
@@ -581,7 +582,7 @@ def kriging_devices(devices: Any = None) -> list[Device] | None:
     True
     """
     chosen = resolve_devices(devices)
-    return chosen if any(device.kind == "cuda" for device in chosen) else None
+    return chosen if cuda_devices(chosen) else None
 
 
 def _krige_batch_task(nb, values, tp, valid, options):

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from scipy.stats import norm
 
 from depsi.conventions import phase_per_metre
-from depsi.kernels.backend import Device, resolve_devices
+from depsi.kernels.backend import Device, cuda_devices
 from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.processing.arc_testing import ARC_REASONS, POINT_REASONS, _test_network
@@ -680,9 +680,9 @@ def integrate_network(
 
 def _solver_devices(devices: Sequence[Device | str | int] | None) -> tuple[Device, ...]:
     """The devices the network's factorisations solve on: the CUDA ones of ``devices``
-    (:func:`~depsi.kernels.backend.resolve_devices`); none, the host reference, where there
+    (:func:`~depsi.kernels.backend.cuda_devices`); none, the host reference, where there
     are none (CPU devices only tell chunks apart, and the network is one problem)."""
-    return tuple(device for device in resolve_devices(devices) if device.kind == "cuda")
+    return tuple(cuda_devices(devices))
 
 
 def _observations_of(points: xr.Dataset, arcs: xr.Dataset | ArcObservations,

@@ -21,7 +21,7 @@ from pydantic import Field
 from scipy.spatial import Delaunay, QhullError, cKDTree
 
 from depsi.conventions import wrap_phase
-from depsi.kernels.backend import Device, parse_device, resolve_devices, to_device, to_host
+from depsi.kernels.backend import Device, cuda_devices, parse_device, to_device, to_host
 from depsi.kernels.neighbours import nearest_neighbours, pairs_within
 from depsi.sections import Section
 from depsi.stm.schema import STMValidationError, validate
@@ -174,7 +174,7 @@ def _greedy_by_rank(rank: np.ndarray, pairs: np.ndarray) -> np.ndarray:
 
 def search_device(devices: Any = None) -> Device | None:
     """Where the network's neighbour searches run for a step given ``devices``: the first CUDA
-    device among them (:func:`~depsi.kernels.backend.resolve_devices`; the network is one
+    device among them (:func:`~depsi.kernels.backend.cuda_devices`; the network is one
     computation over the whole scene), else ``None``, the k-d tree on the host.
 
     Examples
@@ -182,7 +182,7 @@ def search_device(devices: Any = None) -> Device | None:
     >>> search_device(["cpu:0", "cpu:1"]) is None
     True
     """
-    cuda = [device for device in resolve_devices(devices) if device.kind == "cuda"]
+    cuda = cuda_devices(devices)
     return cuda[0] if cuda else None
 
 

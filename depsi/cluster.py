@@ -273,6 +273,7 @@ def scheduler(config: ComputeConfig | _HasCompute | Mapping[str, Any] | None = N
              "local": _local, "slurm": _slurm}[compute.scheduler]
     with ExitStack() as stack:
         running = start(compute, stack)
+        tune_memory()  # the allocator's threshold for where the work runs (threads or workers)
         logger.info("scheduler %s", running.description)
         yield running
     logger.info("scheduler %s closed", running.name)

@@ -91,6 +91,46 @@ def test_bound_allocator_hands_back_a_freed_large_array():
     assert _fresh_python(_BOUND_CHECK, "bound", MALLOC_ARENA_MAX="4")[0] == "False"
 
 
+#: The same freed array under the chain's own settings: on this process's threads it stays in
+#: the heap for the next block's temporaries (no fresh pages), under a distributed client it
+#: goes back to the system as bound_allocator's does.
+_WORKING_CHECK = """
+import sys, numpy as np, psutil
+from depsi.stm.runtime import tune_memory
+if sys.argv[1] == "client":
+    from distributed import Client
+    client = Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None)
+threshold = tune_memory()
+process, mb = psutil.Process(), 2**20
+big = np.ones(24 * mb // 8)
+del big
+big = np.ones(24 * mb // 8)
+held = np.ones(1024)
+before = process.memory_info().rss
+del big
+dropped = before - process.memory_info().rss
+again = np.ones(24 * mb // 8)
+print(threshold, dropped // mb, (process.memory_info().rss - before + dropped) // mb)
+"""
+
+
+@pytest.mark.slow
+def test_tune_memory_keeps_block_sized_arrays_on_threads_and_hands_them_back_under_a_client():
+    """On threads, a freed 24 MiB array stays resident and its pages serve the next one
+    (nothing faulted in anew); under a distributed client it leaves the process at once and
+    the next one is faulted in anew (24 MiB)."""
+    from depsi.stm.runtime import MMAP_THRESHOLD, WORKING_MMAP_THRESHOLD, _malloc_trim
+
+    if _malloc_trim() is None:
+        pytest.skip("not glibc: nothing to tune")
+    threads = _fresh_python(_WORKING_CHECK, "threads")
+    client = _fresh_python(_WORKING_CHECK, "client")
+    assert int(threads[0]) == WORKING_MMAP_THRESHOLD, threads
+    assert int(threads[1]) <= 2 and int(threads[2]) <= 2, threads
+    assert int(client[0]) == MMAP_THRESHOLD, client
+    assert int(client[1]) >= 20 and int(client[2]) >= 20, client
+
+
 _HUGEPAGE_CHECK = """
 import numpy as np
 from depsi.stm.runtime import no_hugepage_advice

@@ -73,6 +73,11 @@ def _malloc_trim():
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 #: Arrays from this size get pages of their own, handed back when freed (:func:`bound_allocator`).
 MMAP_THRESHOLD = 16 << 20
+#: The same bound while the chain's own work runs in this process (:func:`tune_memory`): its
+#: steps' block-sized temporaries (16-128 MiB) come from heaps that stay with the process
+#: between blocks instead of fresh pages every time (docs/benchmarks.md, "The driver's
+#: allocator, pages and temporary files").
+WORKING_MMAP_THRESHOLD = 128 << 20
 #: glibc tuning a user may have set for the process; :func:`bound_allocator` then leaves it.
 _USER_TUNING = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
 
@@ -95,9 +100,18 @@ def bound_allocator() -> bool:
     except (OSError, AttributeError):
         return False
     arenas = max(1, os.cpu_count() or 1)
-    return all(mallopt(parameter, value) == 1 for parameter, value in (
-        (_M_ARENA_MAX, arenas), (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-        (_M_TRIM_THRESHOLD, MMAP_THRESHOLD)))
+    return mallopt(_M_ARENA_MAX, arenas) == 1 and _mmap_threshold(MMAP_THRESHOLD)
+
+
+def _mmap_threshold(nbytes: int) -> bool:
+    """glibc's mmap and trim thresholds at ``nbytes`` (True when set): arrays from that size
+    get pages of their own, and the heap keeps at most that much free at its top."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(parameter, nbytes) == 1
+               for parameter in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD))
 
 
 #: NumPy's switch for its huge-page advice (read at import; a user's setting is left).
@@ -134,11 +148,30 @@ def no_hugepage_advice() -> bool:
     return False
 
 
-def tune_memory() -> None:
-    """The chain process's memory settings, once, before a scheduler's threads start:
-    :func:`bound_allocator` and :func:`no_hugepage_advice` (each leaves what the user set)."""
-    bound_allocator()
+def tune_memory() -> int | None:
+    """The chain process's memory settings before a scheduler's threads start:
+    :func:`bound_allocator` and :func:`no_hugepage_advice` once (each leaves what the user
+    set), then the allocator's mmap threshold for the scheduler configured where this is
+    called: :data:`MMAP_THRESHOLD` under a ``distributed`` client (the driver holds results
+    between its workers' tasks, and its peak is what a small node allows), else
+    :data:`WORKING_MMAP_THRESHOLD` (the steps' blocks run on this process's threads, and every
+    block's temporaries faulted in anew cost 15-20 % of the chain's CPU time at 10^6). Returns
+    the threshold set, None where the allocator is not ours to tune (a user's tuning, a Dask
+    worker, no glibc).
+
+    Examples
+    --------
+    >>> tune_memory() in (WORKING_MMAP_THRESHOLD, None)  # the threaded scheduler
+    True
+    """
+    from depsi.stm.dask_tools import workers_client
+
+    bounded = bound_allocator()
     no_hugepage_advice()
+    if not bounded:
+        return None
+    threshold = MMAP_THRESHOLD if workers_client() is not None else WORKING_MMAP_THRESHOLD
+    return threshold if _mmap_threshold(threshold) else None
 
 
 def release_memory() -> bool:

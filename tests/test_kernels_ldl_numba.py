@@ -46,3 +46,52 @@ def test_the_network_solver_s_ldl_gives_qdldl_s_columns_to_the_bit():
     one_by_one = np.stack([solver.solve(b[:, j].astype(np.float64)) for j in range(20)], axis=1)
     np.testing.assert_array_equal(together, one_by_one)
     np.testing.assert_allclose(matrix @ together, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (60, 3), (1500, 48)])
+def test_cholesky_factors_solve_with_a_permuted_factor(n, k):
+    """The sweeps over a permuted ``L L^T`` factor (SciPy's dense Cholesky of ``P A P^T`` in
+    CSC, diagonal first) solve ``A x = b`` to the system's rounding, in place too; a factor
+    without its diagonal first is refused."""
+    rng = np.random.default_rng(n + k)
+    matrix = _network_normal_matrix(rng, n).toarray() if n > 1 else np.array([[2.5]])
+    permutation = rng.permutation(n)
+    permuted = matrix[np.ix_(permutation, permutation)]
+    lower = sp.csc_matrix(np.linalg.cholesky(permuted))
+    lower.sort_indices()
+    factors = ldl_numba.CholeskyFactors(lower.indptr, lower.indices, lower.data, permutation)
+    b = rng.standard_normal((n, k))
+    expected = np.linalg.solve(matrix, b)
+    scale = np.abs(expected).max() * np.linalg.cond(matrix)
+    np.testing.assert_allclose(factors.solve(b), expected, rtol=0, atol=1e-13 * scale)
+    in_place = b.copy()
+    assert factors.solve(in_place, out=in_place) is in_place
+    np.testing.assert_array_equal(in_place, factors.solve(b))
+    if n > 1:
+        with pytest.raises(ValueError, match="diagonal first"):
+            ldl_numba.CholeskyFactors(lower.indptr, lower.indices[::-1].copy(), lower.data,
+                                      permutation)
+
+
+def test_the_supernodal_factor_solves_the_network_and_refuses_an_indefinite_matrix():
+    """CHOLMOD's supernodal factor through CVXOPT, read out and solved by the sweeps: the
+    network's systems to the rounding of a direct solve; a matrix that is not positive
+    definite raises LinAlgError, not CVXOPT's ArithmeticError."""
+    pytest.importorskip("cvxopt")
+    from depsi.processing import network_solver
+
+    if not network_solver._compiled_kernels("ldl_numba"):
+        pytest.skip("the compiled sweeps do not run in this process")
+    rng = np.random.default_rng(5)
+    matrix = _network_normal_matrix(rng, 3000)
+    b = rng.standard_normal((3000, 20))
+    from scipy.sparse.linalg import splu
+
+    expected = splu(matrix).solve(b)
+    solver = network_solver._Supernodal(matrix)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(solver.solve(b), expected, rtol=0, atol=1e-9 * scale)
+    np.testing.assert_allclose(solver.solve(b[:, 3]), expected[:, 3], rtol=0, atol=1e-9 * scale)
+    indefinite = (matrix - 2.0 * sp.eye(3000)).tocsc()
+    with pytest.raises(np.linalg.LinAlgError, match="not positive definite"):
+        network_solver._Supernodal(indefinite)

@@ -204,7 +204,7 @@ class _NetworkSolve:
             # the solution takes the right-hand sides' place (no second (unknowns, nrhs)
             # array)
             self._x0 = self.x = (self.lu.solve(normal_rhs, overwrite_b=True)
-                                 if isinstance(self.lu, _Cholesky)
+                                 if isinstance(self.lu, (_Supernodal, _Cholesky))
                                  else self.lu.solve(normal_rhs))
             if solution_only:
                 self.lu = None
@@ -357,7 +357,7 @@ def _solved_in_place(lu, values, unknown, point_ok, reference) -> np.ndarray:
         for block in range(0, rows.size, SOLVE_ROWS):
             b[block:block + SOLVE_ROWS] = values[rows[block:block + SOLVE_ROWS], group]
             page_out(values)
-        if isinstance(lu, _Cholesky):  # its workspace let go after the last group
+        if isinstance(lu, (_Supernodal, _Cholesky)):  # cholespy's workspace goes after the last
             b = lu.solve(b, overwrite_b=True, release=first + width >= n_rhs)
         else:
             b = lu.solve(b)
@@ -434,6 +434,61 @@ class _Cholesky:
             # "The network solver's choices"): a one-column solve shrinks it to (n, 1)
             self._solver.solve(np.zeros(self.n), np.zeros(self.n))
         return x
+
+
+class _Supernodal:
+    """A sparse symmetric positive definite matrix factorised by CHOLMOD's supernodal Cholesky
+    (CVXOPT's binding), its factor read out once as a sparse lower-triangular matrix and every
+    solve made by :class:`depsi.kernels.ldl_numba.CholeskyFactors` (all right-hand sides in
+    one compiled pass over the factor's entries). The whole network's factorisation: at 10^6
+    points (148,000 unknowns) 0.5 s against cholespy's simplicial 2.4 s, and a solve of 48
+    right-hand sides 0.2 s against 0.45 s (docs/benchmarks.md, "The network solver's
+    choices"). Raises ImportError where CVXOPT is not installed or the compiled sweeps do not
+    run in this process (:func:`_factorise` then takes :class:`_Cholesky`)."""
+
+    def __init__(self, matrix: sp.spmatrix):
+        if not _compiled_kernels("ldl_numba"):
+            raise ImportError("the compiled sweeps of depsi.kernels.ldl_numba do not run here")
+        from cvxopt import cholmod, spmatrix
+        from cvxopt import matrix as dense
+
+        from depsi.kernels.ldl_numba import CholeskyFactors
+
+        self.n = matrix.shape[0]
+        lower = sp.tril(matrix, format="coo")
+        system = spmatrix(lower.data.astype(np.float64), lower.row.astype(np.int64),
+                          lower.col.astype(np.int64), (self.n, self.n))
+        del lower
+        options = dict(cholmod.options)
+        cholmod.options["supernodal"] = 2  # CHOLMOD_SUPERNODAL (its default chooses by flops)
+        try:
+            factor = cholmod.symbolic(system, uplo="L")
+            cholmod.numeric(system, factor)
+        except ArithmeticError as err:
+            raise np.linalg.LinAlgError(f"normal matrix not positive definite ({err})") from err
+        finally:
+            cholmod.options.clear()
+            cholmod.options.update(options)
+        del system
+        # P A P^T = L L^T: the permutation is P applied to 0..n-1 (CHOLMOD's system 7)
+        permutation = dense(np.arange(self.n, dtype=np.float64))
+        cholmod.solve(factor, permutation, sys=7)
+        lower_factor = cholmod.getfactor(factor)  # simplicial, each column's diagonal first
+        del factor
+        Lp, Li, Lx = (np.asarray(memoryview(part)).ravel() for part in lower_factor.CCS)
+        self._factors = CholeskyFactors(Lp, Li, Lx,
+                                        np.asarray(memoryview(permutation)).ravel())
+        del lower_factor, Lp, Li, Lx
+
+    def solve(self, b: np.ndarray, *, overwrite_b: bool = False,
+              release: bool = True) -> np.ndarray:
+        """``x`` with ``N x = b``; with ``overwrite_b`` (``b`` float64 C-ordered ``(n, k)``)
+        written into ``b`` itself, which is returned (``release``: as :meth:`_Cholesky.solve`
+        takes it; nothing is held between solves here)."""
+        if b.ndim == 1:
+            return self._factors.solve(b[:, None])[:, 0]
+        in_place = overwrite_b and b.dtype == np.float64 and b.flags.c_contiguous
+        return self._factors.solve(b, out=b if in_place else None)
 
 
 class _LDL:
@@ -591,12 +646,14 @@ def _compiled_kernels(module: str) -> bool:
 
 def _factorise(normal: sp.spmatrix, device: Device | None = None):
     """The factorisation of the normal matrix: :class:`_LDL` up to
-    :data:`LDL_MAX_UNKNOWNS` unknowns (a tile's), :class:`_Cholesky` above (the whole
-    network), SuperLU (symmetric mode, MMD ordering) where neither package can be imported.
+    :data:`LDL_MAX_UNKNOWNS` unknowns (a tile's), :class:`_Supernodal` above (the whole
+    network; :class:`_Cholesky` where CVXOPT or the compiled sweeps are not at hand), SuperLU
+    (symmetric mode, MMD ordering) where no package can be imported.
     Given a ``device``, the device's (:func:`_device_factorise`)."""
     if device is not None:
         return _device_factorise(normal, device)
-    solvers = (_LDL, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS else (_Cholesky,)
+    solvers = ((_LDL, _Supernodal, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS
+               else (_Supernodal, _Cholesky))
     for solver in solvers:
         try:
             return solver(normal)

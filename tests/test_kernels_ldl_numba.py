@@ -95,3 +95,20 @@ def test_the_supernodal_factor_solves_the_network_and_refuses_an_indefinite_matr
     indefinite = (matrix - 2.0 * sp.eye(3000)).tocsc()
     with pytest.raises(np.linalg.LinAlgError, match="not positive definite"):
         network_solver._Supernodal(indefinite)
+
+
+def test_the_whole_network_keeps_cholespy_where_the_supernodal_copy_would_not_fit(monkeypatch):
+    """The supernodal factor and its read-out copy need about three factors' memory: under a
+    small driver's limit the whole network goes to cholespy's in-place factor instead."""
+    pytest.importorskip("cvxopt")
+    pytest.importorskip("cholespy")
+    from depsi.processing import network_solver
+
+    if not network_solver._compiled_kernels("ldl_numba"):
+        pytest.skip("the compiled sweeps do not run in this process")
+    matrix = _network_normal_matrix(np.random.default_rng(2), 2000)
+    monkeypatch.setattr(network_solver, "LDL_MAX_UNKNOWNS", 100)
+    assert isinstance(network_solver._factorise(matrix), network_solver._Supernodal)
+    needed = 3 * 16 * network_solver.SUPERNODAL_FILL * 2000 * np.log2(2000)
+    monkeypatch.setattr(network_solver, "available_host_memory", lambda: int(needed) - 1)
+    assert isinstance(network_solver._factorise(matrix), network_solver._Cholesky)

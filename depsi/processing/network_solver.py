@@ -38,7 +38,14 @@ import scipy.sparse as sp
 from scipy.linalg import cho_factor, cho_solve, lapack
 from scipy.sparse.linalg import splu
 
-from depsi.kernels.backend import DEFAULT_SAFETY, Device, free_memory, to_host, use_device
+from depsi.kernels.backend import (
+    DEFAULT_SAFETY,
+    Device,
+    available_host_memory,
+    free_memory,
+    to_host,
+    use_device,
+)
 from depsi.stm.runtime import page_out, pageable, roomy_process
 
 if TYPE_CHECKING:
@@ -79,6 +86,11 @@ SOLVE_ROWS = 65536
 #: the tiles factorise on every core; CHOLMOD (simplicial, as cholespy sets it, NESDIS ordering) is
 #: the faster for the whole network (docs/benchmarks.md, "The network solver's choices").
 LDL_MAX_UNKNOWNS = 50_000
+
+#: Entries of a network's Cholesky factor per ``n log2(n)`` unknowns assumed when
+#: :func:`_supernodal_fits` judges the supernodal factorisation's memory (2.8 measured at 10^6
+#: points, with margin).
+SUPERNODAL_FILL = 4.0
 
 #: On a device, normal matrices up to this many unknowns (a w-test tile's: about
 #: :data:`~depsi.processing.arc_testing.TILE_POINTS` and its margin) are factorised dense
@@ -652,8 +664,9 @@ def _factorise(normal: sp.spmatrix, device: Device | None = None):
     Given a ``device``, the device's (:func:`_device_factorise`)."""
     if device is not None:
         return _device_factorise(normal, device)
-    solvers = ((_LDL, _Supernodal, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS
-               else (_Supernodal, _Cholesky))
+    supernodal = (_Supernodal,) if _supernodal_fits(normal.shape[0]) else ()
+    solvers = ((_LDL, *supernodal, _Cholesky) if normal.shape[0] <= LDL_MAX_UNKNOWNS
+               else (*supernodal, _Cholesky))
     for solver in solvers:
         try:
             return solver(normal)
@@ -661,6 +674,17 @@ def _factorise(normal: sp.spmatrix, device: Device | None = None):
             continue
     return splu(normal, permc_spec="MMD_AT_PLUS_A",
                 options={"SymmetricMode": True, "DiagPivotThresh": 0.0})
+
+
+def _supernodal_fits(n_unknown: int) -> bool:
+    """Whether :class:`_Supernodal`'s peak fits the memory available now: the supernodal factor
+    and the simplicial copy read out of it are held at once, about twice cholespy's one factor.
+    A 2-D network's factor holds about ``c n log2(n)`` entries of 16 bytes; ``c`` = 2.8 at 10^6
+    points (148,000 unknowns, 7.1 M entries), taken as :data:`SUPERNODAL_FILL` with margin, and
+    three such factors must fit (a small driver's SLURM or container limit then keeps
+    cholespy's in-place factor)."""
+    entries = SUPERNODAL_FILL * n_unknown * np.log2(max(n_unknown, 2))
+    return 3 * 16 * entries <= available_host_memory()
 
 
 def _leverage(A, weights, lu, normal, n_unknown):

@@ -23,8 +23,7 @@ from depsi.processing.datum import _choose_reference, _point_quality
 from depsi.processing.network import cell_keys, worker_threads
 from depsi.processing.network_solver import ARC_BLOCK, _compiled_kernels, _NetworkSolve
 from depsi.stm import runtime
-from depsi.stm.dask_tools import workers_client
-from depsi.stm.runtime import release_memory
+from depsi.stm.runtime import release_memory, workers_client
 
 logger = logging.getLogger(__name__)
 

@@ -58,8 +58,7 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
-from depsi.stm.dask_tools import workers_client
-from depsi.stm.runtime import MMAP_THRESHOLD
+from depsi.stm.runtime import MMAP_THRESHOLD, workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)

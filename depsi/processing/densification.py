@@ -56,8 +56,7 @@ from depsi.processing.atmosphere import (
 from depsi.processing.datum import POINT_BLOCK
 from depsi.processing.network import on_threads, point_positions
 from depsi.sections import Section
-from depsi.stm.dask_tools import workers_client
-from depsi.stm.runtime import fused_kernels
+from depsi.stm.runtime import fused_kernels, workers_client
 from depsi.stm.schema import validate, years_since_mother
 
 logger = logging.getLogger(__name__)

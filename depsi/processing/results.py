@@ -99,7 +99,7 @@ class _LazyMerge:
                                 chunks=(self.counts,))
 
     def __call__(self, values_a: np.ndarray, data_b: da.Array) -> da.Array:
-        from depsi.stm.dask_tools import workers_client
+        from depsi.stm.runtime import workers_client
 
         chunks = (self.counts,) + tuple((s,) for s in values_a.shape[1:])
         client = workers_client()

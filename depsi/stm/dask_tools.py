@@ -270,27 +270,6 @@ def chunked_view(values: np.ndarray, chunks: int, axis: int = 0) -> da.Array:
                     block_chunks, meta=values[tuple(slice(0, 0) for _ in values.shape)])
 
 
-def workers_client():
-    """The ``distributed.Client`` the current Dask scheduler submits to, or None (threads,
-    synchronous, a process pool): where a step's product can stay on the workers, chunk by
-    chunk, instead of coming whole into this process (docs/hpc.md, "The driver: what stays in
-    the client process").
-
-    Examples
-    --------
-    >>> workers_client() is None  # the threaded scheduler
-    True
-    """
-    from dask.base import get_scheduler
-
-    owner = getattr(get_scheduler(), "__self__", None)
-    try:
-        from distributed import Client
-    except ImportError:
-        return None
-    return owner if isinstance(owner, Client) else None
-
-
 def _rows_where(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return values[keep]
 

@@ -148,6 +148,27 @@ def no_hugepage_advice() -> bool:
     return False
 
 
+def workers_client():
+    """The ``distributed.Client`` the current Dask scheduler submits to, or None (threads,
+    synchronous, a process pool): where a step's product can stay on the workers, chunk by
+    chunk, instead of coming whole into this process (docs/hpc.md, "The driver: what stays in
+    the client process").
+
+    Examples
+    --------
+    >>> workers_client() is None  # the threaded scheduler
+    True
+    """
+    from dask.base import get_scheduler
+
+    owner = getattr(get_scheduler(), "__self__", None)
+    try:
+        from distributed import Client
+    except ImportError:
+        return None
+    return owner if isinstance(owner, Client) else None
+
+
 def tune_memory() -> int | None:
     """The chain process's memory settings before a scheduler's threads start:
     :func:`bound_allocator` and :func:`no_hugepage_advice` once (each leaves what the user
@@ -164,8 +185,6 @@ def tune_memory() -> int | None:
     >>> tune_memory() in (WORKING_MMAP_THRESHOLD, None)  # the threaded scheduler
     True
     """
-    from depsi.stm.dask_tools import workers_client
-
     bounded = bound_allocator()
     no_hugepage_advice()
     if not bounded:

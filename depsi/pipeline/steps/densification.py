@@ -24,8 +24,14 @@ from depsi.pipeline.steps.shared import (
 from depsi.processing.densification import densify
 from depsi.processing.network import worker_threads
 from depsi.processing.results import result_view
-from depsi.stm.dask_tools import culled_rows, rows_kept_on_workers, workers_client
-from depsi.stm.runtime import in_order_on_threads, page_out, release_memory, runs_on_threads
+from depsi.stm.dask_tools import culled_rows, rows_kept_on_workers
+from depsi.stm.runtime import (
+    in_order_on_threads,
+    page_out,
+    release_memory,
+    runs_on_threads,
+    workers_client,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from depsi.processing.network import (
     point_positions,
     search_device,
 )
-from depsi.stm.dask_tools import gathered_by_chunk, workers_client
-from depsi.stm.runtime import pageable_copy, release_memory
+from depsi.stm.dask_tools import gathered_by_chunk
+from depsi.stm.runtime import pageable_copy, release_memory, workers_client
 
 
 def with_edges(points: xr.Dataset, section: NetworkConfig, devices: Devices = None

@@ -4,6 +4,7 @@ are the library's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -455,6 +456,8 @@ def test_steps_run_blas_on_one_thread(base, monkeypatch):
     sees), and the count before the step comes back after it."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
+    with contextlib.suppress(ImportError):  # loaded before the count: the whole network's
+        import cvxopt.cholmod  # noqa: F401 - factorisation would load its BLAS mid-step
     fixed: set[str] = set()  # single-threaded builds (CVXOPT's OpenBLAS): one thread always
 
     def blas_threads() -> set[int]:

@@ -59,7 +59,7 @@ from depsi.kernels.backend import (
 from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
 from depsi.stm.dask_tools import workers_client
-from depsi.stm.runtime import MMAP_THRESHOLD
+from depsi.stm.runtime import MMAP_THRESHOLD, roomy_process
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -517,16 +517,43 @@ def _krige_batch(nb, values, tp, valid, *, signal, noise, prior):
     # one factorisation per cell, K = L L^T, for the data and every target's covariances: the
     # prediction (L^-1 v) . (L^-1 c) and its error variance C(0) - |L^-1 c|^2, in float64 (a
     # Cholesky and one triangular solve cost what an LU solve for the data alone did)
-    rhs = np.concatenate([values[..., None], c_nt], axis=2)
     try:
         lower = np.linalg.cholesky(cov)
-        whitened = np.stack([solve_triangular(lower[b], rhs[b], lower=True, check_finite=False)
-                             for b in range(len(lower))])              # (B, k, 1 + width)
-        predicted = np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:])
-        explained = np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:])
     except np.linalg.LinAlgError:  # not positive definite to round-off: LU
-        predicted, explained = _lu_solved(cov, c_nt, rhs)
+        predicted, explained = _lu_solved(cov, c_nt,
+                                          np.concatenate([values[..., None], c_nt], axis=2))
+    else:
+        predicted, explained = _whitened_sums(lower, values, c_nt)
     return predicted, np.where(valid, np.maximum(prior - explained, 0.0), 0.0)
+
+
+def _whitened_sums(lower, values, c_nt):
+    """``(L^-1 v) . (L^-1 c)`` and ``|L^-1 c|^2`` ``(B, width)`` of a batch's factored systems
+    (:func:`_krige_batch`): compiled, each cell's substitution and sums in one pass without
+    the whitened array (:mod:`depsi.kernels.kriging_numba`, half the time of the solves
+    below), where it runs (:func:`_compiled_kriging`); else SciPy's triangular solve a cell,
+    the reference, which it agrees with to round-off."""
+    if _compiled_kriging():
+        from depsi.kernels import kriging_numba
+
+        return kriging_numba.whitened_sums(lower, values, c_nt)
+    rhs = np.concatenate([values[..., None], c_nt], axis=2)
+    whitened = np.stack([solve_triangular(lower[b], rhs[b], lower=True, check_finite=False)
+                         for b in range(len(lower))])                  # (B, k, 1 + width)
+    return (np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:]),
+            np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:]))
+
+
+def _compiled_kriging() -> bool:
+    """Whether :mod:`depsi.kernels.kriging_numba` runs here: Numba importable, this process
+    not a small Dask worker (:func:`~depsi.stm.runtime.roomy_process`, where Numba is never
+    imported), and the kernel compiled or in the cache
+    (:func:`depsi.kernels.numba_support.ready`)."""
+    if not roomy_process():
+        return False
+    from depsi.kernels import kriging_numba
+
+    return kriging_numba.ready()
 
 
 def _lu_solved(cov, c_nt, rhs):

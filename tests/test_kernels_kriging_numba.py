@@ -1,6 +1,7 @@
-"""The kriging systems' whitened products in one compiled pass: SciPy's triangular solves and
-NumPy's products to round-off, on random systems and on the correlated height's own batches;
-and where a batch's Cholesky fails the LU solve still runs, the compiled pass never."""
+"""The kriging systems' compiled passes: the distances NumPy's to the bit; the whitened
+products SciPy's triangular solves and NumPy's products to round-off, on random systems and on
+the correlated height's own batches; and where a batch's Cholesky fails the LU solve still
+runs, the compiled pass never."""
 
 from __future__ import annotations
 
@@ -46,6 +47,30 @@ def _batch(rng, n_cells, k, width, nugget=1.0):
     nb = rng.uniform(-400, 400, (n_cells, k, 2)).astype(np.float32)
     tp = rng.uniform(-40, 40, (n_cells, width, 2)).astype(np.float32)
     return nb, rng.standard_normal((n_cells, k)), tp, NOISE | {"nugget": nugget}
+
+
+def _numpy_distances(a, b):
+    dx = a[:, :, None, 0] - b[:, None, :, 0]
+    dy = a[:, :, None, 1] - b[:, None, :, 1]
+    return np.sqrt(dx * dx + dy * dy)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 1), (4, 17, 5), (2, 128, 61)])
+def test_the_compiled_distances_are_numpy_s_to_the_bit(monkeypatch, shape):
+    rng = np.random.default_rng(shape[1])
+    n_cells, m, n = shape
+    a = rng.uniform(-500, 500, (n_cells, m, 2)).astype(np.float32)
+    b = rng.uniform(-50, 50, (n_cells, n, 2)).astype(np.float32)
+    for first, second in ((a, b), (a, a), (b, a)):
+        expected = _numpy_distances(first, second)
+        got = kriging_numba.distances(first, second)
+        assert got.dtype == np.float32 and expected.dtype == np.float32
+        np.testing.assert_array_equal(got, expected)
+        # as the kriging's systems take them, compiled or not
+        monkeypatch.setattr(module, "_compiled_kriging", lambda: True)
+        np.testing.assert_array_equal(module._distances(first, second), expected)
+        monkeypatch.setattr(module, "_compiled_kriging", lambda: False)
+        np.testing.assert_array_equal(module._distances(first, second), expected)
 
 
 @pytest.mark.parametrize("k, width", [(1, 1), (2, 3), (5, 1), (7, 9), (60, 33), (128, 59)])

@@ -1,4 +1,4 @@
-"""The kriging systems' whitened products in one compiled pass (Numba).
+"""The kriging systems' distances and whitened products in compiled passes (Numba).
 
 The correlated height's kriging (:func:`depsi.processing.correlated_height._krige_batch`)
 factorises each cell's matrix ``K = L L^T`` and needs, for each of the cell's targets, the
@@ -10,6 +10,11 @@ at a time (each solved row read once for four), and the two sums are taken as ea
 solved: the whitened array is never formed. The sums are the same as SciPy's to round-off
 (another order of the same operations): within a few units of float64 rounding of
 ``|L^-1 v| |L^-1 c|``, which the tests hold it to.
+
+The systems' float32 distances (:func:`distances`) are NumPy's to the bit (the same
+operations on the same values: IEEE differences, products, sums and square roots, no fused
+multiply-add), without its broadcast temporaries: each cell's second set of points is read
+once into two contiguous coordinate rows, and each distance is written once.
 """
 
 from __future__ import annotations
@@ -75,19 +80,40 @@ def _whitened_sums(lower, values, c_nt, predicted, explained):
             start = stop
 
 
+def _distances(a, b, out):
+    """``out[c, i, j]``: the distance between ``a[c, i]`` and ``b[c, j]`` (float32), as
+    ``sqrt((ax - bx)^2 + (ay - by)^2)`` rounded step by step."""
+    n = b.shape[1]
+    bx = np.empty(n, np.float32)
+    by = np.empty(n, np.float32)
+    for c in range(a.shape[0]):
+        for j in range(n):
+            bx[j] = b[c, j, 0]
+            by[j] = b[c, j, 1]
+        for i in range(a.shape[1]):
+            x, y = a[c, i, 0], a[c, i, 1]
+            row = out[c, i]
+            for j in range(n):
+                dx = x - bx[j]
+                dy = y - by[j]
+                row[j] = np.sqrt(dx * dx + dy * dy)
+
+
 if AVAILABLE:
     _whitened_sums = jit_cached(_whitened_sums)
+    _distances = jit_cached(_distances)
 
 
 def samples():
     """The kernel with arguments of the types the kriging passes it (float64, C order)."""
-    f8 = np.float64
+    f4, f8 = np.float32, np.float64
     return [(_whitened_sums, (sample_array(f8, 3), sample_array(f8, 2), sample_array(f8, 3),
-                              sample_array(f8, 2), sample_array(f8, 2)))]
+                              sample_array(f8, 2), sample_array(f8, 2))),
+            (_distances, (sample_array(f4, 3), sample_array(f4, 3), sample_array(f4, 3)))]
 
 
 def ready() -> bool:
-    """Whether :func:`whitened_sums` runs compiled in this process
+    """Whether :func:`whitened_sums` and :func:`distances` run compiled in this process
     (:func:`numba_support.ready`)."""
     return AVAILABLE and numba_support.ready(__name__, samples)
 
@@ -115,3 +141,21 @@ def whitened_sums(lower: np.ndarray, values: np.ndarray, c_nt: np.ndarray
                    np.ascontiguousarray(values, dtype=np.float64),
                    np.ascontiguousarray(c_nt, dtype=np.float64), predicted, explained)
     return predicted, explained
+
+
+def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The distances ``(cells, m, n)`` between the points of ``a`` ``(cells, m, 2)`` and ``b``
+    ``(cells, n, 2)``, float32 (both taken as float32): NumPy's broadcast differences, squares,
+    sum and square root, to the bit.
+
+    Examples
+    --------
+    >>> a = np.array([[[0.0, 0.0], [3.0, 0.0]]], dtype=np.float32)
+    >>> distances(a, np.array([[[0.0, 4.0]]], dtype=np.float32)).tolist()
+    [[[4.0], [5.0]]]
+    """
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    b = np.ascontiguousarray(b, dtype=np.float32)
+    out = np.empty((a.shape[0], a.shape[1], b.shape[1]), dtype=np.float32)
+    _distances(a, b, out)
+    return out

@@ -117,7 +117,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=300)
     parser.add_argument("--k", type=int, default=128)
-    parser.add_argument("--widths", type=int, nargs="+", default=[32, 48, 64])
+    parser.add_argument("--widths", type=int, nargs="*", default=[32, 48, 64])
     parser.add_argument("--points", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()

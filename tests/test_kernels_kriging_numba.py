@@ -1,6 +1,7 @@
-"""The kriging systems' compiled passes: the distances NumPy's to the bit; the whitened
-products SciPy's triangular solves and NumPy's products to round-off, on random systems and on
-the correlated height's own batches; and where a batch's Cholesky fails the LU solve still
+"""The kriging systems' compiled passes: the distances and covariances NumPy's to the bit; the
+whitened
+products SciPy's triangular solves and NumPy's products to round-off, on random systems and
+on the correlated height's own batches; and where a batch's Cholesky fails the LU solve still
 runs, the compiled pass never."""
 
 from __future__ import annotations
@@ -71,6 +72,27 @@ def test_the_compiled_distances_are_numpy_s_to_the_bit(monkeypatch, shape):
         np.testing.assert_array_equal(module._distances(first, second), expected)
         monkeypatch.setattr(module, "_compiled_kriging", lambda: False)
         np.testing.assert_array_equal(module._distances(first, second), expected)
+
+
+@pytest.mark.parametrize("extra_sill", [0.0, 0.3])
+@pytest.mark.parametrize("shape", [1.0, 1.5])
+def test_the_compiled_systems_are_numpy_s_to_the_bit(monkeypatch, shape, extra_sill):
+    """The distances and the covariances' float64 step compiled, the exponentials NumPy's."""
+    rng = np.random.default_rng(int(10 * shape))
+    nb, _, tp, noise = _batch(rng, 5, 37, 11)
+    signal = {"sill": 0.83, "range": 270.0, "shape": shape, "offset": 0.137}
+    noise = noise | {"extra_sill": extra_sill}
+    monkeypatch.setattr(module, "_compiled_kriging", lambda: True)
+    got = module._kriging_systems(nb, tp, signal=signal, noise=noise)
+    monkeypatch.setattr(module, "_compiled_kriging", lambda: False)
+    expected = module._kriging_systems(nb, tp, signal=signal, noise=noise)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
+        np.testing.assert_array_equal(g, e)
+    correlation = rng.uniform(0, 1, (3, 40, 50)).astype(np.float32)
+    np.testing.assert_array_equal(
+        kriging_numba.scaled_covariance(correlation, 0.83, 0.137),
+        correlation.astype(np.float64) * 0.83 - 0.137)
 
 
 @pytest.mark.parametrize("k, width", [(1, 1), (2, 3), (5, 1), (7, 9), (60, 33), (128, 59)])

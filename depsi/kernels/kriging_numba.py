@@ -14,7 +14,9 @@ solved: the whitened array is never formed. The sums are the same as SciPy's to 
 The systems' float32 distances (:func:`distances`) are NumPy's to the bit (the same
 operations on the same values: IEEE differences, products, sums and square roots, no fused
 multiply-add), without its broadcast temporaries: each cell's second set of points is read
-once into two contiguous coordinate rows, and each distance is written once.
+once into two contiguous coordinate rows, and each distance is written once. Likewise the
+covariances' float64 step (:func:`scaled_covariance`): ``float64(e) sill - offset`` of
+NumPy's float32 exponentials, rounded as NumPy's three passes round it, in one.
 """
 
 from __future__ import annotations
@@ -99,9 +101,18 @@ def _distances(a, b, out):
                 row[j] = np.sqrt(dx * dx + dy * dy)
 
 
+def _scaled(correlation, sill, offset, out):
+    """``out = float64(correlation) * sill - offset``, element by element (two roundings)."""
+    flat = correlation.reshape(-1)
+    result = out.reshape(-1)
+    for i in range(flat.size):
+        result[i] = np.float64(flat[i]) * sill - offset
+
+
 if AVAILABLE:
     _whitened_sums = jit_cached(_whitened_sums)
     _distances = jit_cached(_distances)
+    _scaled = jit_cached(_scaled)
 
 
 def samples():
@@ -109,11 +120,13 @@ def samples():
     f4, f8 = np.float32, np.float64
     return [(_whitened_sums, (sample_array(f8, 3), sample_array(f8, 2), sample_array(f8, 3),
                               sample_array(f8, 2), sample_array(f8, 2))),
-            (_distances, (sample_array(f4, 3), sample_array(f4, 3), sample_array(f4, 3)))]
+            (_distances, (sample_array(f4, 3), sample_array(f4, 3), sample_array(f4, 3))),
+            (_scaled, (sample_array(f4, 3), 1.0, 1.0, sample_array(f8, 3)))]
 
 
 def ready() -> bool:
-    """Whether :func:`whitened_sums` and :func:`distances` run compiled in this process
+    """Whether :func:`whitened_sums`, :func:`distances` and :func:`scaled_covariance` run
+    compiled in this process
     (:func:`numba_support.ready`)."""
     return AVAILABLE and numba_support.ready(__name__, samples)
 
@@ -158,4 +171,19 @@ def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     b = np.ascontiguousarray(b, dtype=np.float32)
     out = np.empty((a.shape[0], a.shape[1], b.shape[1]), dtype=np.float32)
     _distances(a, b, out)
+    return out
+
+
+def scaled_covariance(correlation: np.ndarray, sill: float, offset: float) -> np.ndarray:
+    """``sill correlation - offset`` in float64 from a float32 ``correlation`` ``(B, m, n)``:
+    NumPy's ``correlation.astype(np.float64)``, ``*= sill``, ``-= offset``, to the bit.
+
+    Examples
+    --------
+    >>> scaled_covariance(np.full((1, 1, 2), 0.5, dtype=np.float32), 2.0, 0.25).tolist()
+    [[[0.75, 0.75]]]
+    """
+    correlation = np.ascontiguousarray(correlation, dtype=np.float32)
+    out = np.empty(correlation.shape)
+    _scaled(correlation, float(sill), float(offset), out)
     return out

@@ -356,12 +356,19 @@ def _distances(a: Any, b: Any) -> Any:
 
 def _signal_covariance(distance: Any, signal: dict) -> Any:
     """``sill correlation(d) - offset`` in place on float32 ``distance``, as float64, on its
-    device."""
+    device. On the host where the kriging's kernels run, the exponential in place and the
+    float64 step in one compiled pass (:func:`depsi.kernels.kriging_numba.scaled_covariance`,
+    the same to the bit)."""
     xp = array_namespace(distance)
     distance *= np.float32(1.0 / signal["range"])
     if signal["shape"] != 1.0:
         xp.power(distance, np.float32(signal["shape"]), out=distance)
     xp.negative(distance, out=distance)
+    if xp is np and distance.dtype == np.float32 and _compiled_kriging():
+        from depsi.kernels import kriging_numba
+
+        return kriging_numba.scaled_covariance(np.exp(distance, out=distance),
+                                               signal["sill"], signal["offset"])
     cov = xp.exp(distance).astype(np.float64)
     cov *= signal["sill"]
     cov -= signal["offset"]

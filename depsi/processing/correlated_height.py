@@ -460,7 +460,8 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None, place
     client = workers_client()
     if client is not None and len(batches) > 1:
         # on a cluster's workers, a task a batch (the driver cuts each batch's inputs, a few
-        # MB, and writes the results; the arithmetic below, bit for bit)
+        # MB, and writes the results; the arithmetic below, bit for bit where the workers take
+        # the same path: small workers take SciPy's solves, within 1e-12 of the compiled ones)
         _predict_on_workers(client, batches, inputs, write, options)
         return out, variance
 
@@ -763,8 +764,8 @@ def estimate_correlated_height(
         among them every batch runs the device formulation (:func:`kriging_devices`: the
         Cholesky factors' systems solved in one batched call, neighbours by the grid
         search), the batches in turn over the devices; with CPU devices only, the host's reference
-        (a triangular solve a cell, the k-d tree's neighbours). The two agree to round-off
-        (1e-10 relative).
+        (a triangular solve a cell, compiled where Numba runs, and the k-d tree's neighbours).
+        The two agree to round-off (1e-10 relative).
 
     Returns
     -------

@@ -7,8 +7,9 @@ Batches shaped like the chain's: ``k`` sources a cell (128 at the chain's densit
 cell ``--widths`` (its cells hold 32 on average, their batches are as wide as their fullest
 cell), ``--cells`` cells a batch; random sources over 800 m about each cell's centre, a
 covariance of 300 m range with a nugget. Per cell, thread CPU time, the smallest of
-``--repeat`` runs: the batch's Cholesky (LAPACK, both paths), the solves and sums each way,
-and the whole batch (covariances included) each way. ``--points N`` also times
+``--repeat`` runs: NumPy's batched Cholesky and SciPy's solves and sums (the reference);
+the compiled substitution and sums alone (NumPy's factor given) and with LAPACK's factor a cell
+(the compiled path); and the whole batch (covariances included) each way. ``--points N`` also times
 ``estimate_correlated_height`` on N points (3 % of 10 m pixels, 40 epochs, the screen's model
 given) each way, and the largest difference of its heights.
 
@@ -58,23 +59,29 @@ def compare_batches(rng, n_cells, k, width, repeat):
     options = {"signal": SIGNAL, "noise": NOISE, "prior": 0.9}
     per_cell = 1e6 / n_cells
     factor = smallest(lambda: np.linalg.cholesky(cov), repeat) * per_cell
+    reference(False)
+    scipy = smallest(lambda: module._factored_sums(cov, values, c_nt), repeat) * per_cell
+    kriging_numba.factored_sums(cov, values, c_nt)  # compiled and warm
+    kriging_numba.whitened_sums(lower, values, c_nt)
+    substitution = smallest(lambda: kriging_numba.whitened_sums(lower, values, c_nt),
+                            repeat) * per_cell
+    factored = smallest(lambda: kriging_numba.factored_sums(cov, values, c_nt),
+                        repeat) * per_cell
     times, results = {}, {}
     for name, flag in (("scipy", False), ("compiled", True)):
         reference(flag)
-        module._whitened_sums(lower, values, c_nt)  # compiled and warm
-        times[name] = smallest(lambda: module._whitened_sums(lower, values, c_nt),
-                               repeat) * per_cell
-        times[name + " batch"] = smallest(
+        times[name] = smallest(
             lambda: module._krige_batch(nb, values, tp, valid, **options), repeat) * per_cell
         results[name] = module._krige_batch(nb, values, tp, valid, **options)
     scale = [float(np.abs(r).max()) for r in results["scipy"]]
     rel = max(float(np.abs(a - b).max()) / s
               for a, b, s in zip(results["compiled"], results["scipy"], scale))
-    print(f"k {k:>3}, width {width:>3}, {n_cells} cells: Cholesky {factor:6.1f} us/cell; solves "
-          f"and sums SciPy {times['scipy']:6.1f}, compiled {times['compiled']:6.1f} us/cell "
-          f"({times['scipy'] / times['compiled']:4.2f}x); whole batch "
-          f"{times['scipy batch']:6.1f} -> {times['compiled batch']:6.1f} us/cell "
-          f"({times['scipy batch'] / times['compiled batch']:4.2f}x); max rel. diff {rel:.1e}")
+    print(f"k {k:>3}, width {width:>3}, {n_cells} cells, us/cell: NumPy's Cholesky {factor:5.1f} "
+          f"+ SciPy's solves and sums {scipy - factor:5.1f} = {scipy:5.1f}; compiled: "
+          f"substitution and sums {substitution:5.1f}, with LAPACK's factor a cell "
+          f"{factored:5.1f} ({scipy / factored:4.2f}x); whole batch {times['scipy']:5.1f} -> "
+          f"{times['compiled']:5.1f} ({times['scipy'] / times['compiled']:4.2f}x); "
+          f"max rel. diff {rel:.1e}")
 
 
 def points(rng, n, n_epochs=40):

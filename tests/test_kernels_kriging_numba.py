@@ -1,8 +1,7 @@
 """The kriging systems' compiled passes: the distances and covariances NumPy's to the bit; the
-whitened
-products SciPy's triangular solves and NumPy's products to round-off, on random systems and
-on the correlated height's own batches; and where a batch's Cholesky fails the LU solve still
-runs, the compiled pass never."""
+factors, whitened products and sums NumPy's Cholesky, SciPy's triangular solves and NumPy's
+products to round-off, on random systems and on the correlated height's own batches; and where
+a cell's Cholesky fails the whole batch is still solved by LU."""
 
 from __future__ import annotations
 
@@ -111,42 +110,75 @@ def test_the_compiled_sums_are_scipy_s_solves_to_round_off(k, width):
                                     values.astype(np.float32).astype(np.float64), c_nt))
 
 
+@pytest.mark.parametrize("k, width", [(3, 2), (61, 17), (128, 48)])
+def test_the_compiled_factor_and_sums_are_the_reference_s_to_round_off(k, width):
+    """LAPACK's factor a cell and the substitution against NumPy's batched Cholesky and
+    SciPy's solves; the matrices left as they were; None where one cell's is indefinite."""
+    rng = np.random.default_rng(k + width)
+    nb, values, tp, noise = _batch(rng, 7, k, width)
+    cov, c_nt = module._kriging_systems(nb, tp, signal=SIGNAL, noise=noise | {"extra_sill": 0})
+    assert cov.dtype == np.float64
+    copy = cov.copy()
+    got = kriging_numba.factored_sums(cov, values, c_nt)
+    np.testing.assert_array_equal(cov, copy)
+    _assert_close(got, _reference(np.linalg.cholesky(cov), values, c_nt))
+    cov[4] -= 3.0 * np.eye(k)  # one cell not positive definite
+    assert kriging_numba.factored_sums(cov, values, c_nt) is None
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.cholesky(cov)
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """The compiled pass made to run (compiled in this process where the cache lacks it),
-    and the calls of it and of the LU solve counted."""
-    seen = {"compiled": 0, "lu": 0}
-    compiled, lu = kriging_numba.whitened_sums, module._lu_solved
+    """The compiled passes made to run (compiled in this process where the cache lacks them),
+    and the calls of them and of the LU solve counted."""
+    seen = {"factored": 0, "whitened": 0, "lu": 0}
+    factored, whitened = kriging_numba.factored_sums, kriging_numba.whitened_sums
+    lu = module._lu_solved
 
-    def counted_compiled(*args):
-        seen["compiled"] += 1
-        return compiled(*args)
+    def counted(name, function):
+        def call(*args):
+            seen[name] += 1
+            return function(*args)
+        return call
 
-    def counted_lu(*args):
-        seen["lu"] += 1
-        return lu(*args)
-
-    monkeypatch.setattr(kriging_numba, "whitened_sums", counted_compiled)
-    monkeypatch.setattr(module, "_lu_solved", counted_lu)
+    monkeypatch.setattr(kriging_numba, "factored_sums", counted("factored", factored))
+    monkeypatch.setattr(kriging_numba, "whitened_sums", counted("whitened", whitened))
+    monkeypatch.setattr(module, "_lu_solved", counted("lu", lu))
     monkeypatch.setattr(module, "_compiled_kriging", lambda: True)
     return seen
 
 
-@pytest.mark.parametrize("nugget", [1.0, 0.05, -2.0])
-def test_the_kriging_batch_agrees_with_the_reference_and_falls_back_to_lu(calls, monkeypatch,
-                                                                          nugget):
-    """A negative nugget makes every cell's matrix indefinite: NumPy's Cholesky raises and
-    the batch is solved by LU, the compiled pass not run, the reference's result to the bit.
-    """
+@pytest.mark.parametrize("extra_sill", [0.0, 0.3])
+@pytest.mark.parametrize("nugget, indefinite", [(1.0, None), (0.05, None), (-2.0, None),
+                                                (1.0, 13)])
+def test_the_kriging_batch_agrees_with_the_reference_and_falls_back_to_lu(
+        calls, monkeypatch, extra_sill, nugget, indefinite):
+    """A negative nugget makes every cell's matrix indefinite, ``indefinite`` one cell's: the
+    Cholesky fails (the compiled factor returns None, NumPy's raises) and the whole batch is
+    solved by LU, the reference's result to the bit. The extra term's float32 matrices keep
+    NumPy's factor, the substitution compiled."""
     rng = np.random.default_rng(11)
     nb, values, tp, noise = _batch(rng, 20, 64, 40, nugget=nugget)
+    noise = noise | {"extra_sill": extra_sill}
     valid = rng.uniform(size=(20, 40)) < 0.9
     options = {"signal": SIGNAL, "noise": noise, "prior": 0.9}
+    if indefinite is not None:
+        systems = module._kriging_systems
+
+        def one_indefinite(*args, **kwargs):
+            cov, c_nt = systems(*args, **kwargs)
+            cov[indefinite] -= 3.0 * np.eye(cov.shape[1], dtype=cov.dtype)
+            return cov, c_nt
+
+        monkeypatch.setattr(module, "_kriging_systems", one_indefinite)
     got = module._krige_batch(nb, values, tp, valid, **options)
     monkeypatch.setattr(module, "_compiled_kriging", lambda: False)
     expected = module._krige_batch(nb, values, tp, valid, **options)
-    falls_back = nugget < 0
-    assert calls == {"compiled": int(not falls_back), "lu": 2 * int(falls_back)}
+    falls_back = nugget < 0 or indefinite is not None
+    float64 = extra_sill == 0
+    assert calls == {"factored": int(float64), "whitened": int(not float64 and not falls_back),
+                     "lu": 2 * int(falls_back)}
     if falls_back:
         for g, e in zip(got, expected):
             np.testing.assert_array_equal(g, e)

@@ -1,4 +1,4 @@
-"""The kriging systems' distances and whitened products in compiled passes (Numba).
+"""The kriging systems' distances, factors and whitened products in compiled passes (Numba).
 
 The correlated height's kriging (:func:`depsi.processing.correlated_height._krige_batch`)
 factorises each cell's matrix ``K = L L^T`` and needs, for each of the cell's targets, the
@@ -167,7 +167,7 @@ if AVAILABLE:
 
 
 def samples():
-    """The kernel with arguments of the types the kriging passes it (float64, C order)."""
+    """The kernels with arguments of the types the kriging passes them (C order)."""
     f4, f8 = np.float32, np.float64
     systems = (sample_array(f8, 3), sample_array(f8, 2), sample_array(f8, 3),
                sample_array(f8, 2), sample_array(f8, 2))

@@ -58,7 +58,7 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
-from depsi.stm.runtime import MMAP_THRESHOLD, workers_client
+from depsi.stm.runtime import MMAP_THRESHOLD, roomy_process, workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -337,8 +337,14 @@ def fit_height_covariance(positions, normalised, signal: dict, *,
 
 def _distances(a: Any, b: Any) -> Any:
     """Distances between the points of ``a`` (B, m, 2) and ``b`` (B, n, 2): (B, m, n), on
-    their device."""
+    their device. Float32 NumPy arrays compiled where the kriging's kernels run
+    (:func:`depsi.kernels.kriging_numba.distances`: the same to the bit, a tenth of the time of
+    the broadcasts below, which stride over the coordinates and write three temporaries)."""
     xp = array_namespace(a, b)
+    if xp is np and a.dtype == b.dtype == np.float32 and _compiled_kriging():
+        from depsi.kernels import kriging_numba
+
+        return kriging_numba.distances(a, b)
     dx = a[:, :, None, 0] - b[:, None, :, 0]
     dy = a[:, :, None, 1] - b[:, None, :, 1]
     dx *= dx
@@ -349,12 +355,19 @@ def _distances(a: Any, b: Any) -> Any:
 
 def _signal_covariance(distance: Any, signal: dict) -> Any:
     """``sill correlation(d) - offset`` in place on float32 ``distance``, as float64, on its
-    device."""
+    device. On the host where the kriging's kernels run, the exponential in place and the
+    float64 step in one compiled pass (:func:`depsi.kernels.kriging_numba.scaled_covariance`,
+    the same to the bit)."""
     xp = array_namespace(distance)
     distance *= np.float32(1.0 / signal["range"])
     if signal["shape"] != 1.0:
         xp.power(distance, np.float32(signal["shape"]), out=distance)
     xp.negative(distance, out=distance)
+    if xp is np and distance.dtype == np.float32 and _compiled_kriging():
+        from depsi.kernels import kriging_numba
+
+        return kriging_numba.scaled_covariance(np.exp(distance, out=distance),
+                                               signal["sill"], signal["offset"])
     cov = xp.exp(distance).astype(np.float64)
     cov *= signal["sill"]
     cov -= signal["offset"]
@@ -446,7 +459,8 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None, place
     client = workers_client()
     if client is not None and len(batches) > 1:
         # on a cluster's workers, a task a batch (the driver cuts each batch's inputs, a few
-        # MB, and writes the results; the arithmetic below, bit for bit)
+        # MB, and writes the results; the arithmetic below, bit for bit where the workers take
+        # the same path: small workers take SciPy's solves, within 1e-12 of the compiled ones)
         _predict_on_workers(client, batches, inputs, write, options)
         return out, variance
 
@@ -516,16 +530,52 @@ def _krige_batch(nb, values, tp, valid, *, signal, noise, prior):
     # one factorisation per cell, K = L L^T, for the data and every target's covariances: the
     # prediction (L^-1 v) . (L^-1 c) and its error variance C(0) - |L^-1 c|^2, in float64 (a
     # Cholesky and one triangular solve cost what an LU solve for the data alone did)
-    rhs = np.concatenate([values[..., None], c_nt], axis=2)
+    solved = _factored_sums(cov, values, c_nt)
+    if solved is None:  # not positive definite to round-off: LU
+        solved = _lu_solved(cov, c_nt, np.concatenate([values[..., None], c_nt], axis=2))
+    predicted, explained = solved
+    return predicted, np.where(valid, np.maximum(prior - explained, 0.0), 0.0)
+
+
+def _factored_sums(cov, values, c_nt):
+    """``(L^-1 v) . (L^-1 c)`` and ``|L^-1 c|^2`` ``(B, width)`` of a batch's systems
+    (:func:`_krige_batch`), ``K = L L^T``; None where a cell's ``K`` is not positive definite
+    to round-off. Compiled where it runs (:func:`_compiled_kriging`): each cell factorised by
+    LAPACK and its substitution and sums in one pass, without the whitened array
+    (:func:`depsi.kernels.kriging_numba.factored_sums`, 1.6x faster); else NumPy's batched
+    Cholesky and SciPy's triangular solve a cell, the reference, which it agrees with to
+    round-off. A float32 ``K`` (the extra term's, :func:`_kriging_systems`) keeps NumPy's
+    float32 factor, the reference's, its substitution compiled."""
+    compiled = _compiled_kriging()
+    if compiled and cov.dtype == np.float64:
+        from depsi.kernels import kriging_numba
+
+        return kriging_numba.factored_sums(cov, values, c_nt)
     try:
         lower = np.linalg.cholesky(cov)
-        whitened = np.stack([solve_triangular(lower[b], rhs[b], lower=True, check_finite=False)
-                             for b in range(len(lower))])              # (B, k, 1 + width)
-        predicted = np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:])
-        explained = np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:])
-    except np.linalg.LinAlgError:  # not positive definite to round-off: LU
-        predicted, explained = _lu_solved(cov, c_nt, rhs)
-    return predicted, np.where(valid, np.maximum(prior - explained, 0.0), 0.0)
+    except np.linalg.LinAlgError:
+        return None
+    if compiled:
+        from depsi.kernels import kriging_numba
+
+        return kriging_numba.whitened_sums(lower, values, c_nt)
+    rhs = np.concatenate([values[..., None], c_nt], axis=2)
+    whitened = np.stack([solve_triangular(lower[b], rhs[b], lower=True, check_finite=False)
+                         for b in range(len(lower))])                  # (B, k, 1 + width)
+    return (np.einsum("bk,bkw->bw", whitened[..., 0], whitened[..., 1:]),
+            np.einsum("bkw,bkw->bw", whitened[..., 1:], whitened[..., 1:]))
+
+
+def _compiled_kriging() -> bool:
+    """Whether :mod:`depsi.kernels.kriging_numba` runs here: Numba importable, this process
+    not a small Dask worker (:func:`~depsi.stm.runtime.roomy_process`, where Numba is never
+    imported), and the kernel compiled or in the cache
+    (:func:`depsi.kernels.numba_support.ready`)."""
+    if not roomy_process():
+        return False
+    from depsi.kernels import kriging_numba
+
+    return kriging_numba.ready()
 
 
 def _lu_solved(cov, c_nt, rhs):
@@ -722,8 +772,8 @@ def estimate_correlated_height(
         among them every batch runs the device formulation (:func:`kriging_devices`: the
         Cholesky factors' systems solved in one batched call, neighbours by the grid
         search), the batches in turn over the devices; with CPU devices only, the host's reference
-        (a triangular solve a cell, the k-d tree's neighbours). The two agree to round-off
-        (1e-10 relative).
+        (a triangular solve a cell, compiled where Numba runs, and the k-d tree's neighbours).
+        The two agree to round-off (1e-10 relative).
 
     Returns
     -------

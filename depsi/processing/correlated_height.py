@@ -58,6 +58,7 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
+from depsi.processing.network_solver import _compiled_kernels
 from depsi.stm.dask_tools import workers_client
 from depsi.stm.runtime import MMAP_THRESHOLD
 from depsi.stm.schema import h2ph_rows, years_since_mother
@@ -470,7 +471,13 @@ def _gain_block(h2ph: np.ndarray, *, years: np.ndarray, m2ph: float) -> np.ndarr
 
 def _moved_block(series: np.ndarray, h2ph: np.ndarray, field: np.ndarray, scale: float
                  ) -> np.ndarray:
-    """A block of a series (float32) plus ``scale * h2ph * field``: the field's phase moved."""
+    """A block of a series (float32) plus ``scale * h2ph * field``: the field's phase moved.
+    Where Numba runs, :func:`depsi.kernels.gather_numba.moved` (the same numbers to the bit,
+    no float64 ``(points, epochs)`` temporaries)."""
+    if series.dtype == np.float32 and _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        return gather_numba.moved(series, h2ph, field, scale)
     h2ph = np.asarray(h2ph, dtype=np.float64)
     rows = np.broadcast_to(h2ph.reshape(h2ph.shape[0], -1), series.shape)
     return (series + scale * rows * field[:, None]).astype(np.float32)

@@ -31,6 +31,7 @@ from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.flags import FLAG_DTYPE
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.periodogram import ensemble_coherence, result_coherence
+from depsi.processing.network_solver import _compiled_kernels
 from depsi.stm.dask_tools import chunked_view, computed_in_place
 from depsi.stm.schema import (
     PHASE_VARIABLES,
@@ -764,7 +765,13 @@ def _uncertainty_chunk(unwrapped, aps, h2ph, dof_all, held, options) -> dict[str
 
 def _displacement_std_block(h2ph, corrected_var, height_std, *, epoch_share, n_epochs
                             ) -> np.ndarray:
-    """Each point's displacement std per epoch (float32; zero at the first epoch)."""
+    """Each point's displacement std per epoch (float32; zero at the first epoch). Where Numba
+    runs, :func:`depsi.kernels.gather_numba.displacement_std` (the same numbers to the bit, no
+    float64 ``(points, epochs)`` temporaries)."""
+    if _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        return gather_numba.displacement_std(h2ph, corrected_var, height_std, epoch_share)
     h2ph = _rows_float64(h2ph, n_epochs)
     variance = (corrected_var[:, None] * (epoch_share + epoch_share[0])
                 + ((h2ph - h2ph[:, :1]) * height_std[:, None]) ** 2)

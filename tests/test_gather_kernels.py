@@ -1,0 +1,112 @@
+"""The compiled per-point passes of :mod:`depsi.kernels.gather_numba` against their NumPy
+references: the Gaussian screen within its derived bound, the moved series and the
+displacement standard deviations to the bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.spatial import cKDTree
+
+from depsi.kernels import gather_numba
+from depsi.processing import atmosphere, correlated_height, model_fit
+
+
+@pytest.fixture
+def numpy_path(monkeypatch):
+    """Run the callers' NumPy references (as where Numba cannot be loaded)."""
+    def use_numpy():
+        monkeypatch.setattr(gather_numba, "ready", lambda: False)
+    return use_numpy
+
+
+def _both(function, numpy_path, *args, **kwargs):
+    """``function``'s result compiled, then through its NumPy reference."""
+    assert gather_numba.ready()  # the tests compile Numba's kernels (tests/conftest.py)
+    compiled = function(*args, **kwargs)
+    numpy_path()
+    return compiled, function(*args, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 5, 16])
+def test_gaussian_mean_compiled_within_the_bound_of_numpys(dtype, k, numpy_path):
+    """Neighbours from a k-d tree, values of mixed signs and scales (a screen of tens of
+    radians with outliers): the compiled mean is NumPy's to within
+    ``gaussian_error(k, u) * sum_j w_j |v_j|`` (u the values' unit roundoff), which NumPy's
+    float32 GEMV alone reaches to a fair fraction, and the kernel's float64 sum is closer to
+    the exact mean (float64 of the same weights) than NumPy's is."""
+    rng = np.random.default_rng(k)
+    sources = rng.uniform(0, 5000, (3000, 2))
+    targets = rng.uniform(0, 5000, (2000, 2))
+    values = (rng.normal(0, 20, (3000, 37)) * rng.choice([1, 1e-3, 50], (3000, 1))
+              ).astype(dtype)
+    dist, idx = cKDTree(sources).query(targets, k=k)
+    dist, idx = dist.reshape(-1, k), idx.reshape(-1, k)
+    compiled, reference = _both(atmosphere.gaussian_mean, numpy_path, dist, idx, values, 400.0)
+    assert compiled.dtype == reference.dtype == dtype
+    w = np.exp(-0.5 * (dist / 400.0) ** 2) + 1e-12
+    w /= w.sum(axis=1, keepdims=True)
+    scale = np.einsum("nk,nkt->nt", w, np.abs(values[idx].astype(np.float64)))
+    exact = np.einsum("nk,nkt->nt", w, values[idx].astype(np.float64))
+    u = np.finfo(dtype).eps / 2
+    bound = gather_numba.gaussian_error(k, u) * scale
+    diff = np.abs(compiled.astype(np.float64) - reference)
+    assert (diff <= bound).all(), float(np.max(diff / bound))
+    # one rounding into the values' precision after float64 sums
+    near = u * np.abs(exact) + (2 * k + 9) * 2.0 ** -53 * scale
+    assert (np.abs(compiled - exact) <= near).all()
+    if k > 1 and dtype == np.float32:
+        assert np.any(diff > 0)  # the two paths differ: the comparison is not vacuous
+
+
+def test_gaussian_screen_of_the_interpolator_compiled_and_numpy(numpy_path):
+    """The atmosphere's Gaussian screen (blocks on threads, k-d tree neighbours) compiled and
+    through NumPy, within the bound for its 16 neighbours and float32 values."""
+    rng = np.random.default_rng(3)
+    src = rng.uniform(0, 3000, (500, 2))
+    values = rng.normal(0, 2, (500, 12))
+    screen = atmosphere.ScreenInterpolator(src, values, {"range": 600.0}, "gaussian")
+    dst = rng.uniform(0, 3000, (20000, 2))
+    compiled, reference = _both(screen, numpy_path, dst)
+    bound = (gather_numba.gaussian_error(atmosphere.GAUSSIAN_NEIGHBOURS, 2.0 ** -24)
+             * np.abs(values).max())
+    assert np.max(np.abs(compiled.astype(np.float64) - reference)) <= bound
+
+
+@pytest.mark.parametrize("h2ph_shape", ["point", "epoch"])
+@pytest.mark.parametrize("h2ph_dtype", [np.float32, np.float64])
+def test_moved_block_compiled_is_numpys_to_the_bit(h2ph_shape, h2ph_dtype, numpy_path):
+    """The field's phase moved into a float32 series, h2ph per point or per epoch, in float32
+    or float64: the same float32 numbers (NaN where the series has one)."""
+    rng = np.random.default_rng(5)
+    n, n_epochs = 4000, 41
+    series = rng.normal(0, 30, (n, n_epochs)).astype(np.float32)
+    series[7, 3] = np.nan
+    shape = (n,) if h2ph_shape == "point" else (n, n_epochs)
+    h2ph = rng.normal(0, 3e-4, shape).astype(h2ph_dtype)
+    field = rng.normal(0, 5, n)
+    compiled, reference = _both(correlated_height._moved_block, numpy_path, series, h2ph,
+                                field, -226.4)
+    assert compiled.dtype == reference.dtype == np.float32
+    np.testing.assert_array_equal(compiled.view(np.int32), reference.view(np.int32))
+
+
+@pytest.mark.parametrize("h2ph_shape", ["point", "epoch"])
+def test_displacement_std_compiled_is_numpys_to_the_bit(h2ph_shape, numpy_path):
+    """Each point's displacement std per epoch, h2ph per point or per epoch (float32, as the
+    stores hold it): the same float32 numbers, zero at the first epoch."""
+    rng = np.random.default_rng(9)
+    n, n_epochs = 3000, 33
+    shape = (n,) if h2ph_shape == "point" else (n, n_epochs)
+    h2ph = rng.normal(0, 3e-4, shape).astype(np.float32)
+    corrected_var = rng.uniform(0, 1e-5, n)
+    height_std = rng.uniform(0, 3, n)
+    height_std[11] = np.nan
+    share = rng.uniform(0.5, 1.5, n_epochs)
+    compiled, reference = _both(model_fit._displacement_std_block, numpy_path, h2ph,
+                                corrected_var, height_std, epoch_share=share,
+                                n_epochs=n_epochs)
+    assert compiled.dtype == reference.dtype == np.float32
+    np.testing.assert_array_equal(compiled.view(np.int32), reference.view(np.int32))
+    assert not compiled[:, 0].any()

@@ -4,7 +4,8 @@ on one block of the size the chain gives it, printed as ratios (no asserts).
 
 * ``gaussian_mean``: a block of :data:`~depsi.processing.atmosphere.GAUSSIAN_BLOCK` targets,
   16 neighbours among 1.5 * 10^5 float32 sources of 60 epochs (the atmosphere's screen at
-  10^6 points); NumPy's ``(targets, k, epochs)`` gather and batched GEMV against the kernel.
+  10^6 points), sources and targets in raster order as in a store; NumPy's
+  ``(targets, k, epochs)`` gather and batched GEMV against the kernel.
 * ``moved``: a block of correlated_height's ``BLOCK`` points, 60 epochs, float32 h2ph per epoch.
 * ``displacement_std``: a block of model_fit's ``FIT_BLOCK`` points.
 * ``used_rows``: a densification chunk's neighbour rows (5 * 10^4 candidates, 16 neighbours
@@ -33,6 +34,12 @@ from depsi.processing import atmosphere, correlated_height, model_fit
 from depsi.processing.densification import _used_rows
 
 N_EPOCHS = 60
+
+
+def _raster(positions: np.ndarray) -> np.ndarray:
+    """``positions`` in raster order (rows of 50 m, then x), as a store's points are: a
+    block's neighbours are near each other in memory."""
+    return positions[np.lexsort((positions[:, 0], np.floor(positions[:, 1] / 50.0)))]
 
 
 def _faults() -> int:
@@ -78,10 +85,11 @@ def main() -> None:
     repeat = parser.parse_args().repeat
     assert gather_numba.ready(), "compile the kernels first: python -m depsi.kernels.warmup"
     rng = np.random.default_rng(0)
-    sources = rng.uniform(0, 2e4, (150_000, 2))
+    sources = _raster(rng.uniform(0, 2e4, (150_000, 2)))
     screen = rng.normal(0, 1, (len(sources), N_EPOCHS)).astype(np.float32)
     tree = cKDTree(sources)
-    dist, idx = tree.query(rng.uniform(0, 2e4, (atmosphere.GAUSSIAN_BLOCK, 2)), k=16)
+    targets = _raster(rng.uniform(0, 2e4, (4 * atmosphere.GAUSSIAN_BLOCK, 2)))
+    dist, idx = tree.query(targets[:atmosphere.GAUSSIAN_BLOCK], k=16)
 
     n = correlated_height.BLOCK
     series = rng.normal(0, 30, (n, N_EPOCHS)).astype(np.float32)
@@ -92,7 +100,7 @@ def main() -> None:
     share = rng.uniform(0.5, 1.5, N_EPOCHS)
     cv, hs = rng.uniform(0, 1e-5, m), rng.uniform(0, 3, m)
 
-    _, chunk_idx = tree.query(rng.uniform(0, 2e4, (50_000, 2)), k=16)
+    _, chunk_idx = tree.query(_raster(rng.uniform(0, 2e4, (200_000, 2)))[:50_000], k=16)
     part = rng.normal(0, 1, (50_000, N_EPOCHS)).astype(np.float32)
     keep = np.flatnonzero(rng.uniform(size=50_000) < 0.9)
 

@@ -6,8 +6,9 @@ on one block of the size the chain gives it, printed as ratios (no asserts).
   16 neighbours among 1.5 * 10^5 float32 sources of 60 epochs (the atmosphere's screen at
   10^6 points), sources and targets in raster order as in a store; NumPy's
   ``(targets, k, epochs)`` gather and batched GEMV against the kernel.
-* ``moved``: a block of correlated_height's ``BLOCK`` points, 60 epochs, float32 h2ph per epoch.
-* ``displacement_std``: a block of model_fit's ``FIT_BLOCK`` points.
+* ``moved``: a block of correlated_height's ``BLOCK`` points, 60 epochs, float32 h2ph per epoch,
+  into the step's array.
+* ``displacement_std``: a block of model_fit's ``FIT_BLOCK`` points, into the step's array.
 * ``used_rows``: a densification chunk's neighbour rows (5 * 10^4 candidates, 16 neighbours
   among 1.5 * 10^5 first-order points): ``np.unique(return_inverse=True)`` against the marks.
 * ``take``: a chunk's accepted rows (90 % of 5 * 10^4, 60 epochs float32) into the result's
@@ -118,10 +119,13 @@ def main() -> None:
     line(f"gaussian_mean ({atmosphere.GAUSSIAN_BLOCK} x 16 x {N_EPOCHS})",
          timed(False, atmosphere.gaussian_mean, *args),
          timed(True, atmosphere.gaussian_mean, *args), repeat)
-    args = (series, h2ph, field, -226.4)
-    line(f"moved ({n} x {N_EPOCHS})", timed(False, correlated_height._moved_block, *args),
-         timed(True, correlated_height._moved_block, *args), repeat)
-    args, kwargs = (h2ph[:m], cv, hs), {"epoch_share": share, "n_epochs": N_EPOCHS}
+    # both into the step's array, as the steps write them
+    args, kwargs = (series, h2ph, field, -226.4), {"out": np.empty_like(series)}
+    line(f"moved ({n} x {N_EPOCHS})",
+         timed(False, correlated_height._moved_block, *args, **kwargs),
+         timed(True, correlated_height._moved_block, *args, **kwargs), repeat)
+    args = (h2ph[:m], cv, hs)
+    kwargs = {"epoch_share": share, "n_epochs": N_EPOCHS, "out": np.empty_like(series[:m])}
     line(f"displacement_std ({m} x {N_EPOCHS})",
          timed(False, model_fit._displacement_std_block, *args, **kwargs),
          timed(True, model_fit._displacement_std_block, *args, **kwargs), repeat)

@@ -14,9 +14,11 @@ from depsi.processing import atmosphere, correlated_height, model_fit
 
 @pytest.fixture
 def numpy_path(monkeypatch):
-    """Run the callers' NumPy references (as where Numba cannot be loaded)."""
+    """Call it to run the callers' NumPy references (as where Numba cannot be loaded); its
+    ``undo`` runs the compiled kernels again."""
     def use_numpy():
         monkeypatch.setattr(gather_numba, "ready", lambda: False)
+    use_numpy.undo = monkeypatch.undo
     return use_numpy
 
 
@@ -90,6 +92,14 @@ def test_moved_block_compiled_is_numpys_to_the_bit(h2ph_shape, h2ph_dtype, numpy
                                 field, -226.4)
     assert compiled.dtype == reference.dtype == np.float32
     np.testing.assert_array_equal(compiled.view(np.int32), reference.view(np.int32))
+    numpy_path.undo()
+    in_place = series.copy()  # as correlated_height moves a series it owns
+    assert correlated_height._moved_block(in_place, h2ph, field, -226.4, out=in_place
+                                          ) is in_place
+    np.testing.assert_array_equal(in_place.view(np.int32), reference.view(np.int32))
+    strided = np.zeros((n_epochs, n), np.float32).T  # an out the kernel cannot write
+    correlated_height._moved_block(series, h2ph, field, -226.4, out=strided)
+    np.testing.assert_array_equal(strided.view(np.int32), reference.view(np.int32))
 
 
 @pytest.mark.parametrize("h2ph_shape", ["point", "epoch"])
@@ -110,3 +120,9 @@ def test_displacement_std_compiled_is_numpys_to_the_bit(h2ph_shape, numpy_path):
     assert compiled.dtype == reference.dtype == np.float32
     np.testing.assert_array_equal(compiled.view(np.int32), reference.view(np.int32))
     assert not compiled[:, 0].any()
+    numpy_path.undo()
+    out = np.full((n + 5, n_epochs), np.nan, np.float32)
+    model_fit._displacement_std_block(h2ph, corrected_var, height_std, epoch_share=share,
+                                      n_epochs=n_epochs, out=out[5:])
+    np.testing.assert_array_equal(out[5:].view(np.int32), reference.view(np.int32))
+    assert np.isnan(out[:5]).all()

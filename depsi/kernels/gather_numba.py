@@ -151,8 +151,8 @@ def gaussian_mean(dist: np.ndarray, idx: np.ndarray, values: np.ndarray,
 def moved(series: np.ndarray, h2ph: np.ndarray, field: np.ndarray, scale: float,
           out: np.ndarray | None = None) -> np.ndarray:
     """``series + scale * h2ph * field[:, None]`` (float32 ``(n, T)``; ``h2ph`` ``(n,)`` or
-    ``(n, T)``) in float64, rounded to float32, into ``out`` (which may be ``series``): NumPy's
-    result to the bit.
+    ``(n, T)``) in float64, rounded to float32, into ``out`` (C-contiguous; it may be
+    ``series`` itself) when given: NumPy's result to the bit.
 
     Examples
     --------
@@ -167,10 +167,10 @@ def moved(series: np.ndarray, h2ph: np.ndarray, field: np.ndarray, scale: float,
 
 
 def displacement_std(h2ph: np.ndarray, corrected_var: np.ndarray, height_std: np.ndarray,
-                     epoch_share: np.ndarray) -> np.ndarray:
+                     epoch_share: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Each point's displacement standard deviation per epoch, float32 ``(n, T)`` (zero at
     the first epoch): ``sqrt(corrected_var (share_t + share_0) + ((h2ph_t - h2ph_0)
-    height_std)^2)``, NumPy's result to the bit.
+    height_std)^2)``, NumPy's result to the bit, into ``out`` (C-contiguous) when given.
 
     Examples
     --------
@@ -180,7 +180,8 @@ def displacement_std(h2ph: np.ndarray, corrected_var: np.ndarray, height_std: np
     """
     epoch_share = np.asarray(epoch_share, dtype=np.float64)
     h2ph = _rows(h2ph)
-    out = np.empty((h2ph.shape[0], epoch_share.size), np.float32)
+    if out is None:
+        out = np.empty((h2ph.shape[0], epoch_share.size), np.float32)
     _displacement_std(h2ph, np.ascontiguousarray(corrected_var, dtype=np.float64),
                       np.ascontiguousarray(height_std, dtype=np.float64),
                       epoch_share + epoch_share[0], out)

@@ -173,9 +173,10 @@ def _used_rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat = idx.ravel()
     mark = np.zeros(int(flat.max()) + 1 if flat.size else 0, dtype=bool)
     mark[flat] = True
-    position = np.cumsum(mark, dtype=np.int64 if mark.size > 2**31 else np.int32)
-    position -= 1
-    return np.flatnonzero(mark), position[flat].reshape(idx.shape).astype(np.int32, copy=False)
+    # the number of used rows up to each row: one past its position among them
+    count = np.cumsum(mark, dtype=np.int64 if mark.size > 2**31 else np.int32)
+    local = (count[flat] - 1).reshape(idx.shape).astype(np.int32, copy=False)
+    return np.flatnonzero(mark), local
 
 
 def _distances(pos: np.ndarray, sources: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ on one block of the size the chain gives it, printed as ratios (no asserts).
   ``(targets, k, epochs)`` gather and batched GEMV against the kernel.
 * ``moved``: a block of correlated_height's ``BLOCK`` points, 60 epochs, float32 h2ph per epoch,
   into the step's array.
+* ``leak gain``: the correlated height's ``_gain_block`` on the same block.
 * ``displacement_std``: a block of model_fit's ``FIT_BLOCK`` points, into the step's array.
 * ``used_rows``: a densification chunk's neighbour rows (5 * 10^4 candidates, 16 neighbours
   among 1.5 * 10^5 first-order points): ``np.unique(return_inverse=True)`` against the marks.
@@ -96,6 +97,7 @@ def main() -> None:
     series = rng.normal(0, 30, (n, N_EPOCHS)).astype(np.float32)
     h2ph = rng.normal(0, 3e-4, (n, N_EPOCHS)).astype(np.float32)
     field = rng.normal(0, 5, n)
+    years = np.linspace(-2.0, 2.0, N_EPOCHS)
 
     m = model_fit.FIT_BLOCK
     share = rng.uniform(0.5, 1.5, N_EPOCHS)
@@ -124,6 +126,9 @@ def main() -> None:
     line(f"moved ({n} x {N_EPOCHS})",
          timed(False, correlated_height._moved_block, *args, **kwargs),
          timed(True, correlated_height._moved_block, *args, **kwargs), repeat)
+    line(f"leak gain ({n} x {N_EPOCHS})",
+         timed(False, correlated_height._gain_block, h2ph, years=years, m2ph=-226.4),
+         timed(True, correlated_height._gain_block, h2ph, years=years, m2ph=-226.4), repeat)
     args = (h2ph[:m], cv, hs)
     kwargs = {"epoch_share": share, "n_epochs": N_EPOCHS, "out": np.empty_like(series[:m])}
     line(f"displacement_std ({m} x {N_EPOCHS})",

@@ -126,3 +126,37 @@ def test_displacement_std_compiled_is_numpys_to_the_bit(h2ph_shape, numpy_path):
                                       n_epochs=n_epochs, out=out[5:])
     np.testing.assert_array_equal(out[5:].view(np.int32), reference.view(np.int32))
     assert np.isnan(out[:5]).all()
+
+
+@pytest.mark.parametrize("h2ph_dtype", [np.float32, np.float64])
+def test_leak_gain_compiled_within_the_bound_of_numpys(h2ph_dtype, numpy_path):
+    """The height-leak gain's square root from baselines of every kind: random, nearly
+    proportional to time (the unexplained part a small difference of large sums), constant
+    (none), with a NaN, and per point: NaN where NumPy's is, elsewhere within
+    ``leak_gain_error(T, conditioning)`` of it, the conditioning ``|h|^2 / u`` from NumPy's
+    float64 sums (up to 10^12 here, next to the 1e-12 threshold)."""
+    rng = np.random.default_rng(2)
+    n, n_epochs = 6000, 47
+    years = np.sort(rng.uniform(-3, 2, n_epochs))
+    h2ph = rng.normal(0, 3e-4, (n, n_epochs))
+    along = rng.normal(0, 3e-4, (n // 3, 1)) * years  # nearly proportional to time
+    h2ph[:n // 3] = along + rng.normal(0, 1, (n // 3, 1)) * 10.0 ** rng.uniform(
+        -8, -5, (n // 3, 1)) * rng.normal(0, 1, (n // 3, n_epochs))
+    h2ph[-3] = 2e-4  # constant baselines
+    h2ph[-2, 5] = np.nan
+    h2ph = h2ph.astype(h2ph_dtype)
+    compiled, reference = _both(correlated_height._gain_block, numpy_path, h2ph,
+                                years=years, m2ph=-226.4)
+    np.testing.assert_array_equal(np.isnan(compiled), np.isnan(reference))
+    assert np.isnan(reference[-3:-1]).all() and np.isfinite(reference[:-3]).mean() > 0.95
+    h = h2ph.astype(np.float64) - h2ph.astype(np.float64).mean(axis=1, keepdims=True)
+    conditioning = np.einsum("nt,nt->n", h, h) * (226.4 * reference) ** 2  # |h|^2 / u
+    finite = np.isfinite(reference)
+    assert conditioning[finite].max() > 1e3  # ill-conditioned points are among them
+    bound = gather_numba.leak_gain_error(n_epochs, conditioning[finite])
+    relative = np.abs(compiled[finite] - reference[finite]) / reference[finite]
+    assert (relative <= bound).all(), float(np.max(relative / bound))
+    assert relative.max() > 0  # the two paths' sums differ: the comparison is not vacuous
+    numpy_path.undo()
+    per_point = correlated_height._gain_block(h2ph[:, 0], years=years, m2ph=-226.4)
+    assert np.isnan(per_point).all()  # constant baselines: no gain, as NumPy's

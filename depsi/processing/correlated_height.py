@@ -463,7 +463,14 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None, place
 
 
 def _gain_block(h2ph: np.ndarray, *, years: np.ndarray, m2ph: float) -> np.ndarray:
-    """The square root of each point's height-leak gain (:func:`height_leak_gain`)."""
+    """The square root of each point's height-leak gain (:func:`height_leak_gain`). Where
+    Numba runs, :func:`depsi.kernels.gather_numba.leak_gain_sqrt` (one pass of float64 sums a
+    point, no float64 ``(points, epochs)`` copies; within
+    :func:`~depsi.kernels.gather_numba.leak_gain_error` of this)."""
+    if _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        return gather_numba.leak_gain_sqrt(h2ph, years, m2ph)
     h2ph = np.asarray(h2ph, dtype=np.float64)
     rows = np.broadcast_to(h2ph.reshape(h2ph.shape[0], -1), (h2ph.shape[0], years.size))
     return np.sqrt(np.maximum(height_leak_gain(rows, years, m2ph), 0.0))

@@ -216,3 +216,20 @@ def test_the_first_order_table_holds_its_series_once(monkeypatch):
                                   whole[some])
     monkeypatch.setattr(densification, "POINT_BLOCK", 7)  # the finite check's blocks
     assert _first_order_table(first)[0].sizes == table.sizes
+
+
+@pytest.mark.parametrize("k", [1, 16])
+def test_used_rows_are_numpys_unique_with_inverse(k):
+    """A chunk's used rows and local indices are ``np.unique``'s (sorted rows, inverse), with
+    repeated, unused and top rows among the indices."""
+    from depsi.processing.densification import _used_rows
+
+    rng = np.random.default_rng(k)
+    idx = rng.integers(0, 5000, (3000, k))
+    idx[0, 0], idx[-1, -1] = 0, 9999
+    used, local = _used_rows(idx)
+    expected, inverse = np.unique(idx, return_inverse=True)
+    np.testing.assert_array_equal(used, expected)
+    np.testing.assert_array_equal(local, inverse.reshape(idx.shape))
+    assert local.dtype == np.int32
+    np.testing.assert_array_equal(used[local], idx)

@@ -18,7 +18,7 @@ import pytest
 from depsi.kernels import numba_support, warmup
 
 MODULES = ("periodogram_numba", "arc_rhs_numba", "ldl_numba", "normal_rhs_numba",
-           "statistics_numba", "misclosure_numba", "kriging_numba")
+           "statistics_numba", "misclosure_numba", "kriging_numba", "gather_numba")
 
 # one process's run: which modules run compiled, what it compiled itself, and whether the
 # periodogram's result is the reference's (the NumPy kernels) or the fused kernel's
@@ -26,9 +26,9 @@ _RUN = textwrap.dedent("""
     import json, logging, sys
     import numpy as np
     logging.basicConfig(level=logging.INFO)
-    from depsi.kernels import (arc_rhs_numba, kriging_numba, ldl_numba, misclosure_numba,
-                               normal_rhs_numba, numba_support, periodogram_numba,
-                               statistics_numba)
+    from depsi.kernels import (arc_rhs_numba, gather_numba, kriging_numba, ldl_numba,
+                               misclosure_numba, normal_rhs_numba, numba_support,
+                               periodogram_numba, statistics_numba)
     from depsi.kernels.periodogram import periodogram
     t = np.linspace(0, 3, 20)
     h2ph = 3e-4 * np.sin(7.0 * np.arange(20))
@@ -37,7 +37,7 @@ _RUN = textwrap.dedent("""
                                   + rng.normal(0, 0.3, (40, 20)))))
     auto = periodogram(phase, h2ph, t, wavelength=0.0555)
     modules = (periodogram_numba, arc_rhs_numba, ldl_numba, normal_rhs_numba,
-               statistics_numba, misclosure_numba, kriging_numba)
+               statistics_numba, misclosure_numba, kriging_numba, gather_numba)
     ready = {m.__name__.rsplit(".", 1)[1]: m.ready() for m in modules}
     misses = sum(sum(d.stats.cache_misses.values()) for m in modules for d, _ in m.samples())
     reference = periodogram(phase, h2ph, t, wavelength=0.0555, fused=False)

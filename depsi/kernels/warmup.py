@@ -24,7 +24,7 @@ logger = logging.getLogger("depsi.kernels.warmup")  # also when run as __main__
 
 #: The kernel modules compiled, each with ``samples()`` and ``AVAILABLE``.
 MODULES = ("periodogram_numba", "arc_rhs_numba", "ldl_numba", "normal_rhs_numba",
-           "statistics_numba", "misclosure_numba", "kriging_numba")
+           "statistics_numba", "misclosure_numba", "kriging_numba", "gather_numba")
 
 #: Age (s) past which a temporary file of Numba's cache writer is an interrupted write's.
 STALE_TEMPORARY_S = 600.0

@@ -26,6 +26,7 @@ from depsi.conventions import phase_per_metre
 from depsi.processing.datum import POINT_BLOCK
 from depsi.processing.integration import estimated_observations, integrate_network
 from depsi.processing.network import network_edges, on_threads, point_positions
+from depsi.processing.network_solver import _compiled_kernels
 from depsi.sections import Section
 from depsi.stm.runtime import pageable_copy, release_memory
 from depsi.stm.schema import h2ph_rows, validate, years_since_mother
@@ -361,7 +362,15 @@ def gaussian_mean(dist: np.ndarray, idx: np.ndarray, values: np.ndarray,
                   length_scale: float) -> np.ndarray:
     """Gaussian-weighted mean (sigma ``length_scale``) of the rows ``values[idx]`` of each
     target's neighbours, at distances ``dist``: the screen of the ``"gaussian"`` method from
-    neighbours found once (densification finds them per chunk before its tasks run)."""
+    neighbours found once (densification finds them per chunk before its tasks run).
+
+    Where Numba runs, :func:`depsi.kernels.gather_numba.gaussian_mean` computes it with no
+    ``(targets, k, epochs)`` gather, in float64 (within
+    :func:`~depsi.kernels.gather_numba.gaussian_error` of this float32 GEMV)."""
+    if _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        return gather_numba.gaussian_mean(dist, idx, values, length_scale)
     w = np.exp(-0.5 * (dist / length_scale) ** 2) + 1e-12
     w /= w.sum(axis=1, keepdims=True)
     # (n, 1, k) @ (n, k, T), in the values' precision: a batched GEMV (einsum's mixed-type

@@ -58,6 +58,7 @@ from depsi.kernels.backend import (
 )
 from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
+from depsi.processing.network_solver import _compiled_kernels
 from depsi.stm.runtime import MMAP_THRESHOLD, roomy_process, workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
@@ -475,18 +476,41 @@ def _predict(src_pos, src_values, dst_pos, *, signal, noise, k, tree=None, place
 
 
 def _gain_block(h2ph: np.ndarray, *, years: np.ndarray, m2ph: float) -> np.ndarray:
-    """The square root of each point's height-leak gain (:func:`height_leak_gain`)."""
+    """The square root of each point's height-leak gain (:func:`height_leak_gain`). Where
+    Numba runs, :func:`depsi.kernels.gather_numba.leak_gain_sqrt` (one pass of float64 sums a
+    point, no float64 ``(points, epochs)`` copies; within
+    :func:`~depsi.kernels.gather_numba.leak_gain_error` of this)."""
+    if _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        return gather_numba.leak_gain_sqrt(h2ph, years, m2ph)
     h2ph = np.asarray(h2ph, dtype=np.float64)
     rows = np.broadcast_to(h2ph.reshape(h2ph.shape[0], -1), (h2ph.shape[0], years.size))
     return np.sqrt(np.maximum(height_leak_gain(rows, years, m2ph), 0.0))
 
 
-def _moved_block(series: np.ndarray, h2ph: np.ndarray, field: np.ndarray, scale: float
-                 ) -> np.ndarray:
-    """A block of a series (float32) plus ``scale * h2ph * field``: the field's phase moved."""
+def _moved_block(series: np.ndarray, h2ph: np.ndarray, field: np.ndarray, scale: float,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """A block of a series (float32) plus ``scale * h2ph * field``: the field's phase moved,
+    into ``out`` (float32, the series' shape; it may be the series itself) when given.
+    Where Numba runs, :func:`depsi.kernels.gather_numba.moved` (the same numbers to the bit,
+    no float64 ``(points, epochs)`` temporaries, written straight into ``out``)."""
+    if series.dtype == np.float32 and _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        direct = out is not None and out.flags.c_contiguous
+        result = gather_numba.moved(series, h2ph, field, scale, out if direct else None)
+        if out is None or direct:
+            return result
+        out[...] = result
+        return out
     h2ph = np.asarray(h2ph, dtype=np.float64)
     rows = np.broadcast_to(h2ph.reshape(h2ph.shape[0], -1), series.shape)
-    return (series + scale * rows * field[:, None]).astype(np.float32)
+    result = (series + scale * rows * field[:, None]).astype(np.float32)
+    if out is None:
+        return result
+    out[...] = result
+    return out
 
 
 def _moved_on_chunks(series: da.Array, h2ph: da.Array | np.ndarray, field: np.ndarray,
@@ -893,8 +917,8 @@ def estimate_correlated_height(
 
         def move(rows: slice, series=series, moved=moved, sign=sign) -> None:
             # each block read before it is written, in place or not; blocks are disjoint
-            moved[rows] = _moved_block(series.isel(space=rows).values, h2ph.data[rows],
-                                       field[rows], sign * m2ph)
+            _moved_block(series.isel(space=rows).values, h2ph.data[rows], field[rows],
+                         sign * m2ph, out=moved[rows])
 
         on_threads(move, _blocks(n))
         out[name] = (series.dims, moved)

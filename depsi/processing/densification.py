@@ -147,8 +147,8 @@ def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTre
     network, ties included, whatever the scheduler."""
     n = len(c_pos)
     _, idx = tree.query(c_pos, k=k, workers=-1)  # the same neighbours on every core
-    used, local = np.unique(idx.reshape(n, k), return_inverse=True)
-    payload = {"c_pos": c_pos, "fo_idx": local.reshape(n, k).astype(np.int32)}
+    used, local = _used_rows(idx.reshape(n, k))
+    payload = {"c_pos": c_pos, "fo_idx": local}
     payload.update({name: values[used] for name, values in table.items()})
     # the used points' residuals, made here from their rows: the table holds none (0.36 GB
     # at 10^7 points)
@@ -156,12 +156,26 @@ def _chunk_payload(c_pos: np.ndarray, table: dict[str, np.ndarray], tree: cKDTre
     if screen is not None and screen.method != "kriging":
         ks = min(GAUSSIAN_NEIGHBOURS, screen.tree.n)
         _, idx = screen.tree.query(c_pos, k=ks, workers=-1)
-        used, local = np.unique(idx.reshape(n, ks), return_inverse=True)
-        payload.update({"screen_idx": local.reshape(n, ks).astype(np.int32),
+        used, local = _used_rows(idx.reshape(n, ks))
+        payload.update({"screen_idx": local,
                         "screen_pos": screen.src_pos[used], "screen_values": screen.values[used]})
     if c_height is not None:  # the candidates' terrain heights, for the stratified part
         payload["c_height"] = c_height
     return payload
+
+
+def _used_rows(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``idx`` ``(n, k)`` (non-negative) uses, ascending, and each index's position
+    among them (int32 ``(n, k)``): ``np.unique(idx, return_inverse=True)``'s, from a mark per
+    row up to the largest index and its running count instead of a sort of the ``n k``
+    indices (twenty times faster at 10^5 candidates of 16 neighbours)."""
+    flat = idx.ravel()
+    mark = np.zeros(int(flat.max()) + 1 if flat.size else 0, dtype=bool)
+    mark[flat] = True
+    # the number of used rows up to each row: one past its position among them
+    count = np.cumsum(mark, dtype=np.int64 if mark.size > 2**31 else np.int32)
+    local = (count[flat] - 1).reshape(idx.shape).astype(np.int32, copy=False)
+    return np.flatnonzero(mark), local
 
 
 def _distances(pos: np.ndarray, sources: np.ndarray, idx: np.ndarray) -> np.ndarray:

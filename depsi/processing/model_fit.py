@@ -31,6 +31,7 @@ from depsi.kernels.design_matrices import design_matrix
 from depsi.kernels.flags import FLAG_DTYPE
 from depsi.kernels.lstsq import lstsq_batched
 from depsi.kernels.periodogram import ensemble_coherence, result_coherence
+from depsi.processing.network_solver import _compiled_kernels
 from depsi.stm.dask_tools import chunked_view, computed_in_place
 from depsi.stm.schema import (
     PHASE_VARIABLES,
@@ -674,9 +675,9 @@ def point_uncertainty(out: xr.Dataset, model=None) -> xr.Dataset:
         displacement_std = np.empty((n, n_epochs), np.float32)
 
         def block(rows: slice) -> None:
-            displacement_std[rows] = _displacement_std_block(
-                h2ph_all[rows], corrected_var[rows], uncorrected_height_std[rows],
-                epoch_share=epoch_share, n_epochs=n_epochs)
+            _displacement_std_block(h2ph_all[rows], corrected_var[rows],
+                                    uncorrected_height_std[rows], epoch_share=epoch_share,
+                                    n_epochs=n_epochs, out=displacement_std[rows])
 
         _on_threads(n, block)
     return out.assign({"velocity_std": ("space", velocity_std.astype(np.float32)),
@@ -762,12 +763,28 @@ def _uncertainty_chunk(unwrapped, aps, h2ph, dof_all, held, options) -> dict[str
     return out
 
 
-def _displacement_std_block(h2ph, corrected_var, height_std, *, epoch_share, n_epochs
-                            ) -> np.ndarray:
-    """Each point's displacement std per epoch (float32; zero at the first epoch)."""
+def _displacement_std_block(h2ph, corrected_var, height_std, *, epoch_share, n_epochs,
+                            out: np.ndarray | None = None) -> np.ndarray:
+    """Each point's displacement std per epoch (float32; zero at the first epoch), into
+    ``out`` when given. Where Numba runs, :func:`depsi.kernels.gather_numba.displacement_std`
+    (the same numbers to the bit, no float64 ``(points, epochs)`` temporaries, written straight
+    into ``out``)."""
+    if _compiled_kernels("gather_numba"):
+        from depsi.kernels import gather_numba
+
+        direct = out is not None and out.flags.c_contiguous
+        result = gather_numba.displacement_std(h2ph, corrected_var, height_std, epoch_share,
+                                               out if direct else None)
+        if out is None or direct:
+            return result
+        out[...] = result
+        return out
     h2ph = _rows_float64(h2ph, n_epochs)
     variance = (corrected_var[:, None] * (epoch_share + epoch_share[0])
                 + ((h2ph - h2ph[:, :1]) * height_std[:, None]) ** 2)
-    out = np.sqrt(variance).astype(np.float32)
-    out[:, 0] = 0.0
+    result = np.sqrt(variance).astype(np.float32)
+    result[:, 0] = 0.0
+    if out is None:
+        return result
+    out[...] = result
     return out

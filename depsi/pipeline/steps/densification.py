@@ -122,7 +122,10 @@ def _accepted_by_chunk(dense: xr.Dataset, bounds: np.ndarray, out: dict
             **({"scheduler": "sync"} if threaded else {})), order=2, keep=("accepted",))
         keep = np.flatnonzero(part["accepted"].values)
         for name, (dims, values) in out.items():
-            values[rows.start:rows.start + keep.size] = part[name].transpose(*dims).values[keep]
+            # gathered straight into the rows (a fancy index would copy them first; take's
+            # "clip" mode writes into out unbuffered, the indices being valid)
+            np.take(part[name].transpose(*dims).values, keep, axis=0, mode="clip",
+                    out=values[rows.start:rows.start + keep.size])
         return rows.start, keep.size
 
     chunks = range(len(bounds) - 1)

@@ -195,14 +195,15 @@ def _pairs_within(xy: np.ndarray, distance: float, device: Device | str | None) 
 
 
 def _nearest(positions: np.ndarray, queries: np.ndarray, k: int, bound: float,
-             device: Device | str | None, tree: cKDTree | None = None
+             device: Device | str | None, tree: cKDTree | None = None, *, workers: int = -1
              ) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` nearest ``positions`` of each of ``queries`` (``cKDTree.query``'s ``dist``,
-    ``idx``): the k-d tree ``tree`` on the host (``device`` None), else the grid search on
-    ``device`` (the same neighbours; equal distances by index)."""
+    ``idx``): the k-d tree ``tree`` on the host (``device`` None; its query on ``workers``
+    threads), else the grid search on ``device`` (the same neighbours; equal distances by
+    index)."""
     if device is None:
         tree = cKDTree(positions) if tree is None else tree
-        dist, idx = tree.query(queries, k=k, distance_upper_bound=bound, workers=-1)
+        dist, idx = tree.query(queries, k=k, distance_upper_bound=bound, workers=workers)
         return dist.reshape(len(queries), k), idx.reshape(len(queries), k)
     device = parse_device(device)
     dist, idx = nearest_neighbours(to_device(positions, device), to_device(queries, device), k,
@@ -384,11 +385,13 @@ def redundant_edges(
     n_query = int(min(n, 1 + max(4 * k * n_sectors, 16)))
     tree = cKDTree(positions) if device is None else None
     bound = np.inf if max_length is None else float(max_length)
-    sources, targets = [], []
-    # blocks of points bound the (points, n_query) temporaries whatever the network's size
-    for start in range(0, n, EDGE_QUERY_BLOCK):
+    starts = range(0, n, EDGE_QUERY_BLOCK)
+
+    def block_edges(start: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chosen edges of the points ``start:start + EDGE_QUERY_BLOCK``."""
         block = np.arange(start, min(start + EDGE_QUERY_BLOCK, n))
-        dist, idx = _nearest(positions, positions[block], n_query, bound, device, tree)
+        dist, idx = _nearest(positions, positions[block], n_query, bound, device, tree,
+                             workers=1 if threaded else -1)
         dist, idx = dist[:, 1:], idx[:, 1:]  # drop the point itself
         valid = np.isfinite(dist) & (idx < n)
         nbrs = np.where(valid, idx, block[:, None])
@@ -406,8 +409,15 @@ def redundant_edges(
         start_of_run = np.maximum.accumulate(np.where(first, column, 0), axis=1)
         chosen = (column - start_of_run < k) & (by_sector < n_sectors)
         rows, slots = np.nonzero(chosen)
-        sources.append(block[rows])
-        targets.append(nbrs[rows, order[rows, slots]])
+        return block[rows], nbrs[rows, order[rows, slots]]
+
+    # blocks of points bound the (points, n_query) temporaries whatever the network's size;
+    # on the host they run on this process's threads (the tree's query one thread each, the
+    # blocks' NumPy work releasing the GIL), in order: the same edges as one after another
+    threaded = device is None and len(starts) > 1
+    edges = on_threads(block_edges, starts) if threaded else [block_edges(s) for s in starts]
+    sources = [edge[0] for edge in edges]
+    targets = [edge[1] for edge in edges]
     return _unique_edges(np.concatenate(sources), np.concatenate(targets), n)
 
 

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from depsi.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.cf import with_cf_attributes
-from depsi.io.prefetch import default_block_shape, iter_processed_blocks
+from depsi.io.prefetch import default_block_shape, drop_handed_over, iter_processed_blocks
 from depsi.io.store import open_stm, space_chunk_size
 from depsi.io.store_append import append_epochs, epoch_coords, epochs_to_append
 from depsi.kernels.statistics import (
@@ -701,6 +701,8 @@ def ps_selection(
                 method.upper(), threshold, DEFAULT_PHASE_THRESHOLD)
             instead_of, method, threshold, engine = method, "phase", DEFAULT_PHASE_THRESHOLD, "dask"
             points, counts = _select_phase(stack, threshold=threshold, window=window)
+    for name in _timed_variables(stack):  # a check's decoded blocks no pass took (dask engine)
+        drop_handed_over(stack[name].data)
     result = _finish_points(points, method=method, threshold=threshold, counts=counts,
                             window_attrs=_window_attrs(stack["time"].values[window]))
     result.attrs["selection_engine"] = engine

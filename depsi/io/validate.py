@@ -311,8 +311,11 @@ def validate_stack(stack: xr.Dataset, *, on_bad_epoch: BadEpochPolicy = "fail",
                    source: str = "stack") -> xr.Dataset:
     """Check a raster stack's values on a bounded sample; the stack, bad epochs dropped if asked.
 
-    Reads the windows of :func:`sample_windows` (at most ``SAMPLE_GRID`` stored chunks), every
-    epoch, of ``complex`` and ``h2ph`` (never the whole stack) and checks: the epochs span at
+    Reads the windows of :func:`sample_windows` (at most ``SAMPLE_GRID`` Dask blocks), every
+    epoch, of ``complex`` and ``h2ph`` (never the whole stack); a stack read straight from its
+    store has those blocks read whole and kept for the selection's pass, which then does not
+    decode them again (:func:`depsi.io.prefetch.hand_over`, at most
+    :data:`~depsi.io.prefetch.HANDOVER_BYTES`). It checks: the epochs span at
     least a day (:func:`check_epoch_span`); complex values are finite and each epoch's amplitude
     is neither all zero nor constant; ``|h2ph| <= H2PH_MAX``; h2ph is not zero at every epoch.
 

@@ -165,3 +165,16 @@ def test_a_handed_over_block_is_cut_as_its_time_chunks_are_read():
     whole = prefetch._read_stored(None, ((10,), (10,), (8,)), (slice(0, 10), slice(0, 10)),
                                   True, decoded)
     assert len(whole) == 1 and whole[0] is decoded
+
+
+def test_the_handed_over_blocks_are_visited_first_when_asked(store):
+    stack = validate_stack(open_slc_zarr(store))
+    visit = prefetch.iter_processed_blocks(stack, lambda s, block: None,
+                                           variables=["complex", "h2ph"], split_time=True,
+                                           handed_over_first=True)
+    order = [(a.start, r.start) for (a, r), _ in visit]
+    assert order[0] == (20, 20) and sorted(order[1:]) == order[1:] and len(order) == 16
+    assert prefetch._handed == {}
+    plain = prefetch.iter_processed_blocks(validate_stack(open_slc_zarr(store)),
+                                           lambda s, block: None, variables=["complex"])
+    assert [(a.start, r.start) for (a, r), _ in plain][10] == (20, 20)  # in order otherwise

@@ -527,6 +527,7 @@ def iter_processed_blocks(
     workers: int = 1,
     variables: Sequence[str] | None = None,
     split_time: bool = False,
+    handed_over_first: bool = False,
     progress: bool = False,
     desc: str = "reading blocks",
 ) -> Iterator[tuple[tuple[slice, slice], Result]]:
@@ -555,6 +556,11 @@ def iter_processed_blocks(
         own piece, and never joined along time in memory. A Dask chunk is never cut (a graph
         that derives the values, a dtype conversion say, would be computed once per cut). A
         variable in memory comes as a list of one array.
+    handed_over_first
+        Visit the blocks handed over by a check that decoded them (:func:`hand_over`) first,
+        the others in order after them: the handed-over blocks are let go at the pass's start
+        instead of waiting in memory for their turn (for a caller that does not depend on the
+        order of the blocks).
 
     Yields
     ------
@@ -572,6 +578,11 @@ def iter_processed_blocks(
     slices = block_slices(stack, block_shape, variables=names)
     logger.debug("iterating %d blocks of %s on %d thread(s)", len(slices), names, workers)
     lead = _lead_variables(stack, names, time_last=split_time)
+    if handed_over_first:
+        with _handed_lock:
+            handed = {key for var in lead.values()
+                      for key in tuple(_handed_blocks(var.data) or ())}
+        slices = sorted(slices, key=lambda s: _block_key(s) not in handed)  # stable
     split = [name for name, var in lead.items() if split_time and "time" in var.dims]
     sources = {name: source for name, var in lead.items()
                if (source := stored_source(var.data)) is not None}

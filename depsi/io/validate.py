@@ -8,9 +8,7 @@ numbers is refused with its name instead of running to nonsense.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import dask
@@ -149,6 +147,10 @@ def _span(block: tuple[slice, slice]) -> tuple[int, int, int, int]:
     return block[0].start, block[0].stop, block[1].start, block[1].stop
 
 
+def _read_block(source: Any, block: tuple[slice, slice]) -> np.ndarray:
+    return np.asarray(source[block])
+
+
 def _read_whole_blocks(arrays: dict[str, Any]) -> dict[str, dict] | None:
     """The Dask blocks that hold each variable's sampled windows, read whole and handed over
     to the pass that will read the stack whole (:func:`depsi.io.prefetch.hand_over`), by
@@ -175,8 +177,10 @@ def _read_whole_blocks(arrays: dict[str, Any]) -> dict[str, dict] | None:
                  * data.dtype.itemsize for _, data, _, (a, r) in jobs)
     if not jobs or nbytes > handover_room():
         return None
-    with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
-        values = list(pool.map(lambda job: np.asarray(job[2][job[3]]), jobs))
+    # on this process's threads (Dask's pool, whose threads and heaps the checks reuse)
+    read = dask.delayed(_read_block, pure=False)
+    values = dask.compute(*(read(source, block) for _, _, source, block in jobs),
+                          scheduler="threads")
     blocks: dict[str, dict] = {name: {} for name in arrays}
     for (name, data, _, block), value in zip(jobs, values):
         hand_over(data, block, value)

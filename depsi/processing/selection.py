@@ -515,7 +515,8 @@ def _select_stream(stack, *, method, threshold, window, block_shape, prefetch, w
     # are joined for them alone
     results = iter_processed_blocks(stack, select, block_shape, prefetch=prefetch,
                                     workers=workers, variables=names + coord_names,
-                                    split_time=True, progress=progress, desc="PS selection")
+                                    split_time=True, handed_over_first=True,
+                                    progress=progress, desc="PS selection")
     pieces, counts = _collect((result for _, result in results),
                               ["azimuth", "range", *_POINT_STATISTICS, *names, *coord_names])
     joined = _gather_in_order(pieces, stack)

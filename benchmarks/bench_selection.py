@@ -29,8 +29,9 @@ Cases, all over ``complex`` and ``h2ph`` (the bytes a selection must read):
   checked on a sample, geometry and epochs) and the selection step;
 - with ``--peer``: TU Delft DePSI 0.1.2's ``ps_selection`` (NAD) on the same store, in its own
   venv (``_peer_selection_driver.py``);
-- with ``--compare DIR``: the two engines again with the depsi package of ``DIR`` (a checkout
-  of an earlier commit), in the same rounds, for before/after ratios under the same load.
+- with ``--compare DIR``: the two engines and the ``depsi run`` case again with the depsi
+  package of ``DIR`` (a checkout of an earlier commit), in the same rounds, for before/after
+  ratios under the same load.
 """
 
 from __future__ import annotations
@@ -216,11 +217,12 @@ def _pipeline(path: str) -> tuple:
         return stack, run_step("selection", config, stack=stack).compute()
 
 
-def case_pipeline(path: str) -> dict:
+def case_pipeline(path: str, tree: str | None = None) -> dict:
     """What ``depsi run`` does up to the points: the stack step (open the store, check its
     values on a sample, its geometry and epochs) and the selection step, as in a run. Its
     warm-up is the same two steps on a one-block copy of the store (the steps' own imports
     and first calls, one-time costs of a process as the other cases' warm-ups are)."""
+    _use_tree(tree)
     _pipeline(_corner_store(path))
     base, cpu = _rss_mb(), _cpu_seconds()
     start = time.perf_counter()
@@ -327,7 +329,8 @@ def main() -> None:
                         help="also TU Delft DePSI's ps_selection, in its own venv (created "
                              "once: benchmarks/bench_peer.py's ensure_peer_venv)")
     parser.add_argument("--compare", type=str, default=None, metavar="DIR",
-                        help="also run the engines with the depsi package found in DIR "
+                        help="also run the engines and depsi run with the depsi package "
+                             "found in DIR "
                              "(a checkout of an earlier commit), in the same rounds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -357,7 +360,8 @@ def main() -> None:
         cases["peer"] = (case_peer, python)
     if args.compare:
         cases |= {"stream_before": (case_stream, 2, None, args.compare),
-                  "dask_before": (case_dask, args.compare)}
+                  "dask_before": (case_dask, args.compare),
+                  "pipeline_before": (case_pipeline, args.compare)}
     rounds = [{name: _in_child(func, path, *fargs) for name, (func, *fargs) in cases.items()}
               for _ in range(args.repeat)]
     report(args, cores, rounds)
@@ -393,7 +397,8 @@ def report(args, cores: int, rounds: list[dict]) -> None:
               "stream": "stream, default workers", "stream1": "stream, 1 worker",
               "dask": "dask engine, computed", "pipeline": "depsi run: stack + selection",
               "peer": "TU Delft DePSI ps_selection", "stream_before": "before: stream engine",
-              "dask_before": "before: dask, computed"}
+              "dask_before": "before: dask, computed",
+              "pipeline_before": "before: depsi run"}
     print(f"{'case':30s} {'seconds':>8s} {'x limit':>8s} {'median x':>8s} {'CPU s':>6s} "
           f"{'x CPU':>6s} {'peak MB':>8s}")
     for name, label in labels.items():
@@ -411,9 +416,16 @@ def report(args, cores: int, rounds: list[dict]) -> None:
           "ratio to that round's read; x CPU: CPU seconds over those of the 1-thread read")
     peer, default = runs.get("peer"), runs["default"]
     if peer is not None:
-        for name, own in (("the default", default), ("depsi run", runs["pipeline"])):
+        ours = (("the default", default), ("depsi run", runs["pipeline"]),
+                ("before: depsi run", runs.get("pipeline_before")))
+        keys = {"the default": "default", "depsi run": "pipeline",
+                "before: depsi run": "pipeline_before"}
+        for name, own in ((name, own) for name, own in ours if own is not None):
+            per_round = [r["peer"]["seconds"] / r[keys[name]]["seconds"] for r in rounds
+                         if r.get("peer") is not None and r.get(keys[name]) is not None]
             print(f"TU Delft DePSI over {name}: {peer['seconds'] / own['seconds']:.1f}x "
-                  f"(wall), {peer['cpu'] / own['cpu']:.1f}x (CPU)")
+                  f"(wall, fastest runs; median over rounds {_median(per_round):.1f}x), "
+                  f"{peer['cpu'] / own['cpu']:.1f}x (CPU)")
     stream, dask_run = runs["stream"], runs["dask"]
     print(f"peak memory relative to the stack's {gb * 1e3:.0f} MB: stream "
           f"{stream['peak_mb'] / (gb * 1e3):.1%}, dask {dask_run['peak_mb'] / (gb * 1e3):.1%}")

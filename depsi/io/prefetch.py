@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count, product
 from typing import Any, TypeVar
@@ -33,6 +34,16 @@ Result = TypeVar("Result")
 _POLL_SECONDS = 0.05
 
 _DONE = object()
+
+#: Bytes of decoded blocks that a reader of a stack's sample (:func:`hand_over`) may keep for the
+#: stream pass that reads the stack whole, over all stacks together: the stack's check decodes
+#: whole stored chunks that the pass then takes instead of decoding them again.
+HANDOVER_BYTES = 4 * DEFAULT_CHUNK_BYTES
+
+#: Handed-over blocks by ``id`` of the Dask array they are of: (a weak reference to it, its
+#: blocks by ``(azimuth start, stop, range start, stop)``). An entry goes when its array goes.
+_handed: dict[int, tuple[weakref.ref, dict[tuple[int, int, int, int], np.ndarray]]] = {}
+_handed_lock = threading.Lock()
 
 
 class _Failure:
@@ -212,6 +223,96 @@ def prefetched(
         bar.close()
 
 
+def _block_key(slices: tuple[slice, slice]) -> tuple[int, int, int, int]:
+    azimuth, range_ = slices
+    return int(azimuth.start), int(azimuth.stop), int(range_.start), int(range_.stop)
+
+
+def _handed_blocks(data: Any) -> dict[tuple[int, int, int, int], np.ndarray] | None:
+    """The blocks handed over for ``data`` (the caller holds ``_handed_lock``)."""
+    entry = _handed.get(id(data))
+    if entry is None or entry[0]() is not data:
+        return None
+    return entry[1]
+
+
+def _forget(key: int) -> None:
+    """Called when an array with blocks handed over goes: its entry goes too. Without the
+    lock (a garbage collection may run this on a thread that holds it); the readers of
+    ``_handed`` iterate over snapshots of it."""
+    _handed.pop(key, None)
+
+
+def _held() -> int:
+    """Bytes of the blocks kept now."""
+    return sum(block.nbytes for _, blocks in tuple(_handed.values())
+               for block in tuple(blocks.values()))
+
+
+def handover_room() -> int:
+    """Bytes that :func:`hand_over` may still keep (:data:`HANDOVER_BYTES` less those kept)."""
+    with _handed_lock:
+        return HANDOVER_BYTES - _held()
+
+
+def hand_over(data: dask.array.Array, slices: tuple[slice, slice], values: np.ndarray) -> bool:
+    """Keep ``values``, the decoded block ``slices`` (azimuth, range; every other axis whole)
+    of the Dask array ``data``, for the next read of that block by :func:`iter_processed_blocks`
+    (where it reads the store directly, :func:`stored_source`), which takes it instead of
+    decoding the block again.
+
+    A check that reads a sample of a stack before a pass reads it whole (the stack check,
+    :func:`depsi.io.validate.validate_stack`) hands its decoded blocks over, so that the pass
+    decodes every block once. The block is taken by its first read (and then belongs to the
+    reader); the blocks of ``data`` that no read took go when ``data`` goes, or when a pass
+    over it ends (:func:`drop_handed_over`). Nothing is kept (False back) when it would take
+    the blocks kept over :data:`HANDOVER_BYTES`, or when ``values`` is not the block's shape.
+    """
+    if not isinstance(data, dask.array.Array):
+        return False
+    shape = (slices[0].stop - slices[0].start, slices[1].stop - slices[1].start,
+             *data.shape[2:])
+    if values.shape != shape or values.dtype != data.dtype:
+        return False
+    key = id(data)
+    with _handed_lock:
+        if _held() + values.nbytes > HANDOVER_BYTES:
+            return False
+        blocks = _handed_blocks(data)
+        if blocks is None:
+            blocks = {}
+            _handed[key] = (weakref.ref(data), blocks)
+            weakref.finalize(data, _forget, key)
+        blocks[_block_key(slices)] = values
+    return True
+
+
+def take_handed_over(data: Any, slices: tuple[slice, slice]) -> np.ndarray | None:
+    """The block ``slices`` of ``data`` handed over by :func:`hand_over`, now the caller's (no
+    later read gets it), or None."""
+    with _handed_lock:
+        blocks = _handed_blocks(data)
+        return None if blocks is None else blocks.pop(_block_key(slices), None)
+
+
+def handed_over_pixel(data: Any, azimuth: int, range_: int) -> np.ndarray | None:
+    """A copy of the values at pixel ``(azimuth, range_)`` of ``data`` (every other axis
+    whole) from a block handed over by :func:`hand_over` that holds it (the block stays), or
+    None."""
+    with _handed_lock:
+        for (a0, a1, r0, r1), block in tuple((_handed_blocks(data) or {}).items()):
+            if a0 <= azimuth < a1 and r0 <= range_ < r1:
+                return block[azimuth - a0, range_ - r0].copy()
+    return None
+
+
+def drop_handed_over(data: Any) -> None:
+    """Forget the blocks of ``data`` that no read took (a pass over it has read them all)."""
+    with _handed_lock:
+        if _handed_blocks(data) is not None:
+            _handed.pop(id(data), None)
+
+
 def _block_edges(size: int, step: int | None, chunks: tuple[int, ...] | None) -> list[slice]:
     if step is None and chunks is not None:
         edges = np.concatenate([[0], np.cumsum(chunks)])
@@ -331,12 +432,19 @@ def stored_source(data: Any) -> Any | None:
 
 
 def _read_stored(source: Any, chunks: tuple[tuple[int, ...], ...], slices: tuple[slice, slice],
-                 split: bool) -> Any:
+                 split: bool, decoded: np.ndarray | None = None) -> Any:
     """A block of a :func:`stored_source` (``split``: one array per chunk along the last
-    axis, as :func:`_read` gives a split Dask variable)."""
+    axis, as :func:`_read` gives a split Dask variable); ``decoded``: the block already decoded
+    (:func:`take_handed_over`), cut as it would have been read."""
+    edges = np.cumsum((0, *chunks[-1]))
+    if decoded is not None:
+        if not split or len(edges) == 2:
+            return [decoded] if split else decoded
+        # contiguous pieces, as a read gives them (a compiled kernel is typed on the layout)
+        return [np.ascontiguousarray(decoded[..., int(a):int(b)])
+                for a, b in zip(edges[:-1], edges[1:])]
     if not split:
         return np.asarray(source[slices])
-    edges = np.cumsum((0, *chunks[-1]))
     return [np.asarray(source[(*slices, *(slice(None),) * (len(chunks) - 3),
                                slice(int(a), int(b)))])
             for a, b in zip(edges[:-1], edges[1:])]
@@ -358,7 +466,8 @@ def _read(variables: dict[str, xr.Variable], slices: tuple[slice, slice],
     for name, var in variables.items():
         source = (sources or {}).get(name)
         if source is not None and var.chunks is not None:
-            block[name] = _read_stored(source, var.chunks, slices, name in split)
+            block[name] = _read_stored(source, var.chunks, slices, name in split,
+                                       take_handed_over(var.data, slices))
             continue
         part = var[slices]
         if isinstance(part.data, dask.array.Array):
@@ -418,6 +527,7 @@ def iter_processed_blocks(
     workers: int = 1,
     variables: Sequence[str] | None = None,
     split_time: bool = False,
+    handed_over_first: bool = False,
     progress: bool = False,
     desc: str = "reading blocks",
 ) -> Iterator[tuple[tuple[slice, slice], Result]]:
@@ -446,6 +556,11 @@ def iter_processed_blocks(
         own piece, and never joined along time in memory. A Dask chunk is never cut (a graph
         that derives the values, a dtype conversion say, would be computed once per cut). A
         variable in memory comes as a list of one array.
+    handed_over_first
+        Visit the blocks handed over by a check that decoded them (:func:`hand_over`) first,
+        the others in order after them: the handed-over blocks are let go at the pass's start
+        instead of waiting in memory for their turn (for a caller that does not depend on the
+        order of the blocks).
 
     Yields
     ------
@@ -463,12 +578,21 @@ def iter_processed_blocks(
     slices = block_slices(stack, block_shape, variables=names)
     logger.debug("iterating %d blocks of %s on %d thread(s)", len(slices), names, workers)
     lead = _lead_variables(stack, names, time_last=split_time)
+    if handed_over_first:
+        with _handed_lock:
+            handed = {key for var in lead.values()
+                      for key in tuple(_handed_blocks(var.data) or ())}
+        slices = sorted(slices, key=lambda s: _block_key(s) not in handed)  # stable
     split = [name for name, var in lead.items() if split_time and "time" in var.dims]
     sources = {name: source for name, var in lead.items()
                if (source := stored_source(var.data)) is not None}
-    yield from prefetched(lambda s: process(s, _read(lead, s, split, sources)), slices,
-                          prefetch=prefetch, workers=workers, progress=progress,
-                          total=len(slices), desc=desc)
+    try:
+        yield from prefetched(lambda s: process(s, _read(lead, s, split, sources)), slices,
+                              prefetch=prefetch, workers=workers, progress=progress,
+                              total=len(slices), desc=desc)
+    finally:  # handed-over blocks this pass did not take (blocks of another shape) go now
+        for var in lead.values():
+            drop_handed_over(var.data)
 
 
 def iter_blocks(

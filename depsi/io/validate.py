@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import dask
 import numpy as np
@@ -132,16 +132,82 @@ def sample_windows(data) -> list[tuple[slice, slice]]:
     return list(windows.values())
 
 
+def _enclosing_block(data, window: tuple[slice, slice]) -> tuple[slice, slice]:
+    """The ``(azimuth, range)`` slices of the Dask block that holds ``window`` (each window
+    of :func:`sample_windows` lies in one)."""
+    block = []
+    for axis, part in enumerate(window):
+        edges = np.concatenate([[0], np.cumsum(_axis_chunks(data, axis))])
+        k = int(np.searchsorted(edges, part.start, side="right")) - 1
+        block.append(slice(int(edges[k]), int(edges[k + 1])))
+    return block[0], block[1]
+
+
+def _span(block: tuple[slice, slice]) -> tuple[int, int, int, int]:
+    return block[0].start, block[0].stop, block[1].start, block[1].stop
+
+
+def _read_block(source: Any, block: tuple[slice, slice]) -> np.ndarray:
+    return np.asarray(source[block])
+
+
+def _read_whole_blocks(arrays: dict[str, Any]) -> dict[str, dict] | None:
+    """The Dask blocks that hold each variable's sampled windows, read whole and handed over
+    to the pass that will read the stack whole (:func:`depsi.io.prefetch.hand_over`), by
+    variable and block; None (read the windows alone) unless every variable is read straight
+    from its store (:func:`depsi.io.prefetch.stored_source`) and the blocks fit in what may be
+    handed over (:data:`depsi.io.prefetch.HANDOVER_BYTES`).
+
+    A window's stored chunks are decoded whole whichever part of them is read: reading the
+    whole block costs about the same, and the selection then takes the block instead of
+    decoding it a second time, so that the check costs the stack step (almost) no decoding of
+    its own.
+    """
+    from depsi.io.prefetch import hand_over, handover_room, stored_source
+
+    jobs: list[tuple[str, Any, Any, tuple[slice, slice]]] = []
+    for name, data in arrays.items():
+        source = stored_source(data)
+        if source is None:
+            return None
+        spans = {_span(_enclosing_block(data, w)) for w in sample_windows(data)}
+        jobs.extend((name, data, source, (slice(a0, a1), slice(r0, r1)))
+                    for a0, a1, r0, r1 in sorted(spans))
+    nbytes = sum((a.stop - a.start) * (r.stop - r.start) * int(np.prod(data.shape[2:]))
+                 * data.dtype.itemsize for _, data, _, (a, r) in jobs)
+    if not jobs or nbytes > handover_room():
+        return None
+    # on this process's threads (Dask's pool, whose threads and heaps the checks reuse)
+    read = dask.delayed(_read_block, pure=False)
+    values = dask.compute(*(read(source, block) for _, _, source, block in jobs),
+                          scheduler="threads")
+    blocks: dict[str, dict] = {name: {} for name in arrays}
+    for (name, data, _, block), value in zip(jobs, values):
+        hand_over(data, block, value)
+        blocks[name][_span(block)] = value
+    return blocks
+
+
 def _samples(variables: dict[str, xr.DataArray]) -> dict[str, np.ndarray]:
     """``(pixels, time)`` values of each variable's sampled windows, all windows of all of them
-    in one compute, so that the stored chunks they touch are decoded at once on the threads
+    read at once, so that the stored chunks they touch are decoded at once on the threads
     (``complex`` and ``h2ph`` together: the stack step's time is the larger read, not their
-    sum)."""
+    sum). Read straight from a store, the windows' whole blocks are read and kept for the
+    selection's pass (:func:`_read_whole_blocks`)."""
+    arrays = {name: variable.transpose("azimuth", "range", "time").data
+              for name, variable in variables.items()}
+    blocks = _read_whole_blocks(arrays)
     windows, owners = [], []
-    for name, variable in variables.items():
-        data = variable.transpose("azimuth", "range", "time").data
+    for name, data in arrays.items():
         for a, r in sample_windows(data):
-            windows.append(data[a, r, :].reshape(-1, data.shape[2]))
+            if blocks is not None:
+                block_a, block_r = _enclosing_block(data, (a, r))
+                values = blocks[name][_span((block_a, block_r))]
+                window = values[a.start - block_a.start:a.stop - block_a.start,
+                                r.start - block_r.start:r.stop - block_r.start]
+                windows.append(window.reshape(-1, data.shape[2]))
+            else:
+                windows.append(data[a, r, :].reshape(-1, data.shape[2]))
             owners.append(name)
     if any(hasattr(window, "dask") for window in windows):
         windows = list(dask.compute(*windows))
@@ -249,8 +315,11 @@ def validate_stack(stack: xr.Dataset, *, on_bad_epoch: BadEpochPolicy = "fail",
                    source: str = "stack") -> xr.Dataset:
     """Check a raster stack's values on a bounded sample; the stack, bad epochs dropped if asked.
 
-    Reads the windows of :func:`sample_windows` (at most ``SAMPLE_GRID`` stored chunks), every
-    epoch, of ``complex`` and ``h2ph`` (never the whole stack) and checks: the epochs span at
+    Reads the windows of :func:`sample_windows` (at most ``SAMPLE_GRID`` Dask blocks), every
+    epoch, of ``complex`` and ``h2ph`` (never the whole stack); a stack read straight from its
+    store has those blocks read whole and kept for the selection's pass, which then does not
+    decode them again (:func:`depsi.io.prefetch.hand_over`, at most
+    :data:`~depsi.io.prefetch.HANDOVER_BYTES`). It checks: the epochs span at
     least a day (:func:`check_epoch_span`); complex values are finite and each epoch's amplitude
     is neither all zero nor constant; ``|h2ph| <= H2PH_MAX``; h2ph is not zero at every epoch.
 

@@ -458,12 +458,20 @@ def _regressor_residual(column: np.ndarray, others: list[np.ndarray]) -> np.ndar
 
 
 def _centre_h2ph(stack: Any) -> tuple[np.ndarray | None, str]:
-    """h2ph per epoch at the scene centre (one chunk read) and where it was taken."""
+    """h2ph per epoch at the scene centre (one chunk read, or none where the stack's check
+    decoded that chunk already and handed it over to the selection:
+    :func:`depsi.io.prefetch.handed_over_pixel`) and where it was taken."""
+    from depsi.io.prefetch import handed_over_pixel
+
     if "h2ph" not in stack.data_vars:
         return None, "no h2ph"
     h2ph = stack["h2ph"]
     centre = {dim: stack.sizes[dim] // 2 for dim in ("azimuth", "range") if dim in h2ph.dims}
-    values = np.asarray(h2ph.isel(centre).values, dtype=np.float64).reshape(-1)
+    handed = None
+    if h2ph.dims == ("azimuth", "range", "time"):
+        handed = handed_over_pixel(h2ph.data, centre["azimuth"], centre["range"])
+    values = np.asarray(h2ph.isel(centre).values if handed is None else handed,
+                        dtype=np.float64).reshape(-1)
     where = ", ".join(f"{dim} {index}" for dim, index in centre.items()) or "every pixel"
     return values, where
 

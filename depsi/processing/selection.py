@@ -28,7 +28,7 @@ from pydantic import Field
 
 from depsi.geometry import POSITIONS_ATTR, geocode_points
 from depsi.io.cf import with_cf_attributes
-from depsi.io.prefetch import default_block_shape, iter_processed_blocks
+from depsi.io.prefetch import default_block_shape, drop_handed_over, iter_processed_blocks
 from depsi.io.store import open_stm, space_chunk_size
 from depsi.io.store_append import append_epochs, epoch_coords, epochs_to_append
 from depsi.kernels.statistics import (
@@ -515,7 +515,8 @@ def _select_stream(stack, *, method, threshold, window, block_shape, prefetch, w
     # are joined for them alone
     results = iter_processed_blocks(stack, select, block_shape, prefetch=prefetch,
                                     workers=workers, variables=names + coord_names,
-                                    split_time=True, progress=progress, desc="PS selection")
+                                    split_time=True, handed_over_first=True,
+                                    progress=progress, desc="PS selection")
     pieces, counts = _collect((result for _, result in results),
                               ["azimuth", "range", *_POINT_STATISTICS, *names, *coord_names])
     joined = _gather_in_order(pieces, stack)
@@ -701,6 +702,8 @@ def ps_selection(
                 method.upper(), threshold, DEFAULT_PHASE_THRESHOLD)
             instead_of, method, threshold, engine = method, "phase", DEFAULT_PHASE_THRESHOLD, "dask"
             points, counts = _select_phase(stack, threshold=threshold, window=window)
+    for name in _timed_variables(stack):  # a check's decoded blocks no pass took (dask engine)
+        drop_handed_over(stack[name].data)
     result = _finish_points(points, method=method, threshold=threshold, counts=counts,
                             window_attrs=_window_attrs(stack["time"].values[window]))
     result.attrs["selection_engine"] = engine

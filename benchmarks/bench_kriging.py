@@ -26,6 +26,7 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")  # as the chain runs the kriging
 
 import numpy as np  # noqa: E402
+from bench_ldl_columns import smallest  # noqa: E402 - the smallest thread CPU time of calls
 
 from depsi.kernels import kriging_numba  # noqa: E402
 from depsi.processing import correlated_height as module  # noqa: E402
@@ -34,14 +35,6 @@ SIGNAL = {"sill": 1.0, "range": 300.0, "shape": 1.0, "offset": 0.1}
 NOISE = {"nugget": 0.5, "extra_sill": 0.0, "extra_range": 300.0}
 
 
-def smallest(func, repeat):
-    """The smallest thread CPU time of ``repeat`` calls (the machine may be shared)."""
-    times = []
-    for _ in range(repeat):
-        start = time.thread_time()
-        func()
-        times.append(time.thread_time() - start)
-    return min(times)
 
 
 def reference(flag: bool):

@@ -59,48 +59,21 @@ def test_release_memory_returns_the_heaps_free_pages():
     assert out[1] == "True" and int(out[2]) > 200, out
 
 
-#: A 24 MiB array freed with a small live one allocated after it. Under glibc's defaults the
-#: first such array, once freed, raises the size from which arrays get pages of their own, so
-#: the second comes from the heap and stays resident when freed; bounded, it is handed back.
-_BOUND_CHECK = """
+#: A 24 MiB array freed with a small live one allocated after it, then a third one made. Under
+#: glibc's defaults the first such array, once freed, raises the size from which arrays get
+#: pages of their own, so the second comes from the heap and stays resident when freed;
+#: bounded, it is handed back. Prints the setting made, the MiB the free handed back and the
+#: MiB the third array faulted in anew. ``sys.argv[1]``: "default" (glibc's), "bound"
+#: (bound_allocator), "threads" or "client" (tune_memory on threads, or under a distributed
+#: client).
+_ALLOCATOR_CHECK = """
 import sys, numpy as np, psutil
-from depsi.stm.runtime import bound_allocator
-bounded = bound_allocator() if sys.argv[1] == "bound" else None
-process, mb = psutil.Process(), 2**20
-big = np.ones(24 * mb // 8)
-del big
-big = np.ones(24 * mb // 8)
-held = np.ones(1024)
-before = process.memory_info().rss
-del big
-print(bounded, (before - process.memory_info().rss) // mb)
-"""
-
-
-@pytest.mark.slow
-def test_bound_allocator_hands_back_a_freed_large_array():
-    """Bounded, a freed 24 MiB array leaves the process at once; under glibc's defaults (the
-    control, run the same way) the second one stays resident. A user's own tuning is left."""
-    from depsi.stm.runtime import _malloc_trim
-
-    if _malloc_trim() is None:
-        pytest.skip("not glibc: nothing to bound")
-    bounded, default = _fresh_python(_BOUND_CHECK, "bound"), _fresh_python(_BOUND_CHECK, "default")
-    assert bounded[0] == "True" and int(bounded[1]) >= 20, bounded
-    assert int(default[1]) <= 4, default  # the check can fail: without the bound nothing left
-    assert _fresh_python(_BOUND_CHECK, "bound", MALLOC_ARENA_MAX="4")[0] == "False"
-
-
-#: The same freed array under the chain's own settings: on this process's threads it stays in
-#: the heap for the next block's temporaries (no fresh pages), under a distributed client it
-#: goes back to the system as bound_allocator's does.
-_WORKING_CHECK = """
-import sys, numpy as np, psutil
-from depsi.stm.runtime import tune_memory
-if sys.argv[1] == "client":
+from depsi.stm.runtime import bound_allocator, tune_memory
+mode = sys.argv[1]
+if mode == "client":
     from distributed import Client
     client = Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None)
-threshold = tune_memory()
+setting = {"default": lambda: None, "bound": bound_allocator}.get(mode, tune_memory)()
 process, mb = psutil.Process(), 2**20
 big = np.ones(24 * mb // 8)
 del big
@@ -110,8 +83,28 @@ before = process.memory_info().rss
 del big
 dropped = before - process.memory_info().rss
 again = np.ones(24 * mb // 8)
-print(threshold, dropped // mb, (process.memory_info().rss - before + dropped) // mb)
+print(setting, dropped // mb, (process.memory_info().rss - before + dropped) // mb)
 """
+
+
+def _glibc_allocator() -> None:
+    """Skip where the C library is not glibc: there is no allocator to bound or tune."""
+    from depsi.stm.runtime import _malloc_trim
+
+    if _malloc_trim() is None:
+        pytest.skip("not glibc: nothing to bound or tune")
+
+
+@pytest.mark.slow
+def test_bound_allocator_hands_back_a_freed_large_array():
+    """Bounded, a freed 24 MiB array leaves the process at once; under glibc's defaults (the
+    control, run the same way) the second one stays resident. A user's own tuning is left."""
+    _glibc_allocator()
+    bounded = _fresh_python(_ALLOCATOR_CHECK, "bound")
+    default = _fresh_python(_ALLOCATOR_CHECK, "default")
+    assert bounded[0] == "True" and int(bounded[1]) >= 20, bounded
+    assert int(default[1]) <= 4, default  # the check can fail: without the bound nothing left
+    assert _fresh_python(_ALLOCATOR_CHECK, "bound", MALLOC_ARENA_MAX="4")[0] == "False"
 
 
 @pytest.mark.slow
@@ -119,12 +112,11 @@ def test_tune_memory_keeps_block_sized_arrays_on_threads_and_hands_them_back_und
     """On threads, a freed 24 MiB array stays resident and its pages serve the next one
     (nothing faulted in anew); under a distributed client it leaves the process at once and
     the next one is faulted in anew (24 MiB)."""
-    from depsi.stm.runtime import MMAP_THRESHOLD, WORKING_MMAP_THRESHOLD, _malloc_trim
+    from depsi.stm.runtime import MMAP_THRESHOLD, WORKING_MMAP_THRESHOLD
 
-    if _malloc_trim() is None:
-        pytest.skip("not glibc: nothing to tune")
-    threads = _fresh_python(_WORKING_CHECK, "threads")
-    client = _fresh_python(_WORKING_CHECK, "client")
+    _glibc_allocator()
+    threads = _fresh_python(_ALLOCATOR_CHECK, "threads")
+    client = _fresh_python(_ALLOCATOR_CHECK, "client")
     assert int(threads[0]) == WORKING_MMAP_THRESHOLD, threads
     assert int(threads[1]) <= 2 and int(threads[2]) <= 2, threads
     assert int(client[0]) == MMAP_THRESHOLD, client

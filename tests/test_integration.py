@@ -546,22 +546,20 @@ def test_tile_and_network_factorisations_agree():
     rhs = rng.normal(size=(normal.shape[0], 5))
     reference = splu(normal).solve(rhs)
     scale = np.abs(reference).max()
-    compiled = network_solver._compiled_kernels("ldl_numba")
-    solvers = [_LDL(normal), _Cholesky(normal)] + ([_Supernodal(normal)] if compiled else [])
+    solvers = [_LDL(normal), _Cholesky(normal), _Supernodal(normal)]
     for solver in solvers:
         np.testing.assert_allclose(solver.solve(rhs), reference, rtol=0, atol=1e-10 * scale)
         np.testing.assert_allclose(solver.solve(rhs[:, 0]), reference[:, 0], rtol=0,
                                    atol=1e-10 * scale)
-    if compiled:  # in place: the solution over the right-hand sides themselves
-        b = np.ascontiguousarray(rhs.copy())
-        assert solvers[-1].solve(b, overwrite_b=True) is b
-        np.testing.assert_allclose(b, reference, rtol=0, atol=1e-10 * scale)
+    b = rhs.copy()  # in place: the solution over the right-hand sides themselves
+    assert solvers[-1].solve(b, overwrite_b=True) is b
+    np.testing.assert_allclose(b, reference, rtol=0, atol=1e-10 * scale)
     assert isinstance(_factorise(normal), _LDL)
     assert network_solver.LDL_MAX_UNKNOWNS < 148_000  # a 10^6 scene's whole network: CHOLMOD
     small = network_solver.LDL_MAX_UNKNOWNS
     try:
         network_solver.LDL_MAX_UNKNOWNS = normal.shape[0] - 1
-        assert isinstance(_factorise(normal), _Supernodal if compiled else _Cholesky)
+        assert isinstance(_factorise(normal), _Supernodal)
     finally:
         network_solver.LDL_MAX_UNKNOWNS = small
 
@@ -832,14 +830,12 @@ def test_a_tile_starts_after_its_earlier_neighbours_and_before_its_later_ones():
 @pytest.mark.parametrize("whole", [False, True], ids=["tile", "whole network"])
 def test_network_solve_is_the_weighted_least_squares_solution(monkeypatch, whole):
     """``_NetworkSolve`` on a grid network with random weights, factorised as a tile (QDLDL)
-    or as the whole network (CHOLMOD's supernodal factor through CVXOPT where the compiled
-    sweeps run, cholespy's simplicial one else), its right-hand sides by the compiled
-    scatter: the dense weighted least-squares solution with the reference fixed at 0."""
+    or as the whole network (CHOLMOD's supernodal factor through CVXOPT, its factor solved by
+    the compiled sweeps), its right-hand sides by the compiled scatter: the dense weighted
+    least-squares solution with the reference fixed at 0."""
     pytest.importorskip("cholespy")
     from depsi.processing import network_solver
 
-    whole_solver = (network_solver._Supernodal if network_solver._compiled_kernels("ldl_numba")
-                    else network_solver._Cholesky)
 
     rng = np.random.default_rng(11)
     side = 30
@@ -855,7 +851,7 @@ def test_network_solve_is_the_weighted_least_squares_solution(monkeypatch, whole
     monkeypatch.setattr(network_solver, "LDL_MAX_UNKNOWNS", 10 if whole else 10**6)
     solved = network_solver._NetworkSolve(source, target, weights, rhs, kept, n,
                                           np.ones(n, bool), reference)
-    assert isinstance(solved.lu, whole_solver if whole else network_solver._LDL)
+    assert isinstance(solved.lu, network_solver._Supernodal if whole else network_solver._LDL)
     A = np.zeros((kept.size, n))
     A[np.arange(kept.size), source[kept]] = -1.0
     A[np.arange(kept.size), target[kept]] = 1.0

@@ -77,11 +77,10 @@ def test_the_supernodal_factor_solves_the_network_and_refuses_an_indefinite_matr
     """CHOLMOD's supernodal factor through CVXOPT, read out and solved by the sweeps: the
     network's systems to the rounding of a direct solve; a matrix that is not positive
     definite raises LinAlgError, not CVXOPT's ArithmeticError."""
-    pytest.importorskip("cvxopt")
     from depsi.processing import network_solver
 
-    if not network_solver._compiled_kernels("ldl_numba"):
-        pytest.skip("the compiled sweeps do not run in this process")
+    # the test suite compiles kernels inline (tests/conftest.py): the sweeps run here
+    assert network_solver._compiled_kernels("ldl_numba")
     rng = np.random.default_rng(5)
     matrix = _network_normal_matrix(rng, 3000)
     b = rng.standard_normal((3000, 20))
@@ -100,12 +99,9 @@ def test_the_supernodal_factor_solves_the_network_and_refuses_an_indefinite_matr
 def test_the_whole_network_keeps_cholespy_where_the_supernodal_copy_would_not_fit(monkeypatch):
     """The supernodal factor and its read-out copy need about three factors' memory: under a
     small driver's limit the whole network goes to cholespy's in-place factor instead."""
-    pytest.importorskip("cvxopt")
-    pytest.importorskip("cholespy")
     from depsi.processing import network_solver
 
-    if not network_solver._compiled_kernels("ldl_numba"):
-        pytest.skip("the compiled sweeps do not run in this process")
+    assert network_solver._compiled_kernels("ldl_numba")  # compiled inline in the test suite
     matrix = _network_normal_matrix(np.random.default_rng(2), 2000)
     monkeypatch.setattr(network_solver, "LDL_MAX_UNKNOWNS", 100)
     assert isinstance(network_solver._factorise(matrix), network_solver._Supernodal)

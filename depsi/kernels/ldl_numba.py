@@ -158,10 +158,6 @@ class CholeskyFactors:
             raise ValueError("expected a lower-triangular CSC factor with each column's "
                              "diagonal first, and a permutation of its rows")
 
-    @property
-    def n(self) -> int:
-        return len(self._Lp) - 1
-
     def solve(self, b: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """``A^-1 b`` for ``b`` of shape (n, k); written into ``out`` (float64, C-ordered,
         which may be ``b`` itself) where given."""

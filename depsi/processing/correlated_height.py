@@ -59,7 +59,7 @@ from depsi.kernels.backend import (
 from depsi.kernels.neighbours import nearest_neighbours
 from depsi.processing.network import cell_keys, on_threads, point_positions
 from depsi.processing.network_solver import _compiled_kernels
-from depsi.stm.runtime import MMAP_THRESHOLD, roomy_process, workers_client
+from depsi.stm.runtime import MMAP_THRESHOLD, workers_client
 from depsi.stm.schema import h2ph_rows, years_since_mother
 
 logger = logging.getLogger(__name__)
@@ -591,15 +591,9 @@ def _factored_sums(cov, values, c_nt):
 
 
 def _compiled_kriging() -> bool:
-    """Whether :mod:`depsi.kernels.kriging_numba` runs here: Numba importable, this process
-    not a small Dask worker (:func:`~depsi.stm.runtime.roomy_process`, where Numba is never
-    imported), and the kernel compiled or in the cache
-    (:func:`depsi.kernels.numba_support.ready`)."""
-    if not roomy_process():
-        return False
-    from depsi.kernels import kriging_numba
-
-    return kriging_numba.ready()
+    """Whether :mod:`depsi.kernels.kriging_numba` runs here (the network solver's rule for
+    every compiled kernel: :func:`~depsi.processing.network_solver._compiled_kernels`)."""
+    return _compiled_kernels("kriging_numba")
 
 
 def _lu_solved(cov, c_nt, rhs):

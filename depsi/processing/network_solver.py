@@ -490,7 +490,6 @@ class _Supernodal:
         Lp, Li, Lx = (np.asarray(memoryview(part)).ravel() for part in lower_factor.CCS)
         self._factors = CholeskyFactors(Lp, Li, Lx,
                                         np.asarray(memoryview(permutation)).ravel())
-        del lower_factor, Lp, Li, Lx
 
     def solve(self, b: np.ndarray, *, overwrite_b: bool = False,
               release: bool = True) -> np.ndarray:

@@ -93,25 +93,29 @@ def bound_allocator() -> bool:
     C library has no ``mallopt``. Measured on the chain's driver: docs/benchmarks.md,
     "The driver's allocator, pages and temporary files".
     """
-    if _this_worker() is not None or any(name in os.environ for name in _USER_TUNING):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _mallopt()
+    if (_this_worker() is not None or any(name in os.environ for name in _USER_TUNING)
+            or mallopt is None):
         return False
     arenas = max(1, os.cpu_count() or 1)
     return mallopt(_M_ARENA_MAX, arenas) == 1 and _mmap_threshold(MMAP_THRESHOLD)
 
 
+@functools.cache
+def _mallopt():
+    """glibc's ``mallopt``, or None where the C library has none."""
+    try:
+        return ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+
+
 def _mmap_threshold(nbytes: int) -> bool:
     """glibc's mmap and trim thresholds at ``nbytes`` (True when set): arrays from that size
     get pages of their own, and the heap keeps at most that much free at its top."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return all(mallopt(parameter, nbytes) == 1
-               for parameter in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD))
+    mallopt = _mallopt()
+    return mallopt is not None and all(mallopt(parameter, nbytes) == 1
+                                       for parameter in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD))
 
 
 #: NumPy's switch for its huge-page advice (read at import; a user's setting is left).
